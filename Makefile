@@ -1,0 +1,37 @@
+# Two commands on a fresh machine with nothing but Python 3.11+:
+#   make demo   runs the main job
+#   make test   runs lint, type checks and the whole test suite
+# Each creates .venv at the repository root and installs goodput into it (torch pinned by constraints.txt).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit venv clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/goodput plan --gpus 1024 --days 30 --afr 0.01 --interval 15m 30m 1h 2h \
+		--ckpt-stall 20s --persist 90s --restart 10m --detect 2m --plot plan.png
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+test: lint typecheck unit
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,59 @@
+"""The ``goodput`` command line: one sub-module per command, each with ``register(subparsers)``.
+
+Commands import their heavy dependencies (torch, matplotlib) inside their handlers so that
+``goodput --help`` and ``goodput plan`` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from goodput.errors import ConfigError
+
+__all__ = ["main"]
+
+# Each name is a module goodput.cli.<name> exposing register(subparsers).
+_COMMANDS = ("plan", "bench")
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line and exit 2 (argparse prints the usage block too)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="goodput",
+        description="Keep PyTorch training productive when hardware fails.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in _COMMANDS:
+        importlib.import_module(f"goodput.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status = args.handler(args)
+    except ConfigError as err:
+        print(f"goodput {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"goodput {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(status or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Every exception goodput raises on purpose.
+
+The tree::
+
+    GoodputError                      base of everything below
+    ├── ConfigError (ValueError)      a user's mistake in arguments, flags or configuration
+    ├── CheckpointError               a checkpoint could not be saved or restored
+    │   ├── CheckpointCorrupt         a checkpoint failed verification (names the file and the reason)
+    │   ├── StateMismatch (ValueError) a checkpoint does not fit the model/optimizer/loader it is loaded into
+    │   └── SaveFailed                a save failed; the previous checkpoint is untouched
+    ├── DataError                     the data pipeline cannot go on
+    │   └── FingerprintMismatch (ValueError) the dataset differs from the one the position was saved with
+    ├── StorageError                  remote storage failed after every retry (names the URL and last cause)
+    └── CrashLoop                     attempts keep failing without progress; restarting is pointless
+
+A ``ConfigError`` reaching the command line prints one line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointCorrupt",
+    "CheckpointError",
+    "ConfigError",
+    "CrashLoop",
+    "DataError",
+    "FingerprintMismatch",
+    "GoodputError",
+    "SaveFailed",
+    "StateMismatch",
+    "StorageError",
+]
+
+
+class GoodputError(Exception):
+    """Base class of goodput's own exceptions."""
+
+
+class ConfigError(GoodputError, ValueError):
+    """A user's mistake: a bad argument, flag or configuration value."""
+
+
+class CheckpointError(GoodputError):
+    """A checkpoint could not be saved or restored."""
+
+
+class CheckpointCorrupt(CheckpointError):
+    """A checkpoint failed verification."""
+
+
+class StateMismatch(CheckpointError, ValueError):
+    """A checkpoint does not fit what it is being loaded into."""
+
+
+class SaveFailed(CheckpointError):
+    """A save failed; the previous committed checkpoint is untouched."""
+
+
+class DataError(GoodputError):
+    """The data pipeline cannot go on."""
+
+
+class FingerprintMismatch(DataError, ValueError):
+    """The dataset differs from the one a data position was saved with."""
+
+
+class StorageError(GoodputError):
+    """Remote storage failed after every retry."""
+
+
+class CrashLoop(GoodputError):
+    """Consecutive attempts made no progress past their restored step."""

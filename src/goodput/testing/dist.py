@@ -1,0 +1,94 @@
+"""Real multi-process gloo groups on CPU for tests: spawn N ranks, run a function in each, collect results.
+
+Each rank is a real OS process (torch.multiprocessing, spawn start method) joined to a gloo process group on
+a fresh 127.0.0.1 port; the results are returned in rank order. A rank that raises fails the whole call with
+its traceback; every process is joined before returning.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["run_ranks"]
+
+
+def _entry(
+    rank: int, fn: Callable[..., Any], world: int, port: int, out_dir: str, args: tuple[Any, ...]
+) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+    result: tuple[str, Any]
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        try:
+            result = ("ok", fn(rank, world, *args))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        result = ("error", traceback.format_exc())
+    with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
+    if result[0] == "error":
+        raise SystemExit(1)
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` gloo-connected processes; results by rank.
+
+    ``fn`` and ``args`` must be picklable (a module-level function). Raises RuntimeError with the failing
+    rank's traceback if any rank fails.
+    """
+    import torch.multiprocessing as mp
+
+    from goodput.testing.seaweed import free_port
+
+    with tempfile.TemporaryDirectory(prefix="goodput-ranks-") as out_dir:
+        ctx = mp.start_processes(
+            _entry,
+            args=(fn, world_size, free_port(), out_dir, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        try:
+            while not ctx.join(timeout=timeout):
+                pass
+        except mp.ProcessRaisedException as err:
+            raise RuntimeError(_collect_errors(out_dir, world_size) or str(err)) from None
+        except mp.ProcessExitedException as err:
+            raise RuntimeError(_collect_errors(out_dir, world_size) or str(err)) from None
+        finally:
+            for proc in ctx.processes:
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+        results = []
+        for rank in range(world_size):
+            with open(os.path.join(out_dir, f"rank{rank}.pkl"), "rb") as f:
+                _status, value = pickle.load(f)  # our own children's output, written just now
+            results.append(value)
+        return results
+
+
+def _collect_errors(out_dir: str, world_size: int) -> str:
+    messages = []
+    for rank in range(world_size):
+        path = os.path.join(out_dir, f"rank{rank}.pkl")
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                status, value = pickle.load(f)
+            if status == "error":
+                messages.append(f"rank {rank} failed:\n{value}")
+    return "\n".join(messages)
