@@ -1,0 +1,60 @@
+"""``goodput launch [options] -- script.py args``: run a training script under torchrun with restarts."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["register"]
+
+_EPILOG = """examples:
+  goodput launch --nproc 2 --max-restarts 10 --run-dir runs/exp1 -- train.py --lr 3e-4
+  goodput launch --nproc 8 --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29500 -- train.py
+  goodput launch --nproc 2 --faults 'kill@step=30,rank=1' --run-dir runs/drill -- train.py
+
+exit status: the script's, or 3 when consecutive attempts made no progress (a crash loop)."""
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "launch",
+        help="run a training script under torchrun, restarting it on failure",
+        description="A thin front over torchrun: restarts come from its elastic agent; multi-node through "
+        "its c10d rendezvous. goodput adds the run folder, fault injection and crash-loop detection.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--nproc", type=int, default=1, help="worker processes per node (default 1)")
+    parser.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX (default 1)")
+    parser.add_argument("--node-rank", type=int, default=None, help="this node's rank (static multi-node)")
+    parser.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the c10d rendezvous (multi-node)")
+    parser.add_argument("--rdzv-id", default="goodput", help="job id shared by every node")
+    parser.add_argument(
+        "--max-restarts", type=int, default=3, help="restarts of the worker group (default 3)"
+    )
+    parser.add_argument("--run-dir", default=None, help="the run folder (checkpoints, ledger)")
+    parser.add_argument("--faults", default="", help="fault plan, e.g. 'kill@step=30,rank=1' (see docs)")
+    parser.add_argument(
+        "--crash-loop", type=int, default=3, help="attempts without progress that stop the job (default 3)"
+    )
+    parser.add_argument("script", nargs=argparse.REMAINDER, help="-- script.py and its arguments")
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from goodput.launch import LaunchConfig, launch
+
+    script = args.script[1:] if args.script[:1] == ["--"] else args.script
+    config = LaunchConfig(
+        script=tuple(script),
+        nproc=args.nproc,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_id=args.rdzv_id,
+        max_restarts=args.max_restarts,
+        run_dir=args.run_dir,
+        faults=args.faults,
+        crash_loop=args.crash_loop,
+    )
+    return launch(config)

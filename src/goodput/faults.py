@@ -1,0 +1,226 @@
+"""Declarative fault injection for tests, demos and chaos drills.
+
+A fault plan is a string, given on the command line (``--faults``) or in the environment variable
+``GOODPUT_FAULTS`` so that it reaches every rank under torchrun. Faults are separated by ``;``; each is
+``ACTION@KEY=VALUE,KEY=VALUE``::
+
+    kill@step=30,rank=1            SIGKILL rank 1 when it finishes step 30
+    raise@step=50                  raise InjectedFault on every rank at step 50
+    hang@phase=checkpoint_write    stop making progress inside a checkpoint write (the watchdog's job)
+    slow@step=10,seconds=2         sleep 2 s at step 10 (a straggler)
+    kill@mtbf=60s,seed=3           SIGKILL one rank at random, exponential times with a 60 s mean per attempt
+
+Actions: ``kill``, ``raise``, ``hang``, ``slow``. Keys: ``step``, ``rank``, ``phase`` (one of ``PHASES``),
+``mtbf`` (a duration), ``seed``, ``seconds`` (for ``slow``), ``attempt`` (fire only in that attempt).
+
+A fault at a step or phase fires once per run and rank: before it acts it leaves a marker in
+``<run_dir>/faults/``, so the restarted attempt that passes the same step again does not die again. Random
+(``mtbf``) faults draw a fresh schedule for every attempt from (seed, attempt), identical on every rank, so
+exactly one rank is chosen as the victim of each draw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from goodput.errors import ConfigError, GoodputError
+from goodput.units import parse_duration
+
+__all__ = ["PHASES", "Fault", "FaultPlan", "InjectedFault", "parse_faults"]
+
+ENV_VAR = "GOODPUT_FAULTS"
+ACTIONS = ("kill", "raise", "hang", "slow")
+PHASES = (
+    "step",
+    "checkpoint_write",
+    "async_upload",
+    "checkpoint_purge",
+    "restore",
+    "cache_download",
+)
+_KEYS = ("step", "rank", "phase", "mtbf", "seed", "seconds", "attempt")
+
+
+class InjectedFault(GoodputError):
+    """The exception a ``raise`` fault throws."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Fault:
+    """One fault: what to do, and where or how often.
+
+    Exactly one trigger: ``step`` (with the default phase ``step``), ``phase`` (optionally with a step: the
+    first time that phase runs at or after it), or ``mtbf`` (random).
+    """
+
+    action: str
+    step: int | None = None
+    rank: int | None = None
+    phase: str = "step"
+    mtbf: float | None = None
+    seed: int = 0
+    seconds: float = 1.0
+    attempt: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ConfigError(f"fault action {self.action!r} is not one of {', '.join(ACTIONS)}")
+        if self.phase not in PHASES:
+            raise ConfigError(f"fault phase {self.phase!r} is not one of {', '.join(PHASES)}")
+        if self.mtbf is not None and (self.step is not None or self.phase != "step"):
+            raise ConfigError("a fault takes either mtbf= or step=/phase=, not both")
+        if self.mtbf is None and self.step is None and self.phase == "step":
+            raise ConfigError(f"fault {self.action!r} needs step=, phase= or mtbf=")
+        if self.mtbf is not None and self.mtbf <= 0:
+            raise ConfigError(f"fault mtbf must be > 0, got {self.mtbf}")
+        if self.step is not None and self.step < 0:
+            raise ConfigError(f"fault step must be >= 0, got {self.step}")
+        if self.seconds < 0:
+            raise ConfigError(f"fault seconds must be >= 0, got {self.seconds}")
+
+
+def parse_faults(text: str) -> list[Fault]:
+    """Parse a fault plan string (see the module docstring).
+
+    Raises:
+        ConfigError: naming the part that is malformed.
+    """
+    faults = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        action, _, rest = part.partition("@")
+        fields: dict[str, str] = {}
+        for item in filter(None, (i.strip() for i in rest.split(","))):
+            key, eq, value = item.partition("=")
+            if not eq or key not in _KEYS:
+                raise ConfigError(f"fault {part!r}: {item!r} is not KEY=VALUE with KEY in {', '.join(_KEYS)}")
+            fields[key] = value
+        try:
+            faults.append(
+                Fault(
+                    action=action.strip(),
+                    step=int(fields["step"]) if "step" in fields else None,
+                    rank=int(fields["rank"]) if "rank" in fields else None,
+                    phase=fields.get("phase", "step"),
+                    mtbf=parse_duration(fields["mtbf"], what="fault mtbf") if "mtbf" in fields else None,
+                    seed=int(fields.get("seed", 0)),
+                    seconds=_seconds(fields.get("seconds", "1")),
+                    attempt=int(fields["attempt"]) if "attempt" in fields else None,
+                )
+            )
+        except ValueError as err:
+            if isinstance(err, ConfigError):
+                raise
+            raise ConfigError(f"fault {part!r}: {err}") from None
+    return faults
+
+
+def _seconds(text: str) -> float:
+    """A duration that may omit its unit (plain seconds): ``2``, ``2s``, ``500ms``."""
+    try:
+        return float(text)
+    except ValueError:
+        return parse_duration(text, what="fault seconds")
+
+
+class FaultPlan:
+    """The faults that apply to this process, checked at steps and phases.
+
+    Args:
+        faults: the parsed plan.
+        rank: this process's global rank.
+        world_size: number of ranks (random faults pick their victim among them).
+        attempt: this attempt's number (torchrun's restart count).
+        marker_dir: where fired faults are remembered across attempts; None remembers nothing.
+        on_fire: called with (fault, where) just before a fault acts, e.g. to log it to the ledger.
+    """
+
+    def __init__(
+        self,
+        faults: list[Fault],
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        attempt: int = 0,
+        marker_dir: str | None = None,
+        on_fire: Callable[[Fault, str], None] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.attempt = attempt
+        self._marker_dir = marker_dir
+        self._on_fire = on_fire
+        self._started = time.monotonic()
+        self._faults = [
+            f
+            for f in faults
+            if (f.rank is None or f.rank == rank) and (f.attempt is None or f.attempt == attempt)
+        ]
+        self._deadlines = {
+            i: self._random_deadline(f, world_size) for i, f in enumerate(self._faults) if f.mtbf is not None
+        }
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        **kwargs: object,
+    ) -> FaultPlan:
+        """The plan in ``GOODPUT_FAULTS`` (empty when unset)."""
+        text = (env if env is not None else os.environ).get(ENV_VAR, "")
+        return cls(parse_faults(text), **kwargs)  # type: ignore[arg-type]
+
+    def __bool__(self) -> bool:
+        return bool(self._faults)
+
+    def _random_deadline(self, fault: Fault, world_size: int) -> float | None:
+        assert fault.mtbf is not None
+        rng = np.random.default_rng([fault.seed, self.attempt])
+        delay = float(rng.exponential(fault.mtbf))
+        victim = int(rng.integers(world_size))
+        return delay if victim == self.rank else None
+
+    def check(self, *, phase: str = "step", step: int | None = None) -> None:
+        """Fire every fault due at this phase and step (a no-op for an empty plan)."""
+        for index, fault in enumerate(self._faults):
+            if fault.mtbf is not None:
+                deadline = self._deadlines.get(index)
+                if deadline is not None and time.monotonic() - self._started >= deadline:
+                    self._deadlines[index] = None
+                    self._fire(fault, f"random after {deadline:.1f}s", marker=None)
+                continue
+            if fault.phase != phase:
+                continue
+            if fault.step is not None and (step is None or step < fault.step):
+                continue
+            if fault.phase == "step" and step != fault.step:
+                continue
+            self._fire(fault, f"{phase} at step {step}", marker=f"{index}-rank{self.rank}")
+
+    def _fire(self, fault: Fault, where: str, *, marker: str | None) -> None:
+        if marker is not None and self._marker_dir is not None:
+            os.makedirs(self._marker_dir, exist_ok=True)
+            path = os.path.join(self._marker_dir, marker)
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return  # fired in an earlier attempt
+            os.write(fd, f"{fault.action} {where} attempt {self.attempt}\n".encode())
+            os.fsync(fd)
+            os.close(fd)
+        if self._on_fire is not None:
+            self._on_fire(fault, where)
+        if fault.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.action == "raise":
+            raise InjectedFault(f"injected fault: {fault.action} {where} on rank {self.rank}")
+        elif fault.action == "hang":
+            # A real hang: this thread blocks forever and only the watchdog (or a kill) ends it.
+            while True:
+                time.sleep(3600)
+        elif fault.action == "slow":
+            time.sleep(fault.seconds)

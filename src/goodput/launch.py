@@ -1,0 +1,138 @@
+"""``goodput launch``: a thin front over torchrun (torch.distributed.run), which does the restarting.
+
+goodput adds three things around torchrun and re-implements none of it:
+
+* the run folder, the fault plan and the crash-loop limit reach every worker through environment variables
+  (``GOODPUT_RUN_DIR``, ``GOODPUT_FAULTS``, ``GOODPUT_CRASH_LOOP``), so they work on every node and rank;
+* single-node jobs use torchrun's ``--standalone`` c10d rendezvous on a free local port; multi-node jobs pass
+  ``--nnodes``/``--node-rank``/``--rdzv-endpoint``/``--rdzv-id`` through to torchrun's c10d rendezvous;
+* crash-loop detection: the workers' ``Run`` writes ``CRASH_LOOP`` into the run folder when consecutive
+  attempts make no progress; the launcher then stops torchrun instead of burning the restart budget, prints
+  the reason and exits with ``EXIT_CRASH_LOOP``.
+
+Reliable restarts with gloo need a fresh store namespace per attempt; ``Run`` does that on the worker side
+(see ``goodput.run``), so a plain ``torchrun`` launch is reliable too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from goodput.errors import ConfigError
+
+__all__ = ["EXIT_CRASH_LOOP", "LaunchConfig", "launch", "torchrun_command"]
+
+EXIT_CRASH_LOOP = 3
+CRASH_LOOP_FILE = "CRASH_LOOP"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    """How to launch a training script under torchrun.
+
+    Args:
+        script: the training script and its arguments.
+        nproc: worker processes per node.
+        nnodes: nodes (``"2"`` or an elastic range ``"1:2"``).
+        node_rank: this node's rank, for static multi-node launches.
+        rdzv_endpoint: ``host:port`` of the c10d rendezvous (multi-node); None means a standalone job.
+        rdzv_id: the job id shared by every node.
+        max_restarts: how many times torchrun restarts the worker group.
+        run_dir: the run folder, exported to workers as ``GOODPUT_RUN_DIR``.
+        faults: a fault plan (see goodput.faults), exported as ``GOODPUT_FAULTS``.
+        crash_loop: consecutive attempts without progress that count as a crash loop.
+        monitor_interval: seconds between torchrun's checks of its workers.
+    """
+
+    script: tuple[str, ...]
+    nproc: int = 1
+    nnodes: str = "1"
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str = "goodput"
+    max_restarts: int = 3
+    run_dir: str | None = None
+    faults: str = ""
+    crash_loop: int = 3
+    monitor_interval: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not self.script:
+            raise ConfigError("launch needs a script after '--', e.g. goodput launch -- train.py --lr 1e-3")
+        if self.nproc < 1:
+            raise ConfigError(f"--nproc must be >= 1, got {self.nproc}")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if self.crash_loop < 1:
+            raise ConfigError(f"--crash-loop must be >= 1, got {self.crash_loop}")
+        if self.nnodes != "1" and self.rdzv_endpoint is None:
+            raise ConfigError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT shared by every node")
+        if self.faults:
+            from goodput.faults import parse_faults
+
+            parse_faults(self.faults)  # fail here, once, rather than in every worker
+
+
+def torchrun_command(config: LaunchConfig) -> list[str]:
+    """The torchrun command line for a launch (``python -m torch.distributed.run ...``)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={config.nproc}"]
+    if config.rdzv_endpoint is None:
+        cmd.append("--standalone")
+    else:
+        cmd += [
+            f"--nnodes={config.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={config.rdzv_endpoint}",
+            f"--rdzv-id={config.rdzv_id}",
+        ]
+        if config.node_rank is not None:
+            cmd.append(f"--node-rank={config.node_rank}")
+    cmd += [f"--max-restarts={config.max_restarts}", f"--monitor-interval={config.monitor_interval}"]
+    return cmd + list(config.script)
+
+
+def launch(config: LaunchConfig) -> int:
+    """Run torchrun for ``config`` and return its exit status (``EXIT_CRASH_LOOP`` on a crash loop)."""
+    env = dict(os.environ)
+    if config.run_dir is not None:
+        os.makedirs(config.run_dir, exist_ok=True)
+        # A verdict from an earlier launch of the same run does not stop this one.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(config.run_dir, CRASH_LOOP_FILE))
+        env["GOODPUT_RUN_DIR"] = os.path.abspath(config.run_dir)
+    env["GOODPUT_FAULTS"] = config.faults
+    env["GOODPUT_CRASH_LOOP"] = str(config.crash_loop)
+    proc = subprocess.Popen(torchrun_command(config), env=env, start_new_session=True)
+    crash_loop = threading.Event()
+    watcher = None
+    if config.run_dir is not None:
+        marker = os.path.join(config.run_dir, CRASH_LOOP_FILE)
+        watcher = threading.Thread(target=_watch, args=(proc, marker, crash_loop), daemon=True)
+        watcher.start()
+    try:
+        status = proc.wait()
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGTERM)
+        status = proc.wait()
+    if crash_loop.is_set() and config.run_dir is not None:
+        with open(os.path.join(config.run_dir, CRASH_LOOP_FILE)) as f:
+            print(f"goodput launch: crash loop: {f.read().strip()}", file=sys.stderr)
+        return EXIT_CRASH_LOOP
+    return status
+
+
+def _watch(proc: subprocess.Popen[bytes], marker: str, found: threading.Event) -> None:
+    # torchrun offers no hook to stop restarting, so watch for the workers' verdict while it runs.
+    while proc.poll() is None:
+        if os.path.exists(marker):
+            found.set()
+            os.killpg(proc.pid, signal.SIGTERM)
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.5)

@@ -1,0 +1,84 @@
+"""A hang watchdog: a rank that makes no progress for too long is ended so torchrun restarts the group.
+
+A collective that never returns (a dead peer, a wedged NCCL kernel) blocks a rank forever, and torchrun only
+restarts workers that exit. The watchdog runs in a daemon thread; the training loop calls ``beat()`` after each
+step, and wraps long phases (checkpoint save and restore) in ``phase(name)``, which allows a longer timeout.
+When the time since the last beat exceeds the timeout, the watchdog calls ``on_hang(seconds, phase)`` (the
+ledger records ``failure_detected`` there) and ends the process with ``EXIT_HANG``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from goodput.errors import ConfigError
+
+__all__ = ["EXIT_HANG", "Watchdog"]
+
+EXIT_HANG = 43
+
+
+class Watchdog:
+    """Ends this process when it makes no progress for ``timeout`` seconds (``phase_timeout`` in a phase).
+
+    Args:
+        timeout: seconds without a ``beat()`` before the process counts as hung.
+        phase_timeout: the limit inside ``phase(...)`` blocks (checkpoint save/restore); default 4x timeout.
+        on_hang: called with (seconds since the last beat, phase or None) before the process exits.
+        exit: how to end the process (tests may pass their own); default ``os._exit``.
+    """
+
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        phase_timeout: float | None = None,
+        on_hang: Callable[[float, str | None], None] | None = None,
+        exit: Callable[[int], object] = os._exit,
+    ) -> None:
+        if timeout <= 0:
+            raise ConfigError(f"watchdog timeout must be > 0 seconds, got {timeout}")
+        self.timeout = timeout
+        self.phase_timeout = phase_timeout if phase_timeout is not None else 4 * timeout
+        self._on_hang = on_hang
+        self._exit = exit
+        self._last = time.monotonic()
+        self._phase: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="goodput-watchdog", daemon=True)
+        self._thread.start()
+
+    def beat(self) -> None:
+        """Record progress (call after every step)."""
+        self._last = time.monotonic()
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """A long phase (e.g. ``checkpoint_save``) that may take up to ``phase_timeout``."""
+        self._phase, self._last = name, time.monotonic()
+        try:
+            yield
+        finally:
+            self._phase, self._last = None, time.monotonic()
+
+    def close(self) -> None:
+        """Stop watching."""
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self.timeout / 4)):
+            limit = self.phase_timeout if self._phase is not None else self.timeout
+            idle = time.monotonic() - self._last
+            if idle > limit:
+                where = f" in phase {self._phase}" if self._phase else ""
+                print(f"goodput: no progress for {idle:.1f}s{where}; ending this rank", file=sys.stderr)
+                if self._on_hang is not None:
+                    self._on_hang(idle, self._phase)
+                self._exit(EXIT_HANG)
+                return

@@ -1,0 +1,90 @@
+"""Fault plans: parsing, once-per-run firing across attempts, random victims, and real kills."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from goodput.errors import ConfigError
+from goodput.faults import Fault, FaultPlan, InjectedFault, parse_faults
+
+
+def test_parse_a_plan_with_every_trigger() -> None:
+    plan = parse_faults(
+        "kill@step=30,rank=1; raise@phase=checkpoint_write; slow@step=2,seconds=0.5; kill@mtbf=2m"
+    )
+    assert plan == [
+        Fault(action="kill", step=30, rank=1),
+        Fault(action="raise", phase="checkpoint_write"),
+        Fault(action="slow", step=2, seconds=0.5),
+        Fault(action="kill", mtbf=120.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("explode@step=1", "action 'explode'"),
+        ("kill@steps=1", "'steps=1' is not KEY=VALUE"),
+        ("kill", "needs step=, phase= or mtbf="),
+        ("kill@phase=lunch", "phase 'lunch'"),
+        ("kill@mtbf=10", "needs a number and a unit"),
+        ("kill@mtbf=1m,step=3", "either mtbf= or step="),
+        ("kill@step=x", "kill@step=x"),
+    ],
+)
+def test_bad_plans_name_the_problem(text: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        parse_faults(text)
+
+
+def test_step_fault_fires_once_per_run_across_attempts(tmp_path: os.PathLike[str]) -> None:
+    faults = parse_faults("raise@step=3")
+    fired = []
+    first = FaultPlan(faults, attempt=0, marker_dir=str(tmp_path), on_fire=lambda f, w: fired.append(w))
+    first.check(step=2)
+    with pytest.raises(InjectedFault, match="step at step 3"):
+        first.check(step=3)
+    # The restarted attempt passes step 3 again and must not fail again.
+    second = FaultPlan(faults, attempt=1, marker_dir=str(tmp_path))
+    second.check(step=3)
+    assert fired == ["step at step 3"]
+
+
+def test_faults_for_another_rank_or_attempt_do_not_apply() -> None:
+    faults = parse_faults("raise@step=1,rank=1; raise@step=1,attempt=2")
+    assert not FaultPlan(faults, rank=0, attempt=0)
+    FaultPlan(faults, rank=0, attempt=0).check(step=1)
+    with pytest.raises(InjectedFault):
+        FaultPlan(faults, rank=1, attempt=0).check(step=1)
+
+
+def test_phase_fault_fires_at_the_first_phase_at_or_after_its_step() -> None:
+    plan = FaultPlan(parse_faults("raise@phase=checkpoint_write,step=10"))
+    plan.check(phase="checkpoint_write", step=5)
+    plan.check(phase="step", step=12)
+    with pytest.raises(InjectedFault):
+        plan.check(phase="checkpoint_write", step=12)
+
+
+def test_random_fault_picks_exactly_one_victim_per_attempt() -> None:
+    faults = parse_faults("raise@mtbf=1h,seed=7")
+    for attempt in range(20):
+        armed = [FaultPlan(faults, rank=r, world_size=4, attempt=attempt)._deadlines[0] for r in range(4)]
+        assert sum(d is not None for d in armed) == 1
+
+
+def test_kill_is_a_real_sigkill(tmp_path: os.PathLike[str]) -> None:
+    code = (
+        "from goodput.faults import FaultPlan, parse_faults\n"
+        f"FaultPlan(parse_faults('kill@step=1'), marker_dir={str(tmp_path)!r}).check(step=1)\n"
+        "print('survived')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert "survived" not in proc.stdout
+    assert os.listdir(tmp_path) == ["0-rank0"]
