@@ -36,11 +36,12 @@ _EPILOG = """\
 durations take a unit: ms, s, m, h, d (e.g. 90s, 30m, 2h); a bare number is an error.
 
 examples:
-  # 1024 GPUs for 30 days, each failing 1%% a year; async checkpoints that stall 20 s and persist in 90 s
+  # 1024 GPUs for 30 days, each failing 1% a year; async checkpoints that stall 20 s and persist in 90 s
   goodput plan --gpus 1024 --days 30 --afr 0.01 --interval 15m 30m 1h 2h \\
       --ckpt-stall 20s --persist 90s --restart 10m --detect 2m --plot plan.png
 
-  # an observed 8.6 interruptions a day, free checkpoints and restarts: 2 h intervals give ~64%% goodput
+  # an observed 8.6 interruptions a day, free checkpoints and restarts: 2 h intervals give 64% goodput to
+  # first order (1 - 8.6 h/24 h) and 68% under Daly's exact model, which --simulate confirms
   goodput plan --failures-per-day 8.6 --days 7 --interval 2h
 
   # machine-readable, with a Monte Carlo check of every row (1000 simulated jobs)
@@ -56,8 +57,8 @@ def register(sub: Any) -> None:
     parser = sub.add_parser(
         "plan",
         help="how often to checkpoint, and the goodput each interval buys",
-        description="Plan checkpointing for a job: failure probability, MTBF, the time each checkpoint "
-        "interval wastes, the goodput it buys, and the best interval (Young, Daly, exact).",
+        description="Plan checkpointing for a job: its failure probability and MTBF, the time each checkpoint\n"
+        "interval wastes, the goodput it buys, and the best interval (Young, Daly, and the exact optimum).",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
