@@ -149,3 +149,14 @@ def test_bad_input_from_a_real_process(args: list[str]) -> None:
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert done.stderr.startswith("goodput plan: error:")
+
+
+def test_free_checkpoints_recommend_the_shortest_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(
+        ["plan", "--failures-per-day", "8.6", "--days", "1", "--restart", "10m", "--json"], capsys
+    )
+    assert code == 0, err
+    recommended = json.loads(out)["recommended"]
+    assert recommended["interval_hours"] == 0
+    # Only restarts are left to lose: 600 s * 8.6 / 86400 s = 0.059722 of the time; exp(-0.059722) = 0.942026.
+    assert recommended["goodput"] == pytest.approx(0.942026, abs=1e-6)

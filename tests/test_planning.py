@@ -127,6 +127,21 @@ def test_optimum_is_never_shorter_than_persist() -> None:
     assert optimal_interval(0.0, 1e6, persist=30) == 30
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"mtbf": 0.0}, "mtbf"), ({"mtbf": -5.0}, "mtbf"), ({"ckpt_stall": -1.0}, "ckpt_stall"),
+     ({"persist": math.nan}, "persist")],
+)  # fmt: skip
+def test_optimal_interval_refuses_nonsense(kwargs: dict[str, float], field: str) -> None:
+    args = {"ckpt_stall": 10.0, "mtbf": 3600.0} | kwargs
+    with pytest.raises(ConfigError, match=field):
+        optimal_interval(args.pop("ckpt_stall"), args.pop("mtbf"), **args)
+
+
+def test_optimal_interval_without_failures_is_never() -> None:
+    assert optimal_interval(10.0, math.inf) == math.inf
+
+
 # ---------------------------------------------------------------- properties
 
 positive_counts = st.integers(min_value=1, max_value=100_000)

@@ -208,9 +208,24 @@ def optimal_interval(
         detect: detection time (D); like ``restart``, it does not move the optimum.
 
     Returns:
-        The compute time between checkpoints, in seconds.
+        The compute time between checkpoints, in seconds (``inf`` when the job never fails).
+
+    Raises:
+        ConfigError: when ``mtbf`` is not positive or a cost is negative or not a number.
     """
-    if ckpt_stall <= 0.0:
+    if not mtbf > 0.0:
+        raise ConfigError(f"mtbf must be > 0 seconds, got {mtbf!r}")
+    for name, value in (
+        ("ckpt_stall", ckpt_stall),
+        ("restart", restart),
+        ("persist", persist),
+        ("detect", detect),
+    ):
+        if not (math.isfinite(value) and value >= 0.0):
+            raise ConfigError(f"{name} must be a duration >= 0 seconds, got {value!r}")
+    if math.isinf(mtbf):
+        return math.inf
+    if ckpt_stall == 0.0:
         return persist
     low, high = max(persist, mtbf * 1e-12), max(mtbf, persist)
     if high <= low:

@@ -67,12 +67,16 @@ def plot_plan(plan: dict[str, Any], inputs: PlanInputs, intervals: list[float], 
             f"{short_duration(row['interval_hours'] * HOUR)}\n{g:.2f}%",
             (row["interval_hours"], g),
             textcoords="offset points",
-            xytext=(0, -30),
+            xytext=(0, -32),
             ha="center",
             fontsize=9,
             color="tab:orange",
+            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85},
+            zorder=6,
         )
     ax.plot([], [], "s", color="tab:orange", label="your intervals")
+    if best_h <= 0:
+        ax.plot([], [], " ", label="no checkpoint stall: shorter intervals always win")
 
     top = float(np.nanmax(exact))
     bottom = float(min(np.nanmin(exact), *(row["goodput"] * 100 for row in plan["rows"])))
@@ -98,7 +102,7 @@ def plot_plan(plan: dict[str, Any], inputs: PlanInputs, intervals: list[float], 
         fontsize=12,
     )
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower center", fontsize=10, framealpha=0.9)
+    ax.legend(loc="best", fontsize=10, framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -178,7 +179,10 @@ def build_plan(
         },
         "recommended": {
             "interval_hours": exact / HOUR,
-            "goodput": goodput_daly(exact, inputs.ckpt_stall, mtbf, **costs) if exact > 0 else 1.0,
+            # With no stall and no persist time the optimum is 0; goodput tends to exp(-(R + D)/M) there.
+            "goodput": goodput_daly(exact, inputs.ckpt_stall, mtbf, **costs)
+            if exact > 0
+            else math.exp(-(inputs.restart + inputs.detect) / mtbf),
         },
     }
 
