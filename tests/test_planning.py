@@ -324,3 +324,9 @@ def test_simulation_refuses_bad_inputs(bad: dict[str, float]) -> None:
     kwargs = {"intervals": 5, "interval": 60.0, "ckpt_stall": 1.0, "mtbf": 600.0, "runs": 10} | bad
     with pytest.raises(ConfigError, match=next(iter(bad))):
         simulate_goodput(**kwargs)  # type: ignore[arg-type]
+
+
+def test_simulation_refuses_a_job_that_never_finishes() -> None:
+    # An interval 100 times the MTBF gets through with probability e^-100: the job would never end.
+    with pytest.raises(ConfigError, match="never"):
+        simulate_goodput(intervals=2, interval=100 * HOUR, ckpt_stall=0, mtbf=HOUR, runs=2)

@@ -20,8 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from goodput.errors import ConfigError
+from goodput.planning import daly_expected_time
 
 __all__ = ["SimulationResult", "simulate_goodput"]
+
+# The simulation steps once per failure; past this many expected failures per job it would not end in time.
+_MAX_EXPECTED_FAILURES = 100_000
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,8 @@ def simulate_goodput(
         seed: seed of the numpy Generator; the same seed gives the same result.
 
     Raises:
-        ConfigError: on a non-positive interval, MTBF, run or interval count, or a negative cost.
+        ConfigError: on a non-positive interval, MTBF, run or interval count, a negative cost, or a job so long
+            against the MTBF that it expects more than 100,000 failures (it would practically never finish).
     """
     if intervals < 1 or runs < 2:
         raise ConfigError(f"intervals must be >= 1 and runs >= 2, got intervals={intervals!r}, runs={runs!r}")
@@ -102,6 +107,15 @@ def simulate_goodput(
         ("detect", detect),
     ):
         _check(name, value, positive=False)
+    expected_wall = daly_expected_time(
+        intervals * interval, interval, ckpt_stall, mtbf, restart=restart, persist=persist, detect=detect
+    )
+    if not expected_wall / mtbf <= _MAX_EXPECTED_FAILURES:
+        raise ConfigError(
+            f"a job of {intervals} intervals of {interval:g} s with an MTBF of {mtbf:g} s expects "
+            f"{expected_wall / mtbf:.3g} failures (more than {_MAX_EXPECTED_FAILURES}); it would practically never "
+            "finish, so there is nothing to simulate: use a shorter interval"
+        )
     rng = np.random.default_rng(seed)
     wall, failures = _simulate(rng, intervals, interval, ckpt_stall, mtbf, restart + detect, persist, runs)
     work = intervals * interval
