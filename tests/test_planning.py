@@ -102,6 +102,8 @@ def test_daly_waits_for_the_previous_save_when_the_interval_is_shorter_than_pers
     # tau 60 s, W 100 s: every checkpoint waits 40 s more, so the stall is C + 40 s. With M huge the
     # goodput tends to tau / (tau + C + 40) = 60 / 110 for C = 10.
     assert goodput_daly(60, 10, 1e12, persist=100) == pytest.approx(60 / 110, rel=1e-6)
+    # First order charges the same wait: 1 - (10 + 40)/60 = 1/6 when failures are negligible.
+    assert goodput_first_order(60, 10, 1e12, persist=100) == pytest.approx(1 / 6, rel=1e-6)
 
 
 def test_young_and_daly_intervals_hand_worked() -> None:
