@@ -33,6 +33,7 @@ In Daly's model the restart term is a constant factor, so the best interval does
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from goodput.errors import ConfigError
@@ -248,7 +249,12 @@ def optimal_interval(
         tau = math.exp(log_tau)
         return _segment_time(tau, ckpt_stall, mtbf, 0.0) / tau
 
-    a, b = math.log(low), math.log(high)
+    best = math.exp(_golden_minimum(cost, math.log(low), math.log(high)))
+    return low if cost(math.log(low)) <= cost(math.log(best)) else best
+
+
+def _golden_minimum(cost: Callable[[float], float], a: float, b: float) -> float:
+    """The minimiser of a unimodal ``cost`` on ``[a, b]`` by golden-section search, to 1e-12."""
     c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
     fc, fd = cost(c), cost(d)
     while b - a > 1e-12:
@@ -260,9 +266,7 @@ def optimal_interval(
             a, c, fc = c, d, fd
             d = a + _GOLDEN * (b - a)
             fd = cost(d)
-    best = math.exp((a + b) / 2.0)
-    # The search interval is closed: an optimum at the floor is the floor itself.
-    return low if cost(math.log(low)) <= cost(math.log(best)) else best
+    return (a + b) / 2.0
 
 
 @dataclass(frozen=True, kw_only=True)

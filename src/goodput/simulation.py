@@ -67,6 +67,39 @@ def _check(name: str, value: float, *, positive: bool) -> None:
         raise ConfigError(f"{name} must be {'> 0' if positive else '>= 0'} seconds, got {value!r}")
 
 
+def _validate(
+    intervals: int,
+    interval: float,
+    ckpt_stall: float,
+    mtbf: float,
+    restart: float,
+    persist: float,
+    detect: float,
+    runs: int,
+) -> None:
+    """Refuse inputs that make no job, or a job that would practically never finish."""
+    if intervals < 1 or runs < 2:
+        raise ConfigError(f"intervals must be >= 1 and runs >= 2, got intervals={intervals!r}, runs={runs!r}")
+    for name, value in (("interval", interval), ("mtbf", mtbf)):
+        _check(name, value, positive=True)
+    for name, value in (
+        ("ckpt_stall", ckpt_stall),
+        ("restart", restart),
+        ("persist", persist),
+        ("detect", detect),
+    ):
+        _check(name, value, positive=False)
+    expected_wall = daly_expected_time(
+        intervals * interval, interval, ckpt_stall, mtbf, restart=restart, persist=persist, detect=detect
+    )
+    if not expected_wall / mtbf <= _MAX_EXPECTED_FAILURES:
+        raise ConfigError(
+            f"a job of {intervals} intervals of {interval:g} s with an MTBF of {mtbf:g} s expects "
+            f"{expected_wall / mtbf:.3g} failures (more than {_MAX_EXPECTED_FAILURES}); it would practically never "
+            "finish, so there is nothing to simulate: use a shorter interval"
+        )
+
+
 def simulate_goodput(
     *,
     intervals: int,
@@ -96,26 +129,7 @@ def simulate_goodput(
         ConfigError: on a non-positive interval, MTBF, run or interval count, a negative cost, or a job so long
             against the MTBF that it expects more than 100,000 failures (it would practically never finish).
     """
-    if intervals < 1 or runs < 2:
-        raise ConfigError(f"intervals must be >= 1 and runs >= 2, got intervals={intervals!r}, runs={runs!r}")
-    for name, value in (("interval", interval), ("mtbf", mtbf)):
-        _check(name, value, positive=True)
-    for name, value in (
-        ("ckpt_stall", ckpt_stall),
-        ("restart", restart),
-        ("persist", persist),
-        ("detect", detect),
-    ):
-        _check(name, value, positive=False)
-    expected_wall = daly_expected_time(
-        intervals * interval, interval, ckpt_stall, mtbf, restart=restart, persist=persist, detect=detect
-    )
-    if not expected_wall / mtbf <= _MAX_EXPECTED_FAILURES:
-        raise ConfigError(
-            f"a job of {intervals} intervals of {interval:g} s with an MTBF of {mtbf:g} s expects "
-            f"{expected_wall / mtbf:.3g} failures (more than {_MAX_EXPECTED_FAILURES}); it would practically never "
-            "finish, so there is nothing to simulate: use a shorter interval"
-        )
+    _validate(intervals, interval, ckpt_stall, mtbf, restart, persist, detect, runs)
     rng = np.random.default_rng(seed)
     wall, failures = _simulate(rng, intervals, interval, ckpt_stall, mtbf, restart + detect, persist, runs)
     work = intervals * interval
