@@ -31,7 +31,9 @@ def dist_info() -> DistInfo:
 
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if dist.is_available() and dist.is_initialized():
-        return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), attempt)
+        return DistInfo(
+            dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), attempt
+        )
     return DistInfo(
         int(os.environ.get("RANK", "0")),
         int(os.environ.get("WORLD_SIZE", "1")),
