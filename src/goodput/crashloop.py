@@ -1,9 +1,11 @@
 """Crash-loop detection: stop restarting a job whose attempts keep failing without progress.
 
 Rank 0 of every attempt records, in ``<run_dir>/attempts/attempt-<n>.json``, the step it restored and the
-furthest step it reached. At the start of an attempt, if each of the previous ``limit`` attempts ended where
-it began (no step completed past its restored step), the job is in a crash loop: the detector writes the
-verdict to ``<run_dir>/CRASH_LOOP`` (which ``goodput launch`` watches, to stop torchrun) and raises CrashLoop.
+furthest step it reached; the record is written as soon as the attempt starts, so an attempt that dies while
+restoring counts as one without progress. Before an attempt does any work, ``check()`` looks at the previous
+``limit`` attempts: if each ended where it began (no step completed past its restored step), the job is in a
+crash loop, and the detector writes the verdict to ``<run_dir>/CRASH_LOOP`` (which ``goodput launch`` watches,
+to stop torchrun) and raises CrashLoop.
 """
 
 from __future__ import annotations
@@ -35,32 +37,39 @@ class CrashLoopDetector:
         self._dir = os.path.join(run_dir, "attempts")
         self._marker = os.path.join(run_dir, CRASH_LOOP_FILE)
         self._min_interval = min_interval
-        self._record = {"attempt": attempt, "restored_step": 0, "max_step": 0}
+        # -1: not restored yet; an attempt that dies before restoring made no progress.
+        self._record = {"attempt": attempt, "restored_step": -1, "max_step": -1}
         self._written = 0.0
-
-    def start(self, restored_step: int | None) -> None:
-        """Record the restored step; raise CrashLoop when the previous attempts made no progress."""
         os.makedirs(self._dir, exist_ok=True)
-        step = restored_step or 0
-        self._record.update(restored_step=step, max_step=step)
         self._write()
+
+    def check(self) -> None:
+        """Raise CrashLoop when each of the previous ``limit`` attempts made no progress."""
+        if self.attempt < self.limit:
+            return
         previous = [self._read(n) for n in range(self.attempt - self.limit, self.attempt)]
-        if self.attempt >= self.limit and all(
-            r is not None and r["max_step"] <= r["restored_step"] for r in previous
-        ):
+        # A missing record is an attempt that died before it could write one: no progress either.
+        if all(r is None or r["max_step"] <= r["restored_step"] for r in previous):
+            stuck = max((r["restored_step"] for r in previous if r is not None), default=-1)
+            where = f"step {stuck}" if stuck >= 0 else "before restoring"
             message = (
-                f"the last {self.limit} attempts made no progress past their restored step "
-                f"(step {step}); fix the failure, then relaunch (see the workers' logs)"
+                f"the last {self.limit} attempts made no progress past their restored step ({where}); "
+                "fix the failure, then relaunch (see the workers' logs)"
             )
             with open(self._marker, "w") as f:
                 f.write(message + "\n")
             raise CrashLoop(message)
 
+    def start(self, restored_step: int | None) -> None:
+        """Record the step this attempt restored (None: it started from scratch)."""
+        step = restored_step or 0
+        self._record.update(restored_step=step, max_step=step)
+        self._write()
+
     def progress(self, step: int) -> None:
         """Note that ``step`` completed (written at most every ``min_interval`` seconds)."""
         self._record["max_step"] = max(self._record["max_step"], step)
-        now = time.monotonic()
-        if now - self._written >= self._min_interval:
+        if time.monotonic() - self._written >= self._min_interval:
             self._write()
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 from goodput.errors import ConfigError, GoodputError
 from goodput.units import parse_duration
 
-__all__ = ["PHASES", "Fault", "FaultPlan", "InjectedFault", "parse_faults"]
+__all__ = ["PHASES", "Fault", "FaultPlan", "InjectedFault", "fault_point", "install_faults", "parse_faults"]
 
 ENV_VAR = "GOODPUT_FAULTS"
 ACTIONS = ("kill", "raise", "hang", "slow")
@@ -224,3 +224,20 @@ class FaultPlan:
                 time.sleep(3600)
         elif fault.action == "slow":
             time.sleep(fault.seconds)
+
+
+# The plan that ``fault_point`` checks: installed by ``Run`` so that code deep inside the checkpoint engine
+# and the cache can offer fault points without knowing about runs (like a failpoint library's registry).
+_installed: FaultPlan | None = None
+
+
+def install_faults(plan: FaultPlan | None) -> None:
+    """Make ``plan`` the one ``fault_point`` checks (None: fault points do nothing)."""
+    global _installed
+    _installed = plan if plan else None
+
+
+def fault_point(phase: str, step: int | None = None) -> None:
+    """A place where an installed fault may fire (``checkpoint_write``, ``async_upload``, ...); else a no-op."""
+    if _installed is not None:
+        _installed.check(phase=phase, step=step)

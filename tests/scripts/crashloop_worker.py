@@ -11,5 +11,6 @@ attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 detector = CrashLoopDetector(
     os.environ["GOODPUT_RUN_DIR"], attempt, limit=int(os.environ["GOODPUT_CRASH_LOOP"])
 )
+detector.check()
 detector.start(5)
 raise RuntimeError("this worker fails every time")

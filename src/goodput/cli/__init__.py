@@ -16,7 +16,7 @@ from goodput.errors import ConfigError
 __all__ = ["main"]
 
 # Each name is a module goodput.cli.<name> exposing register(subparsers).
-_COMMANDS = ("plan", "bench", "launch")
+_COMMANDS = ("plan", "bench", "launch", "verify-resume")
 
 EXIT_USAGE = 2
 
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in _COMMANDS:
-        importlib.import_module(f"goodput.cli.{name}").register(sub)
+        importlib.import_module(f"goodput.cli.{name.replace('-', '_')}").register(sub)
     return parser
 
 

@@ -1,0 +1,134 @@
+"""The demo's training script: a byte-level transformer LM on sharded text, made resilient by goodput.Run.
+
+Run by ``goodput demo`` and ``goodput verify-resume`` through torchrun; by hand:
+
+    goodput launch --nproc 2 --max-restarts 10 --run-dir runs/x -- src/goodput/demo/train.py \
+        --data runs/x/data --steps 300
+
+Every rank logs the sample indices of each step it trains (``<run_dir>/samples/rank-<r>.jsonl``; a redone step
+is logged again), and rank 0 writes ``<run_dir>/final.json`` with hashes of the final model and optimizer
+state, so two runs can be compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import struct
+from typing import Any
+
+import torch
+
+from goodput.checkpoint import CheckpointConfig
+from goodput.data import ResumableLoader, ShardedDataset
+from goodput.demo.model import ModelConfig, TinyLM
+from goodput.run import Run
+
+INDEX = struct.Struct("<I")
+
+
+def decode(sample: bytes) -> tuple[int, torch.Tensor]:
+    """A shard sample is a 4-byte sample id and the text window's bytes."""
+    (index,) = INDEX.unpack_from(sample)
+    return index, torch.frombuffer(bytearray(sample[INDEX.size :]), dtype=torch.uint8)
+
+
+def collate(items: list[tuple[int, torch.Tensor]]) -> tuple[list[int], torch.Tensor]:
+    return [i for i, _ in items], torch.stack([t for _, t in items]).long()
+
+
+def tensor_hash(tensors: dict[str, Any]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in sorted key order."""
+    digest = hashlib.sha256()
+    for key in sorted(tensors):
+        value = tensors[key]
+        if isinstance(value, dict):
+            digest.update(f"{key}:{tensor_hash(value)}".encode())
+        elif isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            digest.update(f"{key}:{t.dtype}:{tuple(t.shape)}".encode())
+            digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            digest.update(f"{key}:{value!r}".encode())
+    return digest.hexdigest()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="URL of the sharded corpus")
+    p.add_argument("--cache-dir", default=None, help="local cache folder (default: <run_dir>/cache)")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--strategy", default="dcp_async")
+    p.add_argument("--every", default="auto", help="steps (int), a duration, or auto")
+    p.add_argument("--mtbf", type=float, default=None, help="expected seconds between failures (for auto)")
+    p.add_argument("--checkpoint-root", default=None, help="default: <run_dir>/checkpoints")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--hang-timeout", type=float, default=120.0)
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.use_deterministic_algorithms(True)
+    run_dir = os.environ["GOODPUT_RUN_DIR"]
+    every: int | str = int(args.every) if args.every.isdigit() else args.every
+    config = CheckpointConfig(
+        root=args.checkpoint_root or os.path.join(run_dir, "checkpoints"),
+        strategy=args.strategy,
+        every=every,
+        keep_last=2,
+        **({"mtbf": args.mtbf} if args.mtbf else {}),
+    )
+    run = Run(run_dir, checkpoint=config, total_steps=args.steps, hang_timeout=args.hang_timeout,
+              progress=not args.no_progress)
+    torch.manual_seed(args.seed)
+    model: torch.nn.Module = TinyLM(ModelConfig())
+    if run.info.world_size > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    warmup = max(1, args.steps // 10)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / args.steps)
+    )
+    dataset = ShardedDataset(args.data, decode=decode, cache_dir=args.cache_dir or os.path.join(run_dir, "cache"))
+    loader = ResumableLoader(
+        dataset, batch_size=args.batch_size, seed=args.seed, num_workers=args.workers, collate_fn=collate,
+        drop_last=True,
+    )
+    run.restore(model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
+    os.makedirs(os.path.join(run_dir, "samples"), exist_ok=True)
+    log_path = os.path.join(run_dir, "samples", f"rank-{run.info.rank}.jsonl")
+    with open(log_path, "a", buffering=1) as samples_log:
+        for indices, tokens in run.batches(loader):
+            loss = _loss(model, tokens)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            samples_log.write(json.dumps({"step": run.step + 1, "samples": indices}) + "\n")
+            run.step_done(loss=float(loss.detach()))
+    run.close()
+    if run.info.rank == 0:
+        inner = model.module if hasattr(model, "module") else model
+        final = {
+            "step": run.step,
+            "model_sha256": tensor_hash(inner.state_dict()),
+            "optimizer_sha256": tensor_hash(optimizer.state_dict()["state"]),
+        }
+        with open(os.path.join(run_dir, "final.json"), "w") as f:
+            json.dump(final, f)
+
+
+def _loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens[:, :-1])
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+if __name__ == "__main__":
+    main()

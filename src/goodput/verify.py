@@ -1,0 +1,61 @@
+"""The resume guarantee, checked: two runs of the same training, one interrupted, must end bit for bit equal.
+
+Pure comparisons over what the demo's training script leaves in its run folder: ``final.json`` (hashes of the
+final model and optimizer state) and ``samples/rank-<r>.jsonl`` (the sample ids of every step a rank trained,
+a redone step logged again). The *effective* sample sequence keeps, for each step, the last time it was
+trained: the one whose result survived.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+
+__all__ = ["effective_samples", "first_difference", "read_run"]
+
+
+def effective_samples(lines: Iterable[str]) -> dict[int, list[int]]:
+    """Step -> sample ids of the last time that step was trained (a torn last line is ignored)."""
+    steps: dict[int, list[int]] = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        steps[int(record["step"])] = [int(i) for i in record["samples"]]
+    return steps
+
+
+def read_run(run_dir: str) -> dict[str, object]:
+    """The final hashes and the per-rank effective sample sequences of a finished run."""
+    with open(os.path.join(run_dir, "final.json")) as f:
+        final = json.load(f)
+    folder = os.path.join(run_dir, "samples")
+    ranks = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name)) as f:
+            ranks[name.removesuffix(".jsonl")] = effective_samples(f)
+    return {"final": final, "samples": ranks}
+
+
+def first_difference(reference: dict[str, object], other: dict[str, object]) -> str | None:
+    """A sentence naming the first way ``other`` differs from ``reference``; None when they are identical."""
+    ref_final, got_final = reference["final"], other["final"]
+    assert isinstance(ref_final, dict) and isinstance(got_final, dict)
+    for key in ("step", "model_sha256", "optimizer_sha256"):
+        if ref_final.get(key) != got_final.get(key):
+            return f"final {key} differs: {ref_final.get(key)} (uninterrupted) vs {got_final.get(key)} (interrupted)"
+    ref_samples, got_samples = reference["samples"], other["samples"]
+    assert isinstance(ref_samples, dict) and isinstance(got_samples, dict)
+    if sorted(ref_samples) != sorted(got_samples):
+        return f"ranks differ: {sorted(ref_samples)} vs {sorted(got_samples)}"
+    for rank in sorted(ref_samples):
+        ref_steps, got_steps = ref_samples[rank], got_samples[rank]
+        for step in sorted(set(ref_steps) | set(got_steps)):
+            if ref_steps.get(step) != got_steps.get(step):
+                return (
+                    f"{rank} step {step} trained samples {got_steps.get(step)} "
+                    f"where the uninterrupted run trained {ref_steps.get(step)}"
+                )
+    return None

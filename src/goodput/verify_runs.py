@@ -1,0 +1,72 @@
+"""Launching the demo training for ``goodput verify-resume`` and the chaos tests: data, fault plans, runs."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from goodput.launch import LaunchConfig, launch
+
+__all__ = ["fault_plan", "prepare_data", "train"]
+
+TRAIN_SCRIPT = os.path.join(os.path.dirname(__file__), "demo", "train.py")
+
+
+def prepare_data(work: str, *, limit: int = 512 * 2**10) -> str:
+    """Write a small demo corpus under ``work`` once; returns its URL."""
+    from goodput.demo.prepare import write_corpus
+
+    url = os.path.join(work, "data")
+    if not os.path.exists(os.path.join(url, "index.json")):
+        write_corpus(url, limit=limit, shard_bytes=64 * 2**10)
+    return url
+
+
+def fault_plan(kills: int, *, steps: int, every: int, nproc: int, seed: int) -> str:
+    """``kills`` SIGKILLs at seeded random points: plain steps, and inside checkpoint writes, async uploads,
+    purges and restores (one each, when there are enough kills)."""
+    rng = np.random.default_rng(seed)
+    phases = ["checkpoint_write", "async_upload", "restore", "checkpoint_purge"]
+    faults = []
+    for n in range(kills):
+        rank = int(rng.integers(nproc))
+        if n % 2 == 1 and phases:
+            phase = phases.pop(0)
+            if phase == "restore":
+                faults.append(f"kill@phase=restore,rank={rank},attempt={n}")
+                continue
+            step = int(rng.integers(every, steps - every))
+            faults.append(f"kill@phase={phase},step={step},rank={rank}")
+        else:
+            faults.append(f"kill@step={int(rng.integers(1, steps))},rank={rank}")
+    return "; ".join(faults)
+
+
+def train(
+    run_dir: str,
+    *,
+    data: str,
+    nproc: int,
+    steps: int,
+    every: int,
+    strategy: str,
+    seed: int,
+    faults: str,
+    max_restarts: int,
+) -> int:
+    """Run the demo training under torchrun (``goodput launch``); returns its exit status."""
+    script = (
+        TRAIN_SCRIPT,
+        f"--data={data}",
+        f"--steps={steps}",
+        f"--every={every}",
+        f"--strategy={strategy}",
+        f"--seed={seed}",
+        "--workers=0",
+        "--no-progress",
+    )
+    config = LaunchConfig(
+        script=script, nproc=nproc, max_restarts=max_restarts, run_dir=run_dir, faults=faults, crash_loop=4
+    )
+    return launch(config)
