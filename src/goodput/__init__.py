@@ -6,6 +6,16 @@ is reachable from this package.
 
 from __future__ import annotations
 
+from goodput.accounting import (
+    CATEGORIES,
+    Accounting,
+    AttemptSummary,
+    SaveRecord,
+    Segment,
+    StepStats,
+    account,
+    goodput_over_time,
+)
 from goodput.errors import (
     CheckpointCorrupt,
     CheckpointError,
@@ -18,11 +28,15 @@ from goodput.errors import (
     StateMismatch,
     StorageError,
 )
+from goodput.ledger import Ledger, LedgerConfig, LedgerFile, ledger_files, read_events
 from goodput.units import format_duration, parse_bytes, parse_duration
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CATEGORIES",
+    "Accounting",
+    "AttemptSummary",
     "CheckpointCorrupt",
     "CheckpointError",
     "ConfigError",
@@ -30,11 +44,21 @@ __all__ = [
     "DataError",
     "FingerprintMismatch",
     "GoodputError",
+    "Ledger",
+    "LedgerConfig",
+    "LedgerFile",
     "SaveFailed",
+    "SaveRecord",
+    "Segment",
     "StateMismatch",
+    "StepStats",
     "StorageError",
     "__version__",
+    "account",
     "format_duration",
+    "goodput_over_time",
+    "ledger_files",
     "parse_bytes",
     "parse_duration",
+    "read_events",
 ]
