@@ -9,33 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goodput.accounting import CATEGORIES, account, goodput_over_time
-
-
-class _Attempt:
-    """Builds one attempt's events; ``mono`` runs on a clock with an arbitrary per-attempt origin."""
-
-    def __init__(self, number: int, process_start: float, start: float, mono_origin: float = 1000.0) -> None:
-        self.number = number
-        self.offset = mono_origin - start
-        self.events: list[dict[str, Any]] = []
-        self.add("attempt_start", start, process_start=process_start)
-
-    def add(self, name: str, t: float, **fields: Any) -> _Attempt:
-        self.events.append(
-            {"event": name, "wall": t, "mono": t + self.offset, "attempt": self.number, "rank": 0, **fields}
-        )
-        return self
-
-    def step(self, step: int, start: float, end: float, fetch: float = 0.0) -> _Attempt:
-        self.add("step_start", start, step=step)
-        return self.add("step_end", end, step=step, fetch_seconds=fetch)
-
-    def save(self, step: int, start: float, stall_end: float, durable: float | None) -> _Attempt:
-        self.add("checkpoint_stall_start", start, step=step)
-        self.add("checkpoint_stall_end", stall_end, step=step)
-        if durable is not None:
-            self.add("checkpoint_durable", durable, step=step)
-        return self
+from tests._ledgers import Attempt as _Attempt
 
 
 def _expect(**seconds: float) -> dict[str, float]:
@@ -74,7 +48,7 @@ def test_clean_run() -> None:
     assert acc.goodput == pytest.approx(4.5 / 11.0)
     assert (acc.restarts, acc.failures, acc.mtbf_seconds) == (0, 0, None)
     assert acc.ckpt_stall_seconds == pytest.approx(0.5)
-    assert acc.persist_seconds == pytest.approx(1.5)
+    assert acc.persist_seconds == pytest.approx(1.0)  # stall end 8.5 to durable 9.5
     assert acc.overlap_seconds == pytest.approx(1.0)
     assert acc.attempts[0].outcome == "ok"
     assert acc.step_stats is not None and acc.step_stats.count == 6
@@ -121,6 +95,8 @@ def test_two_crashes() -> None:
     assert acc.restart_seconds == pytest.approx(3.0)
     assert [x.outcome for x in acc.attempts] == ["failed", "failed", "ok"]
     assert [x.restored_step for x in acc.attempts] == [None, 2, 4]
+    assert [x.categories["restart_downtime"] for x in acc.attempts] == pytest.approx([0.0, 2.0, 1.0])
+    assert acc.interval_seconds is None  # one save per attempt, no configured interval
 
 
 def test_input_order_does_not_matter() -> None:
@@ -152,7 +128,8 @@ def test_crash_during_async_save() -> None:
         )
     )
     assert acc.ckpt_stall_seconds == pytest.approx(0.5)
-    assert acc.persist_seconds == pytest.approx(1.0)  # only the durable save (3.0 -> 4.0)
+    assert acc.persist_seconds == pytest.approx(0.5)  # only the durable save (stall end 3.5 -> 4.0)
+    assert acc.interval_seconds == pytest.approx(1.0)  # compute between saves: 3.5 -> 4.5
     assert [s.durable is None for s in acc.saves] == [False, True]
 
 

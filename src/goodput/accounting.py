@@ -109,15 +109,10 @@ class SaveRecord:
 
     @property
     def persist_seconds(self) -> float | None:
-        """Save start to durable (W): how long the step's state was not yet safe."""
-        return None if self.durable is None else self.durable - self.start
-
-    @property
-    def overlap_seconds(self) -> float:
-        """The part of the persist that ran beside training (async), after the stall ended."""
-        if self.durable is None or self.stall_end is None:
-            return 0.0
-        return max(0.0, self.durable - self.stall_end)
+        """W: stall end (or save start, for a save seen only as durable) to durable; runs beside training."""
+        if self.durable is None:
+            return None
+        return max(0.0, self.durable - (self.start if self.stall_end is None else self.stall_end))
 
 
 @dataclass(frozen=True)
@@ -133,6 +128,7 @@ class AttemptSummary:
     last_step: int | None
     restored_step: int | None
     failure_reason: str | None
+    categories: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -263,9 +259,9 @@ def account(events: Iterable[Mapping[str, Any]]) -> Accounting:
     segments: list[Segment] = []
     per_attempt: list[dict[str, float]] = []
     for i, (a, s) in enumerate(zip(attempts, spans, strict=True)):
-        if i > 0 and a.begin > attempts[i - 1].end:
-            segments.append(Segment(attempts[i - 1].end, a.begin, "restart_downtime", a.number))
         own = _sweep(_intervals(a, s, typical, keeps[i], outcomes[i] == "failed"), a.begin, a.end, a.number)
+        if i > 0 and a.begin > attempts[i - 1].end:  # the downtime before an attempt is charged to it
+            own.insert(0, Segment(attempts[i - 1].end, a.begin, "restart_downtime", a.number))
         per_attempt.append(_sum(own))
         segments.extend(own)
     start, end = attempts[0].begin, attempts[-1].end
@@ -304,7 +300,7 @@ def _assemble(
     )
     failures = outcomes.count("failed")
     restart_costs = [
-        attempts[i].begin - attempts[i - 1].end + cats["init"] + cats["checkpoint_restore"]
+        cats["restart_downtime"] + cats["init"] + cats["checkpoint_restore"]
         for i, cats in enumerate(per_attempt)
         if i > 0 and outcomes[i - 1] == "failed"
     ]
@@ -318,14 +314,16 @@ def _assemble(
         categories=categories,
         goodput=categories["productive"] / wall if wall > 0 else 0.0,
         segments=tuple(segments),
-        attempts=tuple(_summary(a, s, o) for a, s, o in zip(attempts, spans, outcomes, strict=True)),
+        attempts=tuple(
+            _summary(a, s, o, c) for a, s, o, c in zip(attempts, spans, outcomes, per_attempt, strict=True)
+        ),
         saves=saves,
         restarts=len(attempts) - 1,
         failures=failures,
         mtbf_seconds=wall / failures if failures else None,
         ckpt_stall_seconds=_mean(stalls),
         persist_seconds=_mean(persists),
-        overlap_seconds=math.fsum(sv.overlap_seconds for sv in saves),
+        overlap_seconds=math.fsum(sv.persist_seconds or 0.0 for sv in saves),
         restart_seconds=_mean(restart_costs),
         detect_seconds=categories["failure_detection"] / failures if failures else None,
         interval_seconds=_interval(saves, info, spans),
@@ -335,7 +333,7 @@ def _assemble(
     )
 
 
-def _summary(a: Attempt, s: Spans, outcome: str) -> AttemptSummary:
+def _summary(a: Attempt, s: Spans, outcome: str, categories: dict[str, float]) -> AttemptSummary:
     numbers = [step for *_, step in s.steps if step is not None]
     return AttemptSummary(
         number=a.number,
@@ -347,6 +345,7 @@ def _summary(a: Attempt, s: Spans, outcome: str) -> AttemptSummary:
         last_step=max(numbers) if numbers else None,
         restored_step=s.restored_step,
         failure_reason=s.failure_reason if outcome == "failed" else None,
+        categories=categories,
     )
 
 
@@ -370,9 +369,9 @@ def _info(spans: list[Spans]) -> dict[str, Any]:
 
 
 def _interval(saves: tuple[SaveRecord, ...], info: dict[str, Any], spans: list[Spans]) -> float | None:
-    """Measured seconds between save starts within attempts, else the configured interval."""
+    """Measured compute seconds between saves (stall end to next start) within attempts, else as configured."""
     gaps = [
-        later.start - earlier.start
+        later.start - (earlier.start if earlier.stall_end is None else earlier.stall_end)
         for earlier, later in itertools.pairwise(saves)
         if earlier.attempt == later.attempt
     ]
