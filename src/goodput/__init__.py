@@ -29,6 +29,7 @@ from goodput.errors import (
     StorageError,
 )
 from goodput.ledger import Ledger, LedgerConfig, LedgerFile, ledger_files, read_events
+from goodput.report import Advice, MeasuredModel, Prediction, Report, build_report, load_report
 from goodput.units import format_duration, parse_bytes, parse_duration
 
 __version__ = "0.1.0"
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CATEGORIES",
     "Accounting",
+    "Advice",
     "AttemptSummary",
     "CheckpointCorrupt",
     "CheckpointError",
@@ -47,6 +49,9 @@ __all__ = [
     "Ledger",
     "LedgerConfig",
     "LedgerFile",
+    "MeasuredModel",
+    "Prediction",
+    "Report",
     "SaveFailed",
     "SaveRecord",
     "Segment",
@@ -55,9 +60,11 @@ __all__ = [
     "StorageError",
     "__version__",
     "account",
+    "build_report",
     "format_duration",
     "goodput_over_time",
     "ledger_files",
+    "load_report",
     "parse_bytes",
     "parse_duration",
     "read_events",

@@ -173,7 +173,7 @@ def _state(acc: Accounting) -> list[Advice]:
             _advice(
                 "state_rng",
                 "RNG state is not checkpointed: dropout and sampling after a restart differ from an "
-                "uninterrupted run; register it (correctness, not speed)",
+                "uninterrupted run; register it",
                 None,
             )
         )
