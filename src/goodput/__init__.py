@@ -28,7 +28,9 @@ from goodput.errors import (
     StateMismatch,
     StorageError,
 )
+from goodput.exporters import MetricsExporter, MLflowExporter, TensorBoardExporter, available_exporters
 from goodput.ledger import Ledger, LedgerConfig, LedgerFile, ledger_files, read_events
+from goodput.progress import Progress
 from goodput.report import Advice, MeasuredModel, Prediction, Report, build_report, load_report
 from goodput.units import format_duration, parse_bytes, parse_duration
 
@@ -49,8 +51,11 @@ __all__ = [
     "Ledger",
     "LedgerConfig",
     "LedgerFile",
+    "MLflowExporter",
     "MeasuredModel",
+    "MetricsExporter",
     "Prediction",
+    "Progress",
     "Report",
     "SaveFailed",
     "SaveRecord",
@@ -58,8 +63,10 @@ __all__ = [
     "StateMismatch",
     "StepStats",
     "StorageError",
+    "TensorBoardExporter",
     "__version__",
     "account",
+    "available_exporters",
     "build_report",
     "format_duration",
     "goodput_over_time",
