@@ -31,8 +31,8 @@ def test_clean_run() -> None:
     a.add("init_done", 2.0).add("restore_start", 2.0).add("restore_end", 3.0, step=None)
     a.step(1, 3.0, 5.0, fetch=0.5).step(2, 5.0, 6.0, 0.25).step(3, 6.0, 7.0, 0.25).step(4, 7.0, 8.0, 0.25)
     a.save(4, 8.0, 8.5, durable=9.5)
-    a.step(5, 8.5, 9.5, 0.25).step(6, 9.5, 10.5, 0.25).add("attempt_end", 11.0, status="ok")
-    acc = account(a.events)
+    a.step(5, 8.5, 9.5, 0.25).step(6, 9.5, 10.5, 0.25).add("eval", 10.9, seconds=0.4, accuracy=0.5)
+    acc = account(a.add("attempt_end", 11.0, status="ok").events)
     assert acc.wall_seconds == pytest.approx(11.0)
     assert acc.categories == _approx(
         _expect(
@@ -53,6 +53,7 @@ def test_clean_run() -> None:
     assert acc.attempts[0].outcome == "ok"
     assert acc.step_stats is not None and acc.step_stats.count == 6
     assert acc.step_stats.median == pytest.approx(1.0)
+    assert acc.info["custom"] == {"eval": {"count": 1, "seconds": pytest.approx(0.4)}}
 
 
 def _two_crashes() -> list[dict[str, Any]]:

@@ -101,6 +101,17 @@ def _steps(report: Report) -> list[str]:
         f"  steps: {stats.count} completed; step time mean {fd(stats.mean)}, median {fd(stats.median)}, "
         f"p90 {fd(stats.p90)}, max {fd(stats.max)}; fetch mean {fd(stats.mean_fetch)}"
     ]
+    changes = acc.info.get("interval_changes", [])
+    if changes:
+        last = changes[-1]
+        lines.append(
+            f"  interval changes: {len(changes)}; last to {_dur(last.get('interval_seconds'))}"
+            f" ({last.get('reason', 'no reason given')})"
+        )
+    custom = acc.info.get("custom", {})
+    if custom:
+        tallies = ", ".join(f"{k} x{v['count']} ({fd(v['seconds'])})" for k, v in sorted(custom.items()))
+        lines.append(f"  custom events (time inside 'other' or the steps): {tallies}")
     if acc.at_risk_seconds > 0:
         lines.append(f"  at risk: {fd(acc.at_risk_seconds)} of steps not yet in a durable checkpoint")
     return lines

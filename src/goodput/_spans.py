@@ -27,6 +27,23 @@ class Attempt:
         self.end = max(self.times)
 
 
+BUILT_IN = frozenset(
+    {
+        "attempt_start",
+        "init_done",
+        "restore_start",
+        "restore_end",
+        "step_start",
+        "step_end",
+        "checkpoint_stall_start",
+        "checkpoint_stall_end",
+        "checkpoint_durable",
+        "failure_detected",
+        "attempt_end",
+    }
+)
+
+
 def _time_order(event: Mapping[str, Any]) -> tuple[float, int]:
     """Sort key: monotonic time; at equal times spans close before new ones open."""
     name = str(event.get("event", ""))
@@ -114,7 +131,7 @@ class Spans:
                 self.failure_reason = str(event.get("reason", "failure detected"))
             elif name == "attempt_end":
                 self.status = str(event.get("status", "ok"))
-            elif name in ("checkpoint_config", "state_registered", "cache_stats", "checkpoint_interval"):
+            elif name not in BUILT_IN:  # declarations and custom events, kept for the report
                 self.info.append(event)
             last_event_t = t
         if restore_open is not None:

@@ -353,8 +353,9 @@ _META = ("event", "wall", "mono", "attempt", "rank")
 
 
 def _info(spans: list[Spans]) -> dict[str, Any]:
-    """The producers' declarations: checkpoint config, registered state, cache stats, interval changes."""
-    info: dict[str, Any] = {"cache_stats": [], "interval_changes": []}
+    """Declarations (checkpoint config, registered state: the last of each), cache stats and interval
+    changes (all), and custom events tallied by name (count, and the sum of their ``seconds`` fields)."""
+    info: dict[str, Any] = {"cache_stats": [], "interval_changes": [], "custom": {}}
     for s in spans:
         for event in s.info:
             fields = {k: v for k, v in event.items() if k not in _META}
@@ -363,8 +364,13 @@ def _info(spans: list[Spans]) -> dict[str, Any]:
                 info["cache_stats"].append(fields)
             elif name == "checkpoint_interval":
                 info["interval_changes"].append(fields)
-            else:
+            elif name in ("checkpoint_config", "state_registered"):
                 info[name] = fields
+            else:
+                tally = info["custom"].setdefault(str(name), {"count": 0, "seconds": 0.0})
+                tally["count"] += 1
+                seconds = fields.get("seconds")
+                tally["seconds"] += float(seconds) if isinstance(seconds, int | float) else 0.0
     return info
 
 
