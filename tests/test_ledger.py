@@ -76,6 +76,8 @@ def test_failed_block_records_failed_status(tmp_path: Path) -> None:
 def test_bad_fields_and_config_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="flush_seconds"):
         LedgerConfig(flush_seconds=0)
+    with pytest.raises(ConfigError, match="local run folder"):
+        Ledger("s3://bucket/run")
     with Ledger(tmp_path) as ledger:
         with pytest.raises(ConfigError, match="reserved"):
             ledger.event("eval", wall=3.0)

@@ -32,6 +32,21 @@ Event schema (one JSON object per line)::
     attempt_end              status ("ok", "failed", "interrupted")
     anything else            a custom event (eval, ...) with the caller's JSON-able fields
 
+How a training loop feeds it (the order matters for the accounting)::
+
+    ledger = Ledger(run_dir)               # right after imports: attempt_start, with the process start time
+    ledger.restore_start(); ...; ledger.restore_end(step=restored_or_None)
+    ledger.state_registered(["model", "optimizer", "data", "rng"])
+    ledger.on_event("checkpoint_config", strategy="dcp_async", every_steps=500)
+    ledger.init_done()
+    for step in ...:
+        ledger.step_start(step)            # before fetching the batch
+        ...                                # fetch, forward, backward, optimizer step
+        ledger.step_end(step, fetch_seconds=loader.last_fetch_seconds, loss=loss)
+        manager.maybe_save(step)           # emits checkpoint_stall_start/_end, checkpoint_durable via on_event
+    ledger.close()                         # attempt_end "ok"; a watchdog declaring a hang calls
+                                           # failure_detected(...) then close("failed") before exiting
+
 Step numbers: a checkpoint "at step s" holds the state after step s completes; an attempt that restores
 step r redoes the steps above r. Producers call the typed methods, or :meth:`Ledger.on_event` (the
 checkpoint manager's ``on_event(name, **fields)`` hook) with the names above.
@@ -193,6 +208,11 @@ class Ledger:
         config: LedgerConfig | None = None,
     ) -> None:
         self.config = config or LedgerConfig()
+        if "://" in os.fspath(run_dir):
+            raise ConfigError(
+                f"Ledger run_dir {os.fspath(run_dir)!r} is a URL: the ledger appends to local files; "
+                "give a local run folder"
+            )
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         folder = Path(run_dir) / LEDGER_DIR
         folder.mkdir(parents=True, exist_ok=True)
@@ -202,6 +222,7 @@ class Ledger:
         self._write_lock = threading.Lock()
         self._pending: list[str] = []
         self._closed = False
+        self._close_lock = threading.Lock()
         self._warned = False
         self._stop = threading.Event()
         now = time.time()
@@ -328,6 +349,8 @@ class Ledger:
             return
         data = "".join(lines).encode()
         with self._write_lock:
+            if self._fd < 0:
+                return
             try:
                 while data:
                     data = data[os.write(self._fd, data) :]
@@ -344,17 +367,20 @@ class Ledger:
 
     def close(self, status: str = "ok") -> None:
         """Record ``attempt_end`` with ``status``, write everything and close the file (idempotent)."""
-        if self._closed:
-            return
-        self.event("attempt_end", status=status)
-        with self._lock:
-            self._closed = True
-        self._stop.set()
-        self._thread.join()
-        self.flush()
-        with self._write_lock:
-            os.close(self._fd)
-        atexit.unregister(self._at_exit)
+        with self._close_lock:
+            if self._closed:
+                return
+            self.event("attempt_end", status=status)
+            with self._lock:
+                self._closed = True
+            self._stop.set()
+            if self._thread is not threading.current_thread():
+                self._thread.join()
+            self.flush()
+            with self._write_lock:
+                os.close(self._fd)
+                self._fd = -1
+            atexit.unregister(self._at_exit)
 
     def __enter__(self) -> Ledger:
         return self
