@@ -59,6 +59,12 @@ def test_round_trip_and_attempt_numbering(tmp_path: Path) -> None:
     names = [e["event"] for e in events if e["attempt"] == 1]
     assert names[0] == "attempt_start" and names[-1] == "attempt_end"
     assert "eval" in names and names.count("step_end") == 3
+    ends = [e for e in events if e["event"] == "step_end" and e["attempt"] == 1]
+    assert [(e["step"], e["fetch_seconds"], e["loss"], e["rank"]) for e in ends] == [
+        (1, 0.001, 1.0, 0),
+        (2, 0.001, 0.5, 0),
+        (3, 0.001, 1.0 / 3, 0),
+    ]
     head = events[0]
     assert head["process_start"] <= head["wall"] and head["pid"] == os.getpid()
     acc = account(events)
@@ -83,6 +89,10 @@ def test_bad_fields_and_config_are_refused(tmp_path: Path) -> None:
             ledger.event("eval", wall=3.0)
         with pytest.raises(ConfigError, match="JSON"):
             ledger.event("eval", value=object())
+        with pytest.raises(ConfigError, match="fetch_seconds"):
+            ledger.step_end(1, fetch_seconds=float("nan"))
+        ledger.step_end(2, loss=float("inf"))  # a diverged loss is left out, the step still counts
+    assert "loss" not in read_events(tmp_path)[-2]
 
 
 def test_missing_ledger_is_a_config_error(tmp_path: Path) -> None:

@@ -76,6 +76,7 @@ __all__ = ["Ledger", "LedgerConfig", "LedgerFile", "ledger_files", "read_events"
 LEDGER_DIR = "ledger"
 _FILE = re.compile(r"^attempt-(\d+)\.rank-(\d+)\.jsonl$")
 _RESERVED = frozenset({"event", "wall", "mono", "attempt", "rank"})
+_ENCODER = json.JSONEncoder(allow_nan=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,9 +219,10 @@ class Ledger:
         folder.mkdir(parents=True, exist_ok=True)
         self.attempt, self._fd = self._open(folder, attempt)
         self.path = folder / f"attempt-{self.attempt:04d}.rank-{self.rank:05d}.jsonl"
+        self._ids = f',"attempt":{self.attempt},"rank":{self.rank}'
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
-        self._pending: list[str] = []
+        self._pending: list[bytes] = []
         self._closed = False
         self._close_lock = threading.Lock()
         self._warned = False
@@ -282,14 +284,18 @@ class Ledger:
         }
         record.update(fields)
         try:
-            line = json.dumps(record, allow_nan=False) + "\n"
+            line = _ENCODER.encode(record)
         except (TypeError, ValueError) as err:
             raise ConfigError(f"ledger event {name!r}: fields must be JSON-serialisable ({err})") from None
+        self._append(line + "\n", name, mono, fields.get("fetch_seconds"))
+
+    def _append(self, line: str, name: str, mono: float, fetch: Any) -> None:
+        data = line.encode()  # bytes now, so the flush thread only joins and writes (little GIL time)
         with self._lock:
             if self._closed:
                 return
-            self._pending.append(line)
-            self._live.observe(name, mono, fields)
+            self._pending.append(data)
+            self._live.observe(name, mono, fetch)
 
     def on_event(self, name: str, **fields: Any) -> None:
         """The producers' hook (``on_event(name, **fields)``), e.g. the checkpoint manager's save events."""
@@ -309,14 +315,33 @@ class Ledger:
 
     def step_start(self, step: int) -> None:
         """Step ``step`` begins (before its batch is fetched)."""
-        self.event("step_start", step=step)
+        # The per-step events are formatted directly: json.dumps costs several times more on this path.
+        mono = time.monotonic()
+        line = (
+            f'{{"event":"step_start","wall":{time.time()!r},"mono":{mono!r}{self._ids},"step":{int(step)}}}\n'
+        )
+        self._append(line, "step_start", mono, None)
 
     def step_end(self, step: int, *, fetch_seconds: float = 0.0, loss: float | None = None) -> None:
-        """Step ``step`` ended; ``fetch_seconds`` of it were spent waiting for the batch."""
-        fields: dict[str, Any] = {"step": step, "fetch_seconds": float(fetch_seconds)}
-        if loss is not None and math.isfinite(loss):
-            fields["loss"] = float(loss)
-        self.event("step_end", **fields)
+        """Step ``step`` ended; ``fetch_seconds`` of it were spent waiting for the batch (``loss`` if finite).
+
+        Raises:
+            ConfigError: when ``fetch_seconds`` is not a finite number >= 0.
+        """
+        fetch = float(fetch_seconds)
+        if not (math.isfinite(fetch) and fetch >= 0.0):
+            raise ConfigError(
+                f"ledger step_end: fetch_seconds must be a finite number >= 0, got {fetch_seconds!r}"
+            )
+        extra = ""
+        if loss is not None and math.isfinite(value := float(loss)):
+            extra = f',"loss":{value!r}'
+        mono = time.monotonic()
+        line = (
+            f'{{"event":"step_end","wall":{time.time()!r},"mono":{mono!r}{self._ids},"step":{int(step)},'
+            f'"fetch_seconds":{fetch!r}{extra}}}\n'
+        )
+        self._append(line, "step_end", mono, fetch)
 
     def failure_detected(self, reason: str, *, silent_seconds: float | None = None) -> None:
         """A failure was declared (e.g. a hang timeout) ``silent_seconds`` after the last progress."""
@@ -347,7 +372,7 @@ class Ledger:
             lines, self._pending = self._pending, []
         if not lines:
             return
-        data = "".join(lines).encode()
+        data = b"".join(lines)
         with self._write_lock:
             if self._fd < 0:
                 return
@@ -399,11 +424,11 @@ class _Live:
         self.last_fetch: float | None = None
         self._step_start: float | None = None
 
-    def observe(self, name: str, mono: float, fields: dict[str, Any]) -> None:
+    def observe(self, name: str, mono: float, fetch: Any) -> None:
         if name == "step_start":
             self._step_start = mono
         elif name == "step_end" and self._step_start is not None:
-            self.last_fetch = float(fields.get("fetch_seconds") or 0.0)
+            self.last_fetch = float(fetch or 0.0)
             self.useful += max(0.0, mono - self._step_start - self.last_fetch)
             self._step_start = None
 
