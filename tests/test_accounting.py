@@ -240,3 +240,17 @@ def test_categories_tile_wall_time(raw: list[tuple[str, float, int, float, float
     assert all(v >= 0.0 for v in acc.categories.values())
     assert sum(acc.categories.values()) == pytest.approx(acc.wall_seconds, abs=1e-9)
     assert 0.0 <= acc.goodput <= 1.0
+
+
+def test_manager_spelling_and_a_synchronous_commit_count_as_stall() -> None:
+    """The checkpoint manager emits checkpoint_stall with phase start/end. A synchronous save commits after
+    its stall event but before training resumes (no step between stall end 2.5 and durable 3.0), so the
+    stall runs 2 -> 3 and nothing persists beside training (W = 0)."""
+    a = _Attempt(0, 0.0, 0.0)
+    a.step(1, 1, 2).add("checkpoint_stall", 2.0, phase="start", step=1)
+    a.add("checkpoint_stall", 2.5, phase="end", step=1, seconds=0.5)
+    a.add("checkpoint_durable", 3.0, step=1, stall_seconds=0.5, persist_seconds=1.0)
+    a.step(2, 3, 4).add("attempt_end", 4.0, status="ok")
+    acc = account(a.events)
+    assert acc.categories == _approx(_expect(init=1.0, productive=2.0, checkpoint_stall=1.0))
+    assert (acc.ckpt_stall_seconds, acc.persist_seconds) == (pytest.approx(1.0), pytest.approx(0.0))

@@ -44,9 +44,17 @@ BUILT_IN = frozenset(
 )
 
 
+def canonical_name(event: Mapping[str, Any]) -> str:
+    """The event's name, with the checkpoint manager's ``checkpoint_stall`` + ``phase`` spelled out."""
+    name = str(event.get("event", ""))
+    if name == "checkpoint_stall" and event.get("phase") in ("start", "end"):
+        return f"checkpoint_stall_{event['phase']}"
+    return name
+
+
 def _time_order(event: Mapping[str, Any]) -> tuple[float, int]:
     """Sort key: monotonic time; at equal times spans close before new ones open."""
-    name = str(event.get("event", ""))
+    name = canonical_name(event)
     return float(event["mono"]), (0 if name.endswith(("_end", "_durable")) else 1)
 
 
@@ -98,16 +106,18 @@ class Spans:
         self.status: str | None = None
         self.failure_reason: str | None = None
         self.info: list[Mapping[str, Any]] = []
+        self._last_step_start = -math.inf
         self._read(a)
 
     def _read(self, a: Attempt) -> None:
         restore_open: float | None = None
         last_event_t = a.begin
         for event, t in zip(a.events, a.times, strict=True):
-            name = event.get("event")
+            name = canonical_name(event)
             step = event.get("step")
             if name == "step_start":
                 self.open_step = (t, step)
+                self._last_step_start = t
             elif name == "step_end":
                 self._close_step(t, event)
             elif name == "restore_start":
@@ -158,10 +168,13 @@ class Spans:
 
     def _durable(self, event: Mapping[str, Any], t: float) -> None:
         step = event.get("step")
-        if self._match_save(step, t, 3) is None:
-            seconds = event.get("seconds")
+        save = self._match_save(step, t, 3)
+        if save is None:
+            seconds = event.get("persist_seconds", event.get("seconds"))
             start = t - float(seconds) if seconds is not None else t
             self.saves.append([step, start, None, t, False])
+        elif save[2] is not None and self._last_step_start < save[2]:
+            save[2] = t  # no step ran between the stall's end and durable: training was blocked till now
         if step is not None:
             self.durable.append((t, int(step)))
 

@@ -21,8 +21,11 @@ Event schema (one JSON object per line)::
     step_start       step
     step_end         step, fetch_seconds (time waiting for the batch, at the start of the step), loss?
     checkpoint_stall_start   step               training is blocked by a save from here ...
-    checkpoint_stall_end     step, seconds?     ... to here (the blocking part: C)
-    checkpoint_durable       step, seconds?     the save of ``step`` is committed (W = since stall start)
+    checkpoint_stall_end     step, seconds?     ... to here (also spelled checkpoint_stall, phase start/end)
+    checkpoint_durable       step, persist_seconds?   the save of ``step`` is committed. C (the stall) runs
+                             to durable when no step ran in between (a synchronous save's commit);
+                             otherwise W (persist, overlapping training) is stall end to durable
+    checkpoint_failed        step, error        a save failed (tallied as a custom event)
     checkpoint_config        strategy, interval_seconds?, every_steps?
     checkpoint_interval      interval_seconds, reason         the live policy changed the interval
     state_registered         keys (list: model, optimizer, scheduler, data, rng, ...)
