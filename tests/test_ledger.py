@@ -198,3 +198,12 @@ def test_ranks_write_their_own_files_without_corruption(tmp_path: Path) -> None:
         steps = [e["step"] for e in every if e["rank"] == rank and e["event"] == "step_end"]
         assert steps == list(range(1, 401))
     assert read_events(tmp_path, rank=1)[0]["world_size"] == 2
+
+
+def test_cache_stats_records_each_epochs_share_of_cumulative_counters(tmp_path: Path) -> None:
+    with Ledger(tmp_path) as ledger:
+        ledger.cache_stats(0, {"hits": 0, "misses": 100, "evictions": 3}, budget_bytes=10, dataset_bytes=50)
+        ledger.cache_stats(1, {"hits": 10, "misses": 190})
+    stats = [e for e in read_events(tmp_path) if e["event"] == "cache_stats"]
+    assert [(e["epoch"], e["hits"], e["misses"]) for e in stats] == [(0, 0.0, 100.0), (1, 10.0, 90.0)]
+    assert stats[0]["budget_bytes"] == 10 and stats[1]["budget_bytes"] is None

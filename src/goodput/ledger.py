@@ -29,7 +29,8 @@ Event schema (one JSON object per line)::
     checkpoint_config        strategy, interval_seconds?, every_steps?
     checkpoint_interval      interval_seconds, reason         the live policy changed the interval
     state_registered         keys (list: model, optimizer, scheduler, data, rng, ...)
-    cache_stats              epoch, hits, misses, budget_bytes?, dataset_bytes?
+    cache_stats              epoch, hits, misses, bytes_downloaded, wait_seconds (this epoch's),
+                             budget_bytes?, dataset_bytes?
     failure_detected         reason, silent_seconds? (time since the last progress; default: since the
                              previous event)
     attempt_end              status ("ok", "failed", "interrupted")
@@ -67,7 +68,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -80,6 +81,7 @@ LEDGER_DIR = "ledger"
 _FILE = re.compile(r"^attempt-(\d+)\.rank-(\d+)\.jsonl$")
 _RESERVED = frozenset({"event", "wall", "mono", "attempt", "rank"})
 _ENCODER = json.JSONEncoder(allow_nan=False)
+_CACHE_COUNTERS = ("hits", "misses", "bytes_downloaded", "wait_seconds")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +230,7 @@ class Ledger:
         self._pending: list[bytes] = []
         self._closed = False
         self._close_lock = threading.Lock()
+        self._cache_seen: dict[str, float] = {}
         self._warned = False
         self._stop = threading.Event()
         now = time.time()
@@ -353,6 +356,25 @@ class Ledger:
     def state_registered(self, keys: Sequence[str]) -> None:
         """Which parts of the training state the checkpoint holds (model, optimizer, data, rng, ...)."""
         self.event("state_registered", keys=sorted(keys))
+
+    def cache_stats(
+        self,
+        epoch: int,
+        counters: Mapping[str, float],
+        *,
+        budget_bytes: int | None = None,
+        dataset_bytes: int | None = None,
+    ) -> None:
+        """At the end of ``epoch``: the data cache's cumulative counters (e.g. ``RemoteCache.metrics()``).
+
+        The event holds this epoch's share: the difference from the previous call in this attempt.
+        """
+        now = {k: float(counters.get(k, 0.0)) for k in _CACHE_COUNTERS}
+        delta = {k: now[k] - self._cache_seen.get(k, 0.0) for k in _CACHE_COUNTERS}
+        self._cache_seen = now
+        self.event(
+            "cache_stats", epoch=epoch, budget_bytes=budget_bytes, dataset_bytes=dataset_bytes, **delta
+        )
 
     # -- live view ------------------------------------------------------------------------------------
 
