@@ -52,7 +52,7 @@ def _bins(segments: tuple[Segment, ...], start: float, wall: float) -> dict[int,
 
 def _draw_binned(ax: Any, acc: Any, rows: dict[int, int], scale: float) -> None:
     width = acc.wall_seconds / BINS
-    for number, bins in _bins(acc.segments, acc.start, acc.wall_seconds).items():
+    for number, bins in _bins(acc.segments, 0.0, acc.wall_seconds).items():
         base = [0.0] * BINS
         totals = [sum(b.values()) for b in bins]
         for category in CATEGORIES:
@@ -80,7 +80,7 @@ def _draw_segments(ax: Any, acc: Any, rows: dict[int, int], scale: float) -> Non
     for category in CATEGORIES:
         for number, row in rows.items():
             bars = [
-                ((s.start - acc.start) / scale, (s.end - s.start) / scale)
+                (s.start / scale, (s.end - s.start) / scale)
                 for s in acc.segments
                 if s.category == category and s.attempt == number
             ]
@@ -134,14 +134,14 @@ def _goodput_panel(ax: Any, report: Report, window: float, scale: float, unit: s
     rolling = goodput_over_time(acc, window=window, points=400)
     cumulative = goodput_over_time(acc, window=acc.wall_seconds + 1.0, points=400)
     ax.plot(
-        [(t - acc.start) / scale for t, _ in rolling],
+        [t / scale for t, _ in rolling],
         [100 * g for _, g in rolling],
         color="#2ca02c",
         lw=1.6,
         label=f"goodput, trailing {window / scale:.3g} {unit}",
     )
     ax.plot(
-        [(t - acc.start) / scale for t, _ in cumulative],
+        [t / scale for t, _ in cumulative],
         [100 * g for _, g in cumulative],
         color="black",
         lw=1.2,
@@ -152,7 +152,7 @@ def _goodput_panel(ax: Any, report: Report, window: float, scale: float, unit: s
     if predicted is not None:
         ax.axhline(100 * predicted, color="#1f77b4", lw=1, ls=":", label=f"predicted {predicted:.1%}")
     for attempt in acc.attempts[1:]:
-        ax.axvline((attempt.start - acc.start) / scale, color="#555555", lw=0.8, alpha=0.6)
+        ax.axvline(attempt.start / scale, color="#555555", lw=0.8, alpha=0.6)
     ax.set_ylim(0, 105)
     ax.set_ylabel("goodput (%)")
     ax.set_xlabel(f"time since the run started ({unit}); grey lines: restarts")

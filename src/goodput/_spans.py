@@ -13,18 +13,30 @@ from typing import Any
 
 
 class Attempt:
-    """Events of one attempt mapped onto the common time axis (internal)."""
+    """Events of one attempt on the run's time axis: seconds since the run's origin (internal).
 
-    def __init__(self, number: int, events: list[Mapping[str, Any]], shift_from: float) -> None:
+    Times are kept relative to the first attempt's process start so that differences of a few milliseconds
+    keep their precision (absolute wall times near 1.8e9 s carry only ~0.2 us).
+    """
+
+    def __init__(
+        self, number: int, events: list[Mapping[str, Any]], shift_from: float, origin: float
+    ) -> None:
         head = events[0]
         origin_wall, origin_mono = float(head["wall"]), float(head["mono"])
-        begin = min(float(head.get("process_start", origin_wall)), origin_wall)
+        anchor = origin_wall - origin
+        begin = min(begin_wall(head), origin_wall) - origin
         shift = max(0.0, shift_from - begin)
         self.number = number
         self.begin = begin + shift
-        self.times = [origin_wall + shift + (float(e["mono"]) - origin_mono) for e in events]
+        self.times = [anchor + shift + (float(e["mono"]) - origin_mono) for e in events]
         self.events = events
         self.end = max(self.times)
+
+
+def begin_wall(head: Mapping[str, Any]) -> float:
+    """Wall time an attempt began: its process start when recorded, else its attempt_start."""
+    return float(head.get("process_start", head["wall"]))
 
 
 BUILT_IN = frozenset(
@@ -77,18 +89,23 @@ def _split_attempts(events: Iterable[Mapping[str, Any]]) -> list[list[Mapping[st
                 groups[-1].append(event)
     for group in groups:
         group[1:] = sorted(group[1:], key=_time_order)
-    groups.sort(key=lambda g: float(g[0].get("process_start", g[0]["wall"])))
+    groups.sort(key=lambda g: begin_wall(g[0]))
     return groups
 
 
-def layout(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
+def layout(events: Iterable[Mapping[str, Any]]) -> tuple[list[Attempt], float]:
+    """The attempts on one time axis, and its origin (wall time of the first attempt's start)."""
+    groups = _split_attempts(events)
+    if not groups:
+        return [], 0.0
+    origin = min(begin_wall(groups[0][0]), float(groups[0][0]["wall"]))
     attempts: list[Attempt] = []
     previous_end = -math.inf
-    for i, group in enumerate(_split_attempts(events)):
-        attempt = Attempt(int(group[0].get("attempt", i)), group, previous_end)
+    for i, group in enumerate(groups):
+        attempt = Attempt(int(group[0].get("attempt", i)), group, previous_end, origin)
         attempts.append(attempt)
         previous_end = attempt.end
-    return attempts
+    return attempts, origin
 
 
 class Spans:

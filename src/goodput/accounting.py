@@ -85,7 +85,7 @@ WARMUP_FACTOR = 1.5
 
 
 class Segment(NamedTuple):
-    """A stretch of wall time in one category (times in seconds since the epoch)."""
+    """A stretch of wall time in one category (times in seconds since the run started)."""
 
     start: float
     end: float
@@ -95,7 +95,8 @@ class Segment(NamedTuple):
 
 @dataclass(frozen=True)
 class SaveRecord:
-    """One checkpoint save as seen by the ledger: blocking stall, and when it became durable."""
+    """One checkpoint save as seen by the ledger: blocking stall, and when it became durable (times in
+    seconds since the run started)."""
 
     attempt: int
     step: int | None
@@ -117,7 +118,7 @@ class SaveRecord:
 
 @dataclass(frozen=True)
 class AttemptSummary:
-    """One attempt (a process lifetime of the run) on the common time axis."""
+    """One attempt (a process lifetime of the run); times in seconds since the run started."""
 
     number: int
     start: float
@@ -145,7 +146,11 @@ class StepStats:
 
 @dataclass(frozen=True)
 class Accounting:
-    """The whole account of a run; ``categories`` sums to ``wall_seconds``."""
+    """The whole account of a run; ``categories`` sums to ``wall_seconds``.
+
+    ``start`` and ``end`` are wall-clock times (seconds since the epoch); every other time (segments,
+    attempts, saves) is in seconds since ``start``.
+    """
 
     start: float
     end: float
@@ -248,7 +253,7 @@ def account(events: Iterable[Mapping[str, Any]]) -> Accounting:
     Raises:
         ValueError: when there is no ``attempt_start`` event to anchor the time axis.
     """
-    attempts = layout(events)
+    attempts, origin = layout(events)
     if not attempts:
         raise ValueError("the ledger has no attempt_start event: nothing to account for")
     spans = [Spans(a) for a in attempts]
@@ -264,9 +269,9 @@ def account(events: Iterable[Mapping[str, Any]]) -> Accounting:
             own.insert(0, Segment(attempts[i - 1].end, a.begin, "restart_downtime", a.number))
         per_attempt.append(_sum(own))
         segments.extend(own)
-    start, end = attempts[0].begin, attempts[-1].end
+    start, end = origin, origin + attempts[-1].end
     categories = _sum(segments)
-    wall = end - start
+    wall = attempts[-1].end - attempts[0].begin
     return _assemble(attempts, spans, outcomes, segments, per_attempt, categories, start, end, wall, typical)
 
 
@@ -428,7 +433,7 @@ def goodput_over_time(acc: Accounting, *, window: float, points: int = 200) -> l
         points: how many samples.
 
     Returns:
-        ``(time, goodput)`` pairs; time in seconds since the epoch.
+        ``(time, goodput)`` pairs; time in seconds since the run started.
     """
     if window <= 0 or points < 1:
         raise ValueError(f"window must be > 0 and points >= 1, got window={window}, points={points}")
@@ -450,7 +455,7 @@ def goodput_over_time(acc: Accounting, *, window: float, points: int = 200) -> l
 
     out = []
     for j in range(1, points + 1):
-        t = acc.start + acc.wall_seconds * j / points
-        lo = max(acc.start, t - window)
+        t = acc.wall_seconds * j / points
+        lo = max(0.0, t - window)
         out.append((t, (productive_until(t) - productive_until(lo)) / (t - lo)))
     return out
