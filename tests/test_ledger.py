@@ -207,3 +207,17 @@ def test_cache_stats_records_each_epochs_share_of_cumulative_counters(tmp_path: 
     stats = [e for e in read_events(tmp_path) if e["event"] == "cache_stats"]
     assert [(e["epoch"], e["hits"], e["misses"]) for e in stats] == [(0, 0.0, 100.0), (1, 10.0, 90.0)]
     assert stats[0]["budget_bytes"] == 10 and stats[1]["budget_bytes"] is None
+
+
+def test_a_forked_child_writes_nothing_to_the_parents_ledger(tmp_path: Path) -> None:
+    with Ledger(tmp_path) as ledger:
+        ledger.step_start(1)
+        pid = os.fork()
+        if pid == 0:  # the child: as a fork-started DataLoader worker would
+            ledger.event("from_child")
+            ledger.close()
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        ledger.step_end(1)
+    names = [e["event"] for e in read_events(tmp_path)]
+    assert names == ["attempt_start", "step_start", "step_end", "attempt_end"]

@@ -68,6 +68,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,6 +248,8 @@ class Ledger:
         self._thread = threading.Thread(target=self._flush_loop, name="goodput-ledger", daemon=True)
         self._thread.start()
         atexit.register(self._at_exit)
+        me = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _disown(me()))
 
     def _at_exit(self) -> None:
         # the interpreter sets sys.last_value when an uncaught exception ended the program
@@ -437,6 +440,15 @@ class Ledger:
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         self.close("ok" if exc_type is None else "failed")
+
+
+def _disown(ledger: Ledger | None) -> None:
+    """In a forked child (a DataLoader worker, say): the parent's ledger records nothing from here."""
+    if ledger is not None:
+        ledger._lock = threading.Lock()  # the parent's flush thread may have held it at the fork
+        ledger._pending = []
+        ledger._closed = True
+        atexit.unregister(ledger._at_exit)
 
 
 class _Live:
