@@ -254,3 +254,40 @@ def test_manager_spelling_and_a_synchronous_commit_count_as_stall() -> None:
     acc = account(a.events)
     assert acc.categories == _approx(_expect(init=1.0, productive=2.0, checkpoint_stall=1.0))
     assert (acc.ckpt_stall_seconds, acc.persist_seconds) == (pytest.approx(1.0), pytest.approx(0.0))
+
+
+def test_an_unclosed_exit_followed_by_a_restart_is_a_failure() -> None:
+    """Attempt 0 exits without closing its ledger ("exited") after step 3, with step 2 durable (a 0.5 s
+    synchronous save); attempt 1 restores step 2, so step 3 (1 s) was lost. Attempt 1 ends the same way,
+    last: a clean end."""
+    a0 = _Attempt(0, 0.0, 0.0)
+    a0.step(1, 1, 2).step(2, 2, 3).save(2, 3.0, 3.5, durable=3.5).step(3, 3.5, 4.5)
+    a0.add("attempt_end", 4.5, status="exited")
+    a1 = _Attempt(1, 5.0, 5.0)
+    a1.add("restore_start", 5.0).add("restore_end", 6.0, step=2).step(3, 6, 7)
+    a1.add("attempt_end", 7.0, status="exited")
+    acc = account(a0.events + a1.events)
+    assert [a.outcome for a in acc.attempts] == ["failed", "ok"]
+    assert acc.categories == _approx(
+        _expect(
+            init=1.0,
+            productive=3.0,
+            lost_work=1.0,
+            checkpoint_stall=0.5,
+            restart_downtime=0.5,
+            checkpoint_restore=1.0,
+        )
+    )
+
+
+def test_a_clean_attempt_whose_steps_are_redone_still_lost_them() -> None:
+    """Attempt 0 ends "ok" after step 3 but its last checkpoint is step 2; attempt 1 restores step 2 and
+    redoes step 3: that second of attempt 0 is lost work, though no failure happened."""
+    a0 = _Attempt(0, 0.0, 0.0)
+    a0.step(1, 1, 2).step(2, 2, 3).save(2, 3.0, 3.5, durable=4.0).step(3, 3.5, 4.5)
+    a0.add("attempt_end", 4.5, status="ok")
+    a1 = _Attempt(1, 4.5, 4.5)
+    a1.add("restore_start", 4.5).add("restore_end", 5.5, step=2).step(3, 5.5, 6.5)
+    a1.add("attempt_end", 6.5, status="ok")
+    acc = account(a0.events + a1.events)
+    assert acc.failures == 0 and acc.categories["lost_work"] == pytest.approx(1.0)

@@ -101,8 +101,9 @@ def test_missing_ledger_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_exit_without_close_still_ends_the_attempt(tmp_path: Path) -> None:
-    """atexit closes the ledger: status ok on a normal exit, failed on an uncaught exception."""
-    for code, status in (("pass", "ok"), ("raise SystemExit('bye')", "ok"), ("1/0", "failed")):
+    """atexit closes the ledger: "exited" on an exit without close() (its status unknown), failed on an
+    uncaught exception."""
+    for code, status in (("pass", "exited"), ("raise SystemExit('bye')", "exited"), ("1/0", "failed")):
         script = (
             f"import sys\nfrom goodput import Ledger\nled = Ledger(sys.argv[1])\nled.step_start(1)\n{code}\n"
         )

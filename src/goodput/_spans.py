@@ -199,24 +199,30 @@ class Spans:
 def kept_steps(
     spans: list[Spans], attempts: list[Attempt], outcomes: list[str]
 ) -> list[tuple[int | None, bool]]:
-    """Per attempt: (last kept step, whether any step may be kept at all) for lost-work accounting."""
+    """Per attempt: (last kept step, whether steps above it are lost) for lost-work accounting.
+
+    The next attempt's restored step decides when it is known (its steps above were redone, whatever this
+    attempt's outcome); a failed attempt without that falls back to the newest durable checkpoint so far.
+    """
     result: list[tuple[int | None, bool]] = []
     durable_so_far: list[tuple[float, int]] = []
     for i, (s, a) in enumerate(zip(spans, attempts, strict=True)):
         durable_so_far.extend(d for d in s.durable if d[0] <= a.end)
-        if outcomes[i] != "failed":
-            result.append((None, True))  # nothing is lost: every step counts
-            continue
         nxt = spans[i + 1] if i + 1 < len(spans) else None
         if nxt is not None and nxt.has_restore:
-            keep = nxt.restored_step
+            result.append((nxt.restored_step, True))
+        elif outcomes[i] == "failed":
+            result.append((max((step for _, step in durable_so_far), default=None), True))
         else:
-            keep = max((step for _, step in durable_so_far), default=None)
-        result.append((keep, keep is not None))
+            result.append((None, False))  # ended cleanly or still running: every step counts
     return result
 
 
 def outcome(i: int, n: int, s: Spans) -> str:
+    """ "ok", "failed" or "running" (the last attempt, no end recorded). A process that exited without
+    closing its ledger ("exited") failed if another attempt followed it."""
+    if s.status == "exited" and not s.detect:
+        return "failed" if i < n - 1 else "ok"
     if s.status is not None:
         return "ok" if s.status == "ok" and not s.detect else "failed"
     if s.detect or i < n - 1:

@@ -225,12 +225,12 @@ def _intervals(
             out.append((save[1], a.end if save[2] is None else save[2], "checkpoint_stall"))
     out.extend((lo, hi, "failure_detection") for lo, hi in s.detect)
     warming = True
-    last_kept, _ = keep
+    last_kept, applies = keep
     for start, end, fetch, step in s.steps:
         compute = end - start - fetch
         excess = compute - typical if warming and compute > WARMUP_FACTOR * typical else 0.0
         warming = excess > 0.0
-        lost = failed and (last_kept is None or step is None or step > last_kept)
+        lost = applies and (last_kept is None or step is None or step > last_kept)
         out.append((start, start + fetch, "data_wait"))
         out.append((start + fetch, start + fetch + excess, "warmup"))
         out.append((start + fetch + excess, end, "lost_work" if lost else "productive"))

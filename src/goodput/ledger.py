@@ -33,7 +33,8 @@ Event schema (one JSON object per line)::
                              budget_bytes?, dataset_bytes?
     failure_detected         reason, silent_seconds? (time since the last progress; default: since the
                              previous event)
-    attempt_end              status ("ok", "failed", "interrupted")
+    attempt_end              status ("ok", "failed", "interrupted"; "exited" when the process ended without
+                             closing the ledger: a failure if another attempt follows)
     anything else            a custom event (eval, ...) with the caller's JSON-able fields
 
 How a training loop feeds it (the order matters for the accounting)::
@@ -252,8 +253,10 @@ class Ledger:
         os.register_at_fork(after_in_child=lambda: _disown(me()))
 
     def _at_exit(self) -> None:
-        # the interpreter sets sys.last_value when an uncaught exception ended the program
-        self.close("failed" if getattr(sys, "last_value", None) is not None else "ok")
+        # The interpreter sets sys.last_value when an uncaught exception ended the program. Otherwise the exit
+        # status is unknown here (sys.exit(1) looks the same): "exited" counts as a failure when a restart
+        # follows, and as a clean end when it is the run's last attempt.
+        self.close("failed" if getattr(sys, "last_value", None) is not None else "exited")
 
     def _open(self, folder: Path, attempt: int | None) -> tuple[int, int]:
         number = _next_attempt(folder, self.rank) if attempt is None else attempt
