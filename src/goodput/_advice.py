@@ -64,7 +64,7 @@ def _interval(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice
 
 
 def _no_checkpoint(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
-    if acc.saves or acc.failures == 0 or acc.wall_seconds <= 0:
+    if acc.saves or acc.failures == 0 or acc.categories["lost_work"] <= 0:
         return None
     share = acc.categories["lost_work"] / acc.wall_seconds
     text = "no checkpoint was saved, so every failure threw away all work since the start: enable checkpoints"
