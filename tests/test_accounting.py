@@ -206,6 +206,7 @@ _NAMES = st.sampled_from(
         "eval",
         "attempt_end",
         "attempt_start",
+        "checkpoint_stall",  # the checkpoint manager's spelling, with phase start or end
     ]
 )
 
@@ -234,12 +235,14 @@ def test_categories_tile_wall_time(raw: list[tuple[str, float, int, float, float
                 "fetch_seconds": fetch,
                 "silent_seconds": silent,
                 "process_start": t - silent,
+                "phase": "start" if step % 2 else "end",
             }
         )
     acc = account(events)
     assert all(v >= 0.0 for v in acc.categories.values())
     assert sum(acc.categories.values()) == pytest.approx(acc.wall_seconds, abs=1e-9)
     assert 0.0 <= acc.goodput <= 1.0
+    assert all(-1e-9 <= g <= 1.0 + 1e-9 for _, g in goodput_over_time(acc, window=1.0, points=20))
 
 
 def test_manager_spelling_and_a_synchronous_commit_count_as_stall() -> None:
