@@ -133,9 +133,17 @@ class Run:
             self.faults.check(phase="restore")
             step = self._manager.restore_latest()
         self.ledger.restore_end(step)
-        parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "data": loader}
+        parts = {
+            "model": model,
+            "optimizer": optimizer,
+            "scheduler": scheduler,
+            "scaler": scaler,
+            "data": loader,
+        }
         self.ledger.state_registered([k for k, v in parts.items() if v is not None] + ["rng", "step"])
-        self.ledger.on_event("checkpoint_config", strategy=self.config.strategy, **_interval_fields(self.config))
+        self.ledger.on_event(
+            "checkpoint_config", strategy=self.config.strategy, **_interval_fields(self.config)
+        )
         if self._crash is not None:
             self._crash.start(step)
         self.step = step or 0
@@ -167,7 +175,9 @@ class Run:
             except StopIteration:
                 empty_epochs += 1
                 if empty_epochs > 1:
-                    raise DataError("the loader yields no batches: is the dataset smaller than a batch?") from None
+                    raise DataError(
+                        "the loader yields no batches: is the dataset smaller than a batch?"
+                    ) from None
                 iterator = iter(loader)  # the next epoch
                 continue
             empty_epochs, pending = 0, False

@@ -49,16 +49,23 @@ def _run(args: argparse.Namespace) -> int:
     plan = fault_plan(args.kills, steps=args.steps, every=args.every, nproc=args.nproc, seed=args.seed)
     print(f"goodput verify-resume: {args.nproc} ranks, {args.steps} steps, {args.strategy}, in {work}")
     print(f"faults: {plan}")
-    common = {"data": data, "nproc": args.nproc, "steps": args.steps, "every": args.every,
-              "strategy": args.strategy, "seed": args.seed}
+    common = {
+        "data": data,
+        "nproc": args.nproc,
+        "steps": args.steps,
+        "every": args.every,
+        "strategy": args.strategy,
+        "seed": args.seed,
+    }
     clean = train(os.path.join(work, "uninterrupted"), faults="", max_restarts=0, **common)
     killed = train(os.path.join(work, "interrupted"), faults=plan, max_restarts=args.kills + 2, **common)
     for name, status in (("uninterrupted", clean), ("interrupted", killed)):
         if status != 0:
             print(f"goodput verify-resume: the {name} run failed with exit status {status}", file=sys.stderr)
             return 1
-    difference = first_difference(read_run(os.path.join(work, "uninterrupted")),
-                                  read_run(os.path.join(work, "interrupted")))
+    difference = first_difference(
+        read_run(os.path.join(work, "uninterrupted")), read_run(os.path.join(work, "interrupted"))
+    )
     if difference is not None:
         print(f"DIFFERENT: {difference}")
         return 1

@@ -85,8 +85,13 @@ def main(argv: list[str] | None = None) -> None:
         keep_last=2,
         **({"mtbf": args.mtbf} if args.mtbf else {}),
     )
-    run = Run(run_dir, checkpoint=config, total_steps=args.steps, hang_timeout=args.hang_timeout,
-              progress=not args.no_progress)
+    run = Run(
+        run_dir,
+        checkpoint=config,
+        total_steps=args.steps,
+        hang_timeout=args.hang_timeout,
+        progress=not args.no_progress,
+    )
     torch.manual_seed(args.seed)
     model: torch.nn.Module = TinyLM(ModelConfig())
     if run.info.world_size > 1:
@@ -96,9 +101,15 @@ def main(argv: list[str] | None = None) -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / args.steps)
     )
-    dataset = ShardedDataset(args.data, decode=decode, cache_dir=args.cache_dir or os.path.join(run_dir, "cache"))
+    dataset = ShardedDataset(
+        args.data, decode=decode, cache_dir=args.cache_dir or os.path.join(run_dir, "cache")
+    )
     loader = ResumableLoader(
-        dataset, batch_size=args.batch_size, seed=args.seed, num_workers=args.workers, collate_fn=collate,
+        dataset,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        num_workers=args.workers,
+        collate_fn=collate,
         drop_last=True,
     )
     run.restore(model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
