@@ -20,6 +20,31 @@ from goodput.errors import (
 )
 from goodput.units import format_duration, parse_bytes, parse_duration
 
+# Names whose modules import torch: resolved on first use (PEP 562) so `import goodput` and the CLI start fast.
+_LAZY = {
+    "goodput.checkpoint": (
+        "MANIFEST_NAME STRATEGIES AutoInterval CheckpointConfig CheckpointInfo CheckpointLayout CheckpointManager"
+        " EveryInterval EverySteps FileEntry LoaderState Manifest SaveContext SavePolicy SaveResult SaveStrategy"
+        " TrainingState capture_rng check_shapes list_checkpoints make_strategy restore_rng tensor_shapes"
+    ),
+    "goodput.checkpoint.dcp": "DcpStrategy SafeLoadPlanner safe_unpickle_metadata",
+    "goodput.checkpoint.dcp_async": "DcpAsyncStrategy",
+    "goodput.checkpoint.torch_save": "TorchSaveStrategy",
+}
+_LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names.split()}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'goodput' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -34,6 +59,7 @@ __all__ = [
     "StateMismatch",
     "StorageError",
     "__version__",
+    *sorted(_LAZY_NAMES),
     "format_duration",
     "parse_bytes",
     "parse_duration",
