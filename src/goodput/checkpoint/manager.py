@@ -145,10 +145,9 @@ class CheckpointManager:
     def _bcast(self, value: Any, group: Any = None) -> Any:
         if not self._dist:
             return value
+        pg: Any = group or self._ctl
         box = [value]
-        dist.broadcast_object_list(
-            box, src=dist.get_global_rank(group or self._ctl, 0), group=group or self._ctl
-        )
+        dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
         return box[0]
 
     def _barrier(self) -> None:
