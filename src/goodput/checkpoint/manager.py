@@ -216,7 +216,7 @@ class CheckpointManager:
             names = completion()
             mine = ("ok", self._layout.rank_files(folder, names, checksum=self._checksums))
         except Exception as err:
-            mine = ("error", f"rank {self.rank}: {type(err).__name__}: {err}")
+            mine = ("error", f"rank {self.rank}: {_describe(err)}")
         parts = self._gather(mine)
         outcome: tuple[str, Any] = ("error", "")
         if self.rank == 0:
@@ -366,7 +366,7 @@ class CheckpointManager:
         except StateMismatch:
             raise
         except Exception as err:
-            mine = ("error", f"rank {self.rank}: {type(err).__name__}: {err}")
+            mine = ("error", f"rank {self.rank}: {_describe(err)}")
         failures = [detail for status, detail in self._all_gather(mine) if status != "ok"]
         if failures:
             log.warning(
@@ -421,3 +421,12 @@ def _raiser(err: Exception) -> Completion:
         raise err
 
     return complete
+
+
+def _describe(err: BaseException) -> str:
+    """One line for an error; DCP's CheckpointException carries each rank's real error inside."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        return "; ".join(f"{type(e).__name__}: {e}" for e in inner)
+    return f"{type(err).__name__}: {err}"
