@@ -184,6 +184,13 @@ class CheckpointLayout:
                 self.fs.rm(path, recursive=True)
             self.fs.invalidate_cache(path)
 
+    def free_bytes(self) -> int | None:
+        """Bytes free for writing under a local root (None for remote roots)."""
+        if not self.local:
+            return None
+        st = os.statvfs(self.root)
+        return int(st.f_bavail * st.f_frsize)
+
     def digest(self, path: str, *, checksum: bool) -> FileEntry:
         """Size (and sha256 when ``checksum``) of one written file, read back from storage."""
         size = self._size(path)

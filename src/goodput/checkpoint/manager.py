@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.checkpoint import CheckpointException
 
 import goodput
 from goodput.checkpoint.config import CheckpointConfig
@@ -31,6 +32,9 @@ __all__ = ["CheckpointManager", "SaveResult"]
 log = logging.getLogger(__name__)
 
 Listener = Callable[..., None]
+
+# DCP reports a failure on any rank as CheckpointException, which derives from BaseException.
+_FAILURES = (Exception, CheckpointException)
 
 
 @dataclass(frozen=True)
@@ -194,7 +198,7 @@ class CheckpointManager:
         else:
             try:
                 completion = self._strategy.save(self.state, folder, self._ctx)
-            except Exception as err:
+            except _FAILURES as err:
                 completion = _raiser(err)
         stall = self._clock() - start
         self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
@@ -215,7 +219,7 @@ class CheckpointManager:
         try:
             names = completion()
             mine = ("ok", self._layout.rank_files(folder, names, checksum=self._checksums))
-        except Exception as err:
+        except _FAILURES as err:
             mine = ("error", f"rank {self.rank}: {_describe(err)}")
         parts = self._gather(mine)
         outcome: tuple[str, Any] = ("error", "")
@@ -268,7 +272,15 @@ class CheckpointManager:
                 errors.append(f"commit: {type(err).__name__}: {err}")
         if folder:
             self._layout.abort(folder)
-        return ("error", "; ".join(errors))
+        return ("error", "; ".join(errors) + self._space_hint())
+
+    def _space_hint(self) -> str:
+        """Name a full disk when that is the likely cause (torch's writers hide ENOSPC behind 'unexpected pos')."""
+        free = self._layout.free_bytes()
+        needed = self.results[-1].bytes if self.results and self.results[-1].bytes else 1 << 20
+        if free is None or free >= needed:
+            return ""
+        return f"; No space left on device? {self._layout.root} has {free} bytes free, the last checkpoint took {needed}"
 
     def _wait_inflight(self) -> SaveResult | SaveFailed | None:
         if self._inflight is None:
@@ -365,7 +377,7 @@ class CheckpointManager:
             make_strategy(manifest.strategy, self._ctx).load(self.state, url, self._ctx)
         except StateMismatch:
             raise
-        except Exception as err:
+        except _FAILURES as err:
             mine = ("error", f"rank {self.rank}: {_describe(err)}")
         failures = [detail for status, detail in self._all_gather(mine) if status != "ok"]
         if failures:
@@ -416,7 +428,7 @@ class CheckpointManager:
         self.close()
 
 
-def _raiser(err: Exception) -> Completion:
+def _raiser(err: BaseException) -> Completion:
     def complete() -> list[str]:
         raise err
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+from typing import Any
 
 import torch
 
@@ -19,6 +20,40 @@ from goodput.errors import CheckpointCorrupt
 __all__ = ["TorchSaveStrategy"]
 
 STATE_FILE = "state.pt"
+
+
+class _WriteErrors(io.RawIOBase):
+    """A pass-through file that remembers the OSError of a failed write (torch.save replaces it with an
+    opaque "unexpected pos" RuntimeError, hiding e.g. "No space left on device")."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self.raw = raw
+        self.error: OSError | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        try:
+            return int(self.raw.write(data))
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+def _save_reporting_os_errors(obj: Any, raw: Any) -> None:
+    sink = _WriteErrors(raw)
+    try:
+        torch.save(obj, sink)
+        sink.flush()
+    except RuntimeError:
+        if sink.error is not None:
+            raise sink.error from None
+        raise
 
 
 class TorchSaveStrategy:
@@ -32,14 +67,12 @@ class TorchSaveStrategy:
         if ctx.rank != 0:
             return list
         path = ctx.layout.path_in(folder, STATE_FILE)
-        if ctx.layout.local:
-            with open(path, "wb") as f:
-                torch.save(full, f)
+        opener = open(path, "wb") if ctx.layout.local else ctx.layout.fs.open(path, "wb")  # noqa: SIM115
+        with opener as f:
+            _save_reporting_os_errors(full, f)
+            if ctx.layout.local:
                 f.flush()
                 os.fsync(f.fileno())
-        else:
-            with ctx.layout.fs.open(path, "wb") as f:
-                torch.save(full, f)
         return lambda: [STATE_FILE]
 
     def load(self, state: TrainingState, folder: str, ctx: SaveContext) -> None:
