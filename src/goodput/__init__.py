@@ -18,6 +18,22 @@ from goodput.errors import (
     StateMismatch,
     StorageError,
 )
+from goodput.planning import (
+    PlanInputs,
+    daily_waste,
+    daly_expected_time,
+    daly_interval,
+    failure_probability,
+    goodput_daly,
+    goodput_first_order,
+    lost_work_per_failure,
+    mtbf_from_rate,
+    mtbf_seconds,
+    optimal_interval,
+    waste_per_failure,
+    young_interval,
+)
+from goodput.simulation import SimulationResult, simulate_goodput
 from goodput.units import format_duration, parse_bytes, parse_duration
 
 # Names whose modules import torch: resolved on first use (PEP 562) so `import goodput` and the CLI start fast.
@@ -55,12 +71,27 @@ __all__ = [
     "DataError",
     "FingerprintMismatch",
     "GoodputError",
+    "PlanInputs",
     "SaveFailed",
+    "SimulationResult",
     "StateMismatch",
     "StorageError",
     "__version__",
     *sorted(_LAZY_NAMES),
+    "daily_waste",
+    "daly_expected_time",
+    "daly_interval",
+    "failure_probability",
     "format_duration",
+    "goodput_daly",
+    "goodput_first_order",
+    "lost_work_per_failure",
+    "mtbf_from_rate",
+    "mtbf_seconds",
+    "optimal_interval",
     "parse_bytes",
     "parse_duration",
+    "simulate_goodput",
+    "waste_per_failure",
+    "young_interval",
 ]
