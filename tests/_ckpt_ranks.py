@@ -74,7 +74,10 @@ class Job:
         return {
             "model": {k: v.detach().clone() for k, v in msd.items()},
             "optim": {
-                f"{p}.{k}": v.clone() for p, s in osd["state"].items() for k, v in s.items() if torch.is_tensor(v)
+                f"{p}.{k}": v.clone()
+                for p, s in osd["state"].items()
+                for k, v in s.items()
+                if torch.is_tensor(v)
             },
             "sched": self.sched.state_dict(),
             "loader": self.loader.state_dict(),
@@ -98,7 +101,9 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return diffs
 
 
-def roundtrip(rank: int, world: int, root: str, strategy: str, wrap: str, storage: dict[str, Any]) -> dict[str, Any]:
+def roundtrip(
+    rank: int, world: int, root: str, strategy: str, wrap: str, storage: dict[str, Any]
+) -> dict[str, Any]:
     """Train, save at steps 2 and 4, snapshot, train on, restore, and compare with the snapshot."""
     job = Job(rank, wrap=wrap)
     config = CheckpointConfig(root=root, strategy=strategy, every=2, keep_last=2, storage_options=storage)
@@ -129,7 +134,9 @@ def roundtrip(rank: int, world: int, root: str, strategy: str, wrap: str, storag
     }
 
 
-def roundtrip_cases(rank: int, world: int, root: str, cases: list[tuple[str, str]], storage: dict[str, Any]) -> dict[str, Any]:
+def roundtrip_cases(
+    rank: int, world: int, root: str, cases: list[tuple[str, str]], storage: dict[str, Any]
+) -> dict[str, Any]:
     """``roundtrip`` for several (strategy, wrap) cases in the same processes (saves process start-ups)."""
     return {
         f"{strategy}-{wrap}": roundtrip(rank, world, f"{root}/{strategy}-{wrap}", strategy, wrap, storage)

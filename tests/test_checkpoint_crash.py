@@ -24,7 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 class Child:
     """The crash-test training process, read line by line."""
 
-    def __init__(self, root: Path, strategy: str, width: int, last: int, keep_last: int = 2, keep_every: int = 0):
+    def __init__(
+        self, root: Path, strategy: str, width: int, last: int, keep_last: int = 2, keep_every: int = 0
+    ):
         args = [str(root), strategy, str(width), str(last), str(keep_last), str(keep_every)]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests._ckpt_child", *args],
@@ -75,7 +77,9 @@ def _restore_here(root: Path, width: int) -> tuple[int | None, str]:
     torch.manual_seed(123)
     model = torch.nn.Linear(width, width)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    manager = CheckpointManager(CheckpointConfig(root=str(root), strategy="dcp", every=1), TrainingState(model=model, optimizer=opt))
+    manager = CheckpointManager(
+        CheckpointConfig(root=str(root), strategy="dcp", every=1), TrainingState(model=model, optimizer=opt)
+    )
     step = manager.restore_latest()
     manager.close()
     return step, repr(float(sum(p.detach().double().sum() for p in model.parameters())))
@@ -95,7 +99,9 @@ def test_sigkill_mid_save_restores_the_previous_checkpoint(tmp_path: Path, strat
     assert any(r.step == 2 and r.status == "partial" for r in rows), rows
     step, weights = _restore_here(tmp_path, width)
     assert step == 1 and weights == saved[1]
-    assert [r.status for r in list_checkpoints(str(tmp_path))] == ["committed"]  # the dead save's folder is cleaned
+    assert [r.status for r in list_checkpoints(str(tmp_path))] == [
+        "committed"
+    ]  # the dead save's folder is cleaned
 
 
 def test_retention_holds_while_saves_and_crashes_interleave(tmp_path: Path) -> None:

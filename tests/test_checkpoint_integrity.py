@@ -13,12 +13,20 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from goodput.checkpoint import MANIFEST_NAME, CheckpointConfig, CheckpointManager, TrainingState, list_checkpoints
+from goodput.checkpoint import (
+    MANIFEST_NAME,
+    CheckpointConfig,
+    CheckpointManager,
+    TrainingState,
+    list_checkpoints,
+)
 from goodput.checkpoint.dcp import SafeLoadPlanner, safe_unpickle_metadata
 from goodput.errors import CheckpointCorrupt, StateMismatch
 
 
-def _manager(root: Path, strategy: str = "dcp", width: int = 4, **kw: object) -> tuple[CheckpointManager, torch.nn.Module]:
+def _manager(
+    root: Path, strategy: str = "dcp", width: int = 4, **kw: object
+) -> tuple[CheckpointManager, torch.nn.Module]:
     torch.manual_seed(0)
     model = torch.nn.Linear(width, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -26,7 +34,9 @@ def _manager(root: Path, strategy: str = "dcp", width: int = 4, **kw: object) ->
     return CheckpointManager(config, TrainingState(model=model, optimizer=opt)), model
 
 
-def _train_and_save(root: Path, steps: tuple[int, ...] = (2, 4), strategy: str = "dcp") -> dict[int, torch.Tensor]:
+def _train_and_save(
+    root: Path, steps: tuple[int, ...] = (2, 4), strategy: str = "dcp"
+) -> dict[int, torch.Tensor]:
     manager, model = _manager(root, strategy)
     weights = {}
     for step in steps:
@@ -82,15 +92,21 @@ def test_missing_metadata_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFi
     assert str(tmp_path / "step-4" / ".metadata") in caplog.text and "missing" in caplog.text
 
 
-def test_leftover_partial_folders_are_skipped_and_cleaned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_leftover_partial_folders_are_skipped_and_cleaned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     weights = _train_and_save(tmp_path)
     dead = tmp_path / "step-6.partial-0123abcd"  # a crashed save: its lease names a process that is gone
     dead.mkdir()
     (dead / "__0_0.distcp").write_bytes(b"half a shard")
-    (dead / "goodput-lease.json").write_text(json.dumps({"host": os.uname().nodename, "pid": 2**22 + 7, "started": 0}))
+    (dead / "goodput-lease.json").write_text(
+        json.dumps({"host": os.uname().nodename, "pid": 2**22 + 7, "started": 0})
+    )
     alive = tmp_path / "step-8.partial-4567abcd"  # a save in flight in a live process: never touched
     alive.mkdir()
-    (alive / "goodput-lease.json").write_text(json.dumps({"host": os.uname().nodename, "pid": os.getppid(), "started": 0}))
+    (alive / "goodput-lease.json").write_text(
+        json.dumps({"host": os.uname().nodename, "pid": os.getppid(), "started": 0})
+    )
     no_manifest = tmp_path / "step-10"  # an object-store style partial: step folder without the manifest
     no_manifest.mkdir()
     with caplog.at_level(logging.WARNING):
@@ -101,7 +117,9 @@ def test_leftover_partial_folders_are_skipped_and_cleaned(tmp_path: Path, caplog
     assert f"removing {dead}" in caplog.text
 
 
-def test_malicious_metadata_is_refused_and_never_runs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_malicious_metadata_is_refused_and_never_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     weights = _train_and_save(tmp_path)
     marker = tmp_path / "pwned"
 
@@ -112,7 +130,9 @@ def test_malicious_metadata_is_refused_and_never_runs(tmp_path: Path, caplog: py
     folder = tmp_path / "step-4"
     planted = pickle.dumps(Evil())
     (folder / ".metadata").write_bytes(planted)
-    _rewrite_manifest_entry(folder, ".metadata", planted)  # verification passes: only the unpickler can stop it
+    _rewrite_manifest_entry(
+        folder, ".metadata", planted
+    )  # verification passes: only the unpickler can stop it
     with pytest.raises(CheckpointCorrupt, match="refusing to load"):
         safe_unpickle_metadata(planted)
     with caplog.at_level(logging.WARNING):
@@ -159,7 +179,9 @@ def test_non_tensor_values_load_without_running_code(tmp_path: Path) -> None:
 def test_mismatched_model_names_key_and_both_shapes(tmp_path: Path, strategy: str) -> None:
     _train_and_save(tmp_path, steps=(2,), strategy=strategy)
     manager, _ = _manager(tmp_path, strategy, width=6)
-    with pytest.raises(StateMismatch, match=r"model\.weight: the checkpoint has shape \[3, 4\], this run has \[3, 6\]"):
+    with pytest.raises(
+        StateMismatch, match=r"model\.weight: the checkpoint has shape \[3, 4\], this run has \[3, 6\]"
+    ):
         manager.restore_latest()
     manager.close()
 

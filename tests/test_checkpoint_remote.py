@@ -6,7 +6,13 @@ import fsspec
 import pytest
 import torch
 
-from goodput.checkpoint import MANIFEST_NAME, CheckpointConfig, CheckpointManager, TrainingState, list_checkpoints
+from goodput.checkpoint import (
+    MANIFEST_NAME,
+    CheckpointConfig,
+    CheckpointManager,
+    TrainingState,
+    list_checkpoints,
+)
 from goodput.testing import S3Server, run_ranks
 from tests import _ckpt_ranks
 from tests.test_checkpoint_roundtrip import check_roundtrip
@@ -18,7 +24,10 @@ def test_memory_url_roundtrip(strategy: str) -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(6, 3)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    manager = CheckpointManager(CheckpointConfig(root=root, strategy=strategy, every=1, keep_last=1), TrainingState(model=model, optimizer=opt))
+    manager = CheckpointManager(
+        CheckpointConfig(root=root, strategy=strategy, every=1, keep_last=1),
+        TrainingState(model=model, optimizer=opt),
+    )
     for step in (1, 2):
         model(torch.randn(2, 6)).sum().backward()
         opt.step()
@@ -54,11 +63,17 @@ def test_s3_uncommitted_folder_is_partial_and_skipped(s3_server: S3Server, s3_ur
     options = s3_server.storage_options()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
-    manager = CheckpointManager(CheckpointConfig(root=s3_url, strategy="dcp", every=1, storage_options=options), TrainingState(model=model))
+    manager = CheckpointManager(
+        CheckpointConfig(root=s3_url, strategy="dcp", every=1, storage_options=options),
+        TrainingState(model=model),
+    )
     manager.save(1)
     manager.save(2)
     fs = fsspec.filesystem("s3", **options)
     fs.rm(f"{s3_url}/step-2/{MANIFEST_NAME}")  # as if the writer died before the marker
-    assert [(r.step, r.status) for r in list_checkpoints(s3_url, storage_options=options)] == [(2, "partial"), (1, "committed")]
+    assert [(r.step, r.status) for r in list_checkpoints(s3_url, storage_options=options)] == [
+        (2, "partial"),
+        (1, "committed"),
+    ]
     assert manager.restore_latest() == 1
     manager.close()

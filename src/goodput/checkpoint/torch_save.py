@@ -48,7 +48,7 @@ class _WriteErrors(io.RawIOBase):
 def _save_reporting_os_errors(obj: Any, raw: Any) -> None:
     sink = _WriteErrors(raw)
     try:
-        torch.save(obj, sink)
+        torch.save(obj, sink)  # type: ignore[arg-type]  # a RawIOBase is a binary file
         sink.flush()
     except RuntimeError:
         if sink.error is not None:
