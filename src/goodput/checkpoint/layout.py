@@ -164,12 +164,13 @@ class CheckpointLayout:
         self.fs.invalidate_cache(path)
         return str(self.fs.cat_file(path).decode("utf-8"))
 
-    def _write_text(self, path: str, text: str) -> None:
+    def _write_text(self, path: str, text: str, *, durable: bool = True) -> None:
         if self.local:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
         else:
             with self.fs.open(path, "wb") as f:
                 f.write(text.encode("utf-8"))
@@ -222,7 +223,7 @@ class CheckpointLayout:
             self._remove_tree(folder)
             self.fs.makedirs(folder, exist_ok=True)
         lease = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-        self._write_text(self.path_in(folder, _LEASE_NAME), json.dumps(lease))
+        self._write_text(self.path_in(folder, _LEASE_NAME), json.dumps(lease), durable=False)
         return folder
 
     def path_in(self, folder: str, name: str) -> str:
