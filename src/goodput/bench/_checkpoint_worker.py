@@ -1,6 +1,6 @@
 """One rank of ``goodput bench checkpoint`` (started by torchrun; see goodput/bench/checkpoint.py).
 
-    python -m torch.distributed.run --standalone --nproc-per-node=2 -m goodput.bench._checkpoint_worker CONFIG_JSON
+python -m torch.distributed.run --standalone --nproc-per-node=2 -m goodput.bench._checkpoint_worker CONFIG_JSON
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from goodput.bench.checkpoint import RssSampler, median, ratio
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
 
 
-def build_state(state_bytes: int, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, list[torch.Tensor]]:
+def build_state(
+    state_bytes: int, world: int
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, list[torch.Tensor]]:
     """Linear layers + AdamW (12 bytes per parameter), FSDP2-sharded over the ranks, optimizer state created."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -39,7 +41,7 @@ def build_state(state_bytes: int, world: int) -> tuple[torch.nn.Module, torch.op
         p.grad = torch.zeros_like(p)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    local = [p.detach().to_local() for p in model.parameters()]  # type: ignore[operator]
+    local = [p.detach().to_local() for p in model.parameters()]  # type: ignore[attr-defined]
     for s in opt.state.values():
         local += [v.to_local() if hasattr(v, "to_local") else v for v in s.values() if v.dim() > 0]
     return model, opt, local
@@ -49,12 +51,12 @@ class Loop:
     """A training-like step: fixed compute, a gradient-sized all-reduce, and an in-place weight change."""
 
     def __init__(self, model: torch.nn.Module, step_ms: float) -> None:
-        self.params = [p.detach().to_local() for p in model.parameters()]  # type: ignore[operator]
+        self.params = [p.detach().to_local() for p in model.parameters()]  # type: ignore[attr-defined]
         self.a = torch.randn(256, 256)
         self.sync = torch.zeros(1024)
         t0 = time.perf_counter()
         for _ in range(20):
-            self.a @ self.a  # noqa: B018
+            self.a @ self.a
         per = (time.perf_counter() - t0) / 20
         iters = torch.tensor([max(1, int(step_ms / 1000 / per))])
         dist.broadcast(iters, src=0)
@@ -63,7 +65,7 @@ class Loop:
 
     def step(self) -> None:
         for _ in range(self.iters):
-            self.a @ self.a  # noqa: B018
+            self.a @ self.a
         dist.all_reduce(self.sync)
         with torch.no_grad():
             self.params[self.i % len(self.params)].add_(1e-6)
@@ -82,7 +84,7 @@ def across_ranks_max(value: float) -> float:
     return float(t.item())
 
 
-def timed(fn: Callable[[], None], repeats: int) -> float:
+def timed(fn: Callable[[], Any], repeats: int) -> float:
     """Median over repeats of the slowest rank's time for fn (all ranks start together)."""
     times = []
     for _ in range(repeats):
@@ -111,7 +113,6 @@ def floors(local: list[torch.Tensor], root: str, rank: int) -> dict[str, float]:
 
     result = {"memcpy_s": timed(memcpy, 3), "raw_write_s": timed(raw_write, 2)}
     os.remove(path)
-    del buffers
     return result
 
 
@@ -159,7 +160,9 @@ def measure(
     }
 
 
-def staging_memory(state: TrainingState, loop: Loop, cfg: dict[str, Any], sampler: RssSampler) -> dict[str, Any]:
+def staging_memory(
+    state: TrainingState, loop: Loop, cfg: dict[str, Any], sampler: RssSampler
+) -> dict[str, Any]:
     """Resident memory above the pre-save level after each of N async saves (buffers must be reused)."""
     config = CheckpointConfig(
         root=os.path.join(cfg["root"], "staging"), strategy="dcp_async", every=10**9, keep_last=1,
@@ -190,8 +193,14 @@ def main(cfg: dict[str, Any]) -> None:
     floor = floors(local, cfg["root"], rank)
     loop.window(3)
     base = median([timed(lambda: loop.window(cfg["window"]), 1) for _ in range(3)])
-    strategies = {name: measure(name, state, loop, base, cfg, sampler) for name in cfg["strategies"].split(",")}
-    staging = staging_memory(state, loop, cfg, sampler) if cfg["staging_saves"] > 0 else {"extra_after_each_save_bytes": []}
+    strategies = {
+        name: measure(name, state, loop, base, cfg, sampler) for name in cfg["strategies"].split(",")
+    }
+    staging = (
+        staging_memory(state, loop, cfg, sampler)
+        if cfg["staging_saves"] > 0
+        else {"extra_after_each_save_bytes": []}
+    )
     sampler.stop()
     extra = staging["extra_after_each_save_bytes"]
     ts, da, dc = strategies.get("torch_save", {}), strategies.get("dcp_async", {}), strategies.get("dcp", {})

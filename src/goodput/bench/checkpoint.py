@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from typing import Any
 
 __all__ = ["add_arguments", "run"]
@@ -35,10 +34,14 @@ _GOALS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-size", default="512MiB", help="model + optimizer state in all (default 512MiB)")
+    parser.add_argument(
+        "--state-size", default="512MiB", help="model + optimizer state in all (default 512MiB)"
+    )
     parser.add_argument("--saves", type=int, default=4, help="measured saves per strategy (default 4)")
     parser.add_argument("--staging-saves", type=int, default=20, help="async saves for the memory check (20)")
-    parser.add_argument("--step-ms", type=float, default=100.0, help="fixed compute per step, ms (default 100)")
+    parser.add_argument(
+        "--step-ms", type=float, default=100.0, help="fixed compute per step, ms (default 100)"
+    )
     parser.add_argument("--window", type=int, default=30, help="steps per measured window (default 30)")
     parser.add_argument(
         "--strategies", default="torch_save,dcp,dcp_async", help="comma list; dcp_async_process adds the "
@@ -60,14 +63,27 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--state-size must be >= 1MiB, --saves and --window >= 2, --nproc >= 1")
     with tempfile.TemporaryDirectory(prefix="goodput-bench-ckpt-") as tmp:
         out = os.path.join(tmp, "result.json")
-        config = {**vars(args), "state_bytes": state_bytes, "root": args.root or os.path.join(tmp, "ckpt"), "out": out}
+        config = {
+            **vars(args),
+            "state_bytes": state_bytes,
+            "root": args.root or os.path.join(tmp, "ckpt"),
+            "out": out,
+        }
         config.pop("handler", None)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={args.nproc}",
+        ]
         cmd += ["-m", "goodput.bench._checkpoint_worker", json.dumps(config)]
         env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONWARNINGS": "ignore"}
         done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL if args.json else None)
         if done.returncode != 0 or not os.path.exists(out):
-            print(f"goodput bench checkpoint: the measurement failed (exit {done.returncode})", file=sys.stderr)
+            print(
+                f"goodput bench checkpoint: the measurement failed (exit {done.returncode})", file=sys.stderr
+            )
             return 1
         with open(out, encoding="utf-8") as f:
             result = json.load(f)
@@ -79,8 +95,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(result: dict[str, Any]) -> None:
-    print(f"state {result['state_bytes'] / 2**20:.0f} MiB over {result['world_size']} ranks; step {result['step_ms']:.0f} ms")
-    print(f"{'strategy':<18}{'stall med':>10}{'lost/save':>11}{'durable':>9}{'bytes':>10}{'peak extra mem':>16}")
+    print(
+        f"state {result['state_bytes'] / 2**20:.0f} MiB over {result['world_size']} ranks; step {result['step_ms']:.0f} ms"
+    )
+    print(
+        f"{'strategy':<18}{'stall med':>10}{'lost/save':>11}{'durable':>9}{'bytes':>10}{'peak extra mem':>16}"
+    )
     for name, s in result["strategies"].items():
         print(
             f"{name:<18}{s['stall_s']:>9.3f}s{s['lost_s']:>10.3f}s{s['durable_s']:>8.2f}s"

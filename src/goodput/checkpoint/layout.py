@@ -39,6 +39,7 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _PARTIAL_DIR = re.compile(r"^step-(\d+)\.partial-([0-9a-f]+)$")
 _TRASH_DIR = re.compile(r"^step-(\d+)\.trash-([0-9a-f]+)$")
 _CHUNK = 8 << 20
+_IN_FLIGHT: set[str] = set()  # folders this process is writing (a lease naming this pid may be in flight)
 
 log = logging.getLogger(__name__)
 
@@ -222,9 +223,14 @@ class CheckpointLayout:
             folder = self.final_dir(step)
             self._remove_tree(folder)
             self.fs.makedirs(folder, exist_ok=True)
+        _IN_FLIGHT.add(folder)
         lease = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
         self._write_text(self.path_in(folder, _LEASE_NAME), json.dumps(lease), durable=False)
         return folder
+
+    def is_committed(self, step: int) -> bool:
+        """Whether ``step-<step>`` holds a manifest (committed, valid or not)."""
+        return MANIFEST_NAME in self._names(self.final_dir(step))
 
     def path_in(self, folder: str, name: str) -> str:
         return os.path.join(folder, name) if self.local else f"{folder}/{name}"
@@ -247,6 +253,7 @@ class CheckpointLayout:
             if size != entry.size:
                 raise OSError(f"{name} in {folder} holds {size} bytes, {entry.size} were written")
         self._write_text(self.path_in(folder, MANIFEST_NAME), manifest.to_json())
+        _IN_FLIGHT.discard(folder)
         if not self.local:
             if self._size(self.path_in(folder, MANIFEST_NAME)) <= 0:
                 raise OSError(f"the manifest of {folder} is not visible after writing it")
@@ -263,6 +270,7 @@ class CheckpointLayout:
 
     def abort(self, folder: str) -> None:
         """Remove the folder of a failed save (best effort: it is uncommitted either way)."""
+        _IN_FLIGHT.discard(folder)
         try:
             self._remove_tree(folder)
         except OSError as err:
@@ -356,7 +364,9 @@ class CheckpointLayout:
         except (OSError, ValueError):
             lease = {}
         if lease.get("host") == socket.gethostname() and isinstance(lease.get("pid"), int):
-            return lease["pid"] != os.getpid() and _pid_alive(lease["pid"])
+            if lease["pid"] == os.getpid():
+                return folder in _IN_FLIGHT
+            return _pid_alive(lease["pid"])
         started = float(lease.get("started", 0.0))
         return time.time() - started < stale_after
 

@@ -171,11 +171,13 @@ class CheckpointManager:
         Waits first for a previous save still in flight (at most one). A step already committed is skipped.
 
         Raises:
-            SaveFailed: the save (a synchronous one, or the previous asynchronous one) failed; the previous
-                checkpoint is untouched and training may go on.
+            SaveFailed: this (synchronous) save failed, or the previous asynchronous one did (then nothing new
+                is saved by this call). The previous checkpoint is untouched and training may go on.
         """
         self._check_open()
         previous = self._wait_inflight()
+        if isinstance(previous, SaveFailed):
+            raise previous  # reported once; the next call saves normally
         if step in self._committed:
             return SaveResult(
                 step, self.config.strategy, 0.0, 0.0, self._layout.final_dir(step), None, skipped=True
@@ -185,13 +187,22 @@ class CheckpointManager:
         self._emit("checkpoint_stall", phase="start", step=step)
         start = self._clock()
         self.state.step = step
-        begun: tuple[str, str] = ("", "")
+        begun: tuple[str, str, bool] = ("", "", False)
         if self.rank == 0:
             try:
-                begun = (self._layout.begin(step, self._token), "")
+                if self._layout.is_committed(step):
+                    begun = (self._layout.final_dir(step), "", True)
+                else:
+                    begun = (self._layout.begin(step, self._token), "", False)
             except OSError as err:
-                begun = ("", f"creating the step folder: {type(err).__name__}: {err}")
-        folder, error = self._bcast(begun)
+                begun = ("", f"creating the step folder: {type(err).__name__}: {err}", False)
+        folder, error, exists = self._bcast(begun)
+        if exists:  # committed by an earlier run that this manager did not restore: never overwrite it
+            self._committed.add(step)
+            self._emit("checkpoint_stall", phase="end", step=step, seconds=self._clock() - start)
+            return SaveResult(
+                step, self.config.strategy, self._clock() - start, 0.0, folder, None, skipped=True
+            )
         completion: Completion
         if error:
             completion = _raiser(OSError(error))
@@ -207,8 +218,6 @@ class CheckpointManager:
             result = SaveResult(step, self.config.strategy, stall)
         else:
             result = self._finish(step, folder, completion, start, stall)
-        if isinstance(previous, SaveFailed):
-            raise previous
         return result
 
     def _finish(
@@ -375,11 +384,15 @@ class CheckpointManager:
         mine: tuple[str, str] = ("ok", "")
         try:
             make_strategy(manifest.strategy, self._ctx).load(self.state, url, self._ctx)
-        except StateMismatch:
-            raise
+        except StateMismatch as err:
+            mine = ("mismatch", str(err))
         except _FAILURES as err:
             mine = ("error", f"rank {self.rank}: {_describe(err)}")
-        failures = [detail for status, detail in self._all_gather(mine) if status != "ok"]
+        outcomes = self._all_gather(mine)  # every rank learns every rank's outcome: no rank is left waiting
+        mismatches = [detail for status, detail in outcomes if status == "mismatch"]
+        if mismatches:
+            raise StateMismatch(f"{url}: {mismatches[0]}")
+        failures = [detail for status, detail in outcomes if status != "ok"]
         if failures:
             log.warning(
                 "skipping checkpoint step %d (%s): loading failed: %s", step, url, "; ".join(failures)
