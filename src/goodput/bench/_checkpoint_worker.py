@@ -5,6 +5,7 @@ python -m torch.distributed.run --standalone --nproc-per-node=2 -m goodput.bench
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import math
@@ -78,6 +79,15 @@ class Loop:
         return time.perf_counter() - t0
 
 
+def release_freed_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS, so resident memory measures what is live."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def across_ranks_max(value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -128,7 +138,7 @@ def measure(
         async_checkpointer=checkpointer,
         verify_checksums=cfg["checksums"] == "on",
     )
-    gc.collect()
+    release_freed_memory()
     rss_before = sampler.reset()
     manager = CheckpointManager(config, state)
     step = 1
@@ -168,7 +178,7 @@ def staging_memory(
         root=os.path.join(cfg["root"], "staging"), strategy="dcp_async", every=10**9, keep_last=1,
         verify_checksums=False,
     )  # fmt: skip
-    gc.collect()
+    release_freed_memory()
     before = sampler.now()
     manager = CheckpointManager(config, state)
     extra = []
