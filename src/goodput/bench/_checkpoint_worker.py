@@ -5,6 +5,7 @@ python -m torch.distributed.run --standalone --nproc-per-node=2 -m goodput.bench
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import json
@@ -82,10 +83,8 @@ class Loop:
 def release_freed_memory() -> None:
     """Collect garbage and hand freed heap pages back to the OS, so resident memory measures what is live."""
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def across_ranks_max(value: float) -> float:

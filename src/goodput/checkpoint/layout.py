@@ -190,7 +190,10 @@ class CheckpointLayout:
         """Bytes free for writing under a local root (None for remote roots)."""
         if not self.local:
             return None
-        st = os.statvfs(self.root)
+        try:
+            st = os.statvfs(self.root)
+        except OSError:
+            return None
         return int(st.f_bavail * st.f_frsize)
 
     def digest(self, path: str, *, checksum: bool) -> FileEntry:

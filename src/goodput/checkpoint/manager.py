@@ -25,7 +25,7 @@ from goodput.checkpoint.layout import CheckpointInfo, CheckpointLayout, FileEntr
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.strategy import Completion, SaveContext, make_strategy
-from goodput.errors import CheckpointCorrupt, CheckpointError, SaveFailed, StateMismatch
+from goodput.errors import CheckpointCorrupt, CheckpointError, SaveFailed, StateMismatch, StorageError
 
 __all__ = ["CheckpointManager", "SaveResult"]
 
@@ -233,7 +233,10 @@ class CheckpointManager:
         parts = self._gather(mine)
         outcome: tuple[str, Any] = ("error", "")
         if self.rank == 0:
-            outcome = self._commit(step, folder, parts)
+            try:
+                outcome = self._commit(step, folder, parts)
+            except Exception as err:  # every rank waits for rank 0's word: always send one
+                outcome = ("error", f"commit: {type(err).__name__}: {err}")
         outcome = self._bcast(outcome, self._io)
         persist = self._clock() - start
         if outcome[0] != "ok":
@@ -349,13 +352,19 @@ class CheckpointManager:
         """
         self._check_open()
         self.wait()
-        rows: list[CheckpointInfo] = []
+        listing: tuple[list[tuple[int, str]], str] = ([], "")
         if self.rank == 0:
-            rows = self._layout.scan()
-            for row in rows:
+            try:
+                rows = self._layout.scan()
+                listing = ([(r.step, r.url) for r in rows if r.status == "committed"], "")
+            except Exception as err:  # every rank waits for rank 0's word: always send one
+                listing = ([], f"{type(err).__name__}: {err}")
+            for row in rows if not listing[1] else []:
                 if row.status == "corrupt":
                     log.warning("skipping checkpoint step %d: %s", row.step, row.reason)
-        candidates = self._bcast([(r.step, r.url) for r in rows if r.status == "committed"])
+        candidates, error = self._bcast(listing)
+        if error:
+            raise StorageError(f"cannot list the checkpoints under {self._layout.root}: {error}")
         self._committed = {step for step, _ in candidates}
         for step, url in candidates:
             if self._try_load(step, url):
@@ -371,7 +380,11 @@ class CheckpointManager:
                 verdict = ("ok", self._layout.verify(url, checksums=self._checksums))
             except CheckpointCorrupt as err:
                 verdict = ("corrupt", str(err))
+            except Exception as err:  # storage trouble, not a bad checkpoint: stop rather than fall back
+                verdict = ("unreachable", f"{type(err).__name__}: {err}")
         verdict = self._bcast(verdict)
+        if verdict[0] == "unreachable":
+            raise StorageError(f"cannot verify {url}: {verdict[1]}")
         if verdict[0] != "ok":
             log.warning("skipping checkpoint step %d: %s", step, verdict[1])
             return False
