@@ -104,30 +104,40 @@ def timed(fn: Callable[[], Any], repeats: int) -> float:
     return median(times)
 
 
-def floors(local: list[torch.Tensor], root: str, rank: int) -> dict[str, float]:
-    buffers = [torch.empty_like(t) for t in local]
+class Floors:
+    """The physical floors of a save, measured on the same bytes: memcpy into preallocated buffers, and a
+    raw write + fsync of every local tensor (all ranks at once, as the strategies write)."""
 
-    def memcpy() -> None:
-        for b, t in zip(buffers, local, strict=True):
+    def __init__(self, local: list[torch.Tensor], root: str, rank: int) -> None:
+        self.local = local
+        self.buffers = [torch.empty_like(t) for t in local]
+        self.path = os.path.join(root, f"raw-write-{rank}.bin")
+
+    def _memcpy(self) -> None:
+        for b, t in zip(self.buffers, self.local, strict=True):
             b.copy_(t)
 
-    path = os.path.join(root, f"raw-write-{rank}.bin")
-
-    def raw_write() -> None:
-        with open(path, "wb") as f:
-            for t in local:
+    def _raw_write(self) -> None:
+        with open(self.path, "wb") as f:
+            for t in self.local:
                 f.write(t.contiguous().numpy().data)
             f.flush()
             os.fsync(f.fileno())
 
-    result = {"memcpy_s": timed(memcpy, 3), "raw_write_s": timed(raw_write, 2)}
-    os.remove(path)
-    return result
+    def memcpy(self) -> float:
+        return timed(self._memcpy, 1)
+
+    def raw_write(self) -> float:
+        seconds = timed(self._raw_write, 1)
+        os.remove(self.path)
+        return seconds
 
 
 def measure(
-    name: str, state: TrainingState, loop: Loop, base: float, cfg: dict[str, Any], sampler: RssSampler
+    name: str, state: TrainingState, loop: Loop, floors: Floors, cfg: dict[str, Any], sampler: RssSampler
 ) -> dict[str, Any]:
+    """Saves of one strategy, each paired with a window without a save and with the floors measured just
+    before it (the machine is shared: pairing keeps load drift out of the differences)."""
     strategy, checkpointer = ("dcp_async", "process") if name == "dcp_async_process" else (name, "thread")
     config = CheckpointConfig(
         root=os.path.join(cfg["root"], name),
@@ -140,32 +150,40 @@ def measure(
     release_freed_memory()
     rss_before = sampler.reset()
     manager = CheckpointManager(config, state)
-    step = 1
-    stalls, lost, durable, sizes = [], [], [], []
+    rows: dict[str, list[float]] = {
+        k: [] for k in ("stall", "lost", "durable", "bytes", "memcpy", "raw_write")
+    }
     for i in range(cfg["saves"] + 1):  # the first save (buffer allocation, helper start) is a warm-up
+        memcpy = floors.memcpy()
+        raw_write = floors.raw_write() if name == "dcp" else float("nan")
+        without = timed(lambda: loop.window(cfg["window"]), 1)
         dist.barrier()
         t0 = time.perf_counter()
-        first = manager.save(step)
+        first = manager.save(i + 1)
         loop.window(cfg["window"])
         final = manager.wait() or first
-        elapsed = time.perf_counter() - t0
-        step += 1
+        with_save = across_ranks_max(time.perf_counter() - t0)
         if i == 0:
             continue
-        stalls.append(across_ranks_max(first.stall_seconds))
-        lost.append(across_ranks_max(elapsed - base))
-        durable.append(across_ranks_max(final.persist_seconds or 0.0))
-        sizes.append(final.bytes or 0)
+        rows["stall"].append(across_ranks_max(first.stall_seconds))
+        rows["lost"].append(with_save - without)
+        rows["durable"].append(across_ranks_max(final.persist_seconds or 0.0))
+        rows["bytes"].append(float(final.bytes or 0))
+        rows["memcpy"].append(memcpy)
+        rows["raw_write"].append(raw_write)
     peak = across_ranks_max(float(sampler.peak - rss_before))
     manager.close()
     return {
-        "stall_s": median(stalls),
-        "lost_s": median(lost),
-        "durable_s": median(durable),
-        "bytes": int(median([float(s) for s in sizes])),
+        "stall_s": median(rows["stall"]),
+        "lost_s": median(rows["lost"]),
+        "durable_s": median(rows["durable"]),
+        "bytes": int(median(rows["bytes"])),
         "peak_extra_mem_bytes": int(peak),
-        "stalls_s": stalls,
-        "lost_per_save_s": lost,
+        "stall_over_memcpy": median([a / b for a, b in zip(rows["stall"], rows["memcpy"], strict=True)]),
+        "raw_write_over_durable": median(
+            [a / b for a, b in zip(rows["raw_write"], rows["durable"], strict=True)]
+        ),
+        "per_save": rows,
     }
 
 
@@ -199,36 +217,35 @@ def main(cfg: dict[str, Any]) -> None:
     state = TrainingState(model=model, optimizer=opt)
     loop = Loop(model, cfg["step_ms"])
     sampler = RssSampler()
-    floor = floors(local, cfg["root"], rank)
+    floors = Floors(local, cfg["root"], rank)
     loop.window(3)
-    base = median([timed(lambda: loop.window(cfg["window"]), 1) for _ in range(3)])
+    step_s = timed(lambda: loop.window(cfg["window"]), 1) / cfg["window"]
     strategies = {
-        name: measure(name, state, loop, base, cfg, sampler) for name in cfg["strategies"].split(",")
+        name: measure(name, state, loop, floors, cfg, sampler) for name in cfg["strategies"].split(",")
     }
-    staging = (
-        staging_memory(state, loop, cfg, sampler)
-        if cfg["staging_saves"] > 0
-        else {"extra_after_each_save_bytes": []}
-    )
+    no_staging: dict[str, Any] = {"extra_after_each_save_bytes": []}
+    staging = staging_memory(state, loop, cfg, sampler) if cfg["staging_saves"] > 0 else no_staging
     sampler.stop()
     extra = staging["extra_after_each_save_bytes"]
     ts, da, dc = strategies.get("torch_save", {}), strategies.get("dcp_async", {}), strategies.get("dcp", {})
     result = {
-        "state_bytes": sum(t.numel() * t.element_size() for t in local) * world,
+        "state_bytes": local_bytes * world,
         "local_state_bytes": local_bytes,
         "world_size": world,
-        "step_ms": base / cfg["window"] * 1000,
+        "step_ms": step_s * 1000,
         "window_steps": cfg["window"],
-        "window_without_save_s": base,
         "checksums": cfg["checksums"],
-        "floors": floor,
+        "floors": {
+            "memcpy_s": median(da.get("per_save", {}).get("memcpy", [])),
+            "raw_write_s": median(dc.get("per_save", {}).get("raw_write", [])),
+        },
         "strategies": strategies,
         "staging": staging,
         "ratios": {
             "torch_save_stall_over_async_stall": ratio(ts.get("stall_s"), da.get("stall_s")),
-            "async_stall_over_memcpy_floor": ratio(da.get("stall_s"), floor["memcpy_s"]),
+            "async_stall_over_memcpy_floor": da.get("stall_over_memcpy"),
             "torch_save_lost_over_async_lost": ratio(ts.get("lost_s"), da.get("lost_s")),
-            "dcp_write_over_raw_write": ratio(floor["raw_write_s"], dc.get("durable_s")),
+            "dcp_write_over_raw_write": dc.get("raw_write_over_durable"),
             "staging_memory_over_state_bytes": ratio(max(extra) if extra else None, float(local_bytes)),
             "staging_memory_last_over_second": ratio(extra[-1], extra[1]) if len(extra) > 1 else None,
         },

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--step-ms", type=float, default=100.0, help="fixed compute per step, ms (default 100)"
     )
-    parser.add_argument("--window", type=int, default=30, help="steps per measured window (default 30)")
+    parser.add_argument("--window", type=int, default=20, help="steps per measured window (default 20)")
     parser.add_argument(
         "--strategies", default="torch_save,dcp,dcp_async", help="comma list; dcp_async_process adds the "
         "process-based async checkpointer"
