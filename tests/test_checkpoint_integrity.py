@@ -201,3 +201,24 @@ def _rewrite_manifest_entry(folder: Path, name: str, data: bytes) -> None:
     manifest = json.loads((folder / MANIFEST_NAME).read_text())
     manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
+def test_a_corrupt_step_is_saved_again_and_a_committed_one_is_never_overwritten(tmp_path: Path) -> None:
+    _train_and_save(tmp_path)
+    shard = _shard(tmp_path / "step-4")
+    with open(shard, "r+b") as f:
+        f.truncate(10)
+    manager, model = _manager(tmp_path)
+    assert manager.restore_latest() == 2
+    assert manager.save(4).skipped is False  # the corrupt step-4 is replaced by a good one
+    assert manager.save(2).skipped is True  # a committed, valid step is never rewritten
+    manager.close()
+    assert [(r.step, r.status) for r in list_checkpoints(str(tmp_path), checksums=True)] == [
+        (4, "committed"),
+        (2, "committed"),
+    ]
+    step, weight = _restore(tmp_path)
+    assert step == 4 and torch.equal(weight, model.weight.detach())
+    fresh, _ = _manager(tmp_path)  # a manager that restored nothing still finds step 4 committed on disk
+    assert fresh.save(4).skipped is True
+    fresh.close()

@@ -232,8 +232,15 @@ class CheckpointLayout:
         return folder
 
     def is_committed(self, step: int) -> bool:
-        """Whether ``step-<step>`` holds a manifest (committed, valid or not)."""
-        return MANIFEST_NAME in self._names(self.final_dir(step))
+        """Whether ``step-<step>`` is committed and its files have their recorded sizes."""
+        folder = self.final_dir(step)
+        if MANIFEST_NAME not in self._names(folder):
+            return False
+        try:
+            self.verify(folder, checksums=False)
+        except CheckpointCorrupt:
+            return False
+        return True
 
     def path_in(self, folder: str, name: str) -> str:
         return os.path.join(folder, name) if self.local else f"{folder}/{name}"
