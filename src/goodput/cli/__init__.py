@@ -16,7 +16,14 @@ from goodput.errors import ConfigError
 __all__ = ["main"]
 
 # Each name is a module goodput.cli.<name> exposing register(subparsers).
-_COMMANDS = ("plan", "bench", "report", "launch", "verify-resume")
+_COMMANDS = (
+    "plan",
+    "bench",
+    "report",
+    "launch",
+    "verify-resume",
+    "ls",
+)
 
 EXIT_USAGE = 2
 
