@@ -6,6 +6,19 @@ is reachable from this package.
 
 from __future__ import annotations
 
+from goodput.data import (
+    BatchPlan,
+    DevicePrefetcher,
+    EpochOrder,
+    FetchTimes,
+    LoaderConfig,
+    ResumableLoader,
+    ResumableSampler,
+    rank_batch_count,
+    rank_batch_range,
+    sample_seed,
+    sample_seeds,
+)
 from goodput.errors import (
     CheckpointCorrupt,
     CheckpointError,
@@ -23,6 +36,17 @@ from goodput.units import format_duration, parse_bytes, parse_duration
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchPlan",
+    "DevicePrefetcher",
+    "EpochOrder",
+    "FetchTimes",
+    "LoaderConfig",
+    "ResumableLoader",
+    "ResumableSampler",
+    "rank_batch_count",
+    "rank_batch_range",
+    "sample_seed",
+    "sample_seeds",
     "CheckpointCorrupt",
     "CheckpointError",
     "ConfigError",
