@@ -195,9 +195,7 @@ def test_fingerprint_mismatch_says_what_differs() -> None:
 
 def test_allowed_fingerprint_mismatch_warns_and_resumes() -> None:
     saved = {**ResumableLoader(_data.Squares(N), batch_size=B, fingerprint="a").state_dict(), "consumed": 8}
-    other = ResumableLoader(
-        _data.Squares(N), batch_size=B, fingerprint="b", allow_fingerprint_mismatch=True
-    )
+    other = ResumableLoader(_data.Squares(N), batch_size=B, fingerprint="b", allow_fingerprint_mismatch=True)
     with pytest.warns(UserWarning, match="identity 'b' != saved 'a'"):
         other.load_state_dict(saved)
     assert other.consumed == 8

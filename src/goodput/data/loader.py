@@ -89,7 +89,9 @@ class LoaderConfig:
         if self.prefetch_factor is not None:
             _positive_int("prefetch_factor", self.prefetch_factor)
             if self.num_workers == 0:
-                raise ConfigError("prefetch_factor needs num_workers > 0 (the main process does not prefetch)")
+                raise ConfigError(
+                    "prefetch_factor needs num_workers > 0 (the main process does not prefetch)"
+                )
         if self.persistent_workers and self.num_workers == 0:
             raise ConfigError("persistent_workers=True needs num_workers > 0")
         if self.shard_window is not None:
@@ -138,7 +140,13 @@ class FetchTimes:
             return {"count": 0, "sum": 0.0, "p50": 0.0, "p95": 0.0, "max": 0.0}
         v = np.frombuffer(self._values, dtype=np.float64)
         p50, p95 = np.percentile(v, [50, 95])
-        return {"count": len(v), "sum": float(v.sum()), "p50": float(p50), "p95": float(p95), "max": float(v.max())}
+        return {
+            "count": len(v),
+            "sum": float(v.sum()),
+            "p50": float(p50),
+            "p95": float(p95),
+            "max": float(v.max()),
+        }
 
     def clear(self) -> None:
         """Forget the recorded waits (e.g. after the ledger has read them)."""
@@ -273,8 +281,9 @@ class ResumableLoader:
             allow_fingerprint_mismatch=allow_fingerprint_mismatch,
         )
         self.fetch_seconds = FetchTimes()
+        source: Any = _SeededView(dataset) if seeded else dataset
         self.dataloader = DataLoader(
-            _SeededView(dataset) if seeded else dataset,
+            source,
             batch_sampler=self.sampler,
             num_workers=num_workers,
             collate_fn=collate_fn,

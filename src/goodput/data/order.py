@@ -184,9 +184,7 @@ def _split(remaining: int, world_size: int, batch_size: int, drop_last: bool) ->
     return full, (0 if drop_last else tail)
 
 
-def rank_batch_count(
-    remaining: int, world_size: int, rank: int, batch_size: int, *, drop_last: bool
-) -> int:
+def rank_batch_count(remaining: int, world_size: int, rank: int, batch_size: int, *, drop_last: bool) -> int:
     """How many batches ``rank`` takes from the ``remaining`` positions of an epoch."""
     full, tail = _split(remaining, world_size, batch_size, drop_last)
     return full + (1 if rank < tail else 0)

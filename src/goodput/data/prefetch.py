@@ -52,16 +52,19 @@ class DevicePrefetcher:
         self.fetch_seconds = source.fetch_seconds if isinstance(source, ResumableLoader) else FetchTimes()
 
     def __iter__(self) -> Iterator[Any]:
+        pull: Callable[[], Any]
+        deliver: Callable[[float], None]
+        finish: Callable[[], None]
         if isinstance(self.source, ResumableLoader):
             iteration = self.source.begin()
             pull, deliver, finish = iteration.pull, iteration.deliver, iteration.finish
         else:
             batches = iter(self.source)
 
-            def pull() -> Any:
+            def pull_next() -> Any:
                 return next(batches)
 
-            deliver, finish = self.fetch_seconds.record, _nothing
+            pull, deliver, finish = pull_next, self.fetch_seconds.record, _nothing
         if self.device.type == "cuda":
             return self._cuda(pull, deliver, finish)
         return self._threaded(pull, deliver, finish)
