@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 
@@ -35,6 +36,24 @@ class Slow(Squares):
     def __getitem__(self, i: int) -> torch.Tensor:
         time.sleep(self.delay)
         return super().__getitem__(i)
+
+
+class Watched(Squares):
+    """Lets a test wait (without sleeping) until a thread has fetched some number of samples (workers=0)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.changed = threading.Condition()
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with self.changed:
+            sample = super().__getitem__(i)
+            self.changed.notify_all()
+        return sample
+
+    def wait_fetched(self, count: int, timeout: float = 30.0) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: len(self.fetched) >= count, timeout=timeout)
 
 
 class Batched:
