@@ -12,11 +12,12 @@ import json
 import os
 import signal
 from datetime import timedelta
+from typing import Any
 
 N, BATCH, SEED = 96, 4, 5
 
 
-def _committed(workdir: str, world: int) -> dict | None:  # type: ignore[type-arg]
+def _committed(workdir: str, world: int) -> dict[str, Any] | None:
     saved = []
     for rank in range(world):
         path = os.path.join(workdir, f"position-rank{rank}.json")
@@ -27,7 +28,7 @@ def _committed(workdir: str, world: int) -> dict | None:  # type: ignore[type-ar
     return min(saved, key=lambda s: s["step"])  # the newest step every rank saved
 
 
-def _save(path: str, record: dict) -> None:  # type: ignore[type-arg]
+def _save(path: str, record: dict[str, Any]) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(record, f)
         f.flush()

@@ -6,6 +6,7 @@ import json
 import multiprocessing as mp
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ def _start(workdir: Path, attempt: int, kill_at: int | None) -> list[mp.process.
     return procs
 
 
-def _logged(workdir: Path, attempt: int) -> list[dict]:  # type: ignore[type-arg]
+def _logged(workdir: Path, attempt: int) -> list[dict[str, Any]]:
     records = []
     for rank in range(2):
         path = workdir / f"samples-attempt{attempt}-rank{rank}.jsonl"
