@@ -16,7 +16,7 @@ from goodput.errors import ConfigError
 __all__ = ["main"]
 
 # Each name is a module goodput.cli.<name> exposing register(subparsers).
-_COMMANDS = ("plan", "bench")
+_COMMANDS = ("plan", "bench", "data")
 
 EXIT_USAGE = 2
 
