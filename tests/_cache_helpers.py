@@ -36,3 +36,43 @@ def via(server: S3Server, endpoint_url: str | None = None, *, timeout: float | N
 
 def md5(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def read_all_in_process(
+    options: dict[str, Any], folder: str, budget: int, expected: dict[str, str], seed: int, rounds: int
+) -> dict[str, Any]:
+    """One reader process: read every object ``rounds`` times in its own random order through the cache
+    folder; check each content's MD5 and the bytes of complete files on disk after every read."""
+    import os
+
+    from goodput.data.cache import CacheConfig, RemoteCache
+
+    config = CacheConfig(folder=folder, budget_bytes=budget, prefetch_bytes=0, backoff_seconds=0.05)
+    cache = RemoteCache(config, storage_options=options)
+    rng = random.Random(seed)
+    wrong, most_on_disk = 0, 0
+    files = os.path.join(folder, "files")
+    for _ in range(rounds):
+        urls = list(expected)
+        rng.shuffle(urls)
+        for url in urls:
+            wrong += md5(cache.read(url)) != expected[url]
+            on_disk = 0
+            for entry in os.scandir(files):
+                try:
+                    on_disk += entry.stat().st_size
+                except FileNotFoundError:  # evicted by another process while we looked
+                    pass
+            most_on_disk = max(most_on_disk, on_disk)
+    return {"wrong": wrong, "most_on_disk": most_on_disk, "metrics": cache.metrics()}
+
+
+def read_one_in_process(options: dict[str, Any], folder: str, url: str) -> None:
+    """A child process that reads one object through the cache in small sequential range requests (so a
+    partial file sits in tmp/ while it runs); the test SIGKILLs it mid-way."""
+    from goodput.data.cache import CacheConfig, RemoteCache
+
+    config = CacheConfig(
+        folder=folder, budget_bytes=1 << 30, prefetch_bytes=0, chunk_bytes=64 << 10, range_workers=1
+    )
+    RemoteCache(config, storage_options=options).read(url)

@@ -160,7 +160,13 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
 def describe(err: BaseException, secrets: Iterable[str]) -> str:
     """One line about an error for a message: its type and text, credentials removed."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return scrub(f"{type(err).__name__}: {text}" if text else type(err).__name__, secrets)
+    status, code = _status_of(err), _code_of(err)
+    parts = [str(status)] if status is not None else []
+    if code is not None and code not in parts:
+        parts.append(code)
+    http = " ".join(parts)
+    line = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return scrub(f"{line} (HTTP {http})" if http else line, secrets)
 
 
 def call_with_retries(

@@ -76,6 +76,7 @@ class FaultProxy:
         self._settings = _Settings(latency_s=latency_s, bandwidth_bps=bandwidth_bps)
         self._lock = threading.Lock()
         self._log: list[RequestRecord] = []
+        self._injected: dict[str, int] = {}
         self._server: socket.socket | None = None
         self._conn_ids = itertools.count()
         self._open: set[socket.socket] = set()
@@ -141,6 +142,11 @@ class FaultProxy:
         with self._lock:
             return list(self._log)
 
+    def injected(self) -> dict[str, int]:
+        """How many faults of each kind ("fail", "drop", "stall") were injected so far."""
+        with self._lock:
+            return dict(self._injected)
+
     def _add(self, fault: _Fault) -> None:
         with self._lock:
             self._settings.faults.append(fault)
@@ -150,6 +156,7 @@ class FaultProxy:
             for fault in self._settings.faults:
                 if fault.remaining > 0 and (fault.match is None or fault.match(method, path)):
                     fault.remaining -= 1
+                    self._injected[fault.kind] = self._injected.get(fault.kind, 0) + 1
                     return fault
         return None
 
@@ -213,11 +220,15 @@ class FaultProxy:
             client.sendall(_error_response(method, fault.status, fault.code))
             self._record(method, path, headers, fault.status, start, conn_id, "fail")
             return upstream if upstream is not None else _connect(self.upstream)
-        if upstream is None:
-            upstream = _connect(self.upstream)
-        upstream.sendall(head + body)
-        up_reader = upstream.makefile("rb")
-        status, keep = _relay_response(up_reader, client, method, bandwidth, drop=fault is not None)
+        try:
+            if upstream is None:
+                upstream = _connect(self.upstream)
+            upstream.sendall(head + body)
+            up_reader = upstream.makefile("rb")
+            status, keep = _relay_response(up_reader, client, method, bandwidth, drop=fault is not None)
+        except OSError:  # the client gave up (e.g. timed out during a stall) or the server went away
+            self._record(method, path, headers, 0, start, conn_id, fault.kind if fault else "broken")
+            raise
         self._record(method, path, headers, status, start, conn_id, fault.kind if fault else None)
         if fault is not None:  # dropped mid-response
             client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
