@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 from typing import Any
@@ -59,10 +60,8 @@ def read_all_in_process(
             wrong += md5(cache.read(url)) != expected[url]
             on_disk = 0
             for entry in os.scandir(files):
-                try:
+                with contextlib.suppress(FileNotFoundError):  # evicted by another process meanwhile
                     on_disk += entry.stat().st_size
-                except FileNotFoundError:  # evicted by another process while we looked
-                    pass
             most_on_disk = max(most_on_disk, on_disk)
     return {"wrong": wrong, "most_on_disk": most_on_disk, "metrics": cache.metrics()}
 

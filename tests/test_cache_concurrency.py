@@ -6,6 +6,7 @@ went over the wire) shows that no object was ever being downloaded twice at the 
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
@@ -46,7 +47,7 @@ def test_four_processes_share_one_cache_under_a_small_budget(tmp_path, s3_server
             gets[r.path].append((r.start, r.end))
     for path, spans in gets.items():
         spans.sort()
-        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        for (_, end), (start, _) in itertools.pairwise(spans):
             assert start >= end, f"{path} was being downloaded twice at once"
     reads = sum(r["metrics"]["hits"] + r["metrics"]["misses"] for r in results)
     downloads = sum(len(s) for s in gets.values())

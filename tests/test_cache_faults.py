@@ -95,7 +95,7 @@ def test_permanent_errors_are_reported_clearly(tmp_path, s3_server, s3_url, prox
     assert message.startswith(f"cannot read {url} after 2 attempts:") and "(HTTP 503" in message
     assert s3_server.secret_key not in message and s3_server.access_key not in message
     proxy.clear_faults()
-    with pytest.raises(StorageError, match="permanent error.*FileNotFoundError"):
+    with pytest.raises(StorageError, match=r"permanent error.*FileNotFoundError"):
         cache.read(url + "-missing")
 
 
