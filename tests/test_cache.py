@@ -197,3 +197,12 @@ def test_transient_classification(err: BaseException, transient: bool) -> None:
 def test_redact_url_drops_userinfo_and_query() -> None:
     assert redact_url("https://user:pw@host/a/b?X-Amz-Signature=abc") == "https://host/a/b?<redacted>"
     assert redact_url("s3://bucket/key") == "s3://bucket/key"
+
+
+def test_damaged_index_is_rebuilt_and_unknown_files_dropped(tmp_path, s3_server, s3_url) -> None:
+    ((url, data),) = upload(s3_server, s3_url, 1, 10 * KB).items()
+    assert _cache(tmp_path, s3_server).read(url) == data
+    (tmp_path / "cache" / "index.sqlite").write_bytes(b"not a database" * 100)
+    cache = _cache(tmp_path, s3_server)
+    assert os.listdir(tmp_path / "cache" / "files") == []
+    assert cache.read(url) == data and cache.metrics()["misses"] == 1

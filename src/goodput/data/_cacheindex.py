@@ -8,11 +8,12 @@ readers. A process that dies leaves rows behind that name it; the next writer fi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 _SCHEMA = """
@@ -24,6 +25,26 @@ CREATE TABLE IF NOT EXISTS pins(
     PRIMARY KEY(key, owner, kind));
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value REAL NOT NULL);
 """
+# Held around every SQLite connection of this process, and by fork() (see CacheIndex).
+_PROCESS_LOCK = threading.RLock()
+
+
+def _before_fork() -> None:
+    _PROCESS_LOCK.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _PROCESS_LOCK.release()
+
+
+def _after_fork_in_child() -> None:
+    global _PROCESS_LOCK
+    _PROCESS_LOCK = threading.RLock()
+
+
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+)
 READY = "ready"
 LOADING = "loading"
 
@@ -67,34 +88,49 @@ class Entry:
 
 
 class CacheIndex:
-    """Transactions over the shared index; one SQLite connection per thread and process."""
+    """Transactions over the shared index.
+
+    Each operation opens its own SQLite connection and closes it, under a process-wide lock that ``fork`` also
+    takes: a forked child (a DataLoader worker) must never inherit an open SQLite connection, whose lock state
+    would make the child's own connections wait forever.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._local = threading.local()
-        with self._tx() as db:
-            db.executescript(_SCHEMA)
+        try:
+            with self._tx() as tx:
+                tx.executescript(_SCHEMA)
+                tx.execute("SELECT COUNT(*) FROM entries").fetchone()
+        except sqlite3.DatabaseError:
+            # Only an OS crash can leave the index damaged (writes skip fsync). A cache can always be rebuilt:
+            # start an empty index; the cache then drops the files it no longer knows.
+            for suffix in ("", "-journal"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path + suffix)
+            with self._tx() as tx:
+                tx.executescript(_SCHEMA)
 
-    def _db(self) -> sqlite3.Connection:
-        db: sqlite3.Connection | None = getattr(self._local, "db", None)
-        if db is None or getattr(self._local, "pid", None) != os.getpid():
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        with _PROCESS_LOCK:
             db = sqlite3.connect(self.path, timeout=120.0, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            self._local.db, self._local.pid = db, os.getpid()
-        return db
+            try:
+                # No fsync per transaction (it costs milliseconds here): a process crash loses nothing, and
+                # an OS crash at worst damages the index, which is then rebuilt (see __init__).
+                db.execute("PRAGMA synchronous=OFF")
+                yield db
+            finally:
+                db.close()
 
-    def _tx(self) -> _Transaction:
-        return _Transaction(self._db())
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[_Transaction]:
+        with self._db() as db, _Transaction(db) as tx:
+            yield tx
 
     # ---- reads -------------------------------------------------------------------------------------
     def entry(self, key: str) -> Entry | None:
-        row = (
-            self._db()
-            .execute("SELECT key, size, state, owner, ready_at, last_hit FROM entries WHERE key=?", (key,))
-            .fetchone()
-        )
-        return None if row is None else Entry(*row)
+        with self._db() as db:
+            return _entry(db, key)
 
     def hit_since(self, keys: Iterable[str], since: float) -> set[str]:
         """The keys among ``keys`` that a reader used at or after ``since``."""
@@ -103,25 +139,28 @@ class CacheIndex:
         for i in range(0, len(keys), 500):
             part = keys[i : i + 500]
             marks = ",".join("?" * len(part))
-            rows = self._db().execute(
-                f"SELECT key FROM entries WHERE key IN ({marks}) AND last_hit >= ?", (*part, since)
-            )
+            with self._db() as db:
+                rows = db.execute(
+                    f"SELECT key FROM entries WHERE key IN ({marks}) AND last_hit >= ?", (*part, since)
+                ).fetchall()
             found.update(r[0] for r in rows)
         return found
 
     def usage(self) -> int:
         """Bytes counted against the budget: ready files plus reservations of downloads in flight."""
-        return int(self._db().execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0])
+        with self._db() as db:
+            return int(db.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0])
 
     def counters(self) -> dict[str, float]:
-        return dict(self._db().execute("SELECT name, value FROM counters").fetchall())
+        with self._db() as db:
+            return dict(db.execute("SELECT name, value FROM counters").fetchall())
 
     # ---- writes ------------------------------------------------------------------------------------
     def pin_and_get(self, key: str, owner: str, kind: str) -> Entry | None:
         """Pin ``key`` for ``owner`` (so it cannot be evicted) and return its entry, in one transaction."""
         with self._tx() as db:
             _add_pin(db, key, owner, kind, +1)
-            return self.entry(key)
+            return _entry(db, key)
 
     def unpin(self, key: str, owner: str, kind: str) -> None:
         with self._tx() as db:
@@ -212,7 +251,8 @@ class CacheIndex:
             self._drop_dead_owners(db)
 
     def ready_keys(self) -> set[str]:
-        return {r[0] for r in self._db().execute("SELECT key FROM entries WHERE state=?", (READY,))}
+        with self._db() as db:
+            return {r[0] for r in db.execute("SELECT key FROM entries WHERE state=?", (READY,))}
 
     @staticmethod
     def _drop_dead_owners(db: _Transaction) -> None:
@@ -226,6 +266,13 @@ class CacheIndex:
             if not owner_alive(owner):
                 db.execute("DELETE FROM pins WHERE owner=?", (owner,))
                 db.execute("DELETE FROM entries WHERE owner=? AND state=?", (owner, LOADING))
+
+
+def _entry(db: sqlite3.Connection | _Transaction, key: str) -> Entry | None:
+    row = db.execute(
+        "SELECT key, size, state, owner, ready_at, last_hit FROM entries WHERE key=?", (key,)
+    ).fetchone()
+    return None if row is None else Entry(*row)
 
 
 def _add_pin(db: _Transaction, key: str, owner: str, kind: str, delta: int) -> None:

@@ -16,6 +16,18 @@ from goodput.data.cache import CacheConfig, RemoteCache
 DEFAULT_RETRY = RetryPolicy(attempts=6, backoff_s=0.2, max_backoff_s=5.0)
 
 
+# Objects a forked child inherited from its parent (filesystems with event loops, SQLite connections). Letting
+# them be garbage-collected in the child would run their finalizers there (closing the parent's sessions on a
+# loop whose thread does not exist in the child, which hangs; checkpointing the parent's SQLite WAL). They are
+# kept alive, unused, instead.
+_INHERITED: list[object] = []
+
+
+def keep_inherited(*objects: object) -> None:
+    """Keep objects inherited through ``fork`` alive for the life of this process (see ``_INHERITED``)."""
+    _INHERITED.extend(o for o in objects if o is not None)
+
+
 def join_url(base: str, name: str) -> str:
     """``base/name`` for a URL or a local path (never ``os.path.join``, which breaks ``s3://``)."""
     return base.rstrip("/") + "/" + name
@@ -45,6 +57,8 @@ class Source:
 
     def _refresh(self) -> None:
         if self._pid != os.getpid():
+            if self._pid != -1:
+                keep_inherited(self._fs, self._cache)
             import fsspec
             from fsspec.utils import get_protocol
 

@@ -2,7 +2,7 @@
 
 A file is downloaded once per node and then read from local disk. Downloads land under ``tmp/`` and are
 renamed into ``files/`` only after their size and checksum (the store's ETag/MD5, or one the caller knows)
-verify, so a partial file is never served, even after a crash. A per-file lock (``flock``) makes every other
+verify, so a partial file is never served, even after a crash. A per-file lock (a POSIX record lock) makes every other
 process on the node wait for the one download instead of starting its own; one SQLite index counts the budget
 for all of them. Eviction is least-recently-used and skips files that a reader has open or that sit inside a
 prefetch window. ``prefetch(urls)`` downloads the files in the order they will be needed, in the background.
@@ -43,6 +43,9 @@ from goodput.errors import ConfigError, DataError, StorageError
 __all__ = ["CacheConfig", "RemoteCache"]
 
 log = logging.getLogger(__name__)
+# What a forked child inherited (SQLite connections, filesystems with event loops): kept alive, unused, so that
+# their finalizers never run in the child (they would close the parent's sessions and WAL from here).
+_INHERITED: list[object] = []
 
 _USE = "use"
 _WINDOW = "window"
@@ -140,6 +143,8 @@ class RemoteCache:
         self._fs: dict[str, Any] = {}
         self._fs_lock = threading.Lock()
         self._counters = _Counters()
+        self._key_locks: dict[str, threading.Lock] = {}
+        self._key_locks_guard = threading.Lock()
         self._prefetcher: Any = None
         self._clean_stale()
 
@@ -269,6 +274,7 @@ class RemoteCache:
     # ---- internals ---------------------------------------------------------------------------------
     def _check_fork(self) -> None:
         if self._pid != os.getpid():  # a forked DataLoader worker: own index handle, fs, no prefetcher
+            _INHERITED.extend([self._index, self._fs, self._prefetcher])
             self._setup()
 
     def _local(self, key: str) -> str:
@@ -368,14 +374,19 @@ class RemoteCache:
 
     @contextlib.contextmanager
     def _file_lock(self, key: str) -> Iterator[None]:
-        # flock belongs to the open file description: it excludes other threads of this process too, and
-        # the kernel releases it when its holder dies.
-        fd = os.open(os.path.join(self.config.folder, "locks", f"{key}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        # A POSIX record lock excludes other processes and is released by the kernel when its holder dies; a
+        # forked child does not inherit it (flock's would be shared with the child and outlive the parent's
+        # download). Threads of this process are excluded by a lock per key.
+        with self._key_locks_guard:
+            thread_lock = self._key_locks.setdefault(key, threading.Lock())
+        with thread_lock:
+            path = os.path.join(self.config.folder, "locks", f"{key}.lock")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
 
     def _clean_stale(self) -> None:
         """Drop rows of dead processes, temp files they left, and ready rows whose file is gone."""

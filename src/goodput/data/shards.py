@@ -60,6 +60,8 @@ class ShardWriter:
         self._fs = fsspec.filesystem(
             get_protocol(url), skip_instance_cache=True, **dict(storage_options or {})
         )
+        if get_protocol(url) in ("file", "local"):  # object stores have no folders to make
+            self._fs.makedirs(self._fs._strip_protocol(url), exist_ok=True)
         self._shards: list[dict[str, Any]] = []
         self._pending: list[bytes] = []
         self._pending_bytes = 0
