@@ -23,6 +23,7 @@ _COMMANDS = (
     "launch",
     "verify-resume",
     "ls",
+    "data",
 )
 
 EXIT_USAGE = 2

@@ -1,3 +1,4 @@
+<<<<<<< HEAD
 """The resumable, overlapped data pipeline: exactly-once samples across crashes, workers and world sizes.
 
 ``order`` (pure: the sample order and its split over ranks), ``sampler`` (the data position), ``loader``
@@ -24,3 +25,8 @@ __all__ = [
     "sample_seed",
     "sample_seeds",
 ]
+=======
+"""Data pipeline: remote cache, sharded and folder datasets (and, from other modules, the resumable loader)."""
+
+__all__: list[str] = []
+>>>>>>> cache
