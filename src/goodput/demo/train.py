@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from goodput.checkpoint import CheckpointConfig
-from goodput.data import ResumableLoader, ShardedDataset
+from goodput.data import CacheConfig, ResumableLoader, ShardedDataset
 from goodput.demo.model import ModelConfig, TinyLM
 from goodput.run import Run
 
@@ -59,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="URL of the sharded corpus")
     p.add_argument("--cache-dir", default=None, help="local cache folder (default: <run_dir>/cache)")
+    p.add_argument("--cache-budget", type=int, default=64 << 20, help="cache budget in bytes")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         strategy=args.strategy,
         every=every,
         keep_last=2,
-        **({"mtbf": args.mtbf} if args.mtbf else {}),
+        # the demo's failure rate, as the prior of the auto interval: one failure per mtbf seconds
+        **({"gpus": 1, "afr": 365 * 86400 / args.mtbf} if args.mtbf else {}),
     )
     run = Run(
         run_dir,
@@ -93,17 +95,21 @@ def main(argv: list[str] | None = None) -> None:
         progress=not args.no_progress,
     )
     torch.manual_seed(args.seed)
-    model: torch.nn.Module = TinyLM(ModelConfig())
+    inner = TinyLM(ModelConfig())
+    model: torch.nn.Module = inner
     if run.info.world_size > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(inner)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = max(1, args.steps // 10)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / args.steps)
     )
-    dataset = ShardedDataset(
-        args.data, decode=decode, cache_dir=args.cache_dir or os.path.join(run_dir, "cache")
+    cache = CacheConfig(
+        folder=args.cache_dir or os.path.join(run_dir, "cache"),
+        budget_bytes=args.cache_budget,
+        prefetch_bytes=min(args.cache_budget, 8 << 20),
     )
+    dataset = ShardedDataset(args.data, decode=decode, cache=cache)
     loader = ResumableLoader(
         dataset,
         batch_size=args.batch_size,
@@ -126,7 +132,6 @@ def main(argv: list[str] | None = None) -> None:
             run.step_done(loss=float(loss.detach()))
     run.close()
     if run.info.rank == 0:
-        inner = model.module if hasattr(model, "module") else model
         final = {
             "step": run.step,
             "model_sha256": tensor_hash(inner.state_dict()),
