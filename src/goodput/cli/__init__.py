@@ -24,6 +24,7 @@ _COMMANDS = (
     "verify-resume",
     "ls",
     "data",
+    "demo",
 )
 
 EXIT_USAGE = 2

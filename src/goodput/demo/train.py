@@ -49,7 +49,7 @@ def tensor_hash(tensors: dict[str, Any]) -> str:
         elif isinstance(value, torch.Tensor):
             t = value.detach().cpu().contiguous()
             digest.update(f"{key}:{t.dtype}:{tuple(t.shape)}".encode())
-            digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
         else:
             digest.update(f"{key}:{value!r}".encode())
     return digest.hexdigest()
