@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from goodput.ledger import read_events
+from goodput.report import load_report
+from goodput.testing import free_port
 from goodput.verify import first_difference, read_run
 from goodput.verify_runs import fault_plan, prepare_data, train
 
@@ -71,3 +74,59 @@ def _assert_restores_were_durable(run_dir: str) -> None:
     assert all(step % EVERY == 0 for step in restored), restored  # saves happen only at those steps
     with open(os.path.join(run_dir, "final.json")) as f:
         assert json.load(f)["step"] == STEPS
+
+
+def test_two_nodes_restart_together_and_resume(
+    reference: tuple[str, str], tmp_path: os.PathLike[str]
+) -> None:
+    """Two torchrun agents (--nnodes 2, c10d on 127.0.0.1), one worker each; node 1's worker is killed."""
+    data, clean = reference
+    run_dir = os.path.join(tmp_path, "two-nodes")
+    endpoint = f"127.0.0.1:{free_port()}"
+    common = {
+        "data": data,
+        "nproc": 1,
+        "steps": STEPS,
+        "every": EVERY,
+        "strategy": "dcp_async",
+        "seed": 0,
+        "faults": "kill@step=22,rank=1",
+        "max_restarts": 3,
+        "nnodes": 2,
+        "rdzv_endpoint": endpoint,
+    }
+    with ThreadPoolExecutor(2) as pool:
+        nodes = [pool.submit(train, run_dir, **common) for _ in range(2)]  # type: ignore[arg-type]
+        statuses = [n.result(timeout=600) for n in nodes]
+    assert statuses == [0, 0]
+    assert os.listdir(os.path.join(run_dir, "faults")) == ["0-rank1"]
+    # Same world size, seed and data as the single-node reference: the same bits.
+    assert first_difference(read_run(clean), read_run(run_dir)) is None
+    restored = [e["step"] for e in read_events(run_dir) if e["event"] == "restore_end"]
+    assert restored[0] is None and restored[-1] == 20  # the restart resumed from the step-20 checkpoint
+
+
+def test_a_hung_rank_is_detected_and_the_job_resumes(
+    reference: tuple[str, str], tmp_path: os.PathLike[str]
+) -> None:
+    data, clean = reference
+    run_dir = os.path.join(tmp_path, "hang")
+    status = train(
+        run_dir,
+        data=data,
+        nproc=NPROC,
+        steps=STEPS,
+        every=EVERY,
+        strategy="dcp_async",
+        seed=0,
+        faults="hang@step=30,rank=1",
+        max_restarts=2,
+        hang_timeout=10.0,
+    )
+    assert status == 0
+    detected = [e for e in read_events(run_dir) if e["event"] == "failure_detected"]
+    assert detected and detected[0]["reason"].startswith("hang"), detected
+    assert detected[0]["silent_seconds"] >= 10.0
+    assert first_difference(read_run(clean), read_run(run_dir)) is None
+    report = load_report(run_dir)
+    assert report.accounting.categories["failure_detection"] > 0

@@ -54,8 +54,15 @@ def train(
     seed: int,
     faults: str,
     max_restarts: int,
+    hang_timeout: float = 120.0,
+    nnodes: int = 1,
+    node_rank: int | None = None,
+    rdzv_endpoint: str | None = None,
 ) -> int:
-    """Run the demo training under torchrun (``goodput launch``); returns its exit status."""
+    """Run the demo training under torchrun (``goodput launch``); returns its exit status.
+
+    With ``nnodes > 1`` this launches one node of the job (call it once per node, concurrently).
+    """
     script = (
         TRAIN_SCRIPT,
         f"--data={data}",
@@ -65,8 +72,18 @@ def train(
         f"--seed={seed}",
         "--workers=0",
         "--no-progress",
+        f"--hang-timeout={hang_timeout}",
     )
     config = LaunchConfig(
-        script=script, nproc=nproc, max_restarts=max_restarts, run_dir=run_dir, faults=faults, crash_loop=4
+        script=script,
+        nproc=nproc,
+        nnodes=str(nnodes),
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id="goodput-verify",
+        max_restarts=max_restarts,
+        run_dir=run_dir,
+        faults=faults,
+        crash_loop=4,
     )
     return launch(config)
