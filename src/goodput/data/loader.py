@@ -180,7 +180,8 @@ class _Iteration:
     def __init__(self, loader: ResumableLoader) -> None:
         self._sampler = loader.sampler
         self._times = loader.fetch_seconds
-        self._prefetch: Callable[[Sequence[int]], None] | None = getattr(loader.dataset, "prefetch", None)
+        hook = getattr(loader.dataset, "prefetch", None)
+        self._prefetch: Callable[[Sequence[int]], None] | None = hook if callable(hook) else None
         self._lookahead = loader.config.default_lookahead()
         self.plan: BatchPlan = self._sampler.begin()
         self._step = 0
