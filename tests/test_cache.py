@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from goodput.data._cacheindex import close_connections
 from goodput.data._remote import ChecksumMismatch, RemoteInfo, is_transient, redact_url
 from goodput.data.cache import CacheConfig, RemoteCache
 from goodput.errors import ConfigError, DataError, StorageError
@@ -202,6 +203,9 @@ def test_redact_url_drops_userinfo_and_query() -> None:
 def test_damaged_index_is_rebuilt_and_unknown_files_dropped(tmp_path, s3_server, s3_url) -> None:
     ((url, data),) = upload(s3_server, s3_url, 1, 10 * KB).items()
     assert _cache(tmp_path, s3_server).read(url) == data
+    close_connections()  # as after a reboot: no process has the index open
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / "cache" / f"index.sqlite{suffix}").unlink(missing_ok=True)
     (tmp_path / "cache" / "index.sqlite").write_bytes(b"not a database" * 100)
     cache = _cache(tmp_path, s3_server)
     assert os.listdir(tmp_path / "cache" / "files") == []

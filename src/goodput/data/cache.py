@@ -175,11 +175,10 @@ class RemoteCache:
         """
         key = self.key(url)
         self._check_fork()
-        entry = self._index.pin_and_get(key, self._owner, _USE)
+        entry, lead = self._index.pin_and_hit(key, self._owner, time.time())
         try:
             path = self._local(key)
             if entry is not None and entry.state == READY and os.path.exists(path):
-                lead = self._index.mark_hit(key, time.time(), {"hits": 1})
                 self._counters.add(hits=1)
                 self._record_lead(lead)
             else:
