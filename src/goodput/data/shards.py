@@ -125,7 +125,9 @@ class ShardWriter:
         self._pending, self._pending_bytes = [], 0
 
     def _retry(self, fn: Callable[[], Any], name: str) -> None:
-        call_with_retries(fn, url=join_url(self.url, name), policy=_WRITE_RETRY, secrets=self._secrets)
+        call_with_retries(
+            fn, url=join_url(self.url, name), policy=_WRITE_RETRY, secrets=self._secrets, verb="write"
+        )
 
 
 _WRITE_RETRY = RetryPolicy(attempts=6, backoff_s=0.2, max_backoff_s=5.0)
@@ -266,9 +268,9 @@ class ShardedDataset(Generic[T]):
         return RemoteInfo(size=int(entry["bytes"]), md5=entry.get("md5"))
 
     def _sample(self, shard: int, local: int) -> bytes:
-        if self._source.cache is None and not self._source.is_local:
-            return self._direct_sample(shard, local)
         if shard != self._open_shard:
+            if self._source.cache is None and not self._source.is_local:
+                return self._direct_sample(shard, local)
             self._switch_to(shard)
         assert self._view is not None
         start = self._base + self._offsets[local]
