@@ -113,6 +113,11 @@ class Source:
         if cache is not None:
             cache.prefetch(urls, expected=expected)
 
+    def cache_metrics(self) -> dict[str, float]:
+        """Node-wide cache counters (every process reading through the cache folder); empty without a cache."""
+        cache = self.cache
+        return {} if cache is None else cache.node_metrics()
+
     def close(self) -> None:
         if self._cache is not None and self._pid == os.getpid():
             self._cache.close()

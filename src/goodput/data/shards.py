@@ -258,6 +258,12 @@ class ShardedDataset(Generic[T]):
                 shards.append(shard)
         self._source.prefetch([self.shard_url(s) for s in shards], [self._info(s) for s in shards])
 
+    def cache_metrics(self) -> dict[str, float]:
+        """The cache's counters summed over every process on this node that reads through its folder
+        (DataLoader workers included): hits, misses, bytes_downloaded, download_seconds, wait_seconds,
+        prefetch_lead_seconds, evictions, retries. Empty when the dataset has no cache."""
+        return self._source.cache_metrics()
+
     def close(self) -> None:
         """Release the open shard and stop prefetching."""
         self._close_shard()
