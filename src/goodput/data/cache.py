@@ -308,7 +308,12 @@ class RemoteCache:
             if not self._reserve(key, info.size, url, demand=demand):
                 return False
             started = time.monotonic()
-            tmp = os.path.join(self.config.folder, "tmp", f"{key}.{self._owner.replace(':', '-')}.part")
+            tmp_dir = os.path.join(self.config.folder, "tmp")
+            for name in os.listdir(tmp_dir):  # holding the file's lock: any partial of it is a dead one's
+                if name.startswith(key + "."):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(tmp_dir, name))
+            tmp = os.path.join(tmp_dir, f"{key}.{self._owner.replace(':', '-')}.part")
             try:
                 self._retried(lambda: self._download_once(fs, path, tmp, info), url, cancelled)
                 os.replace(tmp, self._local(key))
