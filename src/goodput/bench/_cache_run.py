@@ -33,9 +33,15 @@ def _read_all(ds: ShardedDataset[bytes], order: list[int], expected_bytes: int) 
         raise RuntimeError(f"an epoch read {total} bytes, expected {expected_bytes}")
 
 
-def _start_proxy(upstream: int, latency: float, bandwidth: int) -> tuple[subprocess.Popen[str], int]:
+def _start_proxy(
+    upstream: int, latency: float, bandwidth: int, link: int
+) -> tuple[subprocess.Popen[str], int]:
     cmd = [sys.executable, "-m", "goodput.testing.faultproxy", "--upstream", f"127.0.0.1:{upstream}"]
-    cmd += ["--latency", str(latency), "--bandwidth", f"{bandwidth}B"]
+    cmd += ["--latency", str(latency)]
+    if bandwidth:
+        cmd += ["--bandwidth", f"{bandwidth}B"]
+    if link:
+        cmd += ["--link-bandwidth", f"{link}B"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     return proc, int(proc.stdout.readline())
@@ -49,6 +55,7 @@ def measure(
     shard_bytes: int,
     latency: float,
     bandwidth: int,
+    link_bandwidth: int,
     naive_seconds: float,
     mosaic_python: str | None,
 ) -> dict[str, Any]:
@@ -64,7 +71,7 @@ def measure(
         fsspec.filesystem("s3", skip_instance_cache=True, **server.storage_options()).put(
             local + "/", f"{_BUCKET}/gp/", recursive=True
         )
-        proxy, port = _start_proxy(server.s3_port, latency, bandwidth)
+        proxy, port = _start_proxy(server.s3_port, latency, bandwidth, link_bandwidth)
         try:
             options = server.storage_options()
             options["client_kwargs"] = dict(options["client_kwargs"], endpoint_url=f"http://127.0.0.1:{port}")
@@ -100,6 +107,7 @@ def measure(
             "shards": len(index["shards"]),
             "latency_s": latency,
             "bandwidth_bps": bandwidth,
+            "link_bandwidth_bps": link_bandwidth,
         },
         "seconds": seconds,
         "samples_per_second": rate,

@@ -37,7 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample-size", default="32KiB", help="bytes per sample (default 32KiB)")
     parser.add_argument("--shard-size", default="16MiB", help="bytes per shard (default 16MiB)")
     parser.add_argument("--latency", type=float, default=0.03, help="seconds added to each request (0.03)")
-    parser.add_argument("--bandwidth", default="16MB", help="per-connection cap per second (default 16MB)")
+    parser.add_argument("--bandwidth", default="16MB", help="per-connection cap per second (16MB; 0B: none)")
+    parser.add_argument(
+        "--link-bandwidth", default="0B", help="cap per second on all connections together (default 0B: none)"
+    )
     parser.add_argument("--naive-seconds", type=float, default=5.0, help="time spent on naive reads (5)")
     parser.add_argument(
         "--mosaic-python",
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     sample_bytes = parse_bytes(args.sample_size, what="--sample-size")
     shard_bytes = parse_bytes(args.shard_size, what="--shard-size")
     bandwidth = parse_bytes(args.bandwidth, what="--bandwidth")
+    link_bandwidth = parse_bytes(args.link_bandwidth, what="--link-bandwidth")
     if args.samples < 10 or sample_bytes < 1 or shard_bytes < sample_bytes:
         raise ConfigError("need --samples >= 10 and --shard-size >= --sample-size > 0")
     from goodput.bench._cache_run import measure
@@ -69,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
             shard_bytes=shard_bytes,
             latency=args.latency,
             bandwidth=bandwidth,
+            link_bandwidth=link_bandwidth,
             naive_seconds=args.naive_seconds,
             mosaic_python=args.mosaic_python if os.path.exists(args.mosaic_python) else None,
         )
@@ -93,9 +98,13 @@ def _report(results: dict[str, Any], args: argparse.Namespace) -> None:
         print(json.dumps(results))
         return
     setup = results["setup"]
+    caps = [f"{setup['latency_s'] * 1000:.0f} ms per request"]
+    if setup["bandwidth_bps"]:
+        caps.append(f"{setup['bandwidth_bps'] / 1e6:.0f} MB/s per connection")
+    if setup["link_bandwidth_bps"]:
+        caps.append(f"{setup['link_bandwidth_bps'] / 1e6:.0f} MB/s for all connections")
     print(
-        f"{setup['samples']} samples x {setup['sample_bytes']} B in {setup['shards']} shards; proxy: "
-        f"{setup['latency_s'] * 1000:.0f} ms per request, {setup['bandwidth_bps'] / 1e6:.0f} MB/s per connection"
+        f"{setup['samples']} samples x {setup['sample_bytes']} B in {setup['shards']} shards; proxy: {', '.join(caps)}"
     )
     for name, value in rate.items():
         shown = "skipped" if value is None else f"{value:12.1f} samples/s"
