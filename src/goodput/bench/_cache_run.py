@@ -80,21 +80,11 @@ def measure(
             seconds["naive"] = naive_seconds * samples / max(naive_count, 1)
             config = CacheConfig(
                 folder=os.path.join(work, "cache"),
-                budget_bytes=2 * total + (64 << 20),
+                budget_bytes=max(2 * total, 8 * shard_bytes) + (64 << 20),
                 prefetch_bytes=8 * shard_bytes,
                 prefetch_workers=4,
             )
-            seconds["cold"], metrics = _cached_epoch(url, config, options, order, total)
-            # Warm and floor epochs take tens of milliseconds on a shared machine: alternate them and keep the
-            # best of each, so both see the same background load.
-            warm_ds: ShardedDataset[bytes] = ShardedDataset(url, cache=config, storage_options=options)
-            floor: ShardedDataset[bytes] = ShardedDataset(local)
-            warm, floor_runs = [], []
-            for _ in range(_REPEATS):
-                warm.append(time_call(lambda: _epoch_with_prefetch(warm_ds, order, total)))
-                floor_runs.append(time_call(lambda: _read_all(floor, order, total)))
-            warm_ds.close()
-            seconds["warm"], seconds["local_floor"] = min(warm), min(floor_runs)
+            metrics = _cache_epochs(url, config, options, local, order, total, seconds)
             note = _mosaic(mosaic_python, work, server, port, shard_bytes, index, seconds)
         finally:
             proxy.kill()
@@ -125,6 +115,30 @@ def _naive(url: str, options: dict[str, Any], order: list[int], budget_s: float)
         ds[order[count]]
         count += 1
     return int(count * budget_s / (time.perf_counter() - started))
+
+
+def _cache_epochs(
+    url: str,
+    config: CacheConfig,
+    options: dict[str, Any],
+    local: str,
+    order: list[int],
+    total: int,
+    seconds: dict[str, float | None],
+) -> dict[str, float]:
+    """Cold, warm and local-floor epochs into ``seconds``; returns the cold epoch's cache metrics."""
+    seconds["cold"], metrics = _cached_epoch(url, config, options, order, total)
+    # Warm and floor epochs take tens of milliseconds on a shared machine: alternate them and keep the best of
+    # each, so both see the same background load.
+    warm_ds: ShardedDataset[bytes] = ShardedDataset(url, cache=config, storage_options=options)
+    floor: ShardedDataset[bytes] = ShardedDataset(local)
+    warm, floor_runs = [], []
+    for _ in range(_REPEATS):
+        warm.append(time_call(lambda: _epoch_with_prefetch(warm_ds, order, total)))
+        floor_runs.append(time_call(lambda: _read_all(floor, order, total)))
+    warm_ds.close()
+    seconds["warm"], seconds["local_floor"] = min(warm), min(floor_runs)
+    return metrics
 
 
 def _epoch_with_prefetch(ds: ShardedDataset[bytes], order: list[int], total: int) -> None:
