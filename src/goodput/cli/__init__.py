@@ -16,7 +16,12 @@ from goodput.errors import ConfigError
 __all__ = ["main"]
 
 # Each name is a module goodput.cli.<name> exposing register(subparsers).
-_COMMANDS = ("plan", "bench", "report")
+_COMMANDS = (
+    "plan",
+    "bench",
+    "report",
+    "data",
+)
 
 EXIT_USAGE = 2
 

@@ -11,6 +11,7 @@ __all__ = ["register"]
 _SCENARIOS: tuple[str, ...] = (
     "ledger",
     "data",
+    "cache",
 )
 
 

@@ -1,26 +1,38 @@
 """The resumable, overlapped data pipeline: exactly-once samples across crashes, workers and world sizes.
 
 ``order`` (pure: the sample order and its split over ranks), ``sampler`` (the data position), ``loader``
-(ResumableLoader over torch's DataLoader, fetch_seconds) and ``prefetch`` (DevicePrefetcher).
+(ResumableLoader over torch's DataLoader, fetch_seconds) and ``prefetch`` (DevicePrefetcher); ``cache`` (remote
+storage through a local cache), ``shards`` (the sharded format, its writer and reader) and ``folder`` (one sample
+per file).
 """
 
 from __future__ import annotations
 
+from goodput.data.cache import CacheConfig, RemoteCache
+from goodput.data.folder import FolderDataset
 from goodput.data.loader import FetchTimes, LoaderConfig, ResumableLoader
 from goodput.data.order import EpochOrder, rank_batch_count, rank_batch_range, sample_seed, sample_seeds
 from goodput.data.prefetch import DevicePrefetcher
 from goodput.data.sampler import BatchPlan, ResumableSampler
+from goodput.data.shards import ShardedDataset, ShardWriter, write_folder_shards, write_shards
 
 __all__ = [
     "BatchPlan",
+    "CacheConfig",
     "DevicePrefetcher",
     "EpochOrder",
     "FetchTimes",
+    "FolderDataset",
     "LoaderConfig",
+    "RemoteCache",
     "ResumableLoader",
     "ResumableSampler",
+    "ShardWriter",
+    "ShardedDataset",
     "rank_batch_count",
     "rank_batch_range",
     "sample_seed",
     "sample_seeds",
+    "write_folder_shards",
+    "write_shards",
 ]

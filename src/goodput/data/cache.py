@@ -1,0 +1,414 @@
+"""Remote files (any fsspec URL) read through a local cache folder with a byte budget.
+
+A file is downloaded once per node and then read from local disk. Downloads land under ``tmp/`` and are
+renamed into ``files/`` only after their size and checksum (the store's ETag/MD5, or one the caller knows)
+verify, so a partial file is never served, even after a crash. A per-file lock (a POSIX record lock) makes every other
+process on the node wait for the one download instead of starting its own; one SQLite index counts the budget
+for all of them. Eviction is least-recently-used and skips files that a reader has open or that sit inside a
+prefetch window. ``prefetch(urls)`` downloads the files in the order they will be needed, in the background.
+
+Layout of the folder::
+
+    index.sqlite      entries (ready / loading, size, owner), pins, node-wide counters
+    files/<key>       complete, verified files (key = SHA-256 of the URL)
+    tmp/<key>.<owner>.part   downloads in flight; removed when their owner is gone
+    locks/<key>.lock  one download per file per node
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from goodput.data._cacheindex import READY, CacheIndex, owner_alive, owner_token
+from goodput.data._remote import (
+    RemoteInfo,
+    RetryPolicy,
+    call_with_retries,
+    download,
+    info_of,
+    redact_url,
+    secret_values,
+)
+from goodput.errors import ConfigError, DataError, StorageError
+
+__all__ = ["CacheConfig", "RemoteCache"]
+
+log = logging.getLogger(__name__)
+# What a forked child inherited (SQLite connections, filesystems with event loops): kept alive, unused, so that
+# their finalizers never run in the child (they would close the parent's sessions and WAL from here).
+_INHERITED: list[object] = []
+
+_USE = "use"
+_WINDOW = "window"
+METRIC_NAMES = (
+    "hits",
+    "misses",
+    "bytes_downloaded",
+    "download_seconds",
+    "wait_seconds",
+    "prefetch_lead_seconds",
+    "evictions",
+    "retries",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheConfig:
+    """How the local cache behaves.
+
+    Args:
+        folder: local directory of the cache (created; shared by every process on the node).
+        budget_bytes: most bytes of cached files kept on disk, in-flight downloads included.
+        prefetch_bytes: most bytes downloaded ahead of the readers by ``prefetch``.
+        prefetch_workers: downloads in flight at once during prefetch.
+        chunk_bytes: objects larger than this are fetched as range requests of this size.
+        range_workers: range requests in flight at once for one large object (1: sequential).
+        attempts: tries per request before giving up with a ``StorageError``.
+        backoff_seconds: first backoff delay; doubles each retry, with full jitter.
+        max_backoff_seconds: the largest backoff delay.
+        wait_seconds: how long a read waits for budget space held by files other readers are using.
+    """
+
+    folder: str
+    budget_bytes: int
+    prefetch_bytes: int = 256 << 20
+    prefetch_workers: int = 4
+    chunk_bytes: int = 16 << 20
+    range_workers: int = 4
+    attempts: int = 6
+    backoff_seconds: float = 0.2
+    max_backoff_seconds: float = 5.0
+    wait_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not self.folder or "://" in self.folder:
+            raise ConfigError(f"CacheConfig.folder must be a local directory, got {self.folder!r}")
+        positive = ("budget_bytes", "chunk_bytes", "prefetch_workers", "range_workers", "attempts")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"CacheConfig.{name} must be at least 1, got {getattr(self, name)!r}")
+        for name in ("prefetch_bytes", "backoff_seconds", "max_backoff_seconds", "wait_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"CacheConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.prefetch_bytes > self.budget_bytes:
+            raise ConfigError(
+                f"CacheConfig.prefetch_bytes ({self.prefetch_bytes}) must not exceed budget_bytes "
+                f"({self.budget_bytes}): the prefetch window has to fit in the cache"
+            )
+
+
+@dataclass
+class _Counters:
+    values: dict[str, float] = field(default_factory=lambda: dict.fromkeys(METRIC_NAMES, 0.0))
+    leads: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, **deltas: float) -> None:
+        with self.lock:
+            for name, value in deltas.items():
+                self.values[name] += value
+
+
+class RemoteCache:
+    """Reads remote files through the local cache folder; safe across threads, processes and restarts.
+
+    Args:
+        config: the cache's settings.
+        storage_options: passed to ``fsspec.filesystem`` (credentials, endpoint); never logged or shown.
+
+    Picklable: the copy in another process reopens the index and the filesystems there and owns no prefetch.
+    """
+
+    def __init__(self, config: CacheConfig, *, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.config = config
+        self._options = dict(storage_options or {})
+        self._secrets = secret_values(self._options)
+        self._setup()
+
+    def _setup(self) -> None:
+        for sub in ("files", "tmp", "locks"):
+            os.makedirs(os.path.join(self.config.folder, sub), exist_ok=True)
+        self._pid = os.getpid()
+        self._owner = owner_token()
+        self._index = CacheIndex(os.path.join(self.config.folder, "index.sqlite"))
+        self._fs: dict[str, Any] = {}
+        self._fs_lock = threading.Lock()
+        self._counters = _Counters()
+        self._key_locks: dict[str, threading.Lock] = {}
+        self._key_locks_guard = threading.Lock()
+        self._prefetcher: Any = None
+        self._clean_stale()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config, "options": self._options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.config = state["config"]
+        self._options = state["options"]
+        self._secrets = secret_values(self._options)
+        self._setup()
+
+    def __repr__(self) -> str:
+        return f"RemoteCache(folder={self.config.folder!r}, budget_bytes={self.config.budget_bytes})"
+
+    # ---- public API --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def open(self, url: str, *, expected: RemoteInfo | None = None) -> Iterator[str]:
+        """The local path of ``url``, downloaded if needed and kept from eviction inside the block.
+
+        Args:
+            url: fsspec URL of the remote file.
+            expected: its size and MD5 when the caller knows them (saves a metadata request).
+
+        Raises:
+            StorageError: the store failed after every retry, or refused permanently.
+            DataError: the budget has no room for this file (other readers hold the rest) in time.
+        """
+        key = self.key(url)
+        self._check_fork()
+        entry, lead = self._index.pin_and_hit(key, self._owner, time.time())
+        try:
+            path = self._local(key)
+            if entry is not None and entry.state == READY and os.path.exists(path):
+                self._counters.add(hits=1)
+                self._record_lead(lead)
+            else:
+                started = time.monotonic()
+                self._ensure(url, key, expected, demand=True)
+                waited = time.monotonic() - started
+                self._counters.add(misses=1, wait_seconds=waited)
+                self._index.mark_hit(key, time.time(), {"misses": 1, "wait_seconds": waited})
+            yield path
+        finally:
+            self._index.unpin(key, self._owner, _USE)
+
+    def read(self, url: str, *, expected: RemoteInfo | None = None) -> bytes:
+        """The whole content of ``url``, read through the cache."""
+        with self.open(url, expected=expected) as path, open(path, "rb") as f:
+            return f.read()
+
+    def prefetch(self, urls: Sequence[str], *, expected: Sequence[RemoteInfo | None] | None = None) -> None:
+        """Download ``urls`` in this order in the background, a bounded window ahead of the readers.
+
+        Replaces any earlier prefetch plan of this process. Repeated URLs are fetched once, when first needed.
+        """
+        from goodput.data._prefetch import Prefetcher
+
+        self._check_fork()
+        if self._prefetcher is None:
+            self._prefetcher = Prefetcher(self)
+        infos = list(expected) if expected is not None else [None] * len(urls)
+        seen: set[str] = set()
+        plan = []
+        for url, info in zip(urls, infos, strict=True):
+            if url not in seen:
+                seen.add(url)
+                plan.append((url, info))
+        self._prefetcher.start(plan)
+
+    def metrics(self) -> dict[str, float]:
+        """This process's counters: hits, misses, bytes and seconds downloaded, read waits, mean prefetch
+        lead (seconds a prefetched file was ready before its first use), evictions, retries."""
+        with self._counters.lock:
+            return dict(self._counters.values)
+
+    def node_metrics(self) -> dict[str, float]:
+        """The same counters summed over every process that used this cache folder."""
+        values = dict.fromkeys(METRIC_NAMES, 0.0)
+        values.update({k: v for k, v in self._index.counters().items() if k in values})
+        return values
+
+    def usage_bytes(self) -> int:
+        """Bytes counted against the budget now (ready files and downloads in flight), node-wide."""
+        return self._index.usage()
+
+    def close(self) -> None:
+        """Stop prefetching and wait for the downloads in flight."""
+        if self._prefetcher is not None and self._pid == os.getpid():
+            self._prefetcher.stop()
+            self._prefetcher = None
+
+    @staticmethod
+    def key(url: str) -> str:
+        """The name of ``url``'s file in the cache folder."""
+        return hashlib.sha256(url.encode()).hexdigest()[:40]
+
+    # ---- used by the prefetcher --------------------------------------------------------------------
+    def _pin_window(self, url: str) -> None:
+        self._index.pin_and_get(self.key(url), self._owner, _WINDOW)
+
+    def _unpin_window(self, url: str) -> None:
+        self._index.unpin(self.key(url), self._owner, _WINDOW)
+
+    def _remote_info(self, url: str, cancelled: Any = None) -> RemoteInfo | None:
+        """Size and checksum of ``url`` from the store; None (logged) when it cannot be had."""
+        fs, path = self._filesystem(url)
+        try:
+            return self._retried(lambda: info_of(fs, path), url, cancelled)
+        except StorageError as err:
+            log.warning("prefetch skips a file: %s", err)
+            return None
+
+    def _retried(self, fn: Any, url: str, cancelled: Any = None) -> Any:
+        policy = RetryPolicy(
+            self.config.attempts, self.config.backoff_seconds, self.config.max_backoff_seconds
+        )
+        return call_with_retries(
+            fn, url=url, policy=policy, secrets=self._secrets, on_retry=self._on_retry, cancelled=cancelled
+        )
+
+    def _is_ready(self, key: str) -> bool:
+        entry = self._index.entry(key)
+        return entry is not None and entry.state == READY and os.path.exists(self._local(key))
+
+    # ---- internals ---------------------------------------------------------------------------------
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():  # a forked DataLoader worker: own index handle, fs, no prefetcher
+            _INHERITED.extend([self._index, self._fs, self._prefetcher])
+            self._setup()
+
+    def _local(self, key: str) -> str:
+        return os.path.join(self.config.folder, "files", key)
+
+    def _filesystem(self, url: str) -> tuple[Any, str]:
+        import fsspec
+        from fsspec.utils import get_protocol
+
+        protocol = get_protocol(url)
+        with self._fs_lock:
+            fs = self._fs.get(protocol)
+            if fs is None:
+                fs = fsspec.filesystem(protocol, skip_instance_cache=True, **self._options)
+                self._fs[protocol] = fs
+        return fs, fs._strip_protocol(url)
+
+    def _ensure(
+        self, url: str, key: str, expected: RemoteInfo | None, *, demand: bool, cancelled: Any = None
+    ) -> bool:
+        """Make ``key`` ready, downloading it unless another process is doing so (then wait for it).
+
+        Returns False only for a prefetch that found no room in the budget.
+        """
+        with self._file_lock(key):
+            if self._is_ready(key):
+                return True
+            fs, path = self._filesystem(url)
+            info = (
+                expected if expected is not None else self._retried(lambda: info_of(fs, path), url, cancelled)
+            )
+            if not self._reserve(key, info.size, url, demand=demand):
+                return False
+            started = time.monotonic()
+            tmp_dir = os.path.join(self.config.folder, "tmp")
+            for name in os.listdir(tmp_dir):  # holding the file's lock: any partial of it is a dead one's
+                if name.startswith(key + "."):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(tmp_dir, name))
+            tmp = os.path.join(tmp_dir, f"{key}.{self._owner.replace(':', '-')}.part")
+            try:
+                self._retried(lambda: self._download_once(fs, path, tmp, info), url, cancelled)
+                os.replace(tmp, self._local(key))
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                self._index.abort(key)
+                raise
+            seconds = time.monotonic() - started
+            self._counters.add(bytes_downloaded=info.size, download_seconds=seconds)
+            self._index.commit(key, info.size, {"bytes_downloaded": info.size, "download_seconds": seconds})
+            return True
+
+    def _download_once(self, fs: Any, path: str, tmp: str, info: RemoteInfo) -> None:
+        download(
+            fs, path, tmp, info, chunk_bytes=self.config.chunk_bytes, range_workers=self.config.range_workers
+        )
+
+    def _reserve(self, key: str, size: int, url: str, *, demand: bool) -> bool:
+        if size > self.config.budget_bytes:
+            raise DataError(
+                f"{redact_url(url)} has {size} bytes, more than the cache budget "
+                f"({self.config.budget_bytes}): raise CacheConfig.budget_bytes"
+            )
+        deadline = time.monotonic() + self.config.wait_seconds
+        delay = 0.01
+        while True:
+            ok, evicted, pinned = self._index.reserve(
+                key, size, self._owner, self.config.budget_bytes, self._evict_file
+            )
+            if ok:
+                self._counters.add(evictions=evicted)
+                return True
+            if not demand:
+                return False
+            if time.monotonic() > deadline:
+                raise DataError(
+                    f"no room in the cache for {redact_url(url)}: {pinned} of {self.config.budget_bytes} "
+                    "budget bytes are held by files in use or in prefetch windows; raise "
+                    "CacheConfig.budget_bytes or lower prefetch_bytes"
+                )
+            time.sleep(delay)  # waiting for other readers to release their files
+            delay = min(delay * 2, 0.2)
+
+    def _evict_file(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._local(key))
+
+    def _on_retry(self, err: BaseException) -> None:
+        self._counters.add(retries=1)
+        self._index.bump({"retries": 1})
+        log.info("retrying a remote read after %s", type(err).__name__)
+
+    def _record_lead(self, lead: float | None) -> None:
+        if lead is None:
+            return
+        with self._counters.lock:
+            n = self._counters.leads
+            mean = self._counters.values["prefetch_lead_seconds"]
+            self._counters.values["prefetch_lead_seconds"] = (mean * n + lead) / (n + 1)
+            self._counters.leads = n + 1
+
+    @contextlib.contextmanager
+    def _file_lock(self, key: str) -> Iterator[None]:
+        # A POSIX record lock excludes other processes and is released by the kernel when its holder dies; a
+        # forked child does not inherit it (flock's would be shared with the child and outlive the parent's
+        # download). Threads of this process are excluded by a lock per key.
+        with self._key_locks_guard:
+            thread_lock = self._key_locks.setdefault(key, threading.Lock())
+        with thread_lock:
+            path = os.path.join(self.config.folder, "locks", f"{key}.lock")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
+    def _clean_stale(self) -> None:
+        """Drop rows of dead processes, temp files they left, and ready rows whose file is gone."""
+        self._index.drop_dead_owners()
+        tmp_dir = os.path.join(self.config.folder, "tmp")
+        for name in os.listdir(tmp_dir):
+            parts = name.split(".")
+            owner = parts[1].replace("-", ":", 1) if len(parts) == 3 else ""
+            if not owner or not owner_alive(owner):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(tmp_dir, name))
+        for key in self._index.ready_keys():
+            if not os.path.exists(self._local(key)):
+                self._index.forget(key)
+        known = self._index.ready_keys()
+        files_dir = os.path.join(self.config.folder, "files")
+        for name in os.listdir(files_dir):
+            # A file with no row was renamed by a process that died before recording it: not trusted.
+            if name not in known and self._index.entry(name) is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(files_dir, name))

@@ -1,0 +1,328 @@
+"""A sharded dataset format: many samples per shard file plus one JSON index, at any fsspec URL.
+
+A shard is ``b"GPSHARD1"``, the sample count ``n`` (uint64, little-endian), ``n + 1`` sample offsets (uint64,
+relative to the end of the header) and then the samples' bytes back to back. ``index.json`` lists the shards in
+order with their sample counts, sizes and MD5s; it is written last, so a dataset is readable only once complete.
+Samples are bytes; the reader applies the user's ``decode`` function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import mmap
+import os
+import struct
+import tempfile
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries, secret_values
+from goodput.data._source import Source, join_url
+from goodput.data.cache import CacheConfig
+from goodput.errors import ConfigError, DataError
+
+__all__ = ["ShardWriter", "ShardedDataset", "write_folder_shards", "write_shards"]
+
+MAGIC = b"GPSHARD1"
+INDEX_NAME = "index.json"
+FORMAT = "goodput-shards"
+T = TypeVar("T")
+_U64 = struct.Struct("<Q")
+
+
+def _identity(data: bytes) -> Any:
+    return data
+
+
+class ShardWriter:
+    """Writes samples into shards of about ``shard_bytes`` each under ``url``; ``close()`` writes the index.
+
+    Args:
+        url: fsspec URL of the dataset folder (created).
+        shard_bytes: target size of one shard; a shard closes once it reaches this size.
+        storage_options: passed to fsspec (credentials stay out of every message).
+    """
+
+    def __init__(
+        self, url: str, *, shard_bytes: int = 64 << 20, storage_options: Mapping[str, Any] | None = None
+    ) -> None:
+        if shard_bytes < 1:
+            raise ConfigError(f"shard_bytes must be at least 1, got {shard_bytes}")
+        import fsspec
+        from fsspec.utils import get_protocol
+
+        self.url = url
+        self.shard_bytes = shard_bytes
+        self._secrets = secret_values(dict(storage_options or {}))
+        self._fs = fsspec.filesystem(
+            get_protocol(url), skip_instance_cache=True, **dict(storage_options or {})
+        )
+        if get_protocol(url) in ("file", "local"):  # object stores have no folders to make
+            self._fs.makedirs(self._fs._strip_protocol(url), exist_ok=True)
+        self._shards: list[dict[str, Any]] = []
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._closed = False
+
+    def write(self, sample: bytes) -> None:
+        """Append one sample."""
+        if self._closed:
+            raise DataError("ShardWriter.write after close()")
+        self._pending.append(bytes(sample))
+        self._pending_bytes += len(sample)
+        if self._pending_bytes >= self.shard_bytes:
+            self._flush()
+
+    def close(self) -> dict[str, Any]:
+        """Write the last shard and then the index; returns the index."""
+        if self._closed:
+            raise DataError("ShardWriter.close() called twice")
+        if self._pending:
+            self._flush()
+        self._closed = True
+        index = {
+            "format": FORMAT,
+            "version": 1,
+            "samples": sum(s["samples"] for s in self._shards),
+            "shards": self._shards,
+        }
+        payload = json.dumps(index, indent=1).encode()
+        self._retry(lambda: self._fs.pipe_file(self._path(INDEX_NAME), payload), INDEX_NAME)
+        return index
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+
+    def _path(self, name: str) -> str:
+        return str(self._fs._strip_protocol(join_url(self.url, name)))
+
+    def _flush(self) -> None:
+        name = f"shard-{len(self._shards):06d}.gpshard"
+        offsets = [0]
+        for sample in self._pending:
+            offsets.append(offsets[-1] + len(sample))
+        header = MAGIC + _U64.pack(len(self._pending)) + struct.pack(f"<{len(offsets)}Q", *offsets)
+        digest = hashlib.md5(usedforsecurity=False)
+        with tempfile.NamedTemporaryFile(prefix="goodput-shard-", delete=False) as tmp:
+            for part in (header, *self._pending):
+                tmp.write(part)
+                digest.update(part)
+            size = tmp.tell()
+        try:
+            self._retry(lambda: self._fs.put_file(tmp.name, self._path(name)), name)
+        finally:
+            os.unlink(tmp.name)
+        self._shards.append(
+            {"file": name, "samples": len(self._pending), "bytes": size, "md5": digest.hexdigest()}
+        )
+        self._pending, self._pending_bytes = [], 0
+
+    def _retry(self, fn: Callable[[], Any], name: str) -> None:
+        call_with_retries(
+            fn, url=join_url(self.url, name), policy=_WRITE_RETRY, secrets=self._secrets, verb="write"
+        )
+
+
+_WRITE_RETRY = RetryPolicy(attempts=6, backoff_s=0.2, max_backoff_s=5.0)
+
+
+def write_shards(
+    samples: Iterable[bytes],
+    url: str,
+    *,
+    shard_bytes: int = 64 << 20,
+    storage_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``samples`` (bytes each, in order) as a sharded dataset at ``url``; returns the index."""
+    writer = ShardWriter(url, shard_bytes=shard_bytes, storage_options=storage_options)
+    for sample in samples:
+        writer.write(sample)
+    return writer.close()
+
+
+def write_folder_shards(
+    folder: str,
+    url: str,
+    *,
+    shard_bytes: int = 64 << 20,
+    storage_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Turn a local folder (one sample per file, sorted by relative path) into shards at ``url``.
+
+    Raises:
+        ConfigError: when ``folder`` is not a directory or holds no files.
+    """
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{folder!r} is not a directory: give the local folder whose files are the samples")
+    files = sorted(
+        os.path.relpath(os.path.join(root, name), folder)
+        for root, _, names in os.walk(folder)
+        for name in names
+    )
+    if not files:
+        raise ConfigError(f"{folder!r} holds no files: nothing to write")
+
+    def samples() -> Iterable[bytes]:
+        for rel in files:
+            with open(os.path.join(folder, rel), "rb") as f:
+                yield f.read()
+
+    return write_shards(samples(), url, shard_bytes=shard_bytes, storage_options=storage_options)
+
+
+class ShardedDataset(Generic[T]):
+    """Map-style dataset over shards at any fsspec URL, read through a local cache.
+
+    Args:
+        url: the dataset folder written by ``ShardWriter``/``goodput data write``.
+        cache: the local cache's settings; None reads straight from the store (or, for a local folder, from
+            the files themselves).
+        decode: turns a sample's bytes into what ``__getitem__`` returns (module-level, to pickle for workers).
+        storage_options: passed to fsspec (credentials; never logged or shown).
+
+    Attributes:
+        shard_sizes: samples per shard, contiguous in index order (for shard-aware shuffles).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        cache: CacheConfig | None = None,
+        decode: Callable[[bytes], T] = _identity,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._source = Source(url, cache=cache, storage_options=storage_options)
+        self.decode = decode
+        raw = self._source.direct(join_url(url, INDEX_NAME))
+        index = json.loads(raw)
+        if index.get("format") != FORMAT:
+            raise DataError(
+                f"{url} is not a goodput shard dataset (its {INDEX_NAME} says {index.get('format')!r})"
+            )
+        self._shards: list[dict[str, Any]] = index["shards"]
+        self.shard_sizes: list[int] = [int(s["samples"]) for s in self._shards]
+        self._starts = [0]
+        for n in self.shard_sizes:
+            self._starts.append(self._starts[-1] + n)
+        self.fingerprint = hashlib.sha256(raw).hexdigest()[:16]
+        self._reset_handles()
+
+    def _reset_handles(self) -> None:
+        self._stack: contextlib.ExitStack | None = None
+        self._open_shard = -1
+        self._view: mmap.mmap | None = None
+        self._offsets: tuple[int, ...] = ()
+        self._base = 0
+        self._headers: dict[int, tuple[tuple[int, ...], int]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in ("_stack", "_view", "_open_shard", "_offsets", "_base", "_headers"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_handles()
+
+    def __repr__(self) -> str:
+        return f"ShardedDataset({self._source.url!r}, samples={len(self)}, shards={len(self._shards)})"
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __getitem__(self, index: int) -> T:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"sample {index} is outside 0..{len(self) - 1}")
+        index %= len(self)
+        shard = bisect_right(self._starts, index) - 1
+        return self.decode(self._sample(shard, index - self._starts[shard]))
+
+    def shard_url(self, shard: int) -> str:
+        return join_url(self._source.url, self._shards[shard]["file"])
+
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """Download the shards that ``indices`` (this rank's upcoming samples, in order) need, in that order."""
+        shards: list[int] = []
+        for index in indices:
+            shard = bisect_right(self._starts, int(index)) - 1
+            if not shards or shards[-1] != shard:
+                shards.append(shard)
+        self._source.prefetch([self.shard_url(s) for s in shards], [self._info(s) for s in shards])
+
+    def cache_metrics(self) -> dict[str, float]:
+        """The cache's counters summed over every process on this node that reads through its folder
+        (DataLoader workers included): hits, misses, bytes_downloaded, download_seconds, wait_seconds,
+        prefetch_lead_seconds, evictions, retries. Empty when the dataset has no cache."""
+        return self._source.cache_metrics()
+
+    def close(self) -> None:
+        """Release the open shard and stop prefetching."""
+        self._close_shard()
+        self._source.close()
+
+    def _info(self, shard: int) -> RemoteInfo:
+        entry = self._shards[shard]
+        return RemoteInfo(size=int(entry["bytes"]), md5=entry.get("md5"))
+
+    def _sample(self, shard: int, local: int) -> bytes:
+        if shard != self._open_shard:
+            if self._source.cache is None and not self._source.is_local:
+                return self._direct_sample(shard, local)
+            self._switch_to(shard)
+        assert self._view is not None
+        start = self._base + self._offsets[local]
+        return self._view[start : self._base + self._offsets[local + 1]]
+
+    def _switch_to(self, shard: int) -> None:
+        self._close_shard()
+        stack = contextlib.ExitStack()
+        url = self.shard_url(shard)
+        cache = self._source.cache
+        if cache is not None:
+            path = stack.enter_context(cache.open(url, expected=self._info(shard)))
+        else:
+            path = self._source.local_path(url)
+        with open(path, "rb") as f:
+            view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        stack.callback(view.close)
+        self._offsets, self._base = _parse_header(view[: _header_probe(view)], url)
+        self._stack, self._view, self._open_shard = stack, view, shard
+
+    def _close_shard(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+        self._stack, self._view, self._open_shard = None, None, -1
+
+    def _direct_sample(self, shard: int, local: int) -> bytes:
+        url = self.shard_url(shard)
+        if shard not in self._headers:
+            count = _U64.unpack(self._source.direct(url, len(MAGIC), len(MAGIC) + 8))[0]
+            head = self._source.direct(url, 0, _header_size(count))
+            self._headers[shard] = _parse_header(head, url)
+        offsets, base = self._headers[shard]
+        return self._source.direct(url, base + offsets[local], base + offsets[local + 1])
+
+
+def _header_size(count: int) -> int:
+    return len(MAGIC) + 8 + 8 * (count + 1)
+
+
+def _header_probe(view: mmap.mmap) -> int:
+    return _header_size(_U64.unpack(view[len(MAGIC) : len(MAGIC) + 8])[0])
+
+
+def _parse_header(head: bytes, url: str) -> tuple[tuple[int, ...], int]:
+    if head[: len(MAGIC)] != MAGIC:
+        raise DataError(f"{url} is not a goodput shard (bad magic)")
+    count = _U64.unpack(head[len(MAGIC) : len(MAGIC) + 8])[0]
+    size = _header_size(count)
+    return struct.unpack(f"<{count + 1}Q", head[len(MAGIC) + 8 : size]), size
