@@ -1,0 +1,33 @@
+"""The events the ledger listens to: stall start/end around the blocking part, then durable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
+
+
+@pytest.mark.parametrize("strategy", ["torch_save", "dcp", "dcp_async"])
+def test_events_and_measured_costs(tmp_path: Path, strategy: str) -> None:
+    events: list[tuple[str, dict[str, object]]] = []
+    manager = CheckpointManager(
+        CheckpointConfig(root=str(tmp_path), strategy=strategy, every=1),
+        TrainingState(model=torch.nn.Linear(8, 8)),
+        on_event=lambda name, **fields: events.append((name, fields)),
+    )
+    first = manager.save(5)
+    final = manager.wait() or first
+    manager.close()
+    names = [(name, fields.get("phase")) for name, fields in events]
+    assert names == [("checkpoint_stall", "start"), ("checkpoint_stall", "end"), ("checkpoint_durable", None)]
+    durable = events[2][1]
+    assert durable["step"] == 5 and durable["url"] == str(tmp_path / "step-5")
+    assert final.persist_seconds is not None and final.bytes == durable["bytes"]
+    assert events[1][1]["seconds"] == final.stall_seconds
+    if strategy == "dcp_async":
+        assert first.persist_seconds is None  # still in flight when save returned
+    else:
+        assert final.stall_seconds == final.persist_seconds  # a synchronous save blocks until committed
