@@ -31,3 +31,14 @@ def test_events_and_measured_costs(tmp_path: Path, strategy: str) -> None:
         assert first.persist_seconds is None  # still in flight when save returned
     else:
         assert final.stall_seconds == final.persist_seconds  # a synchronous save blocks until committed
+
+
+def test_maybe_save_follows_the_policy(tmp_path: Path) -> None:
+    manager = CheckpointManager(
+        CheckpointConfig(root=str(tmp_path), strategy="dcp", every=3),
+        TrainingState(model=torch.nn.Linear(2, 2)),
+    )
+    saved = [step for step in range(1, 8) if manager.maybe_save(step) is not None]
+    manager.close()
+    assert saved == [3, 6]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-3", "step-6"]

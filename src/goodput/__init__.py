@@ -1,10 +1,14 @@
 """goodput: keep PyTorch training productive when hardware fails.
 
-The public API is re-exported here; ``tests/test_exports.py`` checks that every public module's ``__all__``
-is reachable from this package.
+Every public name is re-exported here and imported on first use, so ``import goodput`` (and the command line)
+stays fast while ``goodput.Run`` or ``goodput.CheckpointManager`` pull in torch only when touched.
+``tests/test_exports.py`` checks that every public module's ``__all__`` is reachable from this package.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from goodput.errors import (
     CheckpointCorrupt,
@@ -18,66 +22,266 @@ from goodput.errors import (
     StateMismatch,
     StorageError,
 )
-from goodput.planning import (
-    PlanInputs,
-    daily_waste,
-    daly_expected_time,
-    daly_interval,
-    failure_probability,
-    goodput_daly,
-    goodput_first_order,
-    lost_work_per_failure,
-    mtbf_from_rate,
-    mtbf_seconds,
-    optimal_interval,
-    waste_per_failure,
-    young_interval,
-)
-from goodput.simulation import SimulationResult, simulate_goodput
-from goodput.units import format_duration, parse_bytes, parse_duration
 
-# Names whose modules import torch: resolved on first use (PEP 562) so `import goodput` and the CLI start fast.
-_LAZY = {
-    "goodput.checkpoint": (
-        "MANIFEST_NAME STRATEGIES AutoInterval CheckpointConfig CheckpointInfo CheckpointLayout CheckpointManager"
-        " EveryInterval EverySteps FileEntry LoaderState Manifest SaveContext SavePolicy SaveResult SaveStrategy"
-        " TrainingState capture_rng check_shapes list_checkpoints make_strategy restore_rng tensor_shapes"
-    ),
-    "goodput.checkpoint.dcp": "DcpStrategy SafeLoadPlanner safe_unpickle_metadata",
-    "goodput.checkpoint.dcp_async": "DcpAsyncStrategy",
-    "goodput.checkpoint.torch_save": "TorchSaveStrategy",
-}
-_LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names.split()}
-
-
-def __getattr__(name: str) -> object:
-    module = _LAZY_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'goodput' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
+if TYPE_CHECKING:
+    from goodput.accounting import (
+        CATEGORIES,
+        Accounting,
+        AttemptSummary,
+        SaveRecord,
+        Segment,
+        StepStats,
+        account,
+        goodput_over_time,
+    )
+    from goodput.checkpoint import (
+        MANIFEST_NAME,
+        STRATEGIES,
+        AutoInterval,
+        CheckpointConfig,
+        CheckpointInfo,
+        CheckpointLayout,
+        CheckpointManager,
+        EveryInterval,
+        EverySteps,
+        FileEntry,
+        LoaderState,
+        Manifest,
+        SaveContext,
+        SavePolicy,
+        SaveResult,
+        SaveStrategy,
+        TrainingState,
+        capture_rng,
+        check_shapes,
+        list_checkpoints,
+        make_strategy,
+        restore_rng,
+        tensor_shapes,
+    )
+    from goodput.checkpoint.dcp import (
+        DcpStrategy,
+        SafeLoadPlanner,
+        safe_unpickle_metadata,
+    )
+    from goodput.checkpoint.dcp_async import (
+        DcpAsyncStrategy,
+    )
+    from goodput.checkpoint.torch_save import (
+        TorchSaveStrategy,
+    )
+    from goodput.data import (
+        BatchPlan,
+        DevicePrefetcher,
+        EpochOrder,
+        FetchTimes,
+        LoaderConfig,
+        ResumableLoader,
+        ResumableSampler,
+        rank_batch_count,
+        rank_batch_range,
+        sample_seed,
+        sample_seeds,
+    )
+    from goodput.exporters import (
+        MetricsExporter,
+        MLflowExporter,
+        TensorBoardExporter,
+        available_exporters,
+    )
+    from goodput.ledger import (
+        Ledger,
+        LedgerConfig,
+        LedgerFile,
+        ledger_files,
+        read_events,
+    )
+    from goodput.planning import (
+        PlanInputs,
+        daily_waste,
+        daly_expected_time,
+        daly_interval,
+        failure_probability,
+        goodput_daly,
+        goodput_first_order,
+        lost_work_per_failure,
+        mtbf_from_rate,
+        mtbf_seconds,
+        optimal_interval,
+        waste_per_failure,
+        young_interval,
+    )
+    from goodput.progress import (
+        Progress,
+    )
+    from goodput.report import (
+        Advice,
+        MeasuredModel,
+        Prediction,
+        Report,
+        build_report,
+        load_report,
+    )
+    from goodput.simulation import (
+        SimulationResult,
+        simulate_goodput,
+    )
+    from goodput.units import (
+        format_duration,
+        parse_bytes,
+        parse_duration,
+    )
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "AutoInterval": "goodput.checkpoint",
+    "CheckpointConfig": "goodput.checkpoint",
+    "CheckpointInfo": "goodput.checkpoint",
+    "CheckpointLayout": "goodput.checkpoint",
+    "CheckpointManager": "goodput.checkpoint",
+    "EveryInterval": "goodput.checkpoint",
+    "EverySteps": "goodput.checkpoint",
+    "FileEntry": "goodput.checkpoint",
+    "LoaderState": "goodput.checkpoint",
+    "MANIFEST_NAME": "goodput.checkpoint",
+    "Manifest": "goodput.checkpoint",
+    "STRATEGIES": "goodput.checkpoint",
+    "SaveContext": "goodput.checkpoint",
+    "SavePolicy": "goodput.checkpoint",
+    "SaveResult": "goodput.checkpoint",
+    "SaveStrategy": "goodput.checkpoint",
+    "TrainingState": "goodput.checkpoint",
+    "capture_rng": "goodput.checkpoint",
+    "check_shapes": "goodput.checkpoint",
+    "list_checkpoints": "goodput.checkpoint",
+    "make_strategy": "goodput.checkpoint",
+    "restore_rng": "goodput.checkpoint",
+    "tensor_shapes": "goodput.checkpoint",
+    "DcpStrategy": "goodput.checkpoint.dcp",
+    "SafeLoadPlanner": "goodput.checkpoint.dcp",
+    "safe_unpickle_metadata": "goodput.checkpoint.dcp",
+    "DcpAsyncStrategy": "goodput.checkpoint.dcp_async",
+    "TorchSaveStrategy": "goodput.checkpoint.torch_save",
+    "Accounting": "goodput.accounting",
+    "AttemptSummary": "goodput.accounting",
+    "CATEGORIES": "goodput.accounting",
+    "SaveRecord": "goodput.accounting",
+    "Segment": "goodput.accounting",
+    "StepStats": "goodput.accounting",
+    "account": "goodput.accounting",
+    "goodput_over_time": "goodput.accounting",
+    "BatchPlan": "goodput.data",
+    "DevicePrefetcher": "goodput.data",
+    "EpochOrder": "goodput.data",
+    "FetchTimes": "goodput.data",
+    "LoaderConfig": "goodput.data",
+    "ResumableLoader": "goodput.data",
+    "ResumableSampler": "goodput.data",
+    "rank_batch_count": "goodput.data",
+    "rank_batch_range": "goodput.data",
+    "sample_seed": "goodput.data",
+    "sample_seeds": "goodput.data",
+    "MLflowExporter": "goodput.exporters",
+    "MetricsExporter": "goodput.exporters",
+    "TensorBoardExporter": "goodput.exporters",
+    "available_exporters": "goodput.exporters",
+    "Ledger": "goodput.ledger",
+    "LedgerConfig": "goodput.ledger",
+    "LedgerFile": "goodput.ledger",
+    "ledger_files": "goodput.ledger",
+    "read_events": "goodput.ledger",
+    "PlanInputs": "goodput.planning",
+    "daily_waste": "goodput.planning",
+    "daly_expected_time": "goodput.planning",
+    "daly_interval": "goodput.planning",
+    "failure_probability": "goodput.planning",
+    "goodput_daly": "goodput.planning",
+    "goodput_first_order": "goodput.planning",
+    "lost_work_per_failure": "goodput.planning",
+    "mtbf_from_rate": "goodput.planning",
+    "mtbf_seconds": "goodput.planning",
+    "optimal_interval": "goodput.planning",
+    "waste_per_failure": "goodput.planning",
+    "young_interval": "goodput.planning",
+    "Progress": "goodput.progress",
+    "Advice": "goodput.report",
+    "MeasuredModel": "goodput.report",
+    "Prediction": "goodput.report",
+    "Report": "goodput.report",
+    "build_report": "goodput.report",
+    "load_report": "goodput.report",
+    "SimulationResult": "goodput.simulation",
+    "simulate_goodput": "goodput.simulation",
+    "format_duration": "goodput.units",
+    "parse_bytes": "goodput.units",
+    "parse_duration": "goodput.units",
+}
+
 __all__ = [
+    "CATEGORIES",
+    "MANIFEST_NAME",
+    "STRATEGIES",
+    "Accounting",
+    "Advice",
+    "AttemptSummary",
+    "AutoInterval",
+    "BatchPlan",
+    "CheckpointConfig",
     "CheckpointCorrupt",
     "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointLayout",
+    "CheckpointManager",
     "ConfigError",
     "CrashLoop",
     "DataError",
+    "DcpAsyncStrategy",
+    "DcpStrategy",
+    "DevicePrefetcher",
+    "EpochOrder",
+    "EveryInterval",
+    "EverySteps",
+    "FetchTimes",
+    "FileEntry",
     "FingerprintMismatch",
     "GoodputError",
+    "Ledger",
+    "LedgerConfig",
+    "LedgerFile",
+    "LoaderConfig",
+    "LoaderState",
+    "MLflowExporter",
+    "Manifest",
+    "MeasuredModel",
+    "MetricsExporter",
     "PlanInputs",
+    "Prediction",
+    "Progress",
+    "Report",
+    "ResumableLoader",
+    "ResumableSampler",
+    "SafeLoadPlanner",
+    "SaveContext",
     "SaveFailed",
+    "SavePolicy",
+    "SaveRecord",
+    "SaveResult",
+    "SaveStrategy",
+    "Segment",
     "SimulationResult",
     "StateMismatch",
+    "StepStats",
     "StorageError",
+    "TensorBoardExporter",
+    "TorchSaveStrategy",
+    "TrainingState",
     "__version__",
-    *sorted(_LAZY_NAMES),
+    "account",
+    "available_exporters",
+    "build_report",
+    "capture_rng",
+    "check_shapes",
     "daily_waste",
     "daly_expected_time",
     "daly_interval",
@@ -85,13 +289,39 @@ __all__ = [
     "format_duration",
     "goodput_daly",
     "goodput_first_order",
+    "goodput_over_time",
+    "ledger_files",
+    "list_checkpoints",
+    "load_report",
     "lost_work_per_failure",
+    "make_strategy",
     "mtbf_from_rate",
     "mtbf_seconds",
     "optimal_interval",
     "parse_bytes",
     "parse_duration",
+    "rank_batch_count",
+    "rank_batch_range",
+    "read_events",
+    "restore_rng",
+    "safe_unpickle_metadata",
+    "sample_seed",
+    "sample_seeds",
     "simulate_goodput",
+    "tensor_shapes",
     "waste_per_failure",
     "young_interval",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'goodput' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -165,6 +165,10 @@ class CheckpointManager:
         due = self._policy.due(step, now)
         return due if isinstance(self._policy, EverySteps) else bool(self._bcast(due))
 
+    def maybe_save(self, step: int, now: float | None = None) -> SaveResult | None:
+        """``save(step)`` when ``should_save(step, now)`` says so; None otherwise."""
+        return self.save(step) if self.should_save(step, now) else None
+
     def save(self, step: int) -> SaveResult:
         """Save the state as ``step``; blocks only for the strategy's blocking part (``dcp_async``: staging).
 

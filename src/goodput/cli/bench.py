@@ -8,7 +8,11 @@ from typing import Any
 __all__ = ["register"]
 
 # Each name is a module goodput.bench.<name> with add_arguments(parser) and run(args) -> int.
-_SCENARIOS: tuple[str, ...] = ("checkpoint",)
+_SCENARIOS: tuple[str, ...] = (
+    "ledger",
+    "data",
+    "checkpoint",
+)
 
 
 def register(sub: Any) -> None:

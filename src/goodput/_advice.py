@@ -1,0 +1,180 @@
+"""The report's advice: one rule per situation, each with the goodput gain it predicts (internal).
+
+Gains come from the planner (Daly's model with the measured figures) where the change is one the model
+covers (interval, stall, restart time), scaled by the share of wall time the model covers; elsewhere they are
+the upper bound the category allows (all of data_wait, for instance) and say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from goodput.units import format_duration as fd
+
+if TYPE_CHECKING:
+    from goodput.accounting import Accounting
+    from goodput.report import Advice, MeasuredModel, Prediction
+
+# Thresholds (shares of wall time, ratios) above which advice is given.
+DATA_WAIT_SHARE = 0.03
+STALL_SHARE = 0.01
+INTERVAL_RATIO = 2.0
+COLD_HIT_RATE = 0.5
+# An async save blocks only for its staging copy: 5-10% of a synchronous save in shared/NOTES-torch.md.
+ASYNC_STALL_FRACTION = 0.1
+BLOCKING_STRATEGIES = ("torch_save", "dcp", "sync")
+
+
+def _points(better: float | None, worse: float | None, share: float) -> float | None:
+    if better is None or worse is None:
+        return None
+    return 100.0 * (better - worse) * share
+
+
+def _advice(kind: str, text: str, gain: float | None, *, bound: bool = False) -> Advice:
+    from goodput.report import Advice
+
+    return Advice(kind=kind, text=text, gain_points=gain, upper_bound=bound)
+
+
+def advise(acc: Accounting, model: MeasuredModel, pred: Prediction) -> list[Advice]:
+    """Every rule that applies, largest predicted gain first (correctness advice last)."""
+    rules = (_interval, _no_checkpoint, _blocking, _data_wait, _cold_cache, _restarts)
+    found = [a for rule in rules if (a := rule(acc, model, pred)) is not None]
+    found.sort(key=lambda a: -(a.gain_points or 0.0))
+    return found + _state(acc)
+
+
+def _interval(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
+    tau, best = model.interval, pred.optimal_interval_seconds
+    if tau is None or not best or model.mtbf is None:
+        return None
+    ratio = tau / best
+    if 1.0 / INTERVAL_RATIO <= ratio <= INTERVAL_RATIO:
+        return None
+    gain = _points(model.goodput(best), model.goodput(), pred.modelled_share)
+    how = f"{ratio:.1f}x longer than" if ratio > 1 else f"{1 / ratio:.1f}x shorter than"
+    text = (
+        f"checkpoint every {fd(tau)} is {how} the optimum {fd(best)} (C {fd(model.stall)}, "
+        f"W {fd(model.persist)}, MTBF {fd(model.mtbf)} {pred.mtbf_source}): checkpoint every {fd(best)}, "
+        'or let every="auto" tune it'
+    )
+    return _advice("interval", text, gain)
+
+
+def _no_checkpoint(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
+    if acc.saves or acc.failures == 0 or acc.categories["lost_work"] <= 0:
+        return None
+    share = acc.categories["lost_work"] / acc.wall_seconds
+    text = "no checkpoint was saved, so every failure threw away all work since the start: enable checkpoints"
+    return _advice("no_checkpoint", text, 100.0 * share, bound=True)
+
+
+def _blocking(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
+    if not acc.saves or acc.wall_seconds <= 0:
+        return None
+    stall_share = acc.categories["checkpoint_stall"] / acc.wall_seconds
+    strategy = acc.info.get("checkpoint_config", {}).get("strategy")
+    total_stall = sum(s.stall_seconds or 0.0 for s in acc.saves)
+    blocking = strategy in BLOCKING_STRATEGIES or (
+        strategy is None and acc.overlap_seconds <= 0.01 * total_stall
+    )
+    if not blocking or stall_share < STALL_SHARE:
+        return None
+    cut = model.stall * (1.0 - ASYNC_STALL_FRACTION)
+    faster = replace(model, stall=model.stall - cut, persist=model.persist + cut)
+    gain = _points(faster.goodput(), model.goodput(), pred.modelled_share)  # at the same interval
+    if gain is None:
+        return _advice("async", _async_text(strategy, stall_share, model), 100.0 * stall_share, bound=True)
+    return _advice("async", _async_text(strategy, stall_share, model), gain)
+
+
+def _async_text(strategy: str | None, stall_share: float, model: MeasuredModel) -> str:
+    name = strategy or "a blocking save"
+    return (
+        f"checkpoint stalls are {stall_share:.1%} of wall time with {name} (C {fd(model.stall)}): "
+        f'strategy="dcp_async" blocks only for the staging copy (about {ASYNC_STALL_FRACTION:.0%} of C)'
+    )
+
+
+def _data_wait(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
+    share = acc.categories["data_wait"] / acc.wall_seconds if acc.wall_seconds > 0 else 0.0
+    if share <= DATA_WAIT_SHARE or acc.step_stats is None:
+        return None
+    text = (
+        f"data_wait is {share:.1%} of wall time ({fd(acc.step_stats.mean_fetch)} per step waiting for the "
+        "batch): raise num_workers / prefetch_factor, and enable the local cache for remote data"
+    )
+    return _advice("data_wait", text, 100.0 * share, bound=True)
+
+
+def _cold_cache(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
+    for stats in acc.info.get("cache_stats", []):
+        hits, misses = float(stats.get("hits", 0)), float(stats.get("misses", 0))
+        if int(stats.get("epoch", 0)) < 1 or hits + misses == 0 or hits / (hits + misses) >= COLD_HIT_RATE:
+            continue
+        budget, size = stats.get("budget_bytes"), stats.get("dataset_bytes")
+        sizes = f" (budget {budget} B, data {size} B)" if budget and size else ""
+        share = acc.categories["data_wait"] / acc.wall_seconds if acc.wall_seconds > 0 else 0.0
+        text = (
+            f"the data cache is cold every epoch: hit rate {hits / (hits + misses):.0%} in epoch "
+            f"{stats.get('epoch')}{sizes}; the budget is smaller than the data, so each epoch evicts what the "
+            "next one needs: raise the cache budget to the dataset size (the gain is bounded by data_wait)"
+        )
+        return _advice("cold_cache", text, 100.0 * share, bound=True)
+    return None
+
+
+def _restarts(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
+    if acc.failures == 0 or model.interval is None:
+        return None
+    cost = model.restart + model.detect
+    waste = model.interval / 2.0 + model.persist
+    if cost <= waste:
+        return None
+    restarted = [
+        a.categories
+        for prev, a in zip(acc.attempts, acc.attempts[1:], strict=False)
+        if prev.outcome == "failed"
+    ]
+    parts = {
+        k: sum(c[k] for c in restarted) / len(restarted)
+        for k in ("restart_downtime", "init", "checkpoint_restore")
+    }
+    halved = replace(model, restart=model.restart / 2.0)
+    gain = _points(halved.goodput(), model.goodput(), pred.modelled_share)
+    text = (
+        f"each restart costs {fd(cost)} (downtime {fd(parts['restart_downtime'])}, init {fd(parts['init'])}, "
+        f"restore {fd(parts['checkpoint_restore'])}, detection {fd(model.detect)}), more than the {fd(waste)} "
+        "of work a failure loses at this interval: shorten init and restore (fewer imports before training, "
+        "restore from a local copy); the gain shown is for halving the restart"
+    )
+    return _advice("restart", text, gain)
+
+
+def _state(acc: Accounting) -> list[Advice]:
+    registered = acc.info.get("state_registered")
+    if registered is None:
+        return []
+    keys = set(registered.get("keys", []))
+    out = []
+    if "data" not in keys:
+        out.append(
+            _advice(
+                "state_data",
+                "no data position is checkpointed: a restart re-reads or skips samples; register the loader "
+                "(run.restore(..., loader=loader)) so each sample is seen exactly once",
+                None,
+            )
+        )
+    if "rng" not in keys:
+        out.append(
+            _advice(
+                "state_rng",
+                "RNG state is not checkpointed: dropout and sampling after a restart differ from an "
+                "uninterrupted run; register it",
+                None,
+            )
+        )
+    return out

@@ -1,0 +1,160 @@
+"""The picture behind ``goodput report --plot``: attempts coloured by category, and goodput over time."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from goodput.accounting import CATEGORIES, Segment, goodput_over_time
+
+if TYPE_CHECKING:
+    from goodput.report import Report
+
+COLOURS = {
+    "productive": "#2ca02c",
+    "data_wait": "#ff7f0e",
+    "checkpoint_stall": "#d62728",
+    "checkpoint_restore": "#9467bd",
+    "init": "#1f77b4",
+    "warmup": "#bcbd22",
+    "lost_work": "#7f0000",
+    "restart_downtime": "#555555",
+    "failure_detection": "#e377c2",
+    "other": "#c7c7c7",
+}
+# Above this many segments the timeline is drawn in bins, each a stack of its categories' shares: a step's
+# thin data_wait sliver would otherwise vanish (or flicker) at screen resolution.
+MAX_SEGMENTS = 600
+BINS = 600
+
+
+def _unit(wall: float) -> tuple[float, str]:
+    if wall < 300:
+        return 1.0, "s"
+    if wall < 3 * 3600:
+        return 60.0, "min"
+    return 3600.0, "h"
+
+
+def _bins(segments: tuple[Segment, ...], start: float, wall: float) -> dict[int, list[dict[str, float]]]:
+    """Per attempt, per bin: seconds of each category inside the bin."""
+    width = wall / BINS
+    out: dict[int, list[dict[str, float]]] = {}
+    for seg in segments:
+        row = out.setdefault(seg.attempt, [{} for _ in range(BINS)])
+        first = max(0, int((seg.start - start) / width))
+        last = min(BINS - 1, int((seg.end - start) / width))
+        for b in range(first, last + 1):
+            lo, hi = max(seg.start, start + b * width), min(seg.end, start + (b + 1) * width)
+            if hi > lo:
+                row[b][seg.category] = row[b].get(seg.category, 0.0) + hi - lo
+    return out
+
+
+def _draw_binned(ax: Any, acc: Any, rows: dict[int, int], scale: float) -> None:
+    width = acc.wall_seconds / BINS
+    for number, bins in _bins(acc.segments, 0.0, acc.wall_seconds).items():
+        base = [0.0] * BINS
+        totals = [sum(b.values()) for b in bins]
+        for category in CATEGORIES:
+            xs, heights, bottoms = [], [], []
+            for i, b in enumerate(bins):
+                if b.get(category, 0.0) > 0:
+                    share = b[category] / totals[i]
+                    xs.append(i * width / scale)
+                    heights.append(0.76 * share)
+                    bottoms.append(rows[number] - 0.38 + 0.76 * base[i])
+                    base[i] += share
+            if xs:
+                ax.bar(
+                    xs,
+                    heights,
+                    width=width / scale,
+                    bottom=bottoms,
+                    align="edge",
+                    color=COLOURS[category],
+                    lw=0,
+                )
+
+
+def _draw_segments(ax: Any, acc: Any, rows: dict[int, int], scale: float) -> None:
+    for category in CATEGORIES:
+        for number, row in rows.items():
+            bars = [
+                (s.start / scale, (s.end - s.start) / scale)
+                for s in acc.segments
+                if s.category == category and s.attempt == number
+            ]
+            if bars:
+                ax.broken_barh(bars, (row - 0.38, 0.76), facecolors=COLOURS[category], linewidth=0)
+
+
+def plot_report(report: Report, path: str, *, window: float | None = None) -> None:
+    """Write the timeline (one row per attempt) and rolling/cumulative goodput to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    acc = report.accounting
+    wall = max(acc.wall_seconds, 1e-9)
+    scale, unit = _unit(wall)
+    numbers = [a.number for a in acc.attempts]
+    rows = {n: i for i, n in enumerate(numbers)}
+    fig, (top, bottom) = plt.subplots(
+        2,
+        1,
+        figsize=(11, 3.2 + 0.45 * len(numbers)),
+        dpi=120,
+        sharex=True,
+        gridspec_kw={"height_ratios": [max(1.2, 0.45 * len(numbers)), 2.2]},
+    )
+    if len(acc.segments) > MAX_SEGMENTS:
+        _draw_binned(top, acc, rows, scale)
+    else:
+        _draw_segments(top, acc, rows, scale)
+    top.set_yticks(range(len(numbers)))
+    top.set_yticklabels([f"attempt {a.number} ({a.outcome})" for a in acc.attempts])
+    top.set_ylim(len(numbers) - 0.5, -0.5)
+    top.set_title(f"{report.run_dir or 'run'}: goodput {acc.goodput:.1%} of {wall / scale:.3g} {unit}")
+    legend = [
+        Patch(color=COLOURS[c], label=f"{c} {acc.categories[c] / wall:.1%}")
+        for c in CATEGORIES
+        if acc.categories[c] > 0
+    ]
+    top.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    _goodput_panel(bottom, report, window or wall / 20.0, scale, unit)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _goodput_panel(ax: Any, report: Report, window: float, scale: float, unit: str) -> None:
+    acc = report.accounting
+    rolling = goodput_over_time(acc, window=window, points=400)
+    cumulative = goodput_over_time(acc, window=acc.wall_seconds + 1.0, points=400)
+    ax.plot(
+        [t / scale for t, _ in rolling],
+        [100 * g for _, g in rolling],
+        color="#2ca02c",
+        lw=1.6,
+        label=f"goodput, trailing {window / scale:.3g} {unit}",
+    )
+    ax.plot(
+        [t / scale for t, _ in cumulative],
+        [100 * g for _, g in cumulative],
+        color="black",
+        lw=1.2,
+        ls="--",
+        label="goodput since start",
+    )
+    predicted = report.prediction.predicted_goodput
+    if predicted is not None:
+        ax.axhline(100 * predicted, color="#1f77b4", lw=1, ls=":", label=f"predicted {predicted:.1%}")
+    for attempt in acc.attempts[1:]:
+        ax.axvline(attempt.start / scale, color="#555555", lw=0.8, alpha=0.6)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("goodput (%)")
+    ax.set_xlabel(f"time since the run started ({unit}); grey lines: restarts")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)

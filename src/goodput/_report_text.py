@@ -1,0 +1,117 @@
+"""The report as a readable table (internal to :mod:`goodput.report`)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from goodput.accounting import CATEGORIES
+from goodput.units import format_duration as fd
+
+if TYPE_CHECKING:
+    from goodput.report import Advice, Report
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100.0 * x:.1f}%"
+
+
+def _dur(x: float | None) -> str:
+    return "n/a" if x is None else fd(x)
+
+
+def _gain(a: Advice) -> str:
+    if a.gain_points is None:
+        return "(correctness)"
+    prefix = "up to " if a.upper_bound else ""
+    return f"({prefix}{a.gain_points:+.1f} points)"
+
+
+def render(report: Report) -> str:
+    """Categories in seconds and % of wall, goodput measured vs predicted, C, W, R, D, MTBF, advice."""
+    acc = report.accounting
+    wall = acc.wall_seconds
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(acc.start))
+    lines = [
+        f"goodput report: {report.run_dir or '(events)'}",
+        f"  {len(acc.attempts)} attempt(s) from {started}, wall time {fd(wall)} ({wall:.1f} s)",
+        "",
+        f"  {'category':<20}{'seconds':>12}{'% wall':>9}",
+    ]
+    for name in CATEGORIES:
+        seconds = acc.categories[name]
+        lines.append(f"  {name:<20}{seconds:>12.2f}{_pct(seconds / wall if wall > 0 else 0.0):>9}")
+    lines.append(f"  {'total':<20}{sum(acc.categories.values()):>12.2f}{_pct(1.0 if wall > 0 else 0.0):>9}")
+    lines += ["", *_figures(report), "", *_steps(report)]
+    if report.advice:
+        lines += ["", "advice:"]
+        lines += [f"  - {a.text} {_gain(a)}" for a in report.advice]
+    else:
+        lines += ["", "advice: none; nothing stands out"]
+    return "\n".join(lines)
+
+
+def _figures(report: Report) -> list[str]:
+    acc, pred = report.accounting, report.prediction
+    n_saves = sum(1 for s in acc.saves if s.stall_seconds is not None)
+    n_durable = sum(1 for s in acc.saves if s.durable is not None)
+    mtbf = {"observed": _dur(pred.mtbf_seconds), "assumed": f"{_dur(pred.mtbf_seconds)} (assumed)"}.get(
+        pred.mtbf_source, "n/a (no failure observed; pass --mtbf to assume one)"
+    )
+    restart = (
+        _dur(acc.restart_seconds)
+        if not pred.restart_estimated
+        else f"{_dur(_restart_estimate(report))} (est.)"
+    )
+    planner = (
+        "n/a (no checkpoint interval measured)"
+        if pred.planner_goodput is None
+        else f"{_pct(pred.predicted_goodput)}  = planner {_pct(pred.planner_goodput)} x modelled share "
+        f"{_pct(pred.modelled_share)}"
+    )
+    optimum = pred.optimal_interval_seconds
+    interval = f"current {_dur(pred.interval_seconds)}, optimal {_dur(optimum)}"
+    if optimum is not None and pred.planner_goodput_optimal is not None:
+        interval += f" (planner goodput there {_pct(pred.planner_goodput_optimal)})"
+    return [
+        f"  {'goodput (measured)':<28}{_pct(acc.goodput)}",
+        f"  {'goodput (predicted)':<28}{planner}",
+        f"  {'restarts / failures':<28}{acc.restarts} / {acc.failures}",
+        f"  {'MTBF':<28}{mtbf}",
+        f"  {'C checkpoint stall':<28}{_dur(acc.ckpt_stall_seconds)} mean of {n_saves} save(s)",
+        f"  {'W persist (async overlap)':<28}{_dur(acc.persist_seconds)} mean of {n_durable} durable, "
+        f"{fd(acc.overlap_seconds)} in all",
+        f"  {'R restart':<28}{restart} (downtime + init + restore)",
+        f"  {'D failure detection':<28}{_dur(acc.detect_seconds)}",
+        f"  {'checkpoint interval':<28}{interval}",
+    ]
+
+
+def _restart_estimate(report: Report) -> float:
+    first = report.accounting.attempts[0].categories
+    return first["init"] + first["checkpoint_restore"]
+
+
+def _steps(report: Report) -> list[str]:
+    acc = report.accounting
+    stats = acc.step_stats
+    if stats is None:
+        return ["  steps: none completed"]
+    lines = [
+        f"  steps: {stats.count} completed; step time mean {fd(stats.mean)}, median {fd(stats.median)}, "
+        f"p90 {fd(stats.p90)}, max {fd(stats.max)}; fetch mean {fd(stats.mean_fetch)}"
+    ]
+    changes = acc.info.get("interval_changes", [])
+    if changes:
+        last = changes[-1]
+        lines.append(
+            f"  interval changes: {len(changes)}; last to {_dur(last.get('interval_seconds'))}"
+            f" ({last.get('reason', 'no reason given')})"
+        )
+    custom = acc.info.get("custom", {})
+    if custom:
+        tallies = ", ".join(f"{k} x{v['count']} ({fd(v['seconds'])})" for k, v in sorted(custom.items()))
+        lines.append(f"  custom events (time inside 'other' or the steps): {tallies}")
+    if acc.at_risk_seconds > 0:
+        lines.append(f"  at risk: {fd(acc.at_risk_seconds)} of steps not yet in a durable checkpoint")
+    return lines

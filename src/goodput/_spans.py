@@ -1,0 +1,230 @@
+"""Ledger events of one rank paired into spans on one time axis (internal to :mod:`goodput.accounting`).
+
+Each attempt's monotonic times are anchored at its ``attempt_start`` wall time; attempts are laid end to end
+in wall-clock order. Steps, stalls, restores and failure detections become (start, end) spans; outcomes and
+the last kept step of each failed attempt are derived from the next attempt's restore.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+class Attempt:
+    """Events of one attempt on the run's time axis: seconds since the run's origin (internal).
+
+    Times are kept relative to the first attempt's process start so that differences of a few milliseconds
+    keep their precision (absolute wall times near 1.8e9 s carry only ~0.2 us).
+    """
+
+    def __init__(
+        self, number: int, events: list[Mapping[str, Any]], shift_from: float, origin: float
+    ) -> None:
+        head = events[0]
+        origin_wall, origin_mono = float(head["wall"]), float(head["mono"])
+        anchor = origin_wall - origin
+        begin = min(begin_wall(head), origin_wall) - origin
+        shift = max(0.0, shift_from - begin)
+        self.number = number
+        self.begin = begin + shift
+        self.times = [anchor + shift + (float(e["mono"]) - origin_mono) for e in events]
+        self.events = events
+        self.end = max(self.times)
+
+
+def begin_wall(head: Mapping[str, Any]) -> float:
+    """Wall time an attempt began: its process start when recorded, else its attempt_start."""
+    return float(head.get("process_start", head["wall"]))
+
+
+BUILT_IN = frozenset(
+    {
+        "attempt_start",
+        "init_done",
+        "restore_start",
+        "restore_end",
+        "step_start",
+        "step_end",
+        "checkpoint_stall_start",
+        "checkpoint_stall_end",
+        "checkpoint_durable",
+        "failure_detected",
+        "attempt_end",
+    }
+)
+
+
+def canonical_name(event: Mapping[str, Any]) -> str:
+    """The event's name, with the checkpoint manager's ``checkpoint_stall`` + ``phase`` spelled out."""
+    name = str(event.get("event", ""))
+    if name == "checkpoint_stall" and event.get("phase") in ("start", "end"):
+        return f"checkpoint_stall_{event['phase']}"
+    return name
+
+
+def _time_order(event: Mapping[str, Any]) -> tuple[float, int]:
+    """Sort key: monotonic time; at equal times spans close before new ones open."""
+    name = canonical_name(event)
+    return float(event["mono"]), (0 if name.endswith(("_end", "_durable")) else 1)
+
+
+def _split_attempts(events: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """Events grouped by their ``attempt`` field (file order where it is missing or reused), by time."""
+    by_number: dict[Any, list[Mapping[str, Any]]] = {}
+    for event in events:
+        by_number.setdefault(event.get("attempt"), []).append(event)
+    groups: list[list[Mapping[str, Any]]] = []
+    for bucket in by_number.values():
+        starts = sum(1 for e in bucket if e.get("event") == "attempt_start")
+        if starts == 1:
+            head = next(e for e in bucket if e.get("event") == "attempt_start")
+            groups.append([head, *(e for e in bucket if e is not head)])
+            continue
+        for event in bucket:  # no number, or a number written by two processes: split in file order
+            if event.get("event") == "attempt_start":
+                groups.append([event])
+            elif groups and groups[-1][0].get("attempt") == event.get("attempt"):
+                groups[-1].append(event)
+    for group in groups:
+        group[1:] = sorted(group[1:], key=_time_order)
+    groups.sort(key=lambda g: begin_wall(g[0]))
+    return groups
+
+
+def layout(events: Iterable[Mapping[str, Any]]) -> tuple[list[Attempt], float]:
+    """The attempts on one time axis, and its origin (wall time of the first attempt's start)."""
+    groups = _split_attempts(events)
+    if not groups:
+        return [], 0.0
+    origin = min(begin_wall(groups[0][0]), float(groups[0][0]["wall"]))
+    attempts: list[Attempt] = []
+    previous_end = -math.inf
+    for i, group in enumerate(groups):
+        attempt = Attempt(int(group[0].get("attempt", i)), group, previous_end, origin)
+        attempts.append(attempt)
+        previous_end = attempt.end
+    return attempts, origin
+
+
+class Spans:
+    """Paired spans of one attempt: steps, stalls, restores, failure detection (internal)."""
+
+    def __init__(self, a: Attempt) -> None:
+        self.steps: list[tuple[float, float, float, int | None]] = []  # start, end, fetch, step
+        self.open_step: tuple[float, int | None] | None = None
+        self.restores: list[tuple[float, float]] = []
+        self.restored_step: int | None = None
+        self.has_restore = False
+        self.saves: list[list[Any]] = []  # [step, start, stall_end, durable, has_stall]
+        self.durable: list[tuple[float, int]] = []
+        self.detect: list[tuple[float, float]] = []
+        self.status: str | None = None
+        self.failure_reason: str | None = None
+        self.info: list[Mapping[str, Any]] = []
+        self._last_step_start = -math.inf
+        self._read(a)
+
+    def _read(self, a: Attempt) -> None:
+        restore_open: float | None = None
+        last_event_t = a.begin
+        for event, t in zip(a.events, a.times, strict=True):
+            name = canonical_name(event)
+            step = event.get("step")
+            if name == "step_start":
+                self.open_step = (t, step)
+                self._last_step_start = t
+            elif name == "step_end":
+                self._close_step(t, event)
+            elif name == "restore_start":
+                restore_open = t
+                self.has_restore = True
+            elif name == "restore_end":
+                self.has_restore = True
+                self.restores.append((a.begin if restore_open is None else restore_open, t))
+                restore_open = None
+                self.restored_step = None if step is None else int(step)
+            elif name == "checkpoint_stall_start":
+                self.saves.append([step, t, None, None, True])
+            elif name == "checkpoint_stall_end":
+                self._match_save(step, t, 2)
+            elif name == "checkpoint_durable":
+                self._durable(event, t)
+            elif name == "failure_detected":
+                silent = event.get("silent_seconds")
+                start = last_event_t if silent is None else max(a.begin, t - float(silent))
+                self.detect.append((start, t))
+                self.failure_reason = str(event.get("reason", "failure detected"))
+            elif name == "attempt_end":
+                self.status = str(event.get("status", "ok"))
+            elif name not in BUILT_IN:  # declarations and custom events, kept for the report
+                self.info.append(event)
+            last_event_t = t
+        if restore_open is not None:
+            self.restores.append((restore_open, a.end))
+
+    def _close_step(self, t: float, event: Mapping[str, Any]) -> None:
+        fetch = float(event.get("fetch_seconds") or 0.0)
+        step = event.get("step")
+        if self.open_step is not None:
+            start = self.open_step[0]
+        elif event.get("seconds") is not None:
+            start = t - float(event["seconds"])
+        else:
+            return
+        self.open_step = None
+        self.steps.append((start, t, min(max(fetch, 0.0), t - start), None if step is None else int(step)))
+
+    def _match_save(self, step: Any, t: float, slot: int) -> list[Any] | None:
+        for save in reversed(self.saves):
+            if save[slot] is None and save[4] and (step is None or save[0] is None or save[0] == step):
+                save[slot] = t
+                return save
+        return None
+
+    def _durable(self, event: Mapping[str, Any], t: float) -> None:
+        step = event.get("step")
+        save = self._match_save(step, t, 3)
+        if save is None:
+            seconds = event.get("persist_seconds", event.get("seconds"))
+            start = t - float(seconds) if seconds is not None else t
+            self.saves.append([step, start, None, t, False])
+        elif save[2] is not None and self._last_step_start < save[2]:
+            save[2] = t  # no step ran between the stall's end and durable: training was blocked till now
+        if step is not None:
+            self.durable.append((t, int(step)))
+
+
+def kept_steps(
+    spans: list[Spans], attempts: list[Attempt], outcomes: list[str]
+) -> list[tuple[int | None, bool]]:
+    """Per attempt: (last kept step, whether steps above it are lost) for lost-work accounting.
+
+    The next attempt's restored step decides when it is known (its steps above were redone, whatever this
+    attempt's outcome); a failed attempt without that falls back to the newest durable checkpoint so far.
+    """
+    result: list[tuple[int | None, bool]] = []
+    durable_so_far: list[tuple[float, int]] = []
+    for i, (s, a) in enumerate(zip(spans, attempts, strict=True)):
+        durable_so_far.extend(d for d in s.durable if d[0] <= a.end)
+        nxt = spans[i + 1] if i + 1 < len(spans) else None
+        if nxt is not None and nxt.has_restore:
+            result.append((nxt.restored_step, True))
+        elif outcomes[i] == "failed":
+            result.append((max((step for _, step in durable_so_far), default=None), True))
+        else:
+            result.append((None, False))  # ended cleanly or still running: every step counts
+    return result
+
+
+def outcome(i: int, n: int, s: Spans) -> str:
+    """ "ok", "failed" or "running" (the last attempt, no end recorded). A process that exited without
+    closing its ledger ("exited") failed if another attempt followed it."""
+    if s.status == "exited" and not s.detect:
+        return "failed" if i < n - 1 else "ok"
+    if s.status is not None:
+        return "ok" if s.status == "ok" and not s.detect else "failed"
+    if s.detect or i < n - 1:
+        return "failed"
+    return "running"

@@ -1,0 +1,461 @@
+"""Where every second of a run went: pure functions over ledger events (no clocks, no files).
+
+The input is the event list of one rank (see :mod:`goodput.ledger` for the schema), every attempt of the run
+in any order. The output puts each instant of the run's wall time, from the first attempt's process start to
+the last event of the last attempt, in exactly one category:
+
+========================  ===========================================================================
+``productive``            step compute (step time minus fetch and warm-up) kept by a later durable
+                          checkpoint or by the end of the run
+``data_wait``             the ``fetch_seconds`` at the start of each step
+``checkpoint_stall``      the blocking part of saves (the async persist is reported as overlap)
+``checkpoint_restore``    ``restore_start`` to ``restore_end``
+``init``                  process start to the first step, minus restore
+``warmup``                the first steps' excess over the run's median step compute
+``lost_work``             steps after the checkpoint the next attempt restored (redone), and the
+                          unfinished step of a failed attempt
+``restart_downtime``      one attempt's last event to the next one's process start
+``failure_detection``     last progress to the declared failure (a hang timeout, for example)
+``other``                 everything else: eval, logging, teardown, gaps between steps
+========================  ===========================================================================
+
+Where spans overlap, the earlier category in :data:`CATEGORIES` order of precedence
+(``failure_detection`` > ``checkpoint_restore`` > ``checkpoint_stall`` > ``data_wait`` > ``warmup`` >
+``lost_work``/``productive`` > ``init`` > ``other``) takes the time, so the categories tile the wall time
+exactly. Step numbers follow one convention: a checkpoint "at step s" holds the state after step s, and an
+attempt that restores step r redoes every step above r.
+
+Times inside one attempt come from the monotonic clock (differences only), anchored at the attempt's
+wall-clock start; attempts are laid end to end in wall-clock order (an attempt that appears to start before
+the previous one ended, through clock skew, is shifted to start at that end).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple
+
+from goodput._spans import Attempt, Spans, kept_steps, layout, outcome
+
+__all__ = [
+    "CATEGORIES",
+    "Accounting",
+    "AttemptSummary",
+    "SaveRecord",
+    "Segment",
+    "StepStats",
+    "account",
+    "goodput_over_time",
+]
+
+CATEGORIES = (
+    "productive",
+    "data_wait",
+    "checkpoint_stall",
+    "checkpoint_restore",
+    "init",
+    "warmup",
+    "lost_work",
+    "restart_downtime",
+    "failure_detection",
+    "other",
+)
+
+# Precedence where spans overlap: lower index wins. "other" is the background.
+_PRECEDENCE = (
+    "failure_detection",
+    "checkpoint_restore",
+    "checkpoint_stall",
+    "data_wait",
+    "warmup",
+    "lost_work",
+    "productive",
+    "init",
+    "other",
+)
+_RANK = {name: i for i, name in enumerate(_PRECEDENCE)}
+
+# A step whose compute exceeds this multiple of the run's median is a warm-up step (while at the start).
+WARMUP_FACTOR = 1.5
+
+
+class Segment(NamedTuple):
+    """A stretch of wall time in one category (times in seconds since the run started)."""
+
+    start: float
+    end: float
+    category: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class SaveRecord:
+    """One checkpoint save as seen by the ledger: blocking stall, and when it became durable (times in
+    seconds since the run started)."""
+
+    attempt: int
+    step: int | None
+    start: float
+    stall_end: float | None
+    durable: float | None
+
+    @property
+    def stall_seconds(self) -> float | None:
+        return None if self.stall_end is None else self.stall_end - self.start
+
+    @property
+    def persist_seconds(self) -> float | None:
+        """W: stall end (or save start, for a save seen only as durable) to durable; runs beside training."""
+        if self.durable is None:
+            return None
+        return max(0.0, self.durable - (self.start if self.stall_end is None else self.stall_end))
+
+
+@dataclass(frozen=True)
+class AttemptSummary:
+    """One attempt (a process lifetime of the run); times in seconds since the run started."""
+
+    number: int
+    start: float
+    end: float
+    outcome: str  # "ok" (ended cleanly), "failed", or "running" (last attempt, no end recorded)
+    steps: int
+    first_step: int | None
+    last_step: int | None
+    restored_step: int | None
+    failure_reason: str | None
+    categories: dict[str, float]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Statistics of completed steps' durations (fetch included) and fetch times, in seconds."""
+
+    count: int
+    mean: float
+    median: float
+    p90: float
+    max: float
+    mean_fetch: float
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """The whole account of a run; ``categories`` sums to ``wall_seconds``.
+
+    ``start`` and ``end`` are wall-clock times (seconds since the epoch); every other time (segments,
+    attempts, saves) is in seconds since ``start``.
+    """
+
+    start: float
+    end: float
+    wall_seconds: float
+    categories: dict[str, float]
+    goodput: float
+    segments: tuple[Segment, ...]
+    attempts: tuple[AttemptSummary, ...]
+    saves: tuple[SaveRecord, ...]
+    restarts: int
+    failures: int
+    mtbf_seconds: float | None
+    ckpt_stall_seconds: float | None
+    persist_seconds: float | None
+    overlap_seconds: float
+    restart_seconds: float | None
+    detect_seconds: float | None
+    interval_seconds: float | None
+    at_risk_seconds: float
+    step_stats: StepStats | None
+    info: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able summary (no segments)."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("segments", "saves", "attempts")}
+        out["attempts"] = [asdict(a) for a in self.attempts]
+        return out
+
+
+def _sweep(
+    intervals: list[tuple[float, float, str]], begin: float, end: float, attempt: int
+) -> list[Segment]:
+    """Tile [begin, end] with segments, each taking the highest-precedence interval covering it."""
+    points: list[tuple[float, int, int]] = []
+    for lo, hi, category in intervals:
+        lo, hi = max(lo, begin), min(hi, end)
+        if hi > lo:
+            points.append((lo, 1, _RANK[category]))
+            points.append((hi, -1, _RANK[category]))
+    points.sort()
+    counts = [0] * len(_PRECEDENCE)
+    segments: list[Segment] = []
+    cursor = begin
+
+    def emit(upto: float) -> None:
+        if upto <= cursor:
+            return
+        top = next((i for i, c in enumerate(counts) if c > 0), _RANK["other"])
+        category = _PRECEDENCE[top]
+        if segments and segments[-1].category == category and segments[-1].end == cursor:
+            segments[-1] = segments[-1]._replace(end=upto)
+        else:
+            segments.append(Segment(cursor, upto, category, attempt))
+
+    for t, delta, rank in points:
+        emit(t)
+        cursor = max(cursor, t)
+        counts[rank] += delta
+    emit(end)
+    return segments
+
+
+def _intervals(
+    a: Attempt, s: Spans, typical: float, keep: tuple[int | None, bool], failed: bool
+) -> list[tuple[float, float, str]]:
+    out: list[tuple[float, float, str]] = []
+    first_step = s.steps[0][0] if s.steps else (s.open_step[0] if s.open_step else a.end)
+    out.append((a.begin, first_step, "init"))
+    out.extend((lo, hi, "checkpoint_restore") for lo, hi in s.restores)
+    for save in s.saves:
+        if save[4]:
+            out.append((save[1], a.end if save[2] is None else save[2], "checkpoint_stall"))
+    out.extend((lo, hi, "failure_detection") for lo, hi in s.detect)
+    warming = True
+    last_kept, applies = keep
+    for start, end, fetch, step in s.steps:
+        compute = end - start - fetch
+        excess = compute - typical if warming and compute > WARMUP_FACTOR * typical else 0.0
+        warming = excess > 0.0
+        lost = applies and (last_kept is None or step is None or step > last_kept)
+        out.append((start, start + fetch, "data_wait"))
+        out.append((start + fetch, start + fetch + excess, "warmup"))
+        out.append((start + fetch + excess, end, "lost_work" if lost else "productive"))
+    if failed and s.open_step is not None:
+        # the unfinished step was thrown away; time after a declared failure is teardown, not work
+        stop = min((lo for lo, _ in s.detect if lo >= s.open_step[0]), default=a.end)
+        out.append((s.open_step[0], stop, "lost_work"))
+    return out
+
+
+def account(events: Iterable[Mapping[str, Any]]) -> Accounting:
+    """Account for every second of a run from one rank's ledger events.
+
+    Args:
+        events: event dicts of one rank, every attempt, as read by :func:`goodput.ledger.read_events`.
+
+    Returns:
+        The categories (summing to the wall time), goodput, restarts, MTBF, measured C and W, and more.
+
+    Raises:
+        ValueError: when there is no ``attempt_start`` event to anchor the time axis.
+    """
+    attempts, origin = layout(events)
+    if not attempts:
+        raise ValueError("the ledger has no attempt_start event: nothing to account for")
+    spans = [Spans(a) for a in attempts]
+    outcomes = [outcome(i, len(spans), s) for i, s in enumerate(spans)]
+    keeps = kept_steps(spans, attempts, outcomes)
+    computes = [end - start - fetch for s in spans for start, end, fetch, _ in s.steps]
+    typical = statistics.median(computes) if computes else 0.0
+    segments: list[Segment] = []
+    per_attempt: list[dict[str, float]] = []
+    for i, (a, s) in enumerate(zip(attempts, spans, strict=True)):
+        own = _sweep(_intervals(a, s, typical, keeps[i], outcomes[i] == "failed"), a.begin, a.end, a.number)
+        if i > 0 and a.begin > attempts[i - 1].end:  # the downtime before an attempt is charged to it
+            own.insert(0, Segment(attempts[i - 1].end, a.begin, "restart_downtime", a.number))
+        per_attempt.append(_sum(own))
+        segments.extend(own)
+    start, end = origin, origin + attempts[-1].end
+    categories = _sum(segments)
+    wall = attempts[-1].end - attempts[0].begin
+    return _assemble(attempts, spans, outcomes, segments, per_attempt, categories, start, end, wall, typical)
+
+
+def _sum(segments: Iterable[Segment]) -> dict[str, float]:
+    parts: dict[str, list[float]] = {name: [] for name in CATEGORIES}
+    for seg in segments:
+        parts[seg.category].append(seg.end - seg.start)
+    return {name: math.fsum(values) for name, values in parts.items()}
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def _assemble(
+    attempts: list[Attempt],
+    spans: list[Spans],
+    outcomes: list[str],
+    segments: list[Segment],
+    per_attempt: list[dict[str, float]],
+    categories: dict[str, float],
+    start: float,
+    end: float,
+    wall: float,
+    typical: float,
+) -> Accounting:
+    saves = tuple(
+        SaveRecord(a.number, None if sv[0] is None else int(sv[0]), sv[1], sv[2], sv[3])
+        for a, s in zip(attempts, spans, strict=True)
+        for sv in s.saves
+    )
+    failures = outcomes.count("failed")
+    restart_costs = [
+        cats["restart_downtime"] + cats["init"] + cats["checkpoint_restore"]
+        for i, cats in enumerate(per_attempt)
+        if i > 0 and outcomes[i - 1] == "failed"
+    ]
+    stalls = [sv.stall_seconds for sv in saves if sv.stall_seconds is not None]
+    persists = [sv.persist_seconds for sv in saves if sv.persist_seconds is not None]
+    info = _info(spans)
+    return Accounting(
+        start=start,
+        end=end,
+        wall_seconds=wall,
+        categories=categories,
+        goodput=categories["productive"] / wall if wall > 0 else 0.0,
+        segments=tuple(segments),
+        attempts=tuple(
+            _summary(a, s, o, c) for a, s, o, c in zip(attempts, spans, outcomes, per_attempt, strict=True)
+        ),
+        saves=saves,
+        restarts=len(attempts) - 1,
+        failures=failures,
+        mtbf_seconds=wall / failures if failures else None,
+        ckpt_stall_seconds=_mean(stalls),
+        persist_seconds=_mean(persists),
+        overlap_seconds=math.fsum(sv.persist_seconds or 0.0 for sv in saves),
+        restart_seconds=_mean(restart_costs),
+        detect_seconds=categories["failure_detection"] / failures if failures else None,
+        interval_seconds=_interval(saves, info, spans),
+        at_risk_seconds=_at_risk(spans, outcomes, typical),
+        step_stats=_step_stats(spans),
+        info=info,
+    )
+
+
+def _summary(a: Attempt, s: Spans, outcome: str, categories: dict[str, float]) -> AttemptSummary:
+    numbers = [step for *_, step in s.steps if step is not None]
+    return AttemptSummary(
+        number=a.number,
+        start=a.begin,
+        end=a.end,
+        outcome=outcome,
+        steps=len(s.steps),
+        first_step=min(numbers) if numbers else None,
+        last_step=max(numbers) if numbers else None,
+        restored_step=s.restored_step,
+        failure_reason=s.failure_reason if outcome == "failed" else None,
+        categories=categories,
+    )
+
+
+_META = ("event", "wall", "mono", "attempt", "rank")
+
+
+def _info(spans: list[Spans]) -> dict[str, Any]:
+    """Declarations (checkpoint config, registered state: the last of each), cache stats and interval
+    changes (all), and custom events tallied by name (count, and the sum of their ``seconds`` fields)."""
+    info: dict[str, Any] = {"cache_stats": [], "interval_changes": [], "custom": {}}
+    for s in spans:
+        for event in s.info:
+            fields = {k: v for k, v in event.items() if k not in _META}
+            name = event["event"]
+            if name == "cache_stats":
+                info["cache_stats"].append(fields)
+            elif name == "checkpoint_interval":
+                info["interval_changes"].append(fields)
+            elif name in ("checkpoint_config", "state_registered"):
+                info[name] = fields
+            else:
+                tally = info["custom"].setdefault(str(name), {"count": 0, "seconds": 0.0})
+                tally["count"] += 1
+                seconds = fields.get("seconds")
+                tally["seconds"] += float(seconds) if isinstance(seconds, int | float) else 0.0
+    return info
+
+
+def _interval(saves: tuple[SaveRecord, ...], info: dict[str, Any], spans: list[Spans]) -> float | None:
+    """Measured compute seconds between saves (stall end to next start) within attempts, else as configured."""
+    gaps = [
+        later.start - (earlier.start if earlier.stall_end is None else earlier.stall_end)
+        for earlier, later in itertools.pairwise(saves)
+        if earlier.attempt == later.attempt
+    ]
+    if gaps:
+        return math.fsum(gaps) / len(gaps)
+    config = info.get("checkpoint_config", {})
+    if config.get("interval_seconds"):
+        return float(config["interval_seconds"])
+    durations = [end - start for s in spans for start, end, _, _ in s.steps]
+    if config.get("every_steps") and durations:
+        return float(config["every_steps"]) * statistics.median(durations)
+    return None
+
+
+def _at_risk(spans: list[Spans], outcomes: list[str], typical: float) -> float:
+    """Compute time of the running attempt's steps not yet covered by a durable checkpoint."""
+    if not spans or outcomes[-1] != "running":
+        return 0.0
+    newest = max((step for s in spans for _, step in s.durable), default=None)
+    return math.fsum(
+        end - start - fetch
+        for start, end, fetch, step in spans[-1].steps
+        if step is not None and (newest is None or step > newest)
+    )
+
+
+def _step_stats(spans: list[Spans]) -> StepStats | None:
+    durations = sorted(end - start for s in spans for start, end, _, _ in s.steps)
+    if not durations:
+        return None
+    fetches = [fetch for s in spans for _, _, fetch, _ in s.steps]
+    return StepStats(
+        count=len(durations),
+        mean=math.fsum(durations) / len(durations),
+        median=statistics.median(durations),
+        p90=durations[min(len(durations) - 1, math.ceil(0.9 * len(durations)) - 1)],
+        max=durations[-1],
+        mean_fetch=math.fsum(fetches) / len(fetches),
+    )
+
+
+def goodput_over_time(acc: Accounting, *, window: float, points: int = 200) -> list[tuple[float, float]]:
+    """Goodput over a trailing window, sampled at ``points`` evenly spaced times of the run.
+
+    Args:
+        acc: the run's accounting.
+        window: the trailing window in seconds (the first samples use the time elapsed so far).
+        points: how many samples.
+
+    Returns:
+        ``(time, goodput)`` pairs; time in seconds since the run started.
+    """
+    if window <= 0 or points < 1:
+        raise ValueError(f"window must be > 0 and points >= 1, got window={window}, points={points}")
+    segs = acc.segments
+    if not segs or acc.wall_seconds <= 0:
+        return []
+    starts = [seg.start for seg in segs]
+    cumulative = [0.0]
+    for seg in segs:
+        cumulative.append(cumulative[-1] + (seg.end - seg.start if seg.category == "productive" else 0.0))
+
+    def productive_until(x: float) -> float:
+        i = bisect.bisect_right(starts, x) - 1
+        if i < 0:
+            return 0.0
+        seg = segs[i]
+        inside = min(x, seg.end) - seg.start if seg.category == "productive" else 0.0
+        return cumulative[i] + inside
+
+    out = []
+    for j in range(1, points + 1):
+        t = acc.wall_seconds * j / points
+        lo = max(0.0, t - window)
+        out.append((t, (productive_until(t) - productive_until(lo)) / (t - lo)))
+    return out

@@ -1,0 +1,72 @@
+"""The ledger's cost to a training loop: per-step overhead and the slowest ledger call, against no ledger.
+
+    goodput bench ledger --steps 20000
+
+Runs the same small CPU step (a matrix product) N times without a ledger, then with one (step_start and
+step_end with fetch time and loss on every step, the background flush every 0.5 s, with and without fsync),
+and prints the overhead per step, the ratio of loop times, and the slowest single ledger call: a call that
+waited on the disk would show here as milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=20_000, help="steps per measured loop (default 20000)")
+    parser.add_argument("--size", type=int, default=48, help="side of the matrices multiplied per step")
+
+
+def _loop(steps: int, work: Any, ledger: Any) -> tuple[float, float]:
+    """Seconds for the loop, and the slowest ledger call in it."""
+    slowest = 0.0
+    start = time.perf_counter()
+    for step in range(1, steps + 1):
+        if ledger is not None:
+            t0 = time.perf_counter()
+            ledger.step_start(step)
+            slowest = max(slowest, time.perf_counter() - t0)
+        work()
+        if ledger is not None:
+            t0 = time.perf_counter()
+            ledger.step_end(step, fetch_seconds=0.001, loss=0.5)
+            slowest = max(slowest, time.perf_counter() - t0)
+    return time.perf_counter() - start, slowest
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from goodput.errors import ConfigError
+    from goodput.ledger import Ledger, LedgerConfig
+
+    if args.steps < 100 or args.size < 1:
+        raise ConfigError(f"--steps must be >= 100 and --size >= 1, got {args.steps} and {args.size}")
+    a = np.random.default_rng(0).standard_normal((args.size, args.size))
+
+    def work() -> None:
+        a @ a
+
+    _loop(min(args.steps, 2000), work, None)  # warm caches and the allocator
+    base, _ = _loop(args.steps, work, None)
+    print(f"baseline: {args.steps} steps in {base:.3f} s ({1e6 * base / args.steps:.1f} us/step)")
+    for fsync in (False, True):
+        with tempfile.TemporaryDirectory(prefix="goodput-bench-ledger-") as folder:
+            with Ledger(folder, rank=0, config=LedgerConfig(fsync=fsync)) as ledger:
+                took, slowest = _loop(args.steps, work, ledger)
+            size = ledger.path.stat().st_size
+        again, _ = _loop(args.steps, work, None)  # a second baseline: the noise floor of this machine
+        per_step = (took - base) / args.steps
+        print(
+            f"ledger fsync={fsync!s:<5}: {took:.3f} s, overhead {1e6 * per_step:+.1f} us/step "
+            f"({per_step / 0.01:.2%} of a 10 ms step), "
+            f"ratio {took / base:.3f} (baseline rerun {again / base:.3f}); slowest call {1e3 * slowest:.2f} ms; "
+            f"{2 * args.steps + 2} events, {size / 1e6:.1f} MB"
+        )
+    return 0

@@ -1,0 +1,477 @@
+"""The run's ledger: an append-only JSONL event log per attempt and rank, kept across restarts.
+
+Layout: ``RUN_DIR/ledger/attempt-AAAA.rank-RRRRR.jsonl``. Every rank writes its own file (no gathering, no
+shared file, so ranks cannot corrupt each other's lines); the report accounts from rank 0's files and falls
+back to the lowest rank present. An attempt is one process lifetime of the run; its number is one more than
+the highest this rank has already written in the folder (torchrun's ``TORCHELASTIC_RESTART_COUNT`` is
+recorded beside it, but resets when a scheduler relaunches torchrun, so it does not name the file).
+
+Writing never blocks training on I/O: an event is serialised into a memory buffer and a background thread
+appends the buffer to the file every ``flush_seconds`` (0.5 s by default) with one ``write`` and, by
+default, an ``fsync``. A SIGKILL loses at most the events of the last flush period; the line being written
+may be torn, and :func:`read_events` ignores a torn last line with a warning.
+
+Event schema (one JSON object per line)::
+
+    every event      event (name), wall (time.time()), mono (time.monotonic()), attempt, rank
+    attempt_start    process_start (wall time the process started), pid, host, world_size, restart_count
+    init_done        -
+    restore_start    -
+    restore_end      step (the restored step; null when nothing was restored)
+    step_start       step
+    step_end         step, fetch_seconds (time waiting for the batch, at the start of the step), loss?
+    checkpoint_stall_start   step               training is blocked by a save from here ...
+    checkpoint_stall_end     step, seconds?     ... to here (also spelled checkpoint_stall, phase start/end)
+    checkpoint_durable       step, persist_seconds?   the save of ``step`` is committed. C (the stall) runs
+                             to durable when no step ran in between (a synchronous save's commit);
+                             otherwise W (persist, overlapping training) is stall end to durable
+    checkpoint_failed        step, error        a save failed (tallied as a custom event)
+    checkpoint_config        strategy, interval_seconds?, every_steps?
+    checkpoint_interval      interval_seconds, reason         the live policy changed the interval
+    state_registered         keys (list: model, optimizer, scheduler, data, rng, ...)
+    cache_stats              epoch, hits, misses, bytes_downloaded, wait_seconds (this epoch's),
+                             budget_bytes?, dataset_bytes?
+    failure_detected         reason, silent_seconds? (time since the last progress; default: since the
+                             previous event)
+    attempt_end              status ("ok", "failed", "interrupted"; "exited" when the process ended without
+                             closing the ledger: a failure if another attempt follows)
+    anything else            a custom event (eval, ...) with the caller's JSON-able fields
+
+How a training loop feeds it (the order matters for the accounting)::
+
+    ledger = Ledger(run_dir)               # right after imports: attempt_start, with the process start time
+    ledger.restore_start(); ...; ledger.restore_end(step=restored_or_None)
+    ledger.state_registered(["model", "optimizer", "data", "rng"])
+    ledger.on_event("checkpoint_config", strategy="dcp_async", every_steps=500)
+    ledger.init_done()
+    for step in ...:
+        ledger.step_start(step)            # before fetching the batch
+        ...                                # fetch, forward, backward, optimizer step
+        ledger.step_end(step, fetch_seconds=loader.last_fetch_seconds, loss=loss)
+        manager.maybe_save(step)           # emits checkpoint_stall_start/_end, checkpoint_durable via on_event
+    ledger.close()                         # attempt_end "ok"; a watchdog declaring a hang calls
+                                           # failure_detected(...) then close("failed") before exiting
+
+Step numbers: a checkpoint "at step s" holds the state after step s completes; an attempt that restores
+step r redoes the steps above r. Producers call the typed methods, or :meth:`Ledger.on_event` (the
+checkpoint manager's ``on_event(name, **fields)`` hook) with the names above.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from goodput.errors import ConfigError
+
+__all__ = ["Ledger", "LedgerConfig", "LedgerFile", "ledger_files", "read_events"]
+
+LEDGER_DIR = "ledger"
+_FILE = re.compile(r"^attempt-(\d+)\.rank-(\d+)\.jsonl$")
+_RESERVED = frozenset({"event", "wall", "mono", "attempt", "rank"})
+_ENCODER = json.JSONEncoder(allow_nan=False)
+_CACHE_COUNTERS = ("hits", "misses", "bytes_downloaded", "wait_seconds")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerConfig:
+    """How the ledger writes.
+
+    Attributes:
+        flush_seconds: how often the background thread appends buffered events to the file; a SIGKILL loses
+            at most this much of the log.
+        fsync: fsync after each flush, so a machine crash (not only a process kill) loses at most one period.
+    """
+
+    flush_seconds: float = 0.5
+    fsync: bool = True
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.flush_seconds, int | float) and 0 < self.flush_seconds <= 60):
+            raise ConfigError(
+                f"LedgerConfig.flush_seconds must be in (0, 60] seconds, got {self.flush_seconds!r}"
+            )
+
+
+class LedgerFile(NamedTuple):
+    """One ledger file: the attempt and rank that wrote it."""
+
+    attempt: int
+    rank: int
+    path: Path
+
+
+def ledger_files(run_dir: str | os.PathLike[str]) -> list[LedgerFile]:
+    """The run's ledger files, sorted by attempt then rank (empty when there are none)."""
+    folder = Path(run_dir) / LEDGER_DIR
+    if not folder.is_dir():
+        return []
+    found = []
+    for entry in folder.iterdir():
+        match = _FILE.match(entry.name)
+        if match:
+            found.append(LedgerFile(int(match.group(1)), int(match.group(2)), entry))
+    return sorted(found)
+
+
+def read_events(run_dir: str | os.PathLike[str], *, rank: int | None = 0) -> list[dict[str, Any]]:
+    """Every event of one rank (all attempts, in file order), or of every rank with ``rank=None``.
+
+    When ``rank`` has no files, the lowest rank that has them is read instead. A torn last line (a process
+    killed mid-write) is ignored with a warning, as is any other line that is not a JSON object.
+
+    Raises:
+        ConfigError: when ``run_dir`` holds no ledger.
+    """
+    files = ledger_files(run_dir)
+    if not files:
+        raise ConfigError(
+            f"{os.fspath(run_dir)!r} has no ledger ({LEDGER_DIR}/attempt-*.rank-*.jsonl): "
+            "pass the run folder given to goodput.Run or goodput.Ledger"
+        )
+    if rank is not None:
+        ranks = {f.rank for f in files}
+        chosen = rank if rank in ranks else min(ranks)
+        files = [f for f in files if f.rank == chosen]
+    events: list[dict[str, Any]] = []
+    for f in files:
+        events.extend(_read_file(f.path))
+    return events
+
+
+def _read_file(path: Path) -> list[dict[str, Any]]:
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    events = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+            if not isinstance(event, dict) or "event" not in event:
+                raise ValueError("not an event object")
+        except ValueError:
+            torn = i == len(lines) - 1  # no newline after it: the write was cut short
+            what = "torn last line" if torn else f"unreadable line {i + 1}"
+            warnings.warn(
+                f"ledger {path}: ignored {what} ({len(line)} bytes; the process was probably killed mid-write)",
+                stacklevel=3,
+            )
+            continue
+        events.append(event)
+    return events
+
+
+def _process_start_wall() -> float | None:
+    """Wall time at which this process started (Linux /proc), to count interpreter and import time."""
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        start_ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22: starttime, in clock ticks
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - max(0.0, age)
+
+
+def _next_attempt(folder: Path, rank: int) -> int:
+    mine = [f.attempt for f in ledger_files(folder.parent) if f.rank == rank]
+    return max(mine) + 1 if mine else 0
+
+
+class Ledger:
+    """Appends one attempt's events for one rank to the run's ledger, without blocking on I/O.
+
+    Args:
+        run_dir: the run folder (local path); the ledger lives in ``run_dir/ledger``.
+        rank: this process's rank (default: ``$RANK`` or 0).
+        attempt: the attempt number (default: one more than this rank's highest in the folder).
+        config: flush period and fsync.
+
+    Use as a context manager, or call :meth:`close`; an exception leaving the ``with`` block records
+    ``attempt_end`` with status ``failed``. Methods are thread-safe.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        rank: int | None = None,
+        attempt: int | None = None,
+        config: LedgerConfig | None = None,
+    ) -> None:
+        self.config = config or LedgerConfig()
+        if "://" in os.fspath(run_dir):
+            raise ConfigError(
+                f"Ledger run_dir {os.fspath(run_dir)!r} is a URL: the ledger appends to local files; "
+                "give a local run folder"
+            )
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        folder = Path(run_dir) / LEDGER_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        self.attempt, self._fd = self._open(folder, attempt)
+        self.path = folder / f"attempt-{self.attempt:04d}.rank-{self.rank:05d}.jsonl"
+        self._ids = f',"attempt":{self.attempt},"rank":{self.rank}'
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._pending: list[bytes] = []
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._cache_seen: dict[str, float] = {}
+        self._warned = False
+        self._stop = threading.Event()
+        now = time.time()
+        process_start = _process_start_wall()
+        self._live = _Live(now if process_start is None else min(process_start, now), time.monotonic())
+        self.event(
+            "attempt_start",
+            process_start=self._live.process_start,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        )
+        self._thread = threading.Thread(target=self._flush_loop, name="goodput-ledger", daemon=True)
+        self._thread.start()
+        atexit.register(self._at_exit)
+        me = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _disown(me()))
+
+    def _at_exit(self) -> None:
+        # The interpreter sets sys.last_value when an uncaught exception ended the program. Otherwise the exit
+        # status is unknown here (sys.exit(1) looks the same): "exited" counts as a failure when a restart
+        # follows, and as a clean end when it is the run's last attempt.
+        self.close("failed" if getattr(sys, "last_value", None) is not None else "exited")
+
+    def _open(self, folder: Path, attempt: int | None) -> tuple[int, int]:
+        number = _next_attempt(folder, self.rank) if attempt is None else attempt
+        while True:
+            path = folder / f"attempt-{number:04d}.rank-{self.rank:05d}.jsonl"
+            try:
+                return number, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            except FileExistsError:
+                if attempt is None:
+                    number += 1  # another process of this rank took the number first
+                    continue
+            # an explicit attempt number that exists already: append, after ending any torn line
+            fd = os.open(path, os.O_RDWR | os.O_APPEND)
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                os.write(fd, b"\n")
+            return number, fd
+
+    # -- recording ------------------------------------------------------------------------------------
+
+    def event(self, name: str, **fields: Any) -> None:
+        """Record an event now (a built-in name from the module docstring, or a custom one).
+
+        Raises:
+            ConfigError: when a field uses a reserved key or is not JSON-serialisable.
+        """
+        clash = _RESERVED.intersection(fields)
+        if clash:
+            raise ConfigError(f"ledger event {name!r}: field names {sorted(clash)} are reserved")
+        mono = time.monotonic()
+        record = {
+            "event": name,
+            "wall": time.time(),
+            "mono": mono,
+            "attempt": self.attempt,
+            "rank": self.rank,
+        }
+        record.update(fields)
+        try:
+            line = _ENCODER.encode(record)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"ledger event {name!r}: fields must be JSON-serialisable ({err})") from None
+        self._append(line + "\n", name, mono, fields.get("fetch_seconds"))
+
+    def _append(self, line: str, name: str, mono: float, fetch: Any) -> None:
+        data = line.encode()  # bytes now, so the flush thread only joins and writes (little GIL time)
+        with self._lock:
+            if self._closed:
+                return
+            self._pending.append(data)
+            self._live.observe(name, mono, fetch)
+
+    def on_event(self, name: str, **fields: Any) -> None:
+        """The producers' hook (``on_event(name, **fields)``), e.g. the checkpoint manager's save events."""
+        self.event(name, **fields)
+
+    def init_done(self) -> None:
+        """Initialisation (imports, process group, model build) is over."""
+        self.event("init_done")
+
+    def restore_start(self) -> None:
+        """Restoring from a checkpoint begins."""
+        self.event("restore_start")
+
+    def restore_end(self, step: int | None) -> None:
+        """Restoring ended; ``step`` is the restored step, None when no checkpoint was found."""
+        self.event("restore_end", step=step)
+
+    def step_start(self, step: int) -> None:
+        """Step ``step`` begins (before its batch is fetched)."""
+        # The per-step events are formatted directly: json.dumps costs several times more on this path.
+        mono = time.monotonic()
+        line = (
+            f'{{"event":"step_start","wall":{time.time()!r},"mono":{mono!r}{self._ids},"step":{int(step)}}}\n'
+        )
+        self._append(line, "step_start", mono, None)
+
+    def step_end(self, step: int, *, fetch_seconds: float = 0.0, loss: float | None = None) -> None:
+        """Step ``step`` ended; ``fetch_seconds`` of it were spent waiting for the batch (``loss`` if finite).
+
+        Raises:
+            ConfigError: when ``fetch_seconds`` is not a finite number >= 0.
+        """
+        fetch = float(fetch_seconds)
+        if not (math.isfinite(fetch) and fetch >= 0.0):
+            raise ConfigError(
+                f"ledger step_end: fetch_seconds must be a finite number >= 0, got {fetch_seconds!r}"
+            )
+        extra = ""
+        if loss is not None and math.isfinite(value := float(loss)):
+            extra = f',"loss":{value!r}'
+        mono = time.monotonic()
+        line = (
+            f'{{"event":"step_end","wall":{time.time()!r},"mono":{mono!r}{self._ids},"step":{int(step)},'
+            f'"fetch_seconds":{fetch!r}{extra}}}\n'
+        )
+        self._append(line, "step_end", mono, fetch)
+
+    def failure_detected(self, reason: str, *, silent_seconds: float | None = None) -> None:
+        """A failure was declared (e.g. a hang timeout) ``silent_seconds`` after the last progress."""
+        self.event("failure_detected", reason=reason, silent_seconds=silent_seconds)
+
+    def state_registered(self, keys: Sequence[str]) -> None:
+        """Which parts of the training state the checkpoint holds (model, optimizer, data, rng, ...)."""
+        self.event("state_registered", keys=sorted(keys))
+
+    def cache_stats(
+        self,
+        epoch: int,
+        counters: Mapping[str, float],
+        *,
+        budget_bytes: int | None = None,
+        dataset_bytes: int | None = None,
+    ) -> None:
+        """At the end of ``epoch``: the data cache's cumulative counters (e.g. ``RemoteCache.metrics()``).
+
+        The event holds this epoch's share: the difference from the previous call in this attempt.
+        """
+        now = {k: float(counters.get(k, 0.0)) for k in _CACHE_COUNTERS}
+        delta = {k: now[k] - self._cache_seen.get(k, 0.0) for k in _CACHE_COUNTERS}
+        self._cache_seen = now
+        self.event(
+            "cache_stats", epoch=epoch, budget_bytes=budget_bytes, dataset_bytes=dataset_bytes, **delta
+        )
+
+    # -- live view ------------------------------------------------------------------------------------
+
+    @property
+    def live_goodput(self) -> float:
+        """This attempt's step compute (fetch excluded) over its time since process start, so far."""
+        with self._lock:
+            return self._live.goodput(time.monotonic())
+
+    @property
+    def last_fetch_seconds(self) -> float | None:
+        with self._lock:
+            return self._live.last_fetch
+
+    # -- writing --------------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Append everything buffered so far to the file now (the background thread does this anyway)."""
+        with self._lock:
+            lines, self._pending = self._pending, []
+        if not lines:
+            return
+        data = b"".join(lines)
+        with self._write_lock:
+            if self._fd < 0:
+                return
+            try:
+                while data:
+                    data = data[os.write(self._fd, data) :]
+                if self.config.fsync:
+                    os.fsync(self._fd)
+            except OSError as err:
+                if not self._warned:
+                    self._warned = True
+                    warnings.warn(f"ledger {self.path}: write failed, events dropped ({err})", stacklevel=2)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.config.flush_seconds):
+            self.flush()
+
+    def close(self, status: str = "ok") -> None:
+        """Record ``attempt_end`` with ``status``, write everything and close the file (idempotent)."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self.event("attempt_end", status=status)
+            with self._lock:
+                self._closed = True
+            self._stop.set()
+            if self._thread is not threading.current_thread():
+                self._thread.join()
+            self.flush()
+            with self._write_lock:
+                os.close(self._fd)
+                self._fd = -1
+            atexit.unregister(self._at_exit)
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self.close("ok" if exc_type is None else "failed")
+
+
+def _disown(ledger: Ledger | None) -> None:
+    """In a forked child (a DataLoader worker, say): the parent's ledger records nothing from here."""
+    if ledger is not None:
+        ledger._lock = threading.Lock()  # the parent's flush thread may have held it at the fork
+        ledger._pending = []
+        ledger._closed = True
+        atexit.unregister(ledger._at_exit)
+
+
+class _Live:
+    """Running totals for the progress line (internal; guarded by the ledger's lock)."""
+
+    def __init__(self, process_start: float, mono_now: float) -> None:
+        self.process_start = process_start
+        self.mono_origin = mono_now - max(0.0, time.time() - process_start)
+        self.useful = 0.0
+        self.last_fetch: float | None = None
+        self._step_start: float | None = None
+
+    def observe(self, name: str, mono: float, fetch: Any) -> None:
+        if name == "step_start":
+            self._step_start = mono
+        elif name == "step_end" and self._step_start is not None:
+            self.last_fetch = float(fetch or 0.0)
+            self.useful += max(0.0, mono - self._step_start - self.last_fetch)
+            self._step_start = None
+
+    def goodput(self, mono_now: float) -> float:
+        elapsed = mono_now - self.mono_origin
+        return self.useful / elapsed if elapsed > 0 else 0.0

@@ -1,0 +1,187 @@
+"""The run report: where the time went, measured against the planner, and what to change.
+
+:func:`build_report` is pure (events in, report out); :func:`load_report` reads a run folder. The planner
+(:mod:`goodput.planning`, Daly's exact model) is run with the *measured* checkpoint stall C, persist time W,
+restart time R, detection time D and the observed MTBF M, at the measured checkpoint interval and at its
+optimum. The planner models checkpoints and failures only, so the comparable ``predicted_goodput`` is the
+planner's goodput times the share of wall time outside what it does not model (data_wait, warmup, other and
+the first attempt's init).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from goodput import planning
+from goodput.accounting import Accounting, account
+from goodput.ledger import read_events
+
+__all__ = ["Advice", "MeasuredModel", "Prediction", "Report", "build_report", "load_report"]
+
+# Shares of wall time above which advice is given.
+DATA_WAIT_SHARE = 0.03
+STALL_SHARE = 0.01
+INTERVAL_RATIO = 2.0
+COLD_HIT_RATE = 0.5
+# An async save blocks for its staging copy only: ~5-10% of a synchronous save in docs/NOTES measurements.
+ASYNC_STALL_FRACTION = 0.1
+_BLOCKING = ("torch_save", "dcp", "sync")
+
+
+@dataclass(frozen=True)
+class MeasuredModel:
+    """The planner's inputs as measured (seconds); ``mtbf`` None means no failures seen nor assumed."""
+
+    interval: float | None
+    stall: float
+    persist: float
+    restart: float
+    detect: float
+    mtbf: float | None
+
+    def goodput(self, interval: float | None = None) -> float | None:
+        """Planner goodput at ``interval`` (default: the measured one), None without an interval."""
+        tau = self.interval if interval is None else interval
+        if tau is None or tau <= 0:
+            return None
+        if self.mtbf is None:
+            return tau / (tau + self.stall)
+        return planning.goodput_daly(
+            tau, self.stall, self.mtbf, restart=self.restart, persist=self.persist, detect=self.detect
+        )
+
+    def optimum(self) -> float | None:
+        if self.mtbf is None:
+            return None
+        return planning.optimal_interval(
+            self.stall, self.mtbf, restart=self.restart, persist=self.persist, detect=self.detect
+        )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted vs measured: the planner run with the measured figures."""
+
+    mtbf_seconds: float | None
+    mtbf_source: str  # "observed", "assumed" (given by the caller) or "none"
+    interval_seconds: float | None
+    optimal_interval_seconds: float | None
+    planner_goodput: float | None
+    planner_goodput_optimal: float | None
+    modelled_share: float
+    predicted_goodput: float | None
+    restart_estimated: bool
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One concrete recommendation; ``gain_points`` is the predicted goodput gain in percentage points
+    (None where the gain is correctness rather than speed)."""
+
+    kind: str
+    text: str
+    gain_points: float | None
+    upper_bound: bool = False  # the gain is the most the category allows, not a model prediction
+
+
+@dataclass(frozen=True)
+class Report:
+    """Accounting, prediction and advice for one run."""
+
+    run_dir: str
+    accounting: Accounting
+    prediction: Prediction
+    advice: tuple[Advice, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """One JSON-able object: goodput, wall_seconds, categories, restarts, predicted_goodput, and more."""
+        acc = self.accounting
+        out: dict[str, Any] = {
+            "run_dir": self.run_dir,
+            "goodput": acc.goodput,
+            "wall_seconds": acc.wall_seconds,
+            "categories": dict(acc.categories),
+            "restarts": acc.restarts,
+            "predicted_goodput": self.prediction.predicted_goodput,
+        }
+        out.update({k: v for k, v in acc.to_dict().items() if k not in out})
+        out["prediction"] = asdict(self.prediction)
+        out["advice"] = [asdict(a) for a in self.advice]
+        return out
+
+    def render(self) -> str:
+        """The readable table."""
+        from goodput._report_text import render
+
+        return render(self)
+
+
+def _model(acc: Accounting, mtbf: float | None) -> tuple[MeasuredModel, str, bool]:
+    if acc.mtbf_seconds is not None:
+        used, source = acc.mtbf_seconds, "observed"
+    elif mtbf is not None:
+        used, source = mtbf, "assumed"
+    else:
+        used, source = None, "none"
+    restart, estimated = acc.restart_seconds, False
+    if restart is None:  # no restart seen: a restart would cost at least this attempt's init and restore
+        first = acc.attempts[0].categories
+        restart, estimated = first["init"] + first["checkpoint_restore"], True
+    model = MeasuredModel(
+        interval=acc.interval_seconds,
+        stall=acc.ckpt_stall_seconds or 0.0,
+        persist=acc.persist_seconds or 0.0,
+        restart=restart,
+        detect=acc.detect_seconds or 0.0,
+        mtbf=used,
+    )
+    return model, source, estimated
+
+
+def _prediction(acc: Accounting, model: MeasuredModel, source: str, estimated: bool) -> Prediction:
+    first_init = acc.attempts[0].categories["init"]
+    unmodelled = sum(acc.categories[k] for k in ("data_wait", "warmup", "other")) + first_init
+    share = 1.0 - unmodelled / acc.wall_seconds if acc.wall_seconds > 0 else 0.0
+    optimum = model.optimum()
+    planner = model.goodput()
+    return Prediction(
+        mtbf_seconds=model.mtbf,
+        mtbf_source=source,
+        interval_seconds=model.interval,
+        optimal_interval_seconds=optimum,
+        planner_goodput=planner,
+        planner_goodput_optimal=model.goodput(optimum) if optimum else None,
+        modelled_share=max(0.0, share),
+        predicted_goodput=None if planner is None else planner * max(0.0, share),
+        restart_estimated=estimated,
+    )
+
+
+def build_report(
+    events: Iterable[Mapping[str, Any]], *, run_dir: str = "", mtbf: float | None = None
+) -> Report:
+    """Account for the events, run the planner with the measured figures, and derive advice.
+
+    Args:
+        events: one rank's ledger events (every attempt).
+        run_dir: shown in the report.
+        mtbf: an assumed MTBF in seconds, used only while no failure has been observed.
+    """
+    acc = account(events)
+    model, source, estimated = _model(acc, mtbf)
+    prediction = _prediction(acc, model, source, estimated)
+    from goodput._advice import advise
+
+    return Report(run_dir, acc, prediction, tuple(advise(acc, model, prediction)))
+
+
+def load_report(run_dir: str | os.PathLike[str], *, rank: int = 0, mtbf: float | None = None) -> Report:
+    """:func:`build_report` over the ledger in ``run_dir`` (rank 0's files by default).
+
+    Raises:
+        ConfigError: when ``run_dir`` holds no ledger.
+    """
+    return build_report(read_events(run_dir, rank=rank), run_dir=os.fspath(run_dir), mtbf=mtbf)

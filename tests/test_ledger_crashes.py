@@ -1,0 +1,93 @@
+"""Real processes, real SIGKILL: a run of three attempts whose ledger accounts for itself.
+
+Each attempt is a child process that restores the last committed step from a JSON "checkpoint", runs 20 ms
+steps, and commits a checkpoint every 10 steps. The test kills the first two attempts with SIGKILL as soon as
+they report steps 25 and 47, and lets the third finish. The redone work is measured independently of the
+accounting: the durations of every step execution whose step number runs again in a later attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from goodput import account, read_events
+
+_ATTEMPT = """
+import json, os, sys, time
+from goodput.ledger import Ledger, LedgerConfig
+run = sys.argv[1]
+ledger = Ledger(run, rank=0, config=LedgerConfig(flush_seconds=0.05, fsync=False))
+ckpt = os.path.join(run, "ckpt.json")
+ledger.restore_start()
+step = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
+ledger.restore_end(step or None)
+ledger.init_done()
+while step < 60:
+    step += 1
+    ledger.step_start(step)
+    began = time.perf_counter()
+    while time.perf_counter() - began < 0.02:  # the step's work
+        pass
+    ledger.step_end(step, fetch_seconds=0.002)
+    print("step", step, flush=True)
+    if step % 10 == 0:
+        ledger.on_event("checkpoint_stall", phase="start", step=step)
+        with open(ckpt + ".tmp", "w") as f:
+            json.dump({"step": step}, f)
+        os.replace(ckpt + ".tmp", ckpt)
+        ledger.on_event("checkpoint_stall", phase="end", step=step)
+        ledger.on_event("checkpoint_durable", step=step)
+ledger.close()
+"""
+
+
+def _attempt(run: Path, kill_after: int | None) -> None:
+    child = subprocess.Popen([sys.executable, "-c", _ATTEMPT, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if kill_after is not None and line.strip() == f"step {kill_after}":
+                os.kill(child.pid, signal.SIGKILL)
+                break
+        assert child.wait(timeout=60) == (0 if kill_after is None else -signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _redone_seconds(events: list[dict[str, Any]]) -> float:
+    """Step executions (step_start to step_end, minus fetch) whose step number runs again later."""
+    runs: list[tuple[int, int, float]] = []  # attempt, step, compute seconds
+    starts: dict[tuple[int, int], float] = {}
+    for e in events:
+        key = (e["attempt"], e.get("step", -1))
+        if e["event"] == "step_start":
+            starts[key] = e["mono"]
+        elif e["event"] == "step_end" and key in starts:
+            runs.append((key[0], key[1], e["mono"] - starts[key] - e["fetch_seconds"]))
+    return sum(sec for a, s, sec in runs if any(a2 > a and s2 == s for a2, s2, _ in runs))
+
+
+def test_sigkilled_attempts_account_for_every_second(tmp_path: Path) -> None:
+    for kill_after in (25, 47, None):
+        _attempt(tmp_path, kill_after)
+    events = read_events(tmp_path)
+    acc = account(events)
+    assert [a.outcome for a in acc.attempts] == ["failed", "failed", "ok"]
+    assert [a.restored_step for a in acc.attempts] == [None, 20, 40]
+    assert acc.restarts == 2 and acc.failures == 2
+    assert sum(acc.categories.values()) == pytest.approx(acc.wall_seconds, rel=1e-9)
+    redone = _redone_seconds(events)
+    assert redone > 5 * 0.02  # steps 21-25 at least were redone
+    # warm-up steps count their excess apart; all the rest of a redone step is lost work
+    assert acc.categories["lost_work"] + acc.categories["warmup"] >= redone - 1e-6
+    assert acc.categories["lost_work"] == pytest.approx(redone, abs=0.05)
+    assert acc.categories["restart_downtime"] > 0 and acc.categories["init"] > 0
+    assert acc.categories["data_wait"] == pytest.approx(0.002 * acc.step_stats.count, rel=1e-6)

@@ -1,0 +1,88 @@
+"""The live progress line over a real ledger, and the optional exporters."""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from goodput import ConfigError, Ledger, MLflowExporter, Progress, TensorBoardExporter
+
+
+class _Recorder:
+    """An exporter that keeps what it is given (the exporter seam, not the thing under test)."""
+
+    def __init__(self) -> None:
+        self.logged: list[tuple[int, dict[str, float]]] = []
+        self.closed = False
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.logged.append((step, dict(metrics)))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _busy(n: int) -> int:
+    return sum(range(n))
+
+
+def test_progress_shows_step_loss_fetch_and_live_goodput(tmp_path: Path) -> None:
+    out, recorder = io.StringIO(), _Recorder()
+    with (
+        Ledger(tmp_path) as ledger,
+        Progress(10, ledger=ledger, file=out, mininterval=0, exporters=[recorder]) as bar,
+    ):
+        for step in range(1, 6):
+            ledger.step_start(step)
+            _busy(200_000)
+            ledger.step_end(step, fetch_seconds=0.002)
+            bar.update(step, loss=2.5 / step)
+        line = bar.last_line
+    assert line.startswith("step 5 | loss 0.5 | fetch 2ms | goodput ")
+    live = float(line.rsplit(" ", 1)[1].rstrip("%")) / 100
+    assert 0.0 < live < 1.0  # steps did run, and process start (imports) came before them
+    assert "5/10" in out.getvalue()
+    assert [s for s, _ in recorder.logged] == [1, 2, 3, 4, 5]
+    assert recorder.logged[-1][1]["fetch_seconds"] == pytest.approx(0.002)
+    assert recorder.logged[-1][1]["loss"] == pytest.approx(0.5)
+    assert recorder.closed
+
+
+def test_progress_is_silent_off_rank_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    out = io.StringIO()
+    with Progress(3, file=out, mininterval=0) as bar:
+        bar.update(1, loss=1.0)
+    assert out.getvalue() == ""
+    with pytest.raises(ConfigError, match="total"):
+        Progress(-1)
+
+
+def test_tensorboard_exporter_names_the_missing_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # what an environment without it looks like
+    with pytest.raises(ConfigError, match="pip install tensorboard"):
+        TensorBoardExporter(str(tmp_path))
+
+
+def test_mlflow_exporter_names_the_missing_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(ConfigError, match="pip install mlflow"):
+        MLflowExporter()
+
+
+def test_tensorboard_exporter_writes_scalars(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    exporter = TensorBoardExporter(str(tmp_path))
+    for step in range(3):
+        exporter.log(step, {"goodput": 0.5 + step / 10, "fetch_seconds": 0.01})
+    exporter.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [round(e.value, 3) for e in events.Scalars("goodput/goodput")] == [0.5, 0.6, 0.7]
