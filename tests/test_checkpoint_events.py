@@ -42,3 +42,18 @@ def test_maybe_save_follows_the_policy(tmp_path: Path) -> None:
     manager.close()
     assert saved == [3, 6]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-3", "step-6"]
+
+
+def test_at_most_one_async_save_in_flight(tmp_path: Path) -> None:
+    events: list[str] = []
+    manager = CheckpointManager(
+        CheckpointConfig(root=str(tmp_path), strategy="dcp_async", every=1),
+        TrainingState(model=torch.nn.Linear(64, 64)),
+        on_event=lambda name, **fields: events.append(f"{name}:{fields.get('phase', '')}:{fields['step']}"),
+    )
+    for step in (1, 2, 3):
+        manager.save(step)  # returns after staging; the next call first waits for the previous write
+    manager.close()
+    starts = [events.index(f"checkpoint_stall:start:{s}") for s in (2, 3)]
+    durables = [events.index(f"checkpoint_durable::{s}") for s in (1, 2)]
+    assert all(d < s for d, s in zip(durables, starts, strict=True)), events
