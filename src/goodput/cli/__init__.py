@@ -21,6 +21,7 @@ _COMMANDS = (
     "bench",
     "report",
     "data",
+    "ls",
 )
 
 EXIT_USAGE = 2

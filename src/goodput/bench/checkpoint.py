@@ -1,0 +1,150 @@
+"""Checkpoint cost per strategy under a training-like loop (2 ranks, gloo), against floors measured in the run.
+
+    goodput bench checkpoint                      # 512 MiB of model + AdamW state, FSDP2-sharded over 2 ranks
+    goodput bench checkpoint --state-size 64MiB --saves 3 --staging-saves 5 --json    # a quick run
+
+It starts itself under torchrun. Each rank runs a loop of fixed compute per step that also changes the weights,
+and saves every strategy several times. Per strategy it reports the blocking stall (median), the loop time lost
+per save (a window of steps with a save minus the same window without), time until durable, bytes and peak
+extra host memory; the floors are a memcpy of the same bytes into preallocated buffers and a raw write + fsync
+of the same bytes. Ratios compare them; read ratios, not absolute times (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+_GOALS = {
+    "torch_save_stall_over_async_stall": ">= 25",
+    "async_stall_over_memcpy_floor": "<= 1.3",
+    "torch_save_lost_over_async_lost": ">= 5",
+    "dcp_write_over_raw_write": ">= 0.8",
+    "staging_memory_over_state_bytes": "<= 1.1 (flat)",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--state-size", default="512MiB", help="model + optimizer state in all (default 512MiB)"
+    )
+    parser.add_argument("--saves", type=int, default=4, help="measured saves per strategy (default 4)")
+    parser.add_argument("--staging-saves", type=int, default=20, help="async saves for the memory check (20)")
+    parser.add_argument(
+        "--step-ms", type=float, default=100.0, help="fixed compute per step, ms (default 100)"
+    )
+    parser.add_argument("--window", type=int, default=20, help="steps per measured window (default 20)")
+    parser.add_argument(
+        "--strategies", default="torch_save,dcp,dcp_async", help="comma list; dcp_async_process adds the "
+        "process-based async checkpointer"
+    )  # fmt: skip
+    parser.add_argument("--checksums", choices=("on", "off"), default="on", help="sha256 of every file (on)")
+    parser.add_argument("--root", default=None, help="where to write (default: a temporary folder)")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Launch the measurement under torchrun and print what rank 0 reports."""
+    from goodput.errors import ConfigError
+    from goodput.units import parse_bytes
+
+    state_bytes = parse_bytes(args.state_size, what="--state-size")
+    if state_bytes < (1 << 20) or args.saves < 2 or args.window < 2 or args.nproc < 1:
+        raise ConfigError("--state-size must be >= 1MiB, --saves and --window >= 2, --nproc >= 1")
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-ckpt-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        config = {
+            **vars(args),
+            "state_bytes": state_bytes,
+            "root": args.root or os.path.join(tmp, "ckpt"),
+            "out": out,
+        }
+        config.pop("handler", None)
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={args.nproc}",
+        ]
+        cmd += ["-m", "goodput.bench._checkpoint_worker", json.dumps(config)]
+        env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONWARNINGS": "ignore"}
+        done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL if args.json else None)
+        if done.returncode != 0 or not os.path.exists(out):
+            print(
+                f"goodput bench checkpoint: the measurement failed (exit {done.returncode})", file=sys.stderr
+            )
+            return 1
+        with open(out, encoding="utf-8") as f:
+            result = json.load(f)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        _print(result)
+    return 0
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(
+        f"state {result['state_bytes'] / 2**20:.0f} MiB over {result['world_size']} ranks; step {result['step_ms']:.0f} ms"
+    )
+    print(
+        f"{'strategy':<18}{'stall med':>10}{'lost/save':>11}{'durable':>9}{'bytes':>10}{'peak extra mem':>16}"
+    )
+    for name, s in result["strategies"].items():
+        print(
+            f"{name:<18}{s['stall_s']:>9.3f}s{s['lost_s']:>10.3f}s{s['durable_s']:>8.2f}s"
+            f"{s['bytes'] / 2**20:>7.0f}MiB{s['peak_extra_mem_bytes'] / 2**20:>13.0f}MiB"
+        )
+    floors = result["floors"]
+    print(f"floors: memcpy {floors['memcpy_s']:.3f}s, raw write+fsync {floors['raw_write_s']:.2f}s")
+    for key, value in result["ratios"].items():
+        shown = "n/a" if value is None else f"{value:.2f}"
+        print(f"  {key:<36}{shown:>8}   goal {_GOALS.get(key, '')}")
+
+
+class RssSampler:
+    """Peak resident memory of this process, sampled every 2 ms in a thread."""
+
+    def __init__(self) -> None:
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self.peak = self.now()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def now(self) -> int:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * self._page
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, self.now())
+
+    def reset(self) -> int:
+        self.peak = self.now()
+        return self.peak
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not b > 0 or a != a or b != b:
+        return None
+    return a / b

@@ -1,0 +1,48 @@
+"""Checkpoints: the complete training state, three save strategies over DCP, atomic commit, retention, restore.
+
+``CheckpointManager(CheckpointConfig(root=..., strategy=...), TrainingState(model=..., ...))`` is the entry point;
+the other names are its parts.
+"""
+
+from __future__ import annotations
+
+from goodput.checkpoint.config import CheckpointConfig
+from goodput.checkpoint.layout import (
+    MANIFEST_NAME,
+    CheckpointInfo,
+    CheckpointLayout,
+    FileEntry,
+    Manifest,
+    list_checkpoints,
+)
+from goodput.checkpoint.manager import CheckpointManager, SaveResult
+from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
+from goodput.checkpoint.rng import capture_rng, restore_rng
+from goodput.checkpoint.state import LoaderState, TrainingState, check_shapes, tensor_shapes
+from goodput.checkpoint.strategy import STRATEGIES, SaveContext, SaveStrategy, make_strategy
+
+__all__ = [
+    "MANIFEST_NAME",
+    "STRATEGIES",
+    "AutoInterval",
+    "CheckpointConfig",
+    "CheckpointInfo",
+    "CheckpointLayout",
+    "CheckpointManager",
+    "EveryInterval",
+    "EverySteps",
+    "FileEntry",
+    "LoaderState",
+    "Manifest",
+    "SaveContext",
+    "SavePolicy",
+    "SaveResult",
+    "SaveStrategy",
+    "TrainingState",
+    "capture_rng",
+    "check_shapes",
+    "list_checkpoints",
+    "make_strategy",
+    "restore_rng",
+    "tensor_shapes",
+]

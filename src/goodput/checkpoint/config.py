@@ -1,0 +1,120 @@
+"""``CheckpointConfig``: everything a user chooses about checkpoints, validated when it is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from goodput.checkpoint.strategy import STRATEGIES
+from goodput.errors import ConfigError
+from goodput.units import parse_duration
+
+__all__ = ["CheckpointConfig"]
+
+_SECONDS_PER_YEAR = 365.0 * 86400.0
+
+
+def _seconds(value: str | float, what: str) -> float:
+    seconds = parse_duration(value, what=what) if isinstance(value, str) else float(value)
+    if not seconds > 0:
+        raise ConfigError(f"{what} must be positive, got {value!r}")
+    return seconds
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """Where, how and how often to checkpoint, and what to keep.
+
+    Args:
+        root: a local folder or an fsspec URL (``s3://bucket/run``); each checkpoint is ``<root>/step-<N>/``.
+        strategy: ``"torch_save"`` (rank 0 writes one file), ``"dcp"`` (every rank writes its shard) or
+            ``"dcp_async"`` (training pays only for the staging copy; the write runs in the background).
+        every: an int (every N steps), a duration (``"10m"``: every 10 minutes of wall time) or ``"auto"``
+            (the planner's optimum from the measured save cost and the failure rate).
+        keep_last: how many of the newest committed checkpoints to keep (>= 1).
+        keep_every: also keep every checkpoint whose step is a multiple of this (None: none extra).
+        verify_checksums: check every file's sha256 on restore (and record it on save). None: on for local
+            folders, off for remote URLs (where it means downloading every byte twice).
+        storage_options: fsspec options for remote roots (endpoint, credentials); never logged.
+        async_checkpointer: for ``dcp_async``: ``"thread"`` or ``"process"``.
+        max_interval: ``auto`` never waits longer than this between saves.
+        gpus: GPUs in the job, for the prior failure rate (None: the world size).
+        afr: annual failure rate per GPU (0.05 = 5 % a year): the prior until failures are observed.
+        restart: seconds (or a duration) a restart costs, for ``auto``.
+        detect: seconds (or a duration) until a failure is noticed, for ``auto``.
+        partial_grace: a partial folder whose save cannot be proven dead (another host) is removed at start-up
+            only when older than this.
+    """
+
+    root: str
+    strategy: str = "dcp_async"
+    every: int | str = "auto"
+    keep_last: int = 3
+    keep_every: int | None = None
+    verify_checksums: bool | None = None
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    async_checkpointer: str = "thread"
+    max_interval: str | float = "1h"
+    gpus: int | None = None
+    afr: float = 0.05
+    restart: str | float = 0.0
+    detect: str | float = 0.0
+    partial_grace: str | float = "1h"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.root, str) or not self.root:
+            raise ConfigError(f"root must be a folder path or URL string, got {self.root!r}")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy {self.strategy!r} is unknown; choose one of {', '.join(STRATEGIES)}")
+        if isinstance(self.every, bool) or not isinstance(self.every, int | str):
+            raise ConfigError(
+                f"every must be a step count, a duration like '10m' or 'auto', got {self.every!r}"
+            )
+        if isinstance(self.every, int) and self.every < 1:
+            raise ConfigError(f"every must be at least 1 step, got {self.every}")
+        if isinstance(self.every, str) and self.every != "auto":
+            _seconds(self.every, "every")
+        if not isinstance(self.keep_last, int) or self.keep_last < 1:
+            raise ConfigError(
+                f"keep_last must be an int >= 1 (the newest checkpoint is always kept), got {self.keep_last!r}"
+            )
+        if self.keep_every is not None and (not isinstance(self.keep_every, int) or self.keep_every < 1):
+            raise ConfigError(f"keep_every must be None or an int >= 1, got {self.keep_every!r}")
+        if self.async_checkpointer not in ("thread", "process"):
+            raise ConfigError(
+                f"async_checkpointer must be 'thread' or 'process', got {self.async_checkpointer!r}"
+            )
+        _seconds(self.max_interval, "max_interval")
+        _seconds(self.partial_grace, "partial_grace")
+        if self.gpus is not None and (not isinstance(self.gpus, int) or self.gpus < 1):
+            raise ConfigError(f"gpus must be None or an int >= 1, got {self.gpus!r}")
+        if not (isinstance(self.afr, int | float) and self.afr > 0):
+            raise ConfigError(f"afr must be a positive annual failure rate such as 0.05, got {self.afr!r}")
+        for name in ("restart", "detect"):
+            value = getattr(self, name)
+            if (parse_duration(value, what=name) if isinstance(value, str) else float(value)) < 0:
+                raise ConfigError(f"{name} must not be negative, got {value!r}")
+        if self.async_checkpointer == "process" and self.strategy != "dcp_async":
+            import warnings
+
+            warnings.warn("async_checkpointer has no effect unless strategy='dcp_async'", stacklevel=3)
+
+    @property
+    def every_steps(self) -> int | None:
+        return self.every if isinstance(self.every, int) else None
+
+    @property
+    def every_seconds(self) -> float | None:
+        return _seconds(self.every, "every") if isinstance(self.every, str) and self.every != "auto" else None
+
+    def seconds(self, name: str) -> float:
+        """A duration field in seconds (``max_interval``, ``restart``, ``detect``, ``partial_grace``)."""
+        value = getattr(self, name)
+        return parse_duration(value, what=name) if isinstance(value, str) else float(value)
+
+    def prior_mtbf(self, world_size: int) -> float:
+        """Seconds between failures expected before any is observed: a year over (GPUs x annual failure rate)."""
+        return _SECONDS_PER_YEAR / ((self.gpus or world_size) * self.afr)
+
+    def checksums(self, local: bool) -> bool:
+        return local if self.verify_checksums is None else self.verify_checksums

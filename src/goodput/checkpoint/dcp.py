@@ -1,0 +1,202 @@
+"""The ``dcp`` strategy: ``torch.distributed.checkpoint.save``; every rank writes its shard, ``.metadata`` last.
+
+Reading is hardened: torch 2.13's DCP readers unpickle ``.metadata`` with plain ``pickle.load`` and its default
+load planner reads non-tensor values with ``torch.load(weights_only=False)``; either would run code planted in a
+checkpoint. goodput's reader unpickles ``.metadata`` through an allow-list of DCP's own metadata classes, and
+its planner loads every non-tensor value with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import ReadItem
+
+from goodput.checkpoint.state import TrainingState, check_shapes, tensor_shapes
+from goodput.checkpoint.strategy import Completion, SaveContext
+from goodput.errors import CheckpointCorrupt
+
+__all__ = ["DcpStrategy", "SafeLoadPlanner", "safe_unpickle_metadata"]
+
+METADATA_NAME = ".metadata"
+
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+_ALLOWED: set[tuple[str, str]] = {
+    (_METADATA_MODULE, "Metadata"),
+    (_METADATA_MODULE, "MetadataIndex"),
+    (_METADATA_MODULE, "ChunkStorageMetadata"),
+    (_METADATA_MODULE, "TensorStorageMetadata"),
+    (_METADATA_MODULE, "BytesStorageMetadata"),
+    (_METADATA_MODULE, "TensorProperties"),
+    (_METADATA_MODULE, "StorageMeta"),
+    (_METADATA_MODULE, "_MEM_FORMAT_ENCODING"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Resolves only DCP's metadata classes, torch dtypes and a few plain containers."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from checkpoint metadata")
+
+
+def safe_unpickle_metadata(data: bytes) -> Metadata:
+    """Unpickle a DCP ``.metadata`` file without running anything but DCP's own metadata constructors.
+
+    Raises:
+        CheckpointCorrupt: when the file names anything else (a planted callable) or is not DCP metadata.
+    """
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    except Exception as err:
+        raise CheckpointCorrupt(f"{METADATA_NAME}: refused or unreadable ({err})") from None
+    if not isinstance(metadata, Metadata):
+        raise CheckpointCorrupt(f"{METADATA_NAME}: holds a {type(metadata).__name__}, not DCP metadata")
+    return metadata
+
+
+class _SafeMetadataMixin:
+    fs: Any
+    path: Any
+    load_id: Any
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        rank = kwargs.get("rank")
+        name = METADATA_NAME if rank is None else f"__{rank}{METADATA_NAME}"
+        with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as f:
+            metadata = safe_unpickle_metadata(f.read())
+        storage_meta = metadata.storage_meta or StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
+        return metadata
+
+
+class _SafeFileSystemReader(_SafeMetadataMixin, FileSystemReader):
+    pass
+
+
+def _fsspec_classes() -> tuple[type, type]:
+    # Not exported by torch.distributed.checkpoint in 2.13; the private module is the only place they live.
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+    return FsspecReader, FsspecWriter
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, but non-tensor values are read with ``torch.load(weights_only=True)``."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as err:
+            raise CheckpointCorrupt(
+                f"{read_item.dest_index.fqn}: refused by weights_only loading ({err})"
+            ) from None
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._nested_dict import set_element
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def single_process() -> bool:
+    """True when no process group is up (DCP then saves/loads for this process alone)."""
+    return not (dist.is_available() and dist.is_initialized())
+
+
+def make_reader(folder: str, ctx: SaveContext) -> Any:
+    """A DCP storage reader for ``folder`` whose ``.metadata`` is read through the restricted unpickler."""
+    if ctx.layout.local:
+        return _SafeFileSystemReader(folder)
+    fsspec_reader, _ = _fsspec_classes()
+    safe = type("_SafeFsspecReader", (_SafeMetadataMixin, fsspec_reader), {})
+    return safe(folder, **ctx.layout.storage_options)
+
+
+def make_writer(folder: str, ctx: SaveContext) -> Any:
+    """A DCP storage writer: fsync'ed local files, or fsspec objects (closing each one uploads it)."""
+    if ctx.layout.local:
+        return FileSystemWriter(folder, sync_files=True, overwrite=False)
+    _, fsspec_writer = _fsspec_classes()
+    # sync_files would make DCP call a machine-wide os.sync() for every object; durability on an object store
+    # comes from closing each object (which uploads it) and the manager's size check before the commit marker.
+    return fsspec_writer(folder, sync_files=False, overwrite=False, **ctx.layout.storage_options)
+
+
+def read_dcp_metadata(folder: str, ctx: SaveContext) -> Metadata:
+    """The ``.metadata`` of a DCP checkpoint, read safely."""
+    metadata: Metadata = make_reader(folder, ctx).read_metadata()
+    return metadata
+
+
+def files_of_rank(metadata: Metadata, rank: int) -> list[str]:
+    """The files a rank wrote in a DCP save (from the save's global metadata), plus ``.metadata`` on rank 0."""
+    names = {
+        str(info.relative_path)
+        for info in (metadata.storage_data or {}).values()
+        if str(info.relative_path).startswith(f"__{rank}_")
+    }
+    if rank == 0:
+        names.add(METADATA_NAME)
+    return sorted(names)
+
+
+def load_dcp(state: TrainingState, folder: str, ctx: SaveContext) -> None:
+    """Read a DCP checkpoint into ``state``, refusing one whose tensors do not fit (StateMismatch)."""
+    reader = make_reader(folder, ctx)
+    metadata = reader.read_metadata()
+    target = state.state_dict()
+    saved = {
+        key: tuple(md.size)
+        for key, md in metadata.state_dict_metadata.items()
+        if isinstance(md, TensorStorageMetadata) and key.startswith(("model.", "optim."))
+    }
+    expected = {k: v for k, v in tensor_shapes(target).items() if k.startswith(("model.", "optim."))}
+    check_shapes(expected, saved)
+    dcp.load(
+        target,
+        storage_reader=reader,
+        planner=SafeLoadPlanner(),
+        process_group=ctx.group,
+        no_dist=single_process(),
+    )
+    state.load_state_dict(target)
+
+
+class DcpStrategy:
+    """Synchronous DCP: training waits until every rank's shard and ``.metadata`` are written."""
+
+    name = "dcp"
+    is_async = False
+
+    def save(self, state: TrainingState, folder: str, ctx: SaveContext) -> Completion:
+        metadata = dcp.save(
+            state.state_dict(), storage_writer=make_writer(folder, ctx), process_group=ctx.group
+        )
+        names = files_of_rank(metadata, ctx.rank)
+        return lambda: names
+
+    def load(self, state: TrainingState, folder: str, ctx: SaveContext) -> None:
+        load_dcp(state, folder, ctx)
+
+    def close(self) -> None:
+        pass

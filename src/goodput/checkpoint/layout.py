@@ -1,0 +1,435 @@
+"""Where checkpoints live and when one counts: ``step-N`` folders, the manifest, commit, listing, purge.
+
+A checkpoint is the folder ``<root>/step-<N>/``. It counts (is *committed*) only when goodput's manifest
+``goodput-manifest.json`` is present, and it is *valid* only when that manifest verifies: every file it names
+exists with its recorded size (always checked) and checksum (when asked). The manifest is written last:
+
+- local folders: every file is written and fsynced under ``<root>/step-<N>.partial-<token>/``; the manifest is
+  fsynced, then the folder is renamed to ``step-<N>`` and the parent folder is fsynced;
+- object stores (any other fsspec URL): every object is written under ``step-<N>/``, each one is checked to be
+  visible with its full size, and only then is the manifest written (the marker-last protocol).
+
+A folder that has no manifest is *partial*; one whose manifest does not verify is *corrupt*. Each save in flight
+holds a lease file naming its host and process, so that start-up cleaning never removes a save in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from goodput.errors import CheckpointCorrupt
+
+__all__ = ["MANIFEST_NAME", "CheckpointInfo", "CheckpointLayout", "FileEntry", "Manifest", "list_checkpoints"]
+
+MANIFEST_NAME = "goodput-manifest.json"
+_LEASE_NAME = "goodput-lease.json"
+_FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_PARTIAL_DIR = re.compile(r"^step-(\d+)\.partial-([0-9a-f]+)$")
+_TRASH_DIR = re.compile(r"^step-(\d+)\.trash-([0-9a-f]+)$")
+_CHUNK = 8 << 20
+_IN_FLIGHT: set[str] = set()  # folders this process is writing (a lease naming this pid may be in flight)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a checkpoint as the manifest records it."""
+
+    size: int
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """goodput's record of a committed checkpoint (written last; its presence is the commit)."""
+
+    step: int
+    strategy: str
+    world_size: int
+    wall_time: float
+    files: dict[str, FileEntry]
+    goodput_version: str
+    format_version: int = _FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(entry.size for entry in self.files.values())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        raw = json.loads(text)
+        if not isinstance(raw, dict) or raw.get("format_version") != _FORMAT_VERSION:
+            raise ValueError(
+                f"unknown manifest format {raw.get('format_version') if isinstance(raw, dict) else raw!r}"
+            )
+        files = {str(name): FileEntry(int(e["size"]), e.get("sha256")) for name, e in raw["files"].items()}
+        return cls(
+            step=int(raw["step"]),
+            strategy=str(raw["strategy"]),
+            world_size=int(raw["world_size"]),
+            wall_time=float(raw["wall_time"]),
+            files=files,
+            goodput_version=str(raw["goodput_version"]),
+            extra=dict(raw.get("extra", {})),
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One row of a listing: a step folder and what state it is in."""
+
+    step: int
+    url: str
+    status: str  # "committed", "partial" or "corrupt"
+    reason: str = ""
+    strategy: str | None = None
+    world_size: int | None = None
+    wall_time: float | None = None
+    size_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _is_local(root: str) -> bool:
+    return "://" not in root or root.startswith("file://")
+
+
+class CheckpointLayout:
+    """The folders under one checkpoint root, local or behind any fsspec URL.
+
+    Args:
+        root: a local path or an fsspec URL (``s3://bucket/run``, ``memory://run``).
+        storage_options: passed to fsspec for remote roots (credentials, endpoint); never logged.
+    """
+
+    def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.local = _is_local(root)
+        self.root = os.path.abspath(root.removeprefix("file://")) if self.local else root.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self._fs: Any = None
+
+    # ---- storage primitives -------------------------------------------------------------------------------
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem of the root (created on first use)."""
+        if self._fs is None:
+            from fsspec.core import url_to_fs
+
+            self._fs, _ = url_to_fs(self.root, **self.storage_options)
+        return self._fs
+
+    def join(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts) if self.local else "/".join([self.root, *parts])
+
+    def _names(self, folder: str) -> list[str]:
+        if self.local:
+            try:
+                return sorted(os.listdir(folder))
+            except FileNotFoundError:
+                return []
+        self.fs.invalidate_cache(folder)
+        try:
+            entries = self.fs.ls(folder, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+    def _size(self, path: str) -> int:
+        if self.local:
+            return os.stat(path).st_size
+        self.fs.invalidate_cache(path)
+        return int(self.fs.info(path)["size"])
+
+    def _read_text(self, path: str) -> str:
+        if self.local:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        self.fs.invalidate_cache(path)
+        return str(self.fs.cat_file(path).decode("utf-8"))
+
+    def _write_text(self, path: str, text: str, *, durable: bool = True) -> None:
+        if self.local:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+        else:
+            with self.fs.open(path, "wb") as f:
+                f.write(text.encode("utf-8"))
+
+    def _remove_tree(self, path: str) -> None:
+        if self.local:
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(path, recursive=True)
+            self.fs.invalidate_cache(path)
+
+    def free_bytes(self) -> int | None:
+        """Bytes free for writing under a local root (None for remote roots)."""
+        if not self.local:
+            return None
+        try:
+            st = os.statvfs(self.root)
+        except OSError:
+            return None
+        return int(st.f_bavail * st.f_frsize)
+
+    def digest(self, path: str, *, checksum: bool) -> FileEntry:
+        """Size (and sha256 when ``checksum``) of one written file, read back from storage."""
+        size = self._size(path)
+        if not checksum:
+            return FileEntry(size)
+        h = hashlib.sha256()
+        opener = open(path, "rb") if self.local else self.fs.open(path, "rb")  # noqa: SIM115
+        with opener as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        return FileEntry(size, h.hexdigest())
+
+    # ---- saving ----------------------------------------------------------------------------------------
+    def final_dir(self, step: int) -> str:
+        return self.join(f"step-{step}")
+
+    def begin(self, step: int, token: str) -> str:
+        """Create the folder a save of ``step`` writes into (with a lease); returns its path or URL.
+
+        Never reuses a folder: a leftover local partial of the same token is removed first; on object stores a
+        leftover uncommitted ``step-N/`` is removed (DCP would otherwise mix new shards with old ones).
+        """
+        if self.local:
+            folder = self.join(f"step-{step}.partial-{token}")
+            self._remove_tree(folder)
+            os.makedirs(folder)
+        else:
+            folder = self.final_dir(step)
+            self._remove_tree(folder)
+            self.fs.makedirs(folder, exist_ok=True)
+        _IN_FLIGHT.add(folder)
+        lease = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        self._write_text(self.path_in(folder, _LEASE_NAME), json.dumps(lease), durable=False)
+        return folder
+
+    def is_committed(self, step: int) -> bool:
+        """Whether ``step-<step>`` is committed and its files have their recorded sizes."""
+        folder = self.final_dir(step)
+        if MANIFEST_NAME not in self._names(folder):
+            return False
+        try:
+            self.verify(folder, checksums=False)
+        except CheckpointCorrupt:
+            return False
+        return True
+
+    def path_in(self, folder: str, name: str) -> str:
+        return os.path.join(folder, name) if self.local else f"{folder}/{name}"
+
+    def rank_files(self, folder: str, names: Iterable[str], *, checksum: bool) -> dict[str, FileEntry]:
+        """Sizes/checksums of the named files in ``folder`` (each rank describes the files it wrote)."""
+        return {name: self.digest(self.path_in(folder, name), checksum=checksum) for name in names}
+
+    def list_files(self, folder: str) -> list[str]:
+        return self._names(folder)
+
+    def commit(self, folder: str, manifest: Manifest) -> str:
+        """Make the save in ``folder`` the committed checkpoint of its step; returns the final path or URL.
+
+        Every file the manifest names must already be written by its rank; each is checked to be present with
+        its recorded size before the manifest (the marker) is written.
+        """
+        for name, entry in manifest.files.items():
+            size = self._size(self.path_in(folder, name))
+            if size != entry.size:
+                raise OSError(f"{name} in {folder} holds {size} bytes, {entry.size} were written")
+        self._write_text(self.path_in(folder, MANIFEST_NAME), manifest.to_json())
+        _IN_FLIGHT.discard(folder)
+        if not self.local:
+            if self._size(self.path_in(folder, MANIFEST_NAME)) <= 0:
+                raise OSError(f"the manifest of {folder} is not visible after writing it")
+            return folder
+        _fsync_dir(folder)
+        final = self.final_dir(manifest.step)
+        if os.path.exists(final):  # an older corrupt or partial leftover of the same step: move it aside
+            trash = self.join(f"step-{manifest.step}.trash-{uuid.uuid4().hex[:8]}")
+            os.rename(final, trash)
+            self._remove_tree(trash)
+        os.rename(folder, final)
+        _fsync_dir(self.root)
+        return final
+
+    def abort(self, folder: str) -> None:
+        """Remove the folder of a failed save (best effort: it is uncommitted either way)."""
+        _IN_FLIGHT.discard(folder)
+        try:
+            self._remove_tree(folder)
+        except OSError as err:
+            log.warning("could not remove the failed save's folder %s: %s", folder, err)
+
+    # ---- reading -----------------------------------------------------------------------------------------
+    def read_manifest(self, folder: str) -> Manifest:
+        """The manifest of a committed folder. Raises CheckpointCorrupt when unreadable or missing."""
+        path = self.path_in(folder, MANIFEST_NAME)
+        try:
+            return Manifest.from_json(self._read_text(path))
+        except FileNotFoundError:
+            raise CheckpointCorrupt(f"{path}: missing (the save never committed)") from None
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointCorrupt(f"{path}: unreadable manifest ({err})") from None
+
+    def verify(self, folder: str, *, checksums: bool) -> Manifest:
+        """Check a committed folder against its manifest. Raises CheckpointCorrupt naming the failing file."""
+        manifest = self.read_manifest(folder)
+        present = set(self._names(folder))
+        for name, entry in sorted(manifest.files.items()):
+            path = self.path_in(folder, name)
+            if name not in present:
+                raise CheckpointCorrupt(f"{path}: missing")
+            size = self._size(path)
+            if size != entry.size:
+                raise CheckpointCorrupt(f"{path}: {size} bytes, the manifest says {entry.size}")
+            if checksums and entry.sha256 is not None:
+                actual = self.digest(path, checksum=True).sha256
+                if actual != entry.sha256:
+                    raise CheckpointCorrupt(
+                        f"{path}: sha256 {actual} differs from the manifest's {entry.sha256}"
+                    )
+        return manifest
+
+    def scan(self, *, checksums: bool = False) -> list[CheckpointInfo]:
+        """Every step folder and partial folder under the root, newest step first."""
+        rows: list[CheckpointInfo] = []
+        for name in self._names(self.root):
+            folder = self.join(name)
+            if match := _STEP_DIR.match(name):
+                rows.append(self._inspect(int(match.group(1)), folder, checksums=checksums))
+            elif match := _PARTIAL_DIR.match(name):
+                rows.append(CheckpointInfo(int(match.group(1)), folder, "partial", "save did not commit"))
+        rows.sort(key=lambda r: (r.step, r.status == "committed"), reverse=True)
+        return rows
+
+    def _inspect(self, step: int, folder: str, *, checksums: bool) -> CheckpointInfo:
+        names = self._names(folder)
+        if MANIFEST_NAME not in names:
+            return CheckpointInfo(step, folder, "partial", "no manifest: save did not commit")
+        try:
+            m = self.read_manifest(folder)
+        except CheckpointCorrupt as err:
+            return CheckpointInfo(step, folder, "corrupt", str(err))
+        row = CheckpointInfo(
+            step, folder, "committed", "", m.strategy, m.world_size, m.wall_time, m.total_bytes
+        )
+        try:
+            self.verify(folder, checksums=checksums)
+        except CheckpointCorrupt as err:
+            return dataclasses.replace(row, status="corrupt", reason=str(err))
+        if m.step != step:
+            return dataclasses.replace(row, status="corrupt", reason=f"the manifest says step {m.step}")
+        return row
+
+    # ---- cleaning ----------------------------------------------------------------------------------------
+    def clean_partials(self, *, stale_after: float) -> list[str]:
+        """Remove folders of crashed saves; returns what was removed.
+
+        A partial folder is left alone while its lease names a live process on this host, or (for a lease from
+        another host, or none readable) while it is younger than ``stale_after`` seconds.
+        """
+        removed = []
+        for name in self._names(self.root):
+            folder = self.join(name)
+            if _TRASH_DIR.match(name):
+                self._remove_tree(folder)
+                removed.append(folder)
+                continue
+            if not (_PARTIAL_DIR.match(name) or _STEP_DIR.match(name)):
+                continue
+            names = self._names(folder)
+            if MANIFEST_NAME in names or self._in_flight(folder, names, stale_after):
+                continue
+            log.warning("removing %s: a save that never committed", folder)
+            self._remove_tree(folder)
+            removed.append(folder)
+        return removed
+
+    def _in_flight(self, folder: str, names: list[str], stale_after: float) -> bool:
+        try:
+            lease = (
+                json.loads(self._read_text(self.path_in(folder, _LEASE_NAME))) if _LEASE_NAME in names else {}
+            )
+        except (OSError, ValueError):
+            lease = {}
+        if lease.get("host") == socket.gethostname() and isinstance(lease.get("pid"), int):
+            if lease["pid"] == os.getpid():
+                return folder in _IN_FLIGHT
+            return _pid_alive(lease["pid"])
+        started = float(lease.get("started", 0.0))
+        return time.time() - started < stale_after
+
+    def remove(self, info: CheckpointInfo) -> None:
+        """Delete one checkpoint folder (retention decides which)."""
+        log.info("purging %s", info.url)
+        if self.local:  # rename first so that a crash mid-delete never leaves a half step-N that looks real
+            trash = self.join(f"step-{info.step}.trash-{uuid.uuid4().hex[:8]}")
+            os.rename(info.url, trash)
+            self._remove_tree(trash)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(self.path_in(info.url, MANIFEST_NAME))  # un-commit first
+            self._remove_tree(info.url)
+
+
+def list_checkpoints(
+    root: str, *, storage_options: dict[str, Any] | None = None, checksums: bool = False
+) -> list[CheckpointInfo]:
+    """Every checkpoint folder under ``root`` with its status, newest first.
+
+    Args:
+        root: a local folder or an fsspec URL.
+        storage_options: fsspec options (credentials, endpoint) for remote roots.
+        checksums: also verify every file's sha256 (reads every byte).
+    """
+    return CheckpointLayout(root, storage_options).scan(checksums=checksums)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie (killed child not yet reaped) is not a live save
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True

@@ -1,0 +1,134 @@
+"""When to save: every N steps, every T seconds, or ``auto`` (the planner's optimum, re-evaluated as saves
+are measured and failures observed).
+
+Policies own no clock: the caller passes ``now`` (monotonic seconds). ``auto`` sets the interval to
+``goodput.planning.optimal_interval`` of the measured blocking stall C and persist time W and the failure rate
+(a prior MTBF until failures are observed), bounded below by W (a save cannot start before the previous one is
+durable) and above by the user's maximum. Every change of the interval is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections import deque
+from typing import Protocol
+
+__all__ = ["AutoInterval", "EveryInterval", "EverySteps", "SavePolicy"]
+
+log = logging.getLogger(__name__)
+
+
+class SavePolicy(Protocol):
+    """Decides whether a step should be saved."""
+
+    def due(self, step: int, now: float) -> bool:
+        """Whether to save at ``step`` (called once per step)."""
+        ...
+
+    def saved(self, step: int, now: float) -> None:
+        """A save of ``step`` started at ``now`` (or the run resumed from it)."""
+        ...
+
+    def measured(self, stall: float, persist: float) -> None:
+        """A save completed: it blocked training ``stall`` seconds and was durable after ``persist``."""
+        ...
+
+
+class EverySteps:
+    """Save at every step that is a multiple of ``n`` (the same steps on every rank and every restart)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._last: int | None = None
+
+    def due(self, step: int, now: float) -> bool:
+        return step > 0 and step % self.n == 0 and step != self._last
+
+    def saved(self, step: int, now: float) -> None:
+        self._last = step
+
+    def measured(self, stall: float, persist: float) -> None:
+        pass
+
+
+class EveryInterval:
+    """Save when ``interval`` seconds have passed since the last save (or since the first step seen)."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._last_time: float | None = None
+        self._last_step: int | None = None
+
+    def due(self, step: int, now: float) -> bool:
+        if self._last_time is None:
+            self._last_time = now
+            return False
+        return step != self._last_step and now - self._last_time >= self.interval
+
+    def saved(self, step: int, now: float) -> None:
+        self._last_time = now
+        self._last_step = step
+
+    def measured(self, stall: float, persist: float) -> None:
+        pass
+
+
+class AutoInterval(EveryInterval):
+    """The planner's optimal interval from measured save costs and the failure rate, within bounds.
+
+    Args:
+        mtbf: prior mean time between failures of the whole job, seconds.
+        max_interval: never wait longer than this between saves.
+        restart: seconds a restart costs.
+        detect: seconds until a failure is noticed.
+        first_interval: the interval before any save has been measured (bounded by ``max_interval``).
+        window: how many recent saves the stall/persist estimates are the median of.
+    """
+
+    def __init__(
+        self,
+        *,
+        mtbf: float,
+        max_interval: float,
+        restart: float = 0.0,
+        detect: float = 0.0,
+        first_interval: float = 600.0,
+        window: int = 5,
+    ) -> None:
+        super().__init__(min(first_interval, max_interval))
+        self.mtbf = mtbf
+        self.max_interval = max_interval
+        self.restart = restart
+        self.detect = detect
+        self._stalls: deque[float] = deque(maxlen=window)
+        self._persists: deque[float] = deque(maxlen=window)
+        self._failures: list[float] = []
+
+    def measured(self, stall: float, persist: float) -> None:
+        self._stalls.append(stall)
+        self._persists.append(persist)
+        self._update("a save was measured")
+
+    def observe_mtbf(self, mtbf: float) -> None:
+        """Replace the prior with an observed mean time between failures (seconds)."""
+        if mtbf > 0:
+            self.mtbf = mtbf
+            self._update("the failure rate was updated")
+
+    def _update(self, why: str) -> None:
+        from goodput.planning import optimal_interval
+
+        if not self._stalls:
+            return
+        stall = statistics.median(self._stalls)
+        persist = statistics.median(self._persists)
+        best = optimal_interval(stall, self.mtbf, restart=self.restart, persist=persist, detect=self.detect)
+        new = min(max(best, persist), self.max_interval)
+        if abs(new - self.interval) > 1e-9 * max(1.0, self.interval):
+            log.info(
+                "checkpoint interval %.1fs -> %.1fs (%s: stall %.3fs, persist %.3fs, MTBF %.0fs; planner %.1fs,"
+                " bounds [%.1fs, %.1fs])",
+                self.interval, new, why, stall, persist, self.mtbf, best, persist, self.max_interval,
+            )  # fmt: skip
+            self.interval = new

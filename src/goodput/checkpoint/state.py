@@ -1,0 +1,217 @@
+"""The complete training state as one DCP ``Stateful``: everything a resumed run needs to be the same run.
+
+Layout of the state dict (constant keys):
+
+- ``model``, ``optim``: from ``torch.distributed.checkpoint.state_dict`` (plain, DDP and FSDP2 models alike);
+- ``scheduler``, ``scaler``: their own ``state_dict()`` (absent when not given);
+- ``meta``: a JSON string with step, samples/tokens seen and the user's extras (the same on every rank);
+- ``rank<r>``: a JSON string with rank r's RNG states and data-loader position. DCP hands a non-tensor value
+  saved under one key by every rank back as ONE rank's value, so per-rank values live under per-rank keys.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.stateful import Stateful
+
+from goodput.checkpoint.rng import capture_rng, restore_rng
+from goodput.errors import StateMismatch
+
+__all__ = ["LoaderState", "TrainingState", "check_shapes", "tensor_shapes"]
+
+
+class LoaderState(Protocol):
+    """Anything whose position can be saved: ``state_dict()`` returns a JSON-able dict."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+class TrainingState(Stateful):
+    """Model, optimizer, scheduler, scaler, progress counters, data position, RNG and user extras.
+
+    Args:
+        model: the module being trained (plain, DDP or FSDP2).
+        optimizer: its optimizer, if any.
+        scheduler: an LR scheduler, if any.
+        scaler: a ``torch.amp.GradScaler``, if any.
+        loader: any object with ``state_dict()``/``load_state_dict()`` over JSON-able dicts (per rank).
+        extras: user values (JSON-able), restored into ``extras``.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        scaler: Any = None,
+        loader: LoaderState | None = None,
+        extras: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scaler = scaler
+        self.loader = loader
+        self.extras: dict[str, Any] = dict(extras or {})
+        self.step = 0
+        self.samples_seen = 0
+        self.tokens_seen = 0
+
+    # ---- Stateful (the sharded form DCP saves) ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The sharded state dict: each rank holds its own shards plus its own ``rank<r>`` entry."""
+        sd = self._shared(full=False)
+        sd[f"rank{_rank()}"] = self.rank_state()
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict produced by :meth:`state_dict` (after DCP filled it in place)."""
+        self._load_shared(state_dict, full=False)
+        self.load_rank_state(state_dict[f"rank{_rank()}"])
+
+    # ---- the full form (torch_save) ----------------------------------------------------------------------
+    def full_state_dict(self, group: Any = None) -> dict[str, Any]:
+        """The complete state gathered for rank 0 (model/optimizer unsharded on CPU, every rank's entry).
+
+        A collective over ``group``: every rank must call it. Only rank 0's return value is complete.
+        """
+        sd = self._shared(full=True)
+        mine = self.rank_state()
+        if _world() > 1:
+            gathered: list[Any] = [None] * _world() if _rank() == 0 else []
+            dist.gather_object(mine, gathered if _rank() == 0 else None, dst=0, group=group)
+            for r, entry in enumerate(gathered):
+                sd[f"rank{r}"] = entry
+        else:
+            sd["rank0"] = mine
+        return sd
+
+    def load_full_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a complete state (every rank holds the whole dict, e.g. from ``torch.load``)."""
+        self._load_shared(dict(state_dict), full=True)
+        key = f"rank{_rank()}"
+        if key not in state_dict:
+            raise StateMismatch(f"the checkpoint holds no state for rank {_rank()} (saved with fewer ranks)")
+        self.load_rank_state(state_dict[key])
+
+    # ---- parts --------------------------------------------------------------------------------------------
+    def rank_state(self) -> str:
+        """This rank's RNG states and data position, as a JSON string."""
+        loader = self.loader.state_dict() if self.loader is not None else None
+        try:
+            return json.dumps({"rng": capture_rng(), "loader": loader})
+        except TypeError as err:
+            raise TypeError(f"loader.state_dict() must return JSON-able values: {err}") from None
+
+    def load_rank_state(self, text: str) -> None:
+        entry = json.loads(text)
+        restore_rng(entry["rng"])
+        if self.loader is not None:
+            if entry["loader"] is None:
+                raise StateMismatch("the checkpoint holds no data-loader position, but a loader was given")
+            self.loader.load_state_dict(entry["loader"])
+
+    def _shared(self, *, full: bool) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_state_dict,
+        )
+
+        sd: dict[str, Any] = {}
+        options = StateDictOptions(full_state_dict=full, cpu_offload=full)
+        if self.model is not None and self.optimizer is not None:
+            sd["model"], sd["optim"] = get_state_dict(self.model, self.optimizer, options=options)
+        elif self.model is not None:
+            sd["model"] = get_model_state_dict(self.model, options=options)
+        if self.scheduler is not None:
+            sd["scheduler"] = self.scheduler.state_dict()
+        if self.scaler is not None:
+            sd["scaler"] = self.scaler.state_dict()
+        meta = {
+            "step": self.step,
+            "samples_seen": self.samples_seen,
+            "tokens_seen": self.tokens_seen,
+            "extras": self.extras,
+        }
+        try:
+            sd["meta"] = json.dumps(meta)
+        except TypeError as err:
+            raise TypeError(f"TrainingState.extras must be JSON-able: {err}") from None
+        return sd
+
+    def _load_shared(self, sd: dict[str, Any], *, full: bool) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=full, strict=True)
+        if self.model is not None and self.optimizer is not None:
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=sd["model"],
+                optim_state_dict=sd["optim"],
+                options=options,
+            )
+        elif self.model is not None:
+            set_model_state_dict(self.model, sd["model"], options=options)
+        for name in ("scheduler", "scaler"):
+            part = getattr(self, name)
+            if part is not None:
+                if name not in sd:
+                    raise StateMismatch(f"the checkpoint holds no {name} state, but a {name} was given")
+                part.load_state_dict(sd[name])
+        meta = json.loads(sd["meta"])
+        self.step = int(meta["step"])
+        self.samples_seen = int(meta["samples_seen"])
+        self.tokens_seen = int(meta["tokens_seen"])
+        self.extras = dict(meta["extras"])
+
+
+def tensor_shapes(sd: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[int, ...]]:
+    """Every tensor in a nested state dict by its dotted key (DCP's flattening), with its global shape."""
+    out: dict[str, tuple[int, ...]] = {}
+    for key, value in sd.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, torch.Tensor):
+            out[name] = tuple(value.shape)
+        elif isinstance(value, Mapping):
+            out.update(tensor_shapes(value, f"{name}."))
+    return out
+
+
+def check_shapes(expected: Mapping[str, tuple[int, ...]], saved: Mapping[str, tuple[int, ...]]) -> None:
+    """Refuse a checkpoint that does not fit: a missing, unexpected or differently shaped model/optimizer tensor.
+
+    Raises:
+        StateMismatch: naming the first differing key and both shapes.
+    """
+    for key, shape in sorted(expected.items()):
+        if key not in saved:
+            raise StateMismatch(f"{key}: the checkpoint has no such tensor (this run's shape {list(shape)})")
+        if tuple(saved[key]) != tuple(shape):
+            raise StateMismatch(
+                f"{key}: the checkpoint has shape {list(saved[key])}, this run has {list(shape)}"
+            )
+    for key, shape in sorted(saved.items()):
+        if key.startswith("model.") and key not in expected:
+            raise StateMismatch(f"{key}: in the checkpoint (shape {list(shape)}) but not in this run's model")

@@ -1,0 +1,97 @@
+"""When to save: step and time policies, and ``auto`` wired to the planner within its bounds."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from goodput.checkpoint import (
+    AutoInterval,
+    CheckpointConfig,
+    CheckpointManager,
+    EveryInterval,
+    EverySteps,
+    TrainingState,
+)
+from goodput.errors import ConfigError
+from goodput.planning import optimal_interval
+
+
+def test_every_steps_saves_multiples_once() -> None:
+    policy = EverySteps(3)
+    due = [step for step in range(0, 10) if policy.due(step, 0.0)]
+    assert due == [3, 6, 9]
+    policy.saved(6, 0.0)
+    assert not policy.due(6, 0.0)
+
+
+def test_every_interval_counts_from_the_first_step_and_each_save() -> None:
+    policy = EveryInterval(10.0)
+    assert not policy.due(1, 100.0)
+    assert not policy.due(2, 109.9)
+    assert policy.due(3, 110.0)
+    policy.saved(3, 110.0)
+    assert not policy.due(4, 115.0)
+    assert policy.due(5, 120.5)
+
+
+def test_auto_uses_the_planner_optimum_within_bounds_and_logs_changes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    day = 86400.0
+    policy = AutoInterval(mtbf=day, max_interval=3600.0, first_interval=600.0)
+    assert policy.interval == 600.0
+    with caplog.at_level(logging.INFO, logger="goodput.checkpoint.policy"):
+        policy.measured(stall=2.0, persist=8.0)
+    assert policy.interval == pytest.approx(optimal_interval(2.0, day, persist=8.0))
+    assert 8.0 < policy.interval < 3600.0
+    assert "checkpoint interval 600.0s ->" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="goodput.checkpoint.policy"):
+        policy.measured(stall=2.0, persist=8.0)  # same medians: no change, no log line
+    assert caplog.text == ""
+    policy.observe_mtbf(100.0 * day)  # rare failures: the optimum exceeds the user's maximum
+    assert policy.interval == 3600.0
+    policy.observe_mtbf(60.0)  # failures every minute: bounded below by the persist time
+    assert policy.interval >= 8.0
+    assert policy.interval == pytest.approx(max(optimal_interval(2.0, 60.0, persist=8.0), 8.0))
+
+
+def test_auto_manager_reevaluates_from_measured_saves(tmp_path: Path) -> None:
+    now = [0.0]
+    model = torch.nn.Linear(4, 2)
+    config = CheckpointConfig(
+        root=str(tmp_path), strategy="dcp", every="auto", max_interval="30m", gpus=1000, afr=0.1
+    )
+    manager = CheckpointManager(config, TrainingState(model=model), clock=lambda: now[0])
+    policy = manager.policy
+    assert isinstance(policy, AutoInterval)
+    assert policy.mtbf == pytest.approx(365 * 86400 / 100)  # the prior: a year over (1000 GPUs x 10 %)
+    assert not manager.should_save(1)
+    now[0] = 600.0  # the first interval before anything was measured
+    assert manager.should_save(2)
+    result = manager.save(2)
+    assert result.persist_seconds is not None
+    expected = optimal_interval(result.stall_seconds, policy.mtbf, persist=result.persist_seconds)
+    assert policy.interval == pytest.approx(min(max(expected, result.persist_seconds), 1800.0))
+    manager.close()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("strategy", "pickle"),
+        ("every", 0),
+        ("every", "often"),
+        ("keep_last", 0),
+        ("keep_every", -1),
+        ("afr", 0.0),
+        ("max_interval", "0s"),
+    ],
+)
+def test_config_refuses_bad_values_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=field):
+        CheckpointConfig(root="/tmp/x", **{field: value})  # type: ignore[arg-type]
