@@ -3,12 +3,14 @@ budget rules, pins, prefetch order and window, verification, and errors that nam
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import time
 
 import pytest
 
+from goodput.data._cacheindex import close_connections
 from goodput.data._remote import ChecksumMismatch, RemoteInfo, is_transient, redact_url
 from goodput.data.cache import CacheConfig, RemoteCache
 from goodput.errors import ConfigError, DataError, StorageError
@@ -202,7 +204,20 @@ def test_redact_url_drops_userinfo_and_query() -> None:
 def test_damaged_index_is_rebuilt_and_unknown_files_dropped(tmp_path, s3_server, s3_url) -> None:
     ((url, data),) = upload(s3_server, s3_url, 1, 10 * KB).items()
     assert _cache(tmp_path, s3_server).read(url) == data
+    close_connections()  # as after a reboot: no process has the index open
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / "cache" / f"index.sqlite{suffix}").unlink(missing_ok=True)
     (tmp_path / "cache" / "index.sqlite").write_bytes(b"not a database" * 100)
     cache = _cache(tmp_path, s3_server)
     assert os.listdir(tmp_path / "cache" / "files") == []
     assert cache.read(url) == data and cache.metrics()["misses"] == 1
+
+
+def test_large_object_is_fetched_with_parallel_range_requests(tmp_path, s3_server, s3_url, proxy) -> None:
+    ((url, data),) = upload(s3_server, s3_url, 1, 1_000_000).items()
+    proxy.set(latency_s=0.05)  # long enough that the parts overlap in time
+    cache = _cache(tmp_path, s3_server, proxy, chunk_bytes=128_000, range_workers=4)
+    assert cache.read(url) == data
+    parts = sorted(_gets(proxy, url), key=lambda r: r.start)
+    assert len(parts) == 8 and all(r.range and r.range.startswith("bytes=") for r in parts)
+    assert any(b.start < a.end for a, b in itertools.pairwise(parts))  # several in flight at once

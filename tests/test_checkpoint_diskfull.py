@@ -4,6 +4,7 @@ checkpoint still restores."""
 from __future__ import annotations
 
 import gc
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,3 +67,26 @@ def test_disk_full_fails_cleanly_and_the_previous_checkpoint_restores(
     assert manager.restore_latest() == 1
     assert torch.equal(model.weight, saved)
     manager.close()
+
+
+def test_a_failed_async_save_is_reported_by_the_next_save_which_then_proceeds(small_disk: Path) -> None:
+    model = torch.nn.Linear(512, 512)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    events: list[str] = []
+    manager = CheckpointManager(
+        CheckpointConfig(root=str(small_disk), strategy="dcp_async", every=1, keep_last=1),
+        TrainingState(model=model, optimizer=opt),
+        on_event=lambda name, **fields: events.append(f"{name} {fields['step']}"),
+    )
+    model(torch.randn(4, 512)).square().mean().backward()
+    opt.step()
+    manager.save(1)
+    manager.save(2)  # does not fit next to step 1: fails in the background
+    with pytest.raises(SaveFailed, match="saving step 2 failed"):
+        manager.save(3)
+    assert "checkpoint_failed 2" in events
+    shutil.rmtree(small_disk / "step-1")  # make room, as an operator would
+    manager.save(3)  # the next save after the reported failure works again
+    assert manager.wait() is not None
+    manager.close()
+    assert [(r.step, r.status) for r in list_checkpoints(str(small_disk))] == [(3, "committed")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import fsspec
 import pytest
 import torch
@@ -77,3 +79,24 @@ def test_s3_uncommitted_folder_is_partial_and_skipped(s3_server: S3Server, s3_ur
     ]
     assert manager.restore_latest() == 1
     manager.close()
+
+
+@pytest.mark.s3
+def test_goodput_ls_on_an_s3_url_with_credentials_from_the_environment(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from goodput.cli import main
+
+    manager = CheckpointManager(
+        CheckpointConfig(root=s3_url, strategy="dcp", every=1, storage_options=s3_server.storage_options()),
+        TrainingState(model=torch.nn.Linear(4, 2)),
+    )
+    manager.save(3)
+    manager.close()
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    assert main(["ls", s3_url, "--json"]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(out)["checkpoints"]
+    assert [(r["step"], r["status"], r["strategy"]) for r in rows] == [(3, "committed", "dcp")]
+    assert s3_server.secret_key not in out

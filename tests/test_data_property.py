@@ -2,7 +2,8 @@
 
 A job of ``world`` ranks (one ResumableLoader each, stepping in lockstep) runs some steps, then crashes: some
 ranks may already have received the next batch, which is lost with them. The job restarts on another world
-size from the last saved position (JSON), and so on; a last attempt runs to the end of epoch 1. The samples
+size from the last saved position (JSON), and so on; a last attempt runs to the end of epoch 1. The order is
+the global shuffle or the shard-aware one. The samples
 the training loops received before each saved position, per epoch, must be the dataset exactly once.
 """
 
@@ -21,14 +22,26 @@ from tests import _data
 _END = object()
 
 
+def _loader(n: int, batch: int, rank: int, world: int, sharded: bool) -> ResumableLoader:
+    if not sharded:
+        return ResumableLoader(_data.Squares(n), batch_size=batch, seed=11, rank=rank, world_size=world)
+    shards = [min(5, n - start) for start in range(0, n, 5)]
+    return ResumableLoader(
+        _data.Sharded(shards), batch_size=batch, seed=11, rank=rank, world_size=world, shard_window=2
+    )
+
+
 def _attempt(
-    n: int, batch: int, world: int, state: dict[str, Any] | None, steps: int | None, crash_ranks: list[int]
+    n: int,
+    batch: int,
+    world: int,
+    state: dict[str, Any] | None,
+    steps: int | None,
+    crash_ranks: list[int],
+    sharded: bool,
 ) -> tuple[dict[int, list[int]], dict[str, Any]]:
     """Run ``steps`` lockstep steps (None: to the end of epoch 1); return samples by epoch and the saved state."""
-    loaders = [
-        ResumableLoader(_data.Squares(n), batch_size=batch, seed=11, rank=r, world_size=world)
-        for r in range(world)
-    ]
+    loaders = [_loader(n, batch, r, world, sharded) for r in range(world)]
     for loader in loaders:
         if state is not None:
             loader.load_state_dict(state)
@@ -62,18 +75,19 @@ def _attempt(
         max_size=5,
     ),
     last_world=st.integers(1, 4),
+    sharded=st.booleans(),
 )
-@example(n=37, batch=4, attempts=[(2, 3, [1]), (1, 5, [0])], last_world=2)  # 2 ranks -> 1 -> 2
+@example(n=37, batch=4, attempts=[(2, 3, [1]), (1, 5, [0])], last_world=2, sharded=False)  # 2 -> 1 -> 2 ranks
 def test_each_epoch_is_the_dataset_exactly_once(
-    n: int, batch: int, attempts: list[tuple[int, int, list[int]]], last_world: int
+    n: int, batch: int, attempts: list[tuple[int, int, list[int]]], last_world: int, sharded: bool
 ) -> None:
     by_epoch: dict[int, list[int]] = defaultdict(list)
     state: dict[str, Any] | None = None
     for world, steps, crash_ranks in attempts:
-        received, state = _attempt(n, batch, world, state, steps, crash_ranks)
+        received, state = _attempt(n, batch, world, state, steps, crash_ranks, sharded)
         for epoch, samples in received.items():
             by_epoch[epoch] += samples
-    received, state = _attempt(n, batch, last_world, state, None, [])
+    received, state = _attempt(n, batch, last_world, state, None, [], sharded)
     for epoch, samples in received.items():
         by_epoch[epoch] += samples
     assert state["epoch"] >= 2

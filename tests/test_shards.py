@@ -103,6 +103,8 @@ def test_dataloader_workers_read_through_one_cache(tmp_path, s3_server: S3Server
     ds.prefetch(list(range(64)))  # the main process prefetches; forked workers read
     loader = DataLoader(ds, batch_size=None, num_workers=2, collate_fn=lambda b: b)
     assert list(loader) == samples
+    counted = ds.cache_metrics()
+    assert counted["hits"] + counted["misses"] >= len(ds.shard_sizes)  # the workers' reads, node-wide
     ds.close()
 
 
@@ -123,6 +125,8 @@ def test_folder_dataset(tmp_path, s3_server: S3Server, s3_url: str) -> None:
     assert [ds[i] for i in range(12)] == [f"sample {i}" for i in range(12)]
     direct = FolderDataset(s3_url, decode=bytes.decode, suffixes=[".txt"], storage_options=via(s3_server))
     assert direct[5] == "sample 5" and direct.fingerprint == ds.fingerprint
+    assert pickle.loads(pickle.dumps(ds))[7] == "sample 7"
+    assert s3_server.secret_key not in repr(ds) + repr(ds._source)
     ds.close()
     with pytest.raises(DataError, match="holds no files"):
         FolderDataset(s3_url, decode=bytes.decode, suffixes=[".png"], storage_options=via(s3_server))

@@ -457,5 +457,6 @@ def goodput_over_time(acc: Accounting, *, window: float, points: int = 200) -> l
     for j in range(1, points + 1):
         t = acc.wall_seconds * j / points
         lo = max(0.0, t - window)
-        out.append((t, (productive_until(t) - productive_until(lo)) / (t - lo)))
+        span = t - lo  # 0 only when the run is shorter than float resolution (t underflows to 0)
+        out.append((t, (productive_until(t) - productive_until(lo)) / span if span > 0 else 0.0))
     return out

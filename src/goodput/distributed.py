@@ -1,9 +1,12 @@
 """Process-group set-up that survives torchrun restarts.
 
-Under torchrun every attempt's workers connect to the agent's TCP store, which outlives the workers. gloo
-publishes each rank's address there under fixed keys, so a restarted worker can read the dead attempt's
-address and fail ("Gloo connectFullMesh failed") or hang. ``init_distributed`` prefixes the store with the
-attempt number (``TORCHELASTIC_RESTART_COUNT``), so each attempt rendezvouses in a namespace of its own.
+By default torchrun's workers connect to the agent's TCP store, which outlives them. gloo publishes each
+rank's address there under fixed keys, so a restarted worker can read the dead attempt's address and fail
+("Gloo connectFullMesh failed") or hang. When the agent's store is shared (``TORCHELASTIC_USE_AGENT_STORE``),
+``init_distributed`` prefixes it with the attempt number (``TORCHELASTIC_RESTART_COUNT``), so each attempt
+rendezvouses in a namespace of its own. That count is per agent, so on several nodes it can differ between
+nodes: ``goodput launch`` therefore turns store sharing off (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), and each
+rendezvous round's rank 0 then hosts a fresh store on a fresh port, which needs no prefix.
 """
 
 from __future__ import annotations
@@ -70,6 +73,6 @@ def init_distributed(backend: str | None = None, *, timeout: float = 300.0) -> D
         is_master=info.rank == 0 and not agent_store,
         timeout=wait,
     )
-    store = dist.PrefixStore(f"goodput/attempt-{info.attempt}", base)
+    store = dist.PrefixStore(f"goodput/attempt-{info.attempt}", base) if agent_store else base
     dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=wait)
     return info

@@ -10,8 +10,11 @@ goodput adds three things around torchrun and re-implements none of it:
   attempts make no progress; the launcher then stops torchrun instead of burning the restart budget, prints
   the reason and exits with ``EXIT_CRASH_LOOP``.
 
-Reliable restarts with gloo need a fresh store namespace per attempt; ``Run`` does that on the worker side
-(see ``goodput.run``), so a plain ``torchrun`` launch is reliable too.
+Reliable restarts with gloo need a store without the dead attempt's keys. The launcher sets
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, so every rendezvous round gets a fresh store hosted by the new rank 0
+on a fresh port (consistent across nodes, whatever each agent's restart count). Under a plain ``torchrun``,
+whose workers share the agent's long-lived store, ``init_distributed`` namespaces the store by the attempt
+instead (see ``goodput.distributed``).
 """
 
 from __future__ import annotations
@@ -82,6 +85,11 @@ class LaunchConfig:
 def torchrun_command(config: LaunchConfig) -> list[str]:
     """The torchrun command line for a launch (``python -m torch.distributed.run ...``)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={config.nproc}"]
+    host = None if config.rdzv_endpoint is None else config.rdzv_endpoint.rsplit(":", 1)[0]
+    if host in (None, "127.0.0.1", "localhost"):
+        # A job on this machine only: keep every connection on the loopback address (torchrun would
+        # otherwise advertise the host name's address).
+        cmd.append("--local-addr=127.0.0.1")
     if config.rdzv_endpoint is None:
         cmd.append("--standalone")
     else:
@@ -106,6 +114,7 @@ def launch(config: LaunchConfig) -> int:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(config.run_dir, CRASH_LOOP_FILE))
         env["GOODPUT_RUN_DIR"] = os.path.abspath(config.run_dir)
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     env["GOODPUT_FAULTS"] = config.faults
     env["GOODPUT_CRASH_LOOP"] = str(config.crash_loop)
     proc = subprocess.Popen(torchrun_command(config), env=env, start_new_session=True)

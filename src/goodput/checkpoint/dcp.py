@@ -13,6 +13,7 @@ import pickle
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -117,6 +118,11 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
+def single_process() -> bool:
+    """True when no process group is up (DCP then saves/loads for this process alone)."""
+    return not (dist.is_available() and dist.is_initialized())
+
+
 def make_reader(folder: str, ctx: SaveContext) -> Any:
     """A DCP storage reader for ``folder`` whose ``.metadata`` is read through the restricted unpickler."""
     if ctx.layout.local:
@@ -166,7 +172,13 @@ def load_dcp(state: TrainingState, folder: str, ctx: SaveContext) -> None:
     }
     expected = {k: v for k, v in tensor_shapes(target).items() if k.startswith(("model.", "optim."))}
     check_shapes(expected, saved)
-    dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(), process_group=ctx.group)
+    dcp.load(
+        target,
+        storage_reader=reader,
+        planner=SafeLoadPlanner(),
+        process_group=ctx.group,
+        no_dist=single_process(),
+    )
     state.load_state_dict(target)
 
 

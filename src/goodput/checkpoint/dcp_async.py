@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from goodput.checkpoint.dcp import files_of_rank, load_dcp, make_writer
+from goodput.checkpoint.dcp import files_of_rank, load_dcp, make_writer, single_process
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.strategy import Completion, SaveContext
 
@@ -57,6 +57,7 @@ class DcpAsyncStrategy:
             process_group=ctx.group,
             async_checkpointer_type=self._type,
             async_stager=self._stager,
+            no_dist=single_process(),
         )
         rank = ctx.rank
 

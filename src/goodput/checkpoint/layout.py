@@ -16,6 +16,7 @@ holds a lease file naming its host and process, so that start-up cleaning never 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -333,14 +334,19 @@ class CheckpointLayout:
         if MANIFEST_NAME not in names:
             return CheckpointInfo(step, folder, "partial", "no manifest: save did not commit")
         try:
-            m = self.verify(folder, checksums=checksums)
+            m = self.read_manifest(folder)
         except CheckpointCorrupt as err:
             return CheckpointInfo(step, folder, "corrupt", str(err))
-        if m.step != step:
-            return CheckpointInfo(step, folder, "corrupt", f"manifest says step {m.step}")
-        return CheckpointInfo(
+        row = CheckpointInfo(
             step, folder, "committed", "", m.strategy, m.world_size, m.wall_time, m.total_bytes
         )
+        try:
+            self.verify(folder, checksums=checksums)
+        except CheckpointCorrupt as err:
+            return dataclasses.replace(row, status="corrupt", reason=str(err))
+        if m.step != step:
+            return dataclasses.replace(row, status="corrupt", reason=f"the manifest says step {m.step}")
+        return row
 
     # ---- cleaning ----------------------------------------------------------------------------------------
     def clean_partials(self, *, stale_after: float) -> list[str]:

@@ -165,6 +165,10 @@ class CheckpointManager:
         due = self._policy.due(step, now)
         return due if isinstance(self._policy, EverySteps) else bool(self._bcast(due))
 
+    def maybe_save(self, step: int, now: float | None = None) -> SaveResult | None:
+        """``save(step)`` when ``should_save(step, now)`` says so; None otherwise."""
+        return self.save(step) if self.should_save(step, now) else None
+
     def save(self, step: int) -> SaveResult:
         """Save the state as ``step``; blocks only for the strategy's blocking part (``dcp_async``: staging).
 
@@ -194,7 +198,7 @@ class CheckpointManager:
                     begun = (self._layout.final_dir(step), "", True)
                 else:
                     begun = (self._layout.begin(step, self._token), "", False)
-            except OSError as err:
+            except Exception as err:  # every rank waits for rank 0's word: always send one
                 begun = ("", f"creating the step folder: {type(err).__name__}: {err}", False)
         folder, error, exists = self._bcast(begun)
         if exists:  # committed by an earlier run that this manager did not restore: never overwrite it
@@ -211,19 +215,20 @@ class CheckpointManager:
                 completion = self._strategy.save(self.state, folder, self._ctx)
             except _FAILURES as err:
                 completion = _raiser(err)
-        stall = self._clock() - start
-        self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
         if self._strategy.is_async:
+            stall = self._clock() - start
+            self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
             self._inflight = self._finisher.submit(self._finish, step, folder, completion, start, stall)
-            result = SaveResult(step, self.config.strategy, stall)
-        else:
-            result = self._finish(step, folder, completion, start, stall)
-        return result
+            return SaveResult(step, self.config.strategy, stall)
+        return self._finish(step, folder, completion, start, None)
 
     def _finish(
-        self, step: int, folder: str, completion: Completion, start: float, stall: float
+        self, step: int, folder: str, completion: Completion, start: float, stall: float | None
     ) -> SaveResult:
-        """Wait for this rank's files, gather every rank's, commit on rank 0, agree on the outcome."""
+        """Wait for this rank's files, gather every rank's, commit on rank 0, agree on the outcome.
+
+        ``stall`` is the blocking time of an asynchronous save; None for a synchronous one (all of it blocked).
+        """
         mine: tuple[str, Any]
         try:
             names = completion()
@@ -239,6 +244,9 @@ class CheckpointManager:
                 outcome = ("error", f"commit: {type(err).__name__}: {err}")
         outcome = self._bcast(outcome, self._io)
         persist = self._clock() - start
+        if stall is None:  # a synchronous save blocked training until now
+            stall = persist
+            self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
         if outcome[0] != "ok":
             self._emit("checkpoint_failed", step=step, error=outcome[1])
             raise SaveFailed(

@@ -16,16 +16,7 @@ from goodput.errors import ConfigError
 __all__ = ["main"]
 
 # Each name is a module goodput.cli.<name> exposing register(subparsers).
-_COMMANDS = (
-    "plan",
-    "bench",
-    "report",
-    "launch",
-    "verify-resume",
-    "ls",
-    "data",
-    "demo",
-)
+_COMMANDS = ("plan", "bench", "report", "data", "ls", "launch", "demo", "verify-resume")
 
 EXIT_USAGE = 2
 

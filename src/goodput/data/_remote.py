@@ -177,6 +177,7 @@ def call_with_retries(
     secrets: Iterable[str],
     on_retry: Callable[[BaseException], None] | None = None,
     cancelled: threading.Event | None = None,
+    verb: str = "read",
 ) -> T:
     """Run ``fn`` until it succeeds, retrying transient errors with backoff.
 
@@ -192,14 +193,14 @@ def call_with_retries(
             transient = is_transient(err)
             if not transient or attempt == policy.attempts:
                 what = f"after {attempt} attempts" if transient else "(not retried: permanent error)"
-                message = f"cannot read {redact_url(url)} {what}: {describe(err, secrets)}"
+                message = f"cannot {verb} {redact_url(url)} {what}: {describe(err, secrets)}"
                 raise StorageError(message) from None
             if on_retry is not None:
                 on_retry(err)
             delay = policy.delay(attempt)
             if cancelled is not None:
                 if cancelled.wait(delay):
-                    raise StorageError(f"reading {redact_url(url)} was cancelled") from None
+                    raise StorageError(f"{verb} {redact_url(url)}: cancelled") from None
             else:
                 time.sleep(delay)  # backoff between attempts, not synchronisation
     raise AssertionError("unreachable")

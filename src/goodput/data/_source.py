@@ -39,7 +39,10 @@ class Source:
     def __init__(
         self, url: str, *, cache: CacheConfig | None, storage_options: Mapping[str, Any] | None
     ) -> None:
+        from fsspec.utils import get_protocol
+
         self.url = url
+        self._local = get_protocol(url) in ("file", "local")
         self.cache_config = cache
         self._options = dict(storage_options or {})
         self._pid = -1
@@ -83,9 +86,7 @@ class Source:
     @property
     def is_local(self) -> bool:
         """Whether the base URL is on a local disk (then there is nothing to cache)."""
-        from fsspec.utils import get_protocol
-
-        return get_protocol(self.url) in ("file", "local")
+        return self._local
 
     def local_path(self, url: str) -> str:
         return str(self.fs._strip_protocol(url))
@@ -111,6 +112,11 @@ class Source:
         cache = self.cache
         if cache is not None:
             cache.prefetch(urls, expected=expected)
+
+    def cache_metrics(self) -> dict[str, float]:
+        """Node-wide cache counters (every process reading through the cache folder); empty without a cache."""
+        cache = self.cache
+        return {} if cache is None else cache.node_metrics()
 
     def close(self) -> None:
         if self._cache is not None and self._pid == os.getpid():

@@ -175,11 +175,10 @@ class RemoteCache:
         """
         key = self.key(url)
         self._check_fork()
-        entry = self._index.pin_and_get(key, self._owner, _USE)
+        entry, lead = self._index.pin_and_hit(key, self._owner, time.time())
         try:
             path = self._local(key)
             if entry is not None and entry.state == READY and os.path.exists(path):
-                lead = self._index.mark_hit(key, time.time(), {"hits": 1})
                 self._counters.add(hits=1)
                 self._record_lead(lead)
             else:
@@ -309,7 +308,12 @@ class RemoteCache:
             if not self._reserve(key, info.size, url, demand=demand):
                 return False
             started = time.monotonic()
-            tmp = os.path.join(self.config.folder, "tmp", f"{key}.{self._owner.replace(':', '-')}.part")
+            tmp_dir = os.path.join(self.config.folder, "tmp")
+            for name in os.listdir(tmp_dir):  # holding the file's lock: any partial of it is a dead one's
+                if name.startswith(key + "."):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(tmp_dir, name))
+            tmp = os.path.join(tmp_dir, f"{key}.{self._owner.replace(':', '-')}.part")
             try:
                 self._retried(lambda: self._download_once(fs, path, tmp, info), url, cancelled)
                 os.replace(tmp, self._local(key))

@@ -97,6 +97,12 @@ class FolderDataset(Generic[T]):
             [join_url(self._source.url, n) for n, _ in chosen], [info for _, info in chosen]
         )
 
+    def cache_metrics(self) -> dict[str, float]:
+        """The cache's counters summed over every process on this node that reads through its folder
+        (DataLoader workers included): hits, misses, bytes_downloaded, download_seconds, wait_seconds,
+        prefetch_lead_seconds, evictions, retries. Empty when the dataset has no cache."""
+        return self._source.cache_metrics()
+
     def close(self) -> None:
         """Stop prefetching."""
         self._source.close()

@@ -4,7 +4,8 @@ A drop-in iterable for a training loop over a map-style dataset. The batches com
 :class:`torch.utils.data.DataLoader` (workers, ``pin_memory``, ``prefetch_factor``, ``persistent_workers``)
 driven by goodput's :class:`~goodput.data.sampler.ResumableSampler`. A sample counts as consumed when the loop
 receives its batch, so ``state_dict()`` taken at a step boundary and restored into a fresh loader (any number
-of workers, any world size) continues with exactly the samples not yet seen.
+of workers, any world size) continues with exactly the samples not yet seen. Ranks are assumed to step in
+lockstep (data parallelism), so the state is the same on every rank: save it once or under a shared key.
 
 Epochs: a finished iteration moves the position to the start of the next epoch, so iterating the loader again
 runs the next epoch; ``set_epoch(e)`` jumps to the start of epoch ``e`` and is a no-op when the position is
@@ -12,8 +13,9 @@ already in ``e`` (the usual ``for e in range(...): loader.set_epoch(e)`` loop ke
 
 Batch sizes and world-size changes: ``batch_size`` is per rank; one step of ``W`` ranks consumes the next
 ``W * batch_size`` samples of the epoch's order. Resuming on a different ``W`` continues from the same global
-position, so the global batch becomes ``W' * batch_size`` (scale ``batch_size`` yourself to keep the global
-batch, e.g. for the learning-rate schedule). No constraint ties the batch size to the dataset size: the
+position, so the global batch becomes ``W' * batch_size``; to keep a global batch ``G`` (e.g. for the
+learning-rate schedule) pass ``batch_size=G // W'``, which needs ``G`` divisible by every world size you resume
+on. Exactly-once needs nothing more: positions are counted in samples, not steps. No constraint ties the batch size to the dataset size: the
 epoch's last, partial step is dropped with ``drop_last=True`` (at most ``W * batch_size - 1`` samples, as many
 as the world size at the end of the epoch decides) or, with ``drop_last=False`` (every sample exactly once),
 split over the ranks as evenly as possible. When fewer samples than ranks are left for that last step, the
@@ -178,7 +180,8 @@ class _Iteration:
     def __init__(self, loader: ResumableLoader) -> None:
         self._sampler = loader.sampler
         self._times = loader.fetch_seconds
-        self._prefetch: Callable[[Sequence[int]], None] | None = getattr(loader.dataset, "prefetch", None)
+        hook = getattr(loader.dataset, "prefetch", None)
+        self._prefetch: Callable[[Sequence[int]], None] | None = hook if callable(hook) else None
         self._lookahead = loader.config.default_lookahead()
         self.plan: BatchPlan = self._sampler.begin()
         self._step = 0

@@ -82,7 +82,8 @@ def _round_keys(seed: int, epoch: int, stream: int) -> np.ndarray:
 def _half_bits(n: np.ndarray) -> np.ndarray:
     """Per element: the half width h with 4**h >= n (at least 1)."""
     bits = np.ceil(np.log2(np.maximum(n, 2).astype(np.float64))).astype(np.uint64)
-    return np.maximum((bits + np.uint64(1)) // np.uint64(2), np.uint64(1))
+    half = np.maximum((bits + np.uint64(1)) // np.uint64(2), np.uint64(1))
+    return half + ((np.uint64(1) << (np.uint64(2) * half)) < n)  # float rounding near powers of two
 
 
 def _feistel(x: np.ndarray, half: np.ndarray, keys: np.ndarray, tweak: np.ndarray) -> np.ndarray:

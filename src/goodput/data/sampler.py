@@ -120,23 +120,29 @@ class ResumableSampler:
         self.consumed = 0
         self._generation = 0
         self._plan: BatchPlan | None = None
+        self._order: EpochOrder | None = None
+        self._kind = self.order().describe()  # the same for every epoch
 
     # -- position -------------------------------------------------------------------------------------------
 
     def order(self, epoch: int | None = None) -> EpochOrder:
-        """The sample order of ``epoch`` (default: the current one)."""
-        return EpochOrder(
-            seed=self.seed,
-            epoch=self.epoch if epoch is None else epoch,
-            size=self.size,
-            shuffle=self.shuffle,
-            shard_sizes=self.shard_sizes,
-            window=self.shard_window,
-        )
+        """The sample order of ``epoch`` (default: the current one); the latest one is kept for reuse."""
+        epoch = self.epoch if epoch is None else epoch
+        cached = self._order
+        if cached is None or (cached.seed, cached.epoch) != (self.seed, epoch):
+            cached = self._order = EpochOrder(
+                seed=self.seed,
+                epoch=epoch,
+                size=self.size,
+                shuffle=self.shuffle,
+                shard_sizes=self.shard_sizes,
+                window=self.shard_window,
+            )
+        return cached
 
     def fingerprint(self) -> dict[str, Any]:
         """What identifies the data a position refers to: size, identity and kind of order."""
-        return {"size": self.size, "identity": self.identity, "order": self.order().describe()}
+        return {"size": self.size, "identity": self.identity, "order": self._kind}
 
     def set_epoch(self, epoch: int) -> None:
         """Move to the start of ``epoch``; a no-op when already in it (so a resumed position is kept)."""

@@ -125,7 +125,9 @@ class ShardWriter:
         self._pending, self._pending_bytes = [], 0
 
     def _retry(self, fn: Callable[[], Any], name: str) -> None:
-        call_with_retries(fn, url=join_url(self.url, name), policy=_WRITE_RETRY, secrets=self._secrets)
+        call_with_retries(
+            fn, url=join_url(self.url, name), policy=_WRITE_RETRY, secrets=self._secrets, verb="write"
+        )
 
 
 _WRITE_RETRY = RetryPolicy(attempts=6, backoff_s=0.2, max_backoff_s=5.0)
@@ -256,6 +258,12 @@ class ShardedDataset(Generic[T]):
                 shards.append(shard)
         self._source.prefetch([self.shard_url(s) for s in shards], [self._info(s) for s in shards])
 
+    def cache_metrics(self) -> dict[str, float]:
+        """The cache's counters summed over every process on this node that reads through its folder
+        (DataLoader workers included): hits, misses, bytes_downloaded, download_seconds, wait_seconds,
+        prefetch_lead_seconds, evictions, retries. Empty when the dataset has no cache."""
+        return self._source.cache_metrics()
+
     def close(self) -> None:
         """Release the open shard and stop prefetching."""
         self._close_shard()
@@ -266,9 +274,9 @@ class ShardedDataset(Generic[T]):
         return RemoteInfo(size=int(entry["bytes"]), md5=entry.get("md5"))
 
     def _sample(self, shard: int, local: int) -> bytes:
-        if self._source.cache is None and not self._source.is_local:
-            return self._direct_sample(shard, local)
         if shard != self._open_shard:
+            if self._source.cache is None and not self._source.is_local:
+                return self._direct_sample(shard, local)
             self._switch_to(shard)
         assert self._view is not None
         start = self._base + self._offsets[local]

@@ -53,10 +53,28 @@ class _Fault:
     match: Callable[[str, str], bool] | None = None
 
 
+class _Link:
+    """A shared link: every connection's bytes queue for one rate (a token bucket with no burst)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._lock = threading.Lock()
+        self._next = 0.0
+
+    def wait_for(self, n: int) -> float:
+        """Seconds to wait before ``n`` more bytes may go out."""
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next)
+            self._next = start + n / self.rate
+            return start - now
+
+
 @dataclass
 class _Settings:
     latency_s: float = 0.0
     bandwidth_bps: float | None = None
+    link: _Link | None = None
     faults: list[_Fault] = field(default_factory=list)
 
 
@@ -67,13 +85,20 @@ class FaultProxy:
         upstream_port: the real server's port on 127.0.0.1.
         latency_s: delay before each request is forwarded (time to first byte).
         bandwidth_bps: bytes per second each connection may receive (None: no cap).
+        link_bps: bytes per second all connections together may receive (None: no cap).
     """
 
     def __init__(
-        self, upstream_port: int, *, latency_s: float = 0.0, bandwidth_bps: float | None = None
+        self,
+        upstream_port: int,
+        *,
+        latency_s: float = 0.0,
+        bandwidth_bps: float | None = None,
+        link_bps: float | None = None,
     ) -> None:
         self.upstream = ("127.0.0.1", upstream_port)
-        self._settings = _Settings(latency_s=latency_s, bandwidth_bps=bandwidth_bps)
+        link = _Link(link_bps) if link_bps else None
+        self._settings = _Settings(latency_s=latency_s, bandwidth_bps=bandwidth_bps, link=link)
         self._lock = threading.Lock()
         self._log: list[RequestRecord] = []
         self._injected: dict[str, int] = {}
@@ -211,7 +236,11 @@ class FaultProxy:
         body = _read_body(reader, headers)
         fault = self._take_fault(method, path)
         with self._lock:
-            latency, bandwidth = self._settings.latency_s, self._settings.bandwidth_bps
+            latency, bandwidth, link = (
+                self._settings.latency_s,
+                self._settings.bandwidth_bps,
+                self._settings.link,
+            )
         if fault is not None and fault.kind == "stall":
             time.sleep(fault.seconds)  # the injected stall itself
         if latency:
@@ -225,7 +254,7 @@ class FaultProxy:
                 upstream = _connect(self.upstream)
             upstream.sendall(head + body)
             up_reader = upstream.makefile("rb")
-            status, keep = _relay_response(up_reader, client, method, bandwidth, drop=fault is not None)
+            status, keep = _relay_response(up_reader, client, method, bandwidth, link, drop=fault is not None)
         except OSError:  # the client gave up (e.g. timed out during a stall) or the server went away
             self._record(method, path, headers, 0, start, conn_id, fault.kind if fault else "broken")
             raise
@@ -321,7 +350,13 @@ def _read_chunked(reader: BinaryIO) -> bytes:
 
 
 def _relay_response(
-    up: BinaryIO, client: socket.socket, method: str, bandwidth: float | None, *, drop: bool
+    up: BinaryIO,
+    client: socket.socket,
+    method: str,
+    bandwidth: float | None,
+    link: _Link | None,
+    *,
+    drop: bool,
 ) -> tuple[int, bool]:
     """Copy one response to the client; returns (status, whether the upstream connection stays usable)."""
     head = _read_message_head(up)
@@ -342,21 +377,24 @@ def _relay_response(
     if drop:
         client.sendall(head + body[: len(body) // 2])
         return status, False
-    _send_paced(client, head + body, bandwidth)
+    _send_paced(client, head + body, bandwidth, link)
     return status, keep
 
 
-def _send_paced(sock: socket.socket, data: bytes, bandwidth: float | None) -> None:
-    if not bandwidth:
+def _send_paced(sock: socket.socket, data: bytes, bandwidth: float | None, link: _Link | None) -> None:
+    if not bandwidth and link is None:
         sock.sendall(data)
         return
     step = 64 << 10
     started = time.monotonic()
     for offset in range(0, len(data), step):
-        sock.sendall(data[offset : offset + step])
-        ahead = (offset + step) / bandwidth - (time.monotonic() - started)
-        if ahead > 0:
-            time.sleep(ahead)  # the injected bandwidth cap itself
+        chunk = data[offset : offset + step]
+        wait = link.wait_for(len(chunk)) if link is not None else 0.0
+        if bandwidth:
+            wait = max(wait, offset / bandwidth - (time.monotonic() - started))
+        if wait > 0:
+            time.sleep(wait)  # the injected bandwidth cap itself
+        sock.sendall(chunk)
 
 
 def _error_response(method: str, status: int, code: str) -> bytes:
@@ -382,12 +420,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream", required=True, help="HOST:PORT of the real server (127.0.0.1 only)")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added before each request")
     parser.add_argument("--bandwidth", default=None, help="per-connection cap, e.g. 20MB (per second)")
+    parser.add_argument("--link-bandwidth", default=None, help="cap on all connections together, e.g. 64MB")
     args = parser.parse_args(argv)
     host, _, port = args.upstream.rpartition(":")
     if host not in ("127.0.0.1", "localhost"):
         parser.error("the proxy only forwards to 127.0.0.1")
     bandwidth = parse_bytes(args.bandwidth, what="--bandwidth") if args.bandwidth else None
-    proxy = FaultProxy(int(port), latency_s=args.latency, bandwidth_bps=bandwidth).start()
+    link = parse_bytes(args.link_bandwidth, what="--link-bandwidth") if args.link_bandwidth else None
+    proxy = FaultProxy(int(port), latency_s=args.latency, bandwidth_bps=bandwidth, link_bps=link).start()
     print(proxy.port, flush=True)
     threading.Event().wait()
     return 0
