@@ -23,12 +23,13 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
+from goodput.accounting import account
+from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
 from goodput.crashloop import CrashLoopDetector
 from goodput.distributed import init_distributed
 from goodput.errors import ConfigError, DataError
 from goodput.faults import Fault, FaultPlan, install_faults, parse_faults
-from goodput.ledger import Ledger
+from goodput.ledger import Ledger, read_events
 from goodput.progress import Progress
 from goodput.watchdog import Watchdog
 
@@ -127,10 +128,10 @@ class Run:
             model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, loader=loader, extras=extras
         )
         self._manager = CheckpointManager(self.config, state, on_event=self.ledger.on_event)
+        self._observe_failures(self._manager)
         self._loader = loader
         self.ledger.restore_start()
         with self._phase("restore"):
-            self.faults.check(phase="restore")
             step = self._manager.restore_latest()
         self.ledger.restore_end(step)
         parts = {
@@ -247,6 +248,14 @@ class Run:
         elif not self._closed:
             self._closed = True
             self._shutdown("failed")
+
+    def _observe_failures(self, manager: CheckpointManager) -> None:
+        """Feed the failure rate observed by earlier attempts of this run to the ``auto`` interval."""
+        if not isinstance(manager.policy, AutoInterval) or self.attempt == 0 or self.info.rank != 0:
+            return  # rank 0 decides time-based saves for every rank
+        mtbf = account(read_events(self.run_dir)).mtbf_seconds
+        if mtbf is not None:
+            manager.policy.observe_mtbf(mtbf)
 
     def _phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         return self.watchdog.phase(name) if self.watchdog is not None else contextlib.nullcontext()

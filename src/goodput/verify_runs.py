@@ -37,6 +37,8 @@ def fault_plan(kills: int, *, steps: int, every: int, nproc: int, seed: int) -> 
                 faults.append(f"kill@phase=restore,rank={rank},attempt={n}")
                 continue
             step = int(rng.integers(every, steps - every))
+            if phase == "checkpoint_purge":
+                rank = 0  # rank 0 purges
             faults.append(f"kill@phase={phase},step={step},rank={rank}")
         else:
             faults.append(f"kill@step={int(rng.integers(1, steps))},rank={rank}")

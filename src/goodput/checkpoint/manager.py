@@ -26,6 +26,7 @@ from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, S
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.strategy import Completion, SaveContext, make_strategy
 from goodput.errors import CheckpointCorrupt, CheckpointError, SaveFailed, StateMismatch, StorageError
+from goodput.faults import fault_point
 
 __all__ = ["CheckpointManager", "SaveResult"]
 
@@ -215,6 +216,7 @@ class CheckpointManager:
                 completion = self._strategy.save(self.state, folder, self._ctx)
             except _FAILURES as err:
                 completion = _raiser(err)
+        fault_point("checkpoint_write", step)  # written (or staged), not committed
         if self._strategy.is_async:
             stall = self._clock() - start
             self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
@@ -232,6 +234,8 @@ class CheckpointManager:
         mine: tuple[str, Any]
         try:
             names = completion()
+            if stall is not None:
+                fault_point("async_upload", step)  # uploaded in the background, not committed
             mine = ("ok", self._layout.rank_files(folder, names, checksum=self._checksums))
         except _FAILURES as err:
             mine = ("error", f"rank {self.rank}: {_describe(err)}")
@@ -332,6 +336,7 @@ class CheckpointManager:
     def _run_purge(self) -> None:
         try:
             for info in self.to_purge(self._layout.scan()):
+                fault_point("checkpoint_purge", max(self._committed, default=info.step))
                 self._layout.remove(info)
         except Exception:
             log.exception("purging old checkpoints under %s failed; they stay", self._layout.root)
@@ -376,6 +381,7 @@ class CheckpointManager:
         self._committed = {step for step, _ in candidates}
         for step, url in candidates:
             if self._try_load(step, url):
+                fault_point("restore", step)  # loaded, not yet in use
                 self.state.step = step
                 self._policy.saved(step, self._clock())
                 return step

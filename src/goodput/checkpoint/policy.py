@@ -82,7 +82,8 @@ class AutoInterval(EveryInterval):
         max_interval: never wait longer than this between saves.
         restart: seconds a restart costs.
         detect: seconds until a failure is noticed.
-        first_interval: the interval before any save has been measured (bounded by ``max_interval``).
+        first_interval: the interval before any save has been measured (bounded by ``max_interval``). The
+            default, 0, saves at the second step: the optimum needs the measured cost of a save.
         window: how many recent saves the stall/persist estimates are the median of.
     """
 
@@ -93,7 +94,7 @@ class AutoInterval(EveryInterval):
         max_interval: float,
         restart: float = 0.0,
         detect: float = 0.0,
-        first_interval: float = 600.0,
+        first_interval: float = 0.0,
         window: int = 5,
     ) -> None:
         super().__init__(min(first_interval, max_interval))

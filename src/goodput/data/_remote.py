@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from goodput.errors import StorageError
+from goodput.faults import fault_point
 
 T = TypeVar("T")
 
@@ -262,6 +263,7 @@ def download(
         else:
             written = _parallel_ranges(fs, path, out.fileno(), size, chunk_bytes, range_workers)
             digest = _md5_of_file(dest)
+        fault_point("cache_download")  # bytes on disk under the temporary name, not yet verified
         out.flush()
         os.fsync(out.fileno())
     if written != size:
