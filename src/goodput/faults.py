@@ -155,13 +155,14 @@ class FaultPlan:
         self._marker_dir = marker_dir
         self._on_fire = on_fire
         self._started = time.monotonic()
+        # Numbered in the whole plan, so a fault's marker names the same fault in every attempt and rank.
         self._faults = [
-            f
-            for f in faults
+            (i, f)
+            for i, f in enumerate(faults)
             if (f.rank is None or f.rank == rank) and (f.attempt is None or f.attempt == attempt)
         ]
         self._deadlines = {
-            i: self._random_deadline(f, world_size) for i, f in enumerate(self._faults) if f.mtbf is not None
+            i: self._random_deadline(f, world_size) for i, f in self._faults if f.mtbf is not None
         }
 
     @classmethod
@@ -186,7 +187,7 @@ class FaultPlan:
 
     def check(self, *, phase: str = "step", step: int | None = None) -> None:
         """Fire every fault due at this phase and step (a no-op for an empty plan)."""
-        for index, fault in enumerate(self._faults):
+        for index, fault in self._faults:
             if fault.mtbf is not None:
                 deadline = self._deadlines.get(index)
                 if deadline is not None and time.monotonic() - self._started >= deadline:

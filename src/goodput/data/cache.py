@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -189,7 +190,10 @@ class RemoteCache:
                 self._index.mark_hit(key, time.time(), {"misses": 1, "wait_seconds": waited})
             yield path
         finally:
-            self._index.unpin(key, self._owner, _USE)
+            # At interpreter exit a frozen daemon thread (a prefetch download) may hold the index lock
+            # forever; the pin dies with this process anyway (pins name their owner, checked for liveness).
+            if not sys.is_finalizing():
+                self._index.unpin(key, self._owner, _USE)
 
     def read(self, url: str, *, expected: RemoteInfo | None = None) -> bytes:
         """The whole content of ``url``, read through the cache."""

@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             samples_log.write(json.dumps({"step": run.step + 1, "samples": indices}) + "\n")
             run.step_done(loss=float(loss.detach()))
     run.close()
+    dataset.close()  # stop the cache's prefetch threads before the interpreter exits
     if run.info.rank == 0:
         final = {
             "step": run.step,
