@@ -9,6 +9,7 @@ readers. A process that dies leaves rows behind that name it; the next writer fi
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sqlite3
 import threading
@@ -110,10 +111,23 @@ class CacheIndex:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        # Ranks and workers of a node open a fresh index at the same moment: create it one at a time, or a
+        # creator that finds the file mid-creation ("database is locked") would take it for damaged.
+        with open(path + ".init-lock", "a+") as lock:
+            fcntl.lockf(lock, fcntl.LOCK_EX)
+            try:
+                self._create()
+            finally:
+                fcntl.lockf(lock, fcntl.LOCK_UN)
+
+    def _create(self) -> None:
+        path = self.path
         try:
             with self._tx() as tx:
                 tx.executescript(_SCHEMA)
                 tx.execute("SELECT COUNT(*) FROM entries").fetchone()
+        except sqlite3.OperationalError:
+            raise  # busy or locked: a live index, never to be discarded
         except sqlite3.DatabaseError:
             with _PROCESS_LOCK:
                 stale = _CONNECTIONS.pop(path, None)

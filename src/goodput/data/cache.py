@@ -18,10 +18,12 @@ Layout of the folder::
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import logging
 import os
+import random
 import sys
 import threading
 import time
@@ -391,7 +393,7 @@ class RemoteCache:
             path = os.path.join(self.config.folder, "locks", f"{key}.lock")
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                fcntl.lockf(fd, fcntl.LOCK_EX)
+                _lock_exclusive(fd)
                 yield
             finally:
                 os.close(fd)
@@ -416,3 +418,22 @@ class RemoteCache:
             if name not in known and self._index.entry(name) is None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(files_dir, name))
+
+
+def _lock_exclusive(fd: int) -> None:
+    """Take a POSIX record lock, retrying when the kernel reports a deadlock.
+
+    The kernel tracks record locks per process, not per thread: when two processes each have one thread
+    holding a file's lock and another waiting for the other's, it sees a cycle that the threads do not have
+    and answers EDEADLK. Waiting a moment and asking again resolves it.
+    """
+    delay = 0.001
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            return
+        except OSError as err:
+            if err.errno != errno.EDEADLK:
+                raise
+        time.sleep(random.uniform(0, delay))  # back off: the other process's thread is about to finish
+        delay = min(delay * 2, 0.05)
