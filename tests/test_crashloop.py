@@ -54,3 +54,13 @@ def test_attempts_that_die_while_restoring_are_a_loop(tmp_path: os.PathLike[str]
         CrashLoopDetector(run_dir, n, limit=3).check()  # each dies before start(): no restore recorded
     with pytest.raises(CrashLoop, match="before restoring"):
         CrashLoopDetector(run_dir, 3, limit=3).check()
+
+
+def test_one_step_of_progress_is_recorded_even_if_killed_right_after(tmp_path: os.PathLike[str]) -> None:
+    run_dir = str(tmp_path)
+    for n in range(3):
+        det = CrashLoopDetector(run_dir, n, limit=3, min_interval=3600.0)
+        det.check()
+        det.start(10 * n)
+        det.progress(10 * n + 1)  # then SIGKILL: no close()
+    CrashLoopDetector(run_dir, 3, limit=3).check()

@@ -28,7 +28,8 @@ class CrashLoopDetector:
         run_dir: the run folder (local path).
         attempt: this attempt's number.
         limit: consecutive attempts without progress that make a crash loop.
-        min_interval: seconds between progress writes (the last step is always written on ``close``).
+        min_interval: seconds between progress writes after the first step past the restored one (which is
+            written at once; the last step is always written on ``close``).
     """
 
     def __init__(self, run_dir: str, attempt: int, *, limit: int = 3, min_interval: float = 1.0) -> None:
@@ -68,8 +69,10 @@ class CrashLoopDetector:
 
     def progress(self, step: int) -> None:
         """Note that ``step`` completed (written at most every ``min_interval`` seconds)."""
+        first = self._record["max_step"] <= self._record["restored_step"]
         self._record["max_step"] = max(self._record["max_step"], step)
-        if time.monotonic() - self._written >= self._min_interval:
+        # The first step past the restored one is what the verdict needs: write it at once; later ones lazily.
+        if first or time.monotonic() - self._written >= self._min_interval:
             self._write()
 
     def close(self) -> None:
