@@ -69,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mtbf", type=float, default=None, help="expected seconds between failures (for auto)")
     p.add_argument("--checkpoint-root", default=None, help="default: <run_dir>/checkpoints")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--hang-timeout", type=float, default=120.0)
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
@@ -77,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.use_deterministic_algorithms(True)
+    # The thread count changes the order of float sums: fix it, so runs on any node layout agree bit for bit
+    # (torchrun sets OMP_NUM_THREADS=1 only for several processes per node).
+    torch.set_num_threads(args.threads)
     run_dir = os.environ["GOODPUT_RUN_DIR"]
     every: int | str = int(args.every) if args.every.isdigit() else args.every
     config = CheckpointConfig(
