@@ -40,8 +40,10 @@ def test_crash_loop_stops_torchrun_with_its_own_exit_code(tmp_path: os.PathLike[
     proc = _goodput("launch", "--max-restarts", "8", "--crash-loop", "2", "--run-dir", run_dir, "--", script)
     assert proc.returncode == EXIT_CRASH_LOOP, proc.stderr[-3000:]
     assert "crash loop: the last 2 attempts made no progress" in proc.stderr
-    # Stopped at attempt 2 (after attempts 0 and 1 failed), long before the 8 restarts ran out.
-    assert sorted(os.listdir(os.path.join(run_dir, "attempts"))) == [f"attempt-{n}.json" for n in range(3)]
+    # Attempt 2 (after attempts 0 and 1 failed) gave the verdict; torchrun may start an attempt or two more
+    # while the launcher reacts, but it stops long before the 8 restarts run out.
+    attempts = os.listdir(os.path.join(run_dir, "attempts"))
+    assert "attempt-2.json" in attempts and len(attempts) <= 5, attempts
 
 
 def test_multi_node_needs_a_rendezvous_endpoint() -> None:

@@ -144,4 +144,4 @@ def _watch(proc: subprocess.Popen[bytes], marker: str, found: threading.Event) -
             os.killpg(proc.pid, signal.SIGTERM)
             return
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.5)
+            proc.wait(timeout=0.2)
