@@ -18,8 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/goodput plan --gpus 1024 --days 30 --afr 0.01 --interval 15m 30m 1h 2h \
-		--ckpt-stall 20s --persist 90s --restart 10m --detect 2m --plot plan.png
+	$(BIN)/goodput demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
