@@ -116,7 +116,7 @@ if TYPE_CHECKING:
     from goodput.launch import (
         EXIT_CRASH_LOOP,
         LaunchConfig,
-        launch,
+        launch_job,
         torchrun_command,
     )
     from goodput.ledger import (
@@ -253,7 +253,7 @@ _LAZY = {
     "parse_faults": "goodput.faults",
     "EXIT_CRASH_LOOP": "goodput.launch",
     "LaunchConfig": "goodput.launch",
-    "launch": "goodput.launch",
+    "launch_job": "goodput.launch",
     "torchrun_command": "goodput.launch",
     "Ledger": "goodput.ledger",
     "LedgerConfig": "goodput.ledger",
@@ -391,7 +391,7 @@ __all__ = [
     "goodput_over_time",
     "init_distributed",
     "install_faults",
-    "launch",
+    "launch_job",
     "ledger_files",
     "list_checkpoints",
     "load_report",

@@ -29,7 +29,7 @@ import threading
 
 from goodput.errors import ConfigError
 
-__all__ = ["EXIT_CRASH_LOOP", "LaunchConfig", "launch", "torchrun_command"]
+__all__ = ["EXIT_CRASH_LOOP", "LaunchConfig", "launch_job", "torchrun_command"]
 
 EXIT_CRASH_LOOP = 3
 CRASH_LOOP_FILE = "CRASH_LOOP"
@@ -105,7 +105,7 @@ def torchrun_command(config: LaunchConfig) -> list[str]:
     return cmd + list(config.script)
 
 
-def launch(config: LaunchConfig) -> int:
+def launch_job(config: LaunchConfig) -> int:
     """Run torchrun for ``config`` and return its exit status (``EXIT_CRASH_LOOP`` on a crash loop)."""
     env = dict(os.environ)
     if config.run_dir is not None:

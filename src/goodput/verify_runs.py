@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from goodput.launch import LaunchConfig, launch
+from goodput.launch import LaunchConfig, launch_job
 
 __all__ = ["fault_plan", "prepare_data", "train"]
 
@@ -88,4 +88,4 @@ def train(
         faults=faults,
         crash_loop=4,
     )
-    return launch(config)
+    return launch_job(config)

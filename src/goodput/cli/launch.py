@@ -42,7 +42,7 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from goodput.launch import LaunchConfig, launch
+    from goodput.launch import LaunchConfig, launch_job
 
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
     config = LaunchConfig(
@@ -57,4 +57,4 @@ def _run(args: argparse.Namespace) -> int:
         faults=args.faults,
         crash_loop=args.crash_loop,
     )
-    return launch(config)
+    return launch_job(config)

@@ -52,7 +52,7 @@ class DemoConfig:
 def run_demo(config: DemoConfig) -> int:
     """Prepare the data, train under torchrun with faults, and report; returns the exit status."""
     from goodput.demo.prepare import write_corpus
-    from goodput.launch import LaunchConfig, launch
+    from goodput.launch import LaunchConfig, launch_job
 
     os.makedirs(config.run_dir, exist_ok=True)
     data = config.data_url or os.path.join(config.run_dir, "remote-data")
@@ -75,7 +75,7 @@ def run_demo(config: DemoConfig) -> int:
         f"--seed={config.seed}",
         f"--batch-size={config.batch_size}",
     )
-    status = launch(
+    status = launch_job(
         LaunchConfig(
             script=script,
             nproc=config.nproc,
