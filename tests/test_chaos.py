@@ -14,11 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from goodput.demo.prepare import write_corpus
 from goodput.ledger import read_events
 from goodput.report import load_report
-from goodput.testing import free_port
+from goodput.testing import S3Server, free_port
 from goodput.verify import first_difference, read_run
-from goodput.verify_runs import fault_plan, prepare_data, train
+from goodput.verify_runs import CORPUS_BYTES, SHARD_BYTES, fault_plan, prepare_data, train
 
 pytestmark = pytest.mark.slow
 
@@ -130,3 +131,36 @@ def test_a_hung_rank_is_detected_and_the_job_resumes(
     assert first_difference(read_run(clean), read_run(run_dir)) is None
     report = load_report(run_dir)
     assert report.accounting.categories["failure_detection"] > 0
+
+
+@pytest.mark.s3
+def test_data_on_s3_through_the_cache_is_exactly_once_across_a_crash(
+    reference: tuple[str, str],
+    s3_server: S3Server,
+    s3_url: str,
+    tmp_path: os.PathLike[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same corpus on the real S3 server, read through the cache, with a SIGKILL mid-epoch: the samples
+    of every step and the final state equal the uninterrupted run over local files."""
+    _, clean = reference
+    write_corpus(
+        s3_url, limit=CORPUS_BYTES, shard_bytes=SHARD_BYTES, storage_options=s3_server.storage_options()
+    )
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)  # the workers' s3fs finds the server and credentials here
+    run_dir = os.path.join(tmp_path, "s3")
+    status = train(
+        run_dir,
+        data=s3_url,
+        nproc=NPROC,
+        steps=STEPS,
+        every=EVERY,
+        strategy="dcp_async",
+        seed=0,
+        faults="kill@step=27,rank=0; kill@phase=cache_download,rank=1,attempt=1",
+        max_restarts=3,
+    )
+    assert status == 0
+    assert first_difference(read_run(clean), read_run(run_dir)) is None
+    assert os.listdir(os.path.join(run_dir, "cache", "files"))  # the shards came through the cache

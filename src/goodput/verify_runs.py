@@ -13,13 +13,17 @@ __all__ = ["fault_plan", "prepare_data", "train"]
 TRAIN_SCRIPT = os.path.join(os.path.dirname(__file__), "demo", "train.py")
 
 
-def prepare_data(work: str, *, limit: int = 512 * 2**10) -> str:
+CORPUS_BYTES = 512 * 2**10
+SHARD_BYTES = 64 * 2**10
+
+
+def prepare_data(work: str) -> str:
     """Write a small demo corpus under ``work`` once; returns its URL."""
     from goodput.demo.prepare import write_corpus
 
     url = os.path.join(work, "data")
     if not os.path.exists(os.path.join(url, "index.json")):
-        write_corpus(url, limit=limit, shard_bytes=64 * 2**10)
+        write_corpus(url, limit=CORPUS_BYTES, shard_bytes=SHARD_BYTES)
     return url
 
 
