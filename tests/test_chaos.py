@@ -26,22 +26,21 @@ pytestmark = pytest.mark.slow
 STEPS, EVERY, NPROC = 60, 4, 2
 
 
+def _train(run_dir: str, data: str, faults: str, **overrides: object) -> int:
+    """The chaos runs' training: same world, steps, interval, strategy and seed as the reference."""
+    settings: dict[str, object] = {
+        "nproc": NPROC, "steps": STEPS, "every": EVERY, "strategy": "dcp_async", "seed": 0, "max_restarts": 3,
+    }  # fmt: skip
+    settings.update(overrides)
+    return train(run_dir, data=data, faults=faults, **settings)  # type: ignore[arg-type]
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     work = str(tmp_path_factory.mktemp("chaos"))
     data = prepare_data(work)
     run_dir = os.path.join(work, "uninterrupted")
-    status = train(
-        run_dir,
-        data=data,
-        nproc=NPROC,
-        steps=STEPS,
-        every=EVERY,
-        strategy="dcp_async",
-        seed=0,
-        faults="",
-        max_restarts=0,
-    )
+    status = _train(run_dir, data, "", max_restarts=0)
     assert status == 0
     return data, run_dir
 
@@ -51,17 +50,7 @@ def test_ten_sigkills_change_nothing(reference: tuple[str, str], tmp_path: os.Pa
     plan = fault_plan(10, steps=STEPS, every=EVERY, nproc=NPROC, seed=1)
     assert plan.count("kill@") == 10 and "checkpoint_write" in plan and "async_upload" in plan
     run_dir = os.path.join(tmp_path, "interrupted")
-    status = train(
-        run_dir,
-        data=data,
-        nproc=NPROC,
-        steps=STEPS,
-        every=EVERY,
-        strategy="dcp_async",
-        seed=0,
-        faults=plan,
-        max_restarts=14,
-    )
+    status = _train(run_dir, data, plan, max_restarts=14)
     assert status == 0
     fired = os.listdir(os.path.join(run_dir, "faults"))
     assert len(fired) >= 8, fired  # phase faults whose phase never came again may stay unfired
@@ -84,20 +73,9 @@ def test_two_nodes_restart_together_and_resume(
     data, clean = reference
     run_dir = os.path.join(tmp_path, "two-nodes")
     endpoint = f"127.0.0.1:{free_port()}"
-    common = {
-        "data": data,
-        "nproc": 1,
-        "steps": STEPS,
-        "every": EVERY,
-        "strategy": "dcp_async",
-        "seed": 0,
-        "faults": "kill@step=22,rank=1",
-        "max_restarts": 3,
-        "nnodes": 2,
-        "rdzv_endpoint": endpoint,
-    }
+    node = {"nproc": 1, "nnodes": 2, "rdzv_endpoint": endpoint}
     with ThreadPoolExecutor(2) as pool:
-        nodes = [pool.submit(train, run_dir, **common) for _ in range(2)]  # type: ignore[arg-type]
+        nodes = [pool.submit(_train, run_dir, data, "kill@step=22,rank=1", **node) for _ in range(2)]
         statuses = [n.result(timeout=600) for n in nodes]
     assert statuses == [0, 0]
     assert os.listdir(os.path.join(run_dir, "faults")) == ["0-rank1"]
@@ -112,18 +90,7 @@ def test_a_hung_rank_is_detected_and_the_job_resumes(
 ) -> None:
     data, clean = reference
     run_dir = os.path.join(tmp_path, "hang")
-    status = train(
-        run_dir,
-        data=data,
-        nproc=NPROC,
-        steps=STEPS,
-        every=EVERY,
-        strategy="dcp_async",
-        seed=0,
-        faults="hang@step=30,rank=1",
-        max_restarts=2,
-        hang_timeout=10.0,
-    )
+    status = _train(run_dir, data, "hang@step=30,rank=1", max_restarts=2, hang_timeout=10.0)
     assert status == 0
     detected = [e for e in read_events(run_dir) if e["event"] == "failure_detected"]
     assert detected and detected[0]["reason"].startswith("hang"), detected
@@ -150,17 +117,8 @@ def test_data_on_s3_through_the_cache_is_exactly_once_across_a_crash(
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)  # the workers' s3fs finds the server and credentials here
     run_dir = os.path.join(tmp_path, "s3")
-    status = train(
-        run_dir,
-        data=s3_url,
-        nproc=NPROC,
-        steps=STEPS,
-        every=EVERY,
-        strategy="dcp_async",
-        seed=0,
-        faults="kill@step=27,rank=0; kill@phase=cache_download,rank=1,attempt=1",
-        max_restarts=3,
-    )
+    status = _train(run_dir, s3_url, "kill@step=27,rank=0; kill@phase=cache_download,rank=1")
     assert status == 0
+    assert sorted(os.listdir(os.path.join(run_dir, "faults"))) == ["0-rank0", "1-rank1"]  # both kills fired
     assert first_difference(read_run(clean), read_run(run_dir)) is None
     assert os.listdir(os.path.join(run_dir, "cache", "files"))  # the shards came through the cache
