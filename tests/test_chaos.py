@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -56,6 +58,10 @@ def test_ten_sigkills_change_nothing(reference: tuple[str, str], tmp_path: os.Pa
     assert len(fired) >= 8, fired  # phase faults whose phase never came again may stay unfired
     assert first_difference(read_run(clean), read_run(run_dir)) is None
     _assert_restores_were_durable(run_dir)
+    acc = load_report(run_dir).accounting
+    assert acc.restarts >= 9
+    assert sum(acc.categories.values()) == pytest.approx(acc.wall_seconds, rel=0.01)
+    assert acc.categories["lost_work"] > 0
 
 
 def _assert_restores_were_durable(run_dir: str) -> None:
@@ -122,3 +128,22 @@ def test_data_on_s3_through_the_cache_is_exactly_once_across_a_crash(
     assert sorted(os.listdir(os.path.join(run_dir, "faults"))) == ["0-rank0", "1-rank1"]  # both kills fired
     assert first_difference(read_run(clean), read_run(run_dir)) is None
     assert os.listdir(os.path.join(run_dir, "cache", "files"))  # the shards came through the cache
+
+
+def test_verify_resume_command_passes_and_reports_identical(tmp_path: os.PathLike[str]) -> None:
+    """The command users (and CI) run: two short runs, one with SIGKILLs, compared bit for bit."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "goodput", "verify-resume", "--steps", "24", "--every", "4", "--kills", "3",
+         "--seed", "2", "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "IDENTICAL" in proc.stdout and "after 3 restarts" in proc.stdout
+
+
+def test_verify_resume_rejects_bad_arguments() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "goodput", "verify-resume", "--steps", "4", "--every", "5"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--steps" in proc.stderr

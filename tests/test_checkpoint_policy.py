@@ -95,3 +95,17 @@ def test_auto_manager_reevaluates_from_measured_saves(tmp_path: Path) -> None:
 def test_config_refuses_bad_values_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):
         CheckpointConfig(root="/tmp/x", **{field: value})  # type: ignore[arg-type]
+
+
+def test_auto_reports_interval_changes_beyond_ten_percent() -> None:
+    changes: list[tuple[float, str]] = []
+    policy = AutoInterval(mtbf=3600.0, max_interval=3600.0, on_change=lambda i, why: changes.append((i, why)))
+    policy.measured(2.0, 4.0)
+    policy.measured(2.0, 4.0)  # same costs: same interval, nothing new to report
+    assert len(changes) == 1 and changes[0][1] == "a save was measured"
+    # The median of the last 5 stalls goes 2 -> 2 -> 9 -> 16: two moves past 10% (the optimum grows about as
+    # sqrt(C), so 8x the stall is ~2.8x the interval).
+    for _ in range(3):
+        policy.measured(16.0, 4.0)
+    intervals = [i for i, _ in changes]
+    assert len(intervals) == 3 and intervals == sorted(intervals) and intervals[-1] > 2 * intervals[0]

@@ -129,6 +129,9 @@ class CheckpointManager:
             max_interval=cfg.seconds("max_interval"),
             restart=cfg.seconds("restart"),
             detect=cfg.seconds("detect"),
+            on_change=lambda interval, why: self._emit(
+                "checkpoint_interval", interval_seconds=interval, reason=why
+            ),
         )
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import statistics
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 __all__ = ["AutoInterval", "EveryInterval", "EverySteps", "SavePolicy"]
@@ -85,6 +86,8 @@ class AutoInterval(EveryInterval):
         first_interval: the interval before any save has been measured (bounded by ``max_interval``). The
             default, 0, saves at the second step: the optimum needs the measured cost of a save.
         window: how many recent saves the stall/persist estimates are the median of.
+        on_change: called with (new interval, reason) when the interval moves by more than 10% from the last
+            value reported (the ledger records it as ``checkpoint_interval``).
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class AutoInterval(EveryInterval):
         detect: float = 0.0,
         first_interval: float = 0.0,
         window: int = 5,
+        on_change: Callable[[float, str], None] | None = None,
     ) -> None:
         super().__init__(min(first_interval, max_interval))
         self.mtbf = mtbf
@@ -105,6 +109,8 @@ class AutoInterval(EveryInterval):
         self._stalls: deque[float] = deque(maxlen=window)
         self._persists: deque[float] = deque(maxlen=window)
         self._failures: list[float] = []
+        self._on_change = on_change
+        self._reported: float | None = None
 
     def measured(self, stall: float, persist: float) -> None:
         self._stalls.append(stall)
@@ -133,3 +139,8 @@ class AutoInterval(EveryInterval):
                 self.interval, new, why, stall, persist, self.mtbf, best, persist, self.max_interval,
             )  # fmt: skip
             self.interval = new
+            if self._on_change is not None and (
+                self._reported is None or abs(new - self._reported) > 0.1 * self._reported
+            ):
+                self._reported = new
+                self._on_change(new, why)
