@@ -27,12 +27,12 @@ import subprocess
 import sys
 import threading
 
+from goodput.crashloop import CRASH_LOOP_FILE
 from goodput.errors import ConfigError
 
 __all__ = ["EXIT_CRASH_LOOP", "LaunchConfig", "launch_job", "torchrun_command"]
 
 EXIT_CRASH_LOOP = 3
-CRASH_LOOP_FILE = "CRASH_LOOP"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -21,15 +21,6 @@ from goodput.ledger import read_events
 
 __all__ = ["Advice", "MeasuredModel", "Prediction", "Report", "build_report", "load_report"]
 
-# Shares of wall time above which advice is given.
-DATA_WAIT_SHARE = 0.03
-STALL_SHARE = 0.01
-INTERVAL_RATIO = 2.0
-COLD_HIT_RATE = 0.5
-# An async save blocks for its staging copy only: ~5-10% of a synchronous save in docs/NOTES measurements.
-ASYNC_STALL_FRACTION = 0.1
-_BLOCKING = ("torch_save", "dcp", "sync")
-
 
 @dataclass(frozen=True)
 class MeasuredModel:

@@ -6,11 +6,10 @@ import os
 
 import numpy as np
 
+from goodput.demo.main import TRAIN_SCRIPT
 from goodput.launch import LaunchConfig, launch_job
 
 __all__ = ["fault_plan", "prepare_data", "train"]
-
-TRAIN_SCRIPT = os.path.join(os.path.dirname(__file__), "demo", "train.py")
 
 
 CORPUS_BYTES = 512 * 2**10
