@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput.accounting import CATEGORIES, account, goodput_over_time
+from goodput.ledger.accounting import CATEGORIES, account, goodput_over_time
 from tests._ledgers import Attempt as _Attempt
 
 

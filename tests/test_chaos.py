@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from goodput.demo.prepare import write_corpus
+from goodput.demo.verify_train import CORPUS_BYTES, SHARD_BYTES, fault_plan, prepare_data, train
 from goodput.ledger import read_events
-from goodput.report import load_report
+from goodput.ledger.report import load_report
+from goodput.run.verify import first_difference, read_run
 from goodput.testing import S3Server, free_port
-from goodput.verify import first_difference, read_run
-from goodput.verify_runs import CORPUS_BYTES, SHARD_BYTES, fault_plan, prepare_data, train
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from goodput.crashloop import CRASH_LOOP_FILE, CrashLoopDetector
 from goodput.errors import CrashLoop
+from goodput.run.crashloop import CRASH_LOOP_FILE, CrashLoopDetector
 
 
 def _attempt(run_dir: str, n: int, restored: int | None, reached: int | None) -> CrashLoopDetector:

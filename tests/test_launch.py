@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from goodput.launch import EXIT_CRASH_LOOP, LaunchConfig, torchrun_command
+from goodput.run.launch import EXIT_CRASH_LOOP, LaunchConfig, torchrun_command
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 

@@ -12,7 +12,7 @@ import pytest
 
 from goodput import planning
 from goodput.cli import main
-from goodput.report import build_report
+from goodput.ledger.report import build_report
 from tests._ledgers import synthetic_run, write_run
 
 

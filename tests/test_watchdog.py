@@ -10,14 +10,14 @@ import threading
 import pytest
 
 from goodput.errors import ConfigError
-from goodput.watchdog import EXIT_HANG, Watchdog
+from goodput.run.watchdog import EXIT_HANG, Watchdog
 
 
 def test_hung_process_is_ended_with_exit_hang(tmp_path: os.PathLike[str]) -> None:
     note = os.path.join(tmp_path, "hang.txt")
     code = (
         "import threading\n"
-        "from goodput.watchdog import Watchdog\n"
+        "from goodput.run.watchdog import Watchdog\n"
         f"def on_hang(s, p):\n    open({note!r}, 'w').write(f'{{p}}')\n"
         "wd = Watchdog(0.3, phase_timeout=0.6, on_hang=on_hang)\n"
         "with wd.phase('checkpoint_save'):\n    threading.Event().wait()\n"

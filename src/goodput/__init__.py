@@ -24,16 +24,6 @@ from goodput.errors import (
 )
 
 if TYPE_CHECKING:
-    from goodput.accounting import (
-        CATEGORIES,
-        Accounting,
-        AttemptSummary,
-        SaveRecord,
-        Segment,
-        StepStats,
-        account,
-        goodput_over_time,
-    )
     from goodput.checkpoint import (
         MANIFEST_NAME,
         STRATEGIES,
@@ -70,9 +60,6 @@ if TYPE_CHECKING:
     from goodput.checkpoint.torch_save import (
         TorchSaveStrategy,
     )
-    from goodput.crashloop import (
-        CrashLoopDetector,
-    )
     from goodput.data import (
         BatchPlan,
         CacheConfig,
@@ -93,16 +80,15 @@ if TYPE_CHECKING:
         write_folder_shards,
         write_shards,
     )
+    from goodput.demo.verify_train import (
+        fault_plan,
+        prepare_data,
+        train,
+    )
     from goodput.distributed import (
         DistInfo,
         dist_info,
         init_distributed,
-    )
-    from goodput.exporters import (
-        MetricsExporter,
-        MLflowExporter,
-        TensorBoardExporter,
-        available_exporters,
     )
     from goodput.faults import (
         PHASES,
@@ -113,18 +99,36 @@ if TYPE_CHECKING:
         install_faults,
         parse_faults,
     )
-    from goodput.launch import (
-        EXIT_CRASH_LOOP,
-        LaunchConfig,
-        launch_job,
-        torchrun_command,
-    )
     from goodput.ledger import (
         Ledger,
         LedgerConfig,
         LedgerFile,
         ledger_files,
         read_events,
+    )
+    from goodput.ledger.accounting import (
+        CATEGORIES,
+        Accounting,
+        AttemptSummary,
+        SaveRecord,
+        Segment,
+        StepStats,
+        account,
+        goodput_over_time,
+    )
+    from goodput.ledger.exporters import (
+        MetricsExporter,
+        MLflowExporter,
+        TensorBoardExporter,
+        available_exporters,
+    )
+    from goodput.ledger.report import (
+        Advice,
+        MeasuredModel,
+        Prediction,
+        Report,
+        build_report,
+        load_report,
     )
     from goodput.planning import (
         PlanInputs,
@@ -141,55 +145,51 @@ if TYPE_CHECKING:
         waste_per_failure,
         young_interval,
     )
-    from goodput.progress import (
-        Progress,
-    )
-    from goodput.report import (
-        Advice,
-        MeasuredModel,
-        Prediction,
-        Report,
-        build_report,
-        load_report,
+    from goodput.planning.simulation import (
+        SimulationResult,
+        simulate_goodput,
     )
     from goodput.run import (
         Run,
     )
-    from goodput.simulation import (
-        SimulationResult,
-        simulate_goodput,
+    from goodput.run.crashloop import (
+        CrashLoopDetector,
+    )
+    from goodput.run.launch import (
+        EXIT_CRASH_LOOP,
+        LaunchConfig,
+        launch_job,
+        torchrun_command,
+    )
+    from goodput.run.progress import (
+        Progress,
+    )
+    from goodput.run.verify import (
+        effective_samples,
+        first_difference,
+        read_run,
+    )
+    from goodput.run.watchdog import (
+        EXIT_HANG,
+        Watchdog,
     )
     from goodput.units import (
         format_duration,
         parse_bytes,
         parse_duration,
     )
-    from goodput.verify import (
-        effective_samples,
-        first_difference,
-        read_run,
-    )
-    from goodput.verify_runs import (
-        fault_plan,
-        prepare_data,
-        train,
-    )
-    from goodput.watchdog import (
-        EXIT_HANG,
-        Watchdog,
-    )
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Accounting": "goodput.accounting",
-    "AttemptSummary": "goodput.accounting",
-    "CATEGORIES": "goodput.accounting",
-    "SaveRecord": "goodput.accounting",
-    "Segment": "goodput.accounting",
-    "StepStats": "goodput.accounting",
-    "account": "goodput.accounting",
-    "goodput_over_time": "goodput.accounting",
+    "Accounting": "goodput.ledger.accounting",
+    "AttemptSummary": "goodput.ledger.accounting",
+    "CATEGORIES": "goodput.ledger.accounting",
+    "SaveRecord": "goodput.ledger.accounting",
+    "Segment": "goodput.ledger.accounting",
+    "StepStats": "goodput.ledger.accounting",
+    "account": "goodput.ledger.accounting",
+    "goodput_over_time": "goodput.ledger.accounting",
     "AutoInterval": "goodput.checkpoint",
     "CheckpointConfig": "goodput.checkpoint",
     "CheckpointInfo": "goodput.checkpoint",
@@ -218,7 +218,7 @@ _LAZY = {
     "safe_unpickle_metadata": "goodput.checkpoint.dcp",
     "DcpAsyncStrategy": "goodput.checkpoint.dcp_async",
     "TorchSaveStrategy": "goodput.checkpoint.torch_save",
-    "CrashLoopDetector": "goodput.crashloop",
+    "CrashLoopDetector": "goodput.run.crashloop",
     "BatchPlan": "goodput.data",
     "CacheConfig": "goodput.data",
     "DevicePrefetcher": "goodput.data",
@@ -240,10 +240,10 @@ _LAZY = {
     "DistInfo": "goodput.distributed",
     "dist_info": "goodput.distributed",
     "init_distributed": "goodput.distributed",
-    "MLflowExporter": "goodput.exporters",
-    "MetricsExporter": "goodput.exporters",
-    "TensorBoardExporter": "goodput.exporters",
-    "available_exporters": "goodput.exporters",
+    "MLflowExporter": "goodput.ledger.exporters",
+    "MetricsExporter": "goodput.ledger.exporters",
+    "TensorBoardExporter": "goodput.ledger.exporters",
+    "available_exporters": "goodput.ledger.exporters",
     "Fault": "goodput.faults",
     "FaultPlan": "goodput.faults",
     "InjectedFault": "goodput.faults",
@@ -251,10 +251,10 @@ _LAZY = {
     "fault_point": "goodput.faults",
     "install_faults": "goodput.faults",
     "parse_faults": "goodput.faults",
-    "EXIT_CRASH_LOOP": "goodput.launch",
-    "LaunchConfig": "goodput.launch",
-    "launch_job": "goodput.launch",
-    "torchrun_command": "goodput.launch",
+    "EXIT_CRASH_LOOP": "goodput.run.launch",
+    "LaunchConfig": "goodput.run.launch",
+    "launch_job": "goodput.run.launch",
+    "torchrun_command": "goodput.run.launch",
     "Ledger": "goodput.ledger",
     "LedgerConfig": "goodput.ledger",
     "LedgerFile": "goodput.ledger",
@@ -273,27 +273,27 @@ _LAZY = {
     "optimal_interval": "goodput.planning",
     "waste_per_failure": "goodput.planning",
     "young_interval": "goodput.planning",
-    "Progress": "goodput.progress",
-    "Advice": "goodput.report",
-    "MeasuredModel": "goodput.report",
-    "Prediction": "goodput.report",
-    "Report": "goodput.report",
-    "build_report": "goodput.report",
-    "load_report": "goodput.report",
+    "Progress": "goodput.run.progress",
+    "Advice": "goodput.ledger.report",
+    "MeasuredModel": "goodput.ledger.report",
+    "Prediction": "goodput.ledger.report",
+    "Report": "goodput.ledger.report",
+    "build_report": "goodput.ledger.report",
+    "load_report": "goodput.ledger.report",
     "Run": "goodput.run",
-    "SimulationResult": "goodput.simulation",
-    "simulate_goodput": "goodput.simulation",
+    "SimulationResult": "goodput.planning.simulation",
+    "simulate_goodput": "goodput.planning.simulation",
     "format_duration": "goodput.units",
     "parse_bytes": "goodput.units",
     "parse_duration": "goodput.units",
-    "effective_samples": "goodput.verify",
-    "first_difference": "goodput.verify",
-    "read_run": "goodput.verify",
-    "fault_plan": "goodput.verify_runs",
-    "prepare_data": "goodput.verify_runs",
-    "train": "goodput.verify_runs",
-    "EXIT_HANG": "goodput.watchdog",
-    "Watchdog": "goodput.watchdog",
+    "effective_samples": "goodput.run.verify",
+    "first_difference": "goodput.run.verify",
+    "read_run": "goodput.run.verify",
+    "fault_plan": "goodput.demo.verify_train",
+    "prepare_data": "goodput.demo.verify_train",
+    "train": "goodput.demo.verify_train",
+    "EXIT_HANG": "goodput.run.watchdog",
+    "Watchdog": "goodput.run.watchdog",
 }
 
 __all__ = [

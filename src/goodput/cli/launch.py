@@ -42,7 +42,7 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from goodput.launch import LaunchConfig, launch_job
+    from goodput.run.launch import LaunchConfig, launch_job
 
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
     config = LaunchConfig(

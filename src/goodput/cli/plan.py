@@ -15,7 +15,6 @@ from typing import Any
 from goodput.cli._plan_plot import short_duration
 from goodput.errors import ConfigError
 from goodput.planning import (
-    DAY,
     PlanInputs,
     daily_waste,
     daly_interval,
@@ -26,6 +25,7 @@ from goodput.planning import (
     waste_per_failure,
     young_interval,
 )
+from goodput.planning.model import DAY
 from goodput.units import parse_duration
 
 __all__ = ["register"]
@@ -132,7 +132,7 @@ def _row(inputs: PlanInputs, interval: float) -> dict[str, Any]:
 
 
 def _simulated(inputs: PlanInputs, interval: float, runs: int, seed: int) -> dict[str, float]:
-    from goodput.simulation import simulate_goodput
+    from goodput.planning.simulation import simulate_goodput
 
     intervals = max(1, round(inputs.days * DAY / interval))
     result = simulate_goodput(

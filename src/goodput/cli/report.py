@@ -54,7 +54,7 @@ def register(sub: Any) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from goodput.report import load_report
+    from goodput.ledger.report import load_report
 
     if not os.path.isdir(args.run_dir):
         raise ConfigError(f"RUN_DIR {args.run_dir!r} is not a folder: pass the run folder that holds ledger/")
@@ -75,7 +75,7 @@ def _handle(args: argparse.Namespace) -> int:
     else:
         print(report.render())
     if args.plot:
-        from goodput._report_plot import plot_report
+        from goodput.ledger.plot import plot_report
 
         plot_report(report, args.plot, window=window)
         if not args.json:

@@ -37,9 +37,9 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from goodput.demo.verify_train import fault_plan, prepare_data, train
     from goodput.errors import ConfigError
-    from goodput.verify import first_difference, read_run
-    from goodput.verify_runs import fault_plan, prepare_data, train
+    from goodput.run.verify import first_difference, read_run
 
     if args.steps < 2 * args.every or args.kills < 0 or args.nproc < 1:
         raise ConfigError("need --steps >= 2 x --every, --kills >= 0 and --nproc >= 1")

@@ -52,7 +52,7 @@ class DemoConfig:
 def run_demo(config: DemoConfig) -> int:
     """Prepare the data, train under torchrun with faults, and report; returns the exit status."""
     from goodput.demo.prepare import write_corpus
-    from goodput.launch import LaunchConfig, launch_job
+    from goodput.run.launch import LaunchConfig, launch_job
 
     os.makedirs(config.run_dir, exist_ok=True)
     data = config.data_url or os.path.join(config.run_dir, "remote-data")
@@ -97,9 +97,9 @@ def _needs_data(url: str) -> bool:
 
 
 def _summarise(config: DemoConfig) -> None:
-    from goodput._report_plot import plot_report
     from goodput.ledger import read_events
-    from goodput.report import build_report
+    from goodput.ledger.plot import plot_report
+    from goodput.ledger.report import build_report
 
     events = list(read_events(config.run_dir))
     report = build_report(events, run_dir=config.run_dir, mtbf=config.mtbf if config.faults else None)

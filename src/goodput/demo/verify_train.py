@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from goodput.demo.main import TRAIN_SCRIPT
-from goodput.launch import LaunchConfig, launch_job
+from goodput.run.launch import LaunchConfig, launch_job
 
 __all__ = ["fault_plan", "prepare_data", "train"]
 

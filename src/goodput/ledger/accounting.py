@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
-from goodput._spans import Attempt, Spans, kept_steps, layout, outcome
+from goodput.ledger.spans import Attempt, Spans, kept_steps, layout, outcome
 
 __all__ = [
     "CATEGORIES",

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from goodput.units import format_duration as fd
 
 if TYPE_CHECKING:
-    from goodput.accounting import Accounting
-    from goodput.report import Advice, MeasuredModel, Prediction
+    from goodput.ledger.accounting import Accounting
+    from goodput.ledger.report import Advice, MeasuredModel, Prediction
 
 # Thresholds (shares of wall time, ratios) above which advice is given.
 DATA_WAIT_SHARE = 0.03
@@ -33,7 +33,7 @@ def _points(better: float | None, worse: float | None, share: float) -> float | 
 
 
 def _advice(kind: str, text: str, gain: float | None, *, bound: bool = False) -> Advice:
-    from goodput.report import Advice
+    from goodput.ledger.report import Advice
 
     return Advice(kind=kind, text=text, gain_points=gain, upper_bound=bound)
 

@@ -1,7 +1,7 @@
 """Optional metric exporters: TensorBoard scalars and MLflow metrics, when those packages are installed.
 
 Neither package is a dependency of goodput: each exporter imports its package when it is created and raises
-ConfigError naming the package to install when it is missing. :class:`goodput.progress.Progress` feeds every
+ConfigError naming the package to install when it is missing. :class:`goodput.run.progress.Progress` feeds every
 exporter it is given the step's ``fetch_seconds``, ``goodput`` (live) and ``loss``.
 """
 

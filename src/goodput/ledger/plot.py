@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from goodput.accounting import CATEGORIES, Segment, goodput_over_time
+from goodput.ledger.accounting import CATEGORIES, Segment, goodput_over_time
 
 if TYPE_CHECKING:
-    from goodput.report import Report
+    from goodput.ledger.report import Report
 
 COLOURS = {
     "productive": "#2ca02c",

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from goodput import planning
-from goodput.accounting import Accounting, account
-from goodput.ledger import read_events
+from goodput.ledger.accounting import Accounting, account
+from goodput.ledger.ledger import read_events
 
 __all__ = ["Advice", "MeasuredModel", "Prediction", "Report", "build_report", "load_report"]
 
@@ -105,7 +105,7 @@ class Report:
 
     def render(self) -> str:
         """The readable table."""
-        from goodput._report_text import render
+        from goodput.ledger.text import render
 
         return render(self)
 
@@ -164,7 +164,7 @@ def build_report(
     acc = account(events)
     model, source, estimated = _model(acc, mtbf)
     prediction = _prediction(acc, model, source, estimated)
-    from goodput._advice import advise
+    from goodput.ledger.advice import advise
 
     return Report(run_dir, acc, prediction, tuple(advise(acc, model, prediction)))
 

@@ -1,4 +1,4 @@
-"""Ledger events of one rank paired into spans on one time axis (internal to :mod:`goodput.accounting`).
+"""Ledger events of one rank paired into spans on one time axis (internal to :mod:`goodput.ledger.accounting`).
 
 Each attempt's monotonic times are anchored at its ``attempt_start`` wall time; attempts are laid end to end
 in wall-clock order. Steps, stalls, restores and failure detections become (start, end) spans; outcomes and

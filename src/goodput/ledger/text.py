@@ -1,15 +1,15 @@
-"""The report as a readable table (internal to :mod:`goodput.report`)."""
+"""The report as a readable table (internal to :mod:`goodput.ledger.report`)."""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
 
-from goodput.accounting import CATEGORIES
+from goodput.ledger.accounting import CATEGORIES
 from goodput.units import format_duration as fd
 
 if TYPE_CHECKING:
-    from goodput.report import Advice, Report
+    from goodput.ledger.report import Advice, Report
 
 
 def _pct(x: float | None) -> str:

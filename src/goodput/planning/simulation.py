@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from goodput.errors import ConfigError
-from goodput.planning import daly_expected_time
+from goodput.planning.model import daly_expected_time
 
 __all__ = ["SimulationResult", "simulate_goodput"]
 

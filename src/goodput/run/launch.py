@@ -27,8 +27,8 @@ import subprocess
 import sys
 import threading
 
-from goodput.crashloop import CRASH_LOOP_FILE
 from goodput.errors import ConfigError
+from goodput.run.crashloop import CRASH_LOOP_FILE
 
 __all__ = ["EXIT_CRASH_LOOP", "LaunchConfig", "launch_job", "torchrun_command"]
 

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from goodput.errors import ConfigError
-from goodput.exporters import MetricsExporter
-from goodput.ledger import Ledger
+from goodput.ledger.exporters import MetricsExporter
+from goodput.ledger.ledger import Ledger
 
 __all__ = ["Progress"]
 

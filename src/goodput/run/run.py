@@ -23,15 +23,15 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-from goodput.accounting import account
 from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
-from goodput.crashloop import CrashLoopDetector
 from goodput.distributed import init_distributed
 from goodput.errors import ConfigError, DataError
 from goodput.faults import Fault, FaultPlan, install_faults, parse_faults
-from goodput.ledger import Ledger, read_events
-from goodput.progress import Progress
-from goodput.watchdog import Watchdog
+from goodput.ledger.accounting import account
+from goodput.ledger.ledger import Ledger, read_events
+from goodput.run.crashloop import CrashLoopDetector
+from goodput.run.progress import Progress
+from goodput.run.watchdog import Watchdog
 
 __all__ = ["Run"]
 

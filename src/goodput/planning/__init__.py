@@ -1,0 +1,41 @@
+"""The planner: pure models of failures, checkpoint waste and goodput, and a Monte Carlo check of them.
+
+``model`` holds the closed forms (failure probability, waste per failure, first-order and Daly's exact
+goodput, the Young/Daly/exact optimum); ``simulation`` replays a job's failures and checkpoints to check
+them. Nothing here does I/O, reads a clock or touches torch: inputs in, numbers out.
+"""
+
+from goodput.planning.model import (
+    PlanInputs,
+    daily_waste,
+    daly_expected_time,
+    daly_interval,
+    failure_probability,
+    goodput_daly,
+    goodput_first_order,
+    lost_work_per_failure,
+    mtbf_from_rate,
+    mtbf_seconds,
+    optimal_interval,
+    waste_per_failure,
+    young_interval,
+)
+from goodput.planning.simulation import SimulationResult, simulate_goodput
+
+__all__ = [
+    "PlanInputs",
+    "SimulationResult",
+    "daily_waste",
+    "daly_expected_time",
+    "daly_interval",
+    "failure_probability",
+    "goodput_daly",
+    "goodput_first_order",
+    "lost_work_per_failure",
+    "mtbf_from_rate",
+    "mtbf_seconds",
+    "optimal_interval",
+    "simulate_goodput",
+    "waste_per_failure",
+    "young_interval",
+]

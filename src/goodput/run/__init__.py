@@ -1,0 +1,62 @@
+"""The run and its launcher: ``Run`` wires checkpoints, data, ledger and faults into a user's loop;
+``launch`` is the front over torchrun; ``crashloop``, ``watchdog`` and ``progress`` watch the job;
+``verify`` compares two runs' records.
+
+Names are imported on first use, so ``goodput launch`` does not import torch in the launcher process.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from goodput.run.crashloop import CrashLoopDetector
+    from goodput.run.launch import EXIT_CRASH_LOOP, LaunchConfig, launch_job, torchrun_command
+    from goodput.run.progress import Progress
+    from goodput.run.run import Run
+    from goodput.run.verify import effective_samples, first_difference, read_run
+    from goodput.run.watchdog import EXIT_HANG, Watchdog
+
+_LAZY = {
+    "CrashLoopDetector": "goodput.run.crashloop",
+    "EXIT_CRASH_LOOP": "goodput.run.launch",
+    "LaunchConfig": "goodput.run.launch",
+    "launch_job": "goodput.run.launch",
+    "torchrun_command": "goodput.run.launch",
+    "Progress": "goodput.run.progress",
+    "Run": "goodput.run.run",
+    "effective_samples": "goodput.run.verify",
+    "first_difference": "goodput.run.verify",
+    "read_run": "goodput.run.verify",
+    "EXIT_HANG": "goodput.run.watchdog",
+    "Watchdog": "goodput.run.watchdog",
+}
+
+__all__ = [
+    "EXIT_CRASH_LOOP",
+    "EXIT_HANG",
+    "CrashLoopDetector",
+    "LaunchConfig",
+    "Progress",
+    "Run",
+    "Watchdog",
+    "effective_samples",
+    "first_difference",
+    "launch_job",
+    "read_run",
+    "torchrun_command",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'goodput.run' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,84 @@
+"""The parts keep their seams: read every module's imports and check the layout's rules (see DESIGN.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import goodput
+
+_SRC = Path(goodput.__file__).parent
+
+
+def _imports() -> dict[str, set[str]]:
+    """Module name -> every goodput module it imports (top level or inside functions; TYPE_CHECKING too)."""
+    found: dict[str, set[str]] = {}
+    for path in _SRC.rglob("*.py"):
+        rel = path.relative_to(_SRC.parent).with_suffix("")
+        name = ".".join(rel.parts).removesuffix(".__init__")
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.add(node.module)
+                if node.module == "goodput":
+                    targets.update(f"goodput.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+        found[name] = {t for t in targets if t == "goodput" or t.startswith("goodput.")}
+    return found
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _violations(src_parts: set[str], forbidden: set[str]) -> list[str]:
+    bad = []
+    for module, targets in _imports().items():
+        if _part(module) not in src_parts:
+            continue
+        bad += [f"{module} imports {t}" for t in targets if _part(t) in forbidden]
+    return sorted(bad)
+
+
+def test_the_walk_sees_the_parts() -> None:
+    """Guards the test itself: the import walk finds the modules and their imports."""
+    found = _imports()
+    assert "goodput.run.run" in found and "goodput.checkpoint.manager" in found
+    assert "goodput.checkpoint" in found["goodput.run.run"]
+
+
+def test_planning_is_pure() -> None:
+    for module, targets in _imports().items():
+        if _part(module) != "planning":
+            continue
+        outside = {t for t in targets if _part(t) not in {"planning", "units", "errors"}}
+        assert not outside, f"{module} imports {sorted(outside)}"
+        text = (_SRC / Path(*module.split(".")[1:])).with_suffix(".py")
+        if not text.exists():
+            text = _SRC / Path(*module.split(".")[1:]) / "__init__.py"
+        tree = ast.parse(text.read_text())
+        io_mods = {"os", "io", "pathlib", "time", "socket", "subprocess", "torch", "fsspec", "shutil"}
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module.split(".")[0]]
+            assert not set(names) & io_mods, f"{module} imports {names}"
+
+
+def test_checkpoint_and_data_stay_apart_and_below() -> None:
+    above = {"run", "ledger", "cli", "demo", "bench", "testing"}
+    assert _violations({"checkpoint"}, above | {"data"}) == []
+    assert _violations({"data"}, above | {"checkpoint"}) == []
+
+
+def test_ledger_learns_through_events() -> None:
+    assert _violations({"ledger"}, {"run", "cli", "checkpoint"}) == []
+
+
+def test_only_bench_uses_testing() -> None:
+    users = {_part(m) for m, targets in _imports().items() if any(_part(t) == "testing" for t in targets)}
+    assert users <= {"bench", "testing"}, users
