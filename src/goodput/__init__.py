@@ -157,6 +157,8 @@ if TYPE_CHECKING:
     )
     from goodput.run.launch import (
         EXIT_CRASH_LOOP,
+        EXIT_FATAL,
+        EXIT_PREEMPTED,
         LaunchConfig,
         launch_job,
         torchrun_command,
@@ -299,7 +301,9 @@ _LAZY = {
 __all__ = [
     "CATEGORIES",
     "EXIT_CRASH_LOOP",
+    "EXIT_FATAL",
     "EXIT_HANG",
+    "EXIT_PREEMPTED",
     "MANIFEST_NAME",
     "PHASES",
     "STRATEGIES",

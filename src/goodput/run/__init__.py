@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from goodput.run.crashloop import CrashLoopDetector
-    from goodput.run.launch import EXIT_CRASH_LOOP, LaunchConfig, launch_job, torchrun_command
+    from goodput.run.launch import (
+        EXIT_CRASH_LOOP,
+        EXIT_FATAL,
+        EXIT_PREEMPTED,
+        LaunchConfig,
+        launch_job,
+        torchrun_command,
+    )
     from goodput.run.progress import Progress
     from goodput.run.run import Run
     from goodput.run.verify import effective_samples, first_difference, read_run
@@ -21,6 +28,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "CrashLoopDetector": "goodput.run.crashloop",
     "EXIT_CRASH_LOOP": "goodput.run.launch",
+    "EXIT_FATAL": "goodput.run.launch",
+    "EXIT_PREEMPTED": "goodput.run.launch",
     "LaunchConfig": "goodput.run.launch",
     "launch_job": "goodput.run.launch",
     "torchrun_command": "goodput.run.launch",
@@ -35,7 +44,9 @@ _LAZY = {
 
 __all__ = [
     "EXIT_CRASH_LOOP",
+    "EXIT_FATAL",
     "EXIT_HANG",
+    "EXIT_PREEMPTED",
     "CrashLoopDetector",
     "LaunchConfig",
     "Progress",

@@ -30,9 +30,20 @@ import threading
 from goodput.errors import ConfigError
 from goodput.run.crashloop import CRASH_LOOP_FILE
 
-__all__ = ["EXIT_CRASH_LOOP", "LaunchConfig", "launch_job", "torchrun_command"]
+__all__ = [
+    "EXIT_CRASH_LOOP",
+    "EXIT_FATAL",
+    "EXIT_PREEMPTED",
+    "LaunchConfig",
+    "launch_job",
+    "torchrun_command",
+]
 
 EXIT_CRASH_LOOP = 3
+# sysexits.h codes a scheduler can act on: EX_TEMPFAIL (requeue: the job was preempted after a durable save)
+# and EX_CONFIG (do not retry: a restart cannot fix a configuration or state-mismatch error).
+EXIT_PREEMPTED = 75
+EXIT_FATAL = 78
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
