@@ -254,6 +254,8 @@ _LAZY = {
     "install_faults": "goodput.faults",
     "parse_faults": "goodput.faults",
     "EXIT_CRASH_LOOP": "goodput.run.launch",
+    "EXIT_FATAL": "goodput.run.launch",
+    "EXIT_PREEMPTED": "goodput.run.launch",
     "LaunchConfig": "goodput.run.launch",
     "launch_job": "goodput.run.launch",
     "torchrun_command": "goodput.run.launch",
