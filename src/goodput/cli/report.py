@@ -44,7 +44,11 @@ def register(sub: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--plot", metavar="FILE.png", help="write a timeline and goodput-over-time plot")
     parser.add_argument(
-        "--rank", type=int, default=0, metavar="N", help="whose ledger to account (default 0)"
+        "--rank",
+        type=int,
+        default=None,
+        metavar="N",
+        help="whose time axis to use (default: the lowest rank); every rank's failures and events count",
     )
     parser.add_argument("--mtbf", metavar="DUR", help="MTBF to assume while no failure is observed, e.g. 6h")
     parser.add_argument(

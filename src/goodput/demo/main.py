@@ -102,7 +102,8 @@ def _summarise(config: DemoConfig) -> None:
     from goodput.ledger.report import build_report
 
     events = list(read_events(config.run_dir))
-    report = build_report(events, run_dir=config.run_dir, mtbf=config.mtbf if config.faults else None)
+    every_rank = read_events(config.run_dir, rank=None)
+    report = build_report(every_rank, run_dir=config.run_dir, mtbf=config.mtbf if config.faults else None)
     print()
     print(report.render())
     timeline = os.path.join(config.run_dir, "timeline.png")

@@ -1,7 +1,8 @@
 """Where every second of a run went: pure functions over ledger events (no clocks, no files).
 
-The input is the event list of one rank (see :mod:`goodput.ledger` for the schema), every attempt of the run
-in any order. The output puts each instant of the run's wall time, from the first attempt's process start to
+The input is the event list of one rank or of every rank (see :mod:`goodput.ledger` for the schema), every
+attempt of the run in any order; several ranks are merged first (:mod:`goodput.ledger.ranks`: one rank's time
+axis, every job event once, whichever rank saw it). The output puts each instant of the run's wall time, from the first attempt's process start to
 the last event of the last attempt, in exactly one category:
 
 ========================  ===========================================================================
@@ -40,6 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
+from goodput.ledger.ranks import merge_ranks
 from goodput.ledger.spans import Attempt, Spans, kept_steps, layout, outcome
 
 __all__ = [
@@ -241,11 +243,14 @@ def _intervals(
     return out
 
 
-def account(events: Iterable[Mapping[str, Any]]) -> Accounting:
-    """Account for every second of a run from one rank's ledger events.
+def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> Accounting:
+    """Account for every second of a run from its ledger events.
 
     Args:
-        events: event dicts of one rank, every attempt, as read by :func:`goodput.ledger.read_events`.
+        events: event dicts of one rank or of every rank, every attempt, as read by
+            :func:`goodput.ledger.read_events`.
+        rank: whose time axis to use when several ranks are given (None: the lowest present); every
+            rank's failures and custom events count either way, each job event once.
 
     Returns:
         The categories (summing to the wall time), goodput, restarts, MTBF, measured C and W, and more.
@@ -253,7 +258,7 @@ def account(events: Iterable[Mapping[str, Any]]) -> Accounting:
     Raises:
         ValueError: when there is no ``attempt_start`` event to anchor the time axis.
     """
-    attempts, origin = layout(events)
+    attempts, origin = layout(merge_ranks(events, primary=rank))
     if not attempts:
         raise ValueError("the ledger has no attempt_start event: nothing to account for")
     spans = [Spans(a) for a in attempts]

@@ -1,8 +1,8 @@
 """The run's ledger: an append-only JSONL event log per attempt and rank, kept across restarts.
 
 Layout: ``RUN_DIR/ledger/attempt-AAAA.rank-RRRRR.jsonl``. Every rank writes its own file (no gathering, no
-shared file, so ranks cannot corrupt each other's lines); the report accounts from rank 0's files and falls
-back to the lowest rank present. An attempt is one process lifetime of the run; its number is one more than
+shared file, so ranks cannot corrupt each other's lines); the report reads every rank's files, on the time
+axis of the lowest rank present, and counts each job event once (:mod:`goodput.ledger.ranks`). An attempt is one process lifetime of the run; its number is one more than
 the highest this rank has already written in the folder (torchrun's ``TORCHELASTIC_RESTART_COUNT`` is
 recorded beside it, but resets when a scheduler relaunches torchrun, so it does not name the file).
 

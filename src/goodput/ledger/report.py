@@ -152,16 +152,21 @@ def _prediction(acc: Accounting, model: MeasuredModel, source: str, estimated: b
 
 
 def build_report(
-    events: Iterable[Mapping[str, Any]], *, run_dir: str = "", mtbf: float | None = None
+    events: Iterable[Mapping[str, Any]],
+    *,
+    run_dir: str = "",
+    mtbf: float | None = None,
+    rank: int | None = None,
 ) -> Report:
     """Account for the events, run the planner with the measured figures, and derive advice.
 
     Args:
-        events: one rank's ledger events (every attempt).
+        events: the ledger events of one rank or of every rank (every attempt).
         run_dir: shown in the report.
         mtbf: an assumed MTBF in seconds, used only while no failure has been observed.
+        rank: whose time axis to use (None: the lowest rank present); every rank's events count.
     """
-    acc = account(events)
+    acc = account(events, rank=rank)
     model, source, estimated = _model(acc, mtbf)
     prediction = _prediction(acc, model, source, estimated)
     from goodput.ledger.advice import advise
@@ -169,10 +174,14 @@ def build_report(
     return Report(run_dir, acc, prediction, tuple(advise(acc, model, prediction)))
 
 
-def load_report(run_dir: str | os.PathLike[str], *, rank: int = 0, mtbf: float | None = None) -> Report:
-    """:func:`build_report` over the ledger in ``run_dir`` (rank 0's files by default).
+def load_report(
+    run_dir: str | os.PathLike[str], *, rank: int | None = None, mtbf: float | None = None
+) -> Report:
+    """:func:`build_report` over every rank's ledger in ``run_dir``, on ``rank``'s time axis (default: the
+    lowest rank present).
 
     Raises:
         ConfigError: when ``run_dir`` holds no ledger.
     """
-    return build_report(read_events(run_dir, rank=rank), run_dir=os.fspath(run_dir), mtbf=mtbf)
+    events = read_events(run_dir, rank=None)
+    return build_report(events, run_dir=os.fspath(run_dir), mtbf=mtbf, rank=rank)

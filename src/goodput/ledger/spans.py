@@ -70,7 +70,7 @@ def _time_order(event: Mapping[str, Any]) -> tuple[float, int]:
     return float(event["mono"]), (0 if name.endswith(("_end", "_durable")) else 1)
 
 
-def _split_attempts(events: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+def split_attempts(events: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
     """Events grouped by their ``attempt`` field (file order where it is missing or reused), by time."""
     by_number: dict[Any, list[Mapping[str, Any]]] = {}
     for event in events:
@@ -95,7 +95,7 @@ def _split_attempts(events: Iterable[Mapping[str, Any]]) -> list[list[Mapping[st
 
 def layout(events: Iterable[Mapping[str, Any]]) -> tuple[list[Attempt], float]:
     """The attempts on one time axis, and its origin (wall time of the first attempt's start)."""
-    groups = _split_attempts(events)
+    groups = split_attempts(events)
     if not groups:
         return [], 0.0
     origin = min(begin_wall(groups[0][0]), float(groups[0][0]["wall"]))

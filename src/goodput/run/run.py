@@ -253,7 +253,7 @@ class Run:
         """Feed the failure rate observed by earlier attempts of this run to the ``auto`` interval."""
         if not isinstance(manager.policy, AutoInterval) or self.attempt == 0 or self.info.rank != 0:
             return  # rank 0 decides time-based saves for every rank
-        mtbf = account(read_events(self.run_dir)).mtbf_seconds
+        mtbf = account(read_events(self.run_dir, rank=None)).mtbf_seconds
         if mtbf is not None:
             manager.policy.observe_mtbf(mtbf)
 

@@ -1,0 +1,109 @@
+"""Every rank's ledger merged into one account: each job event counted once (internal to the accounting).
+
+The time axis is one rank's (the *primary*, rank 0 unless asked otherwise): its steps, saves and restores
+tile the wall time, since in a synchronous job every rank waits for the slowest at each collective. What
+other ranks saw that the primary did not is added to it, once per job event:
+
+- ``failure_detected``: one failure per attempt. When the primary declared none (a hang detected by rank 1's
+  watchdog, while rank 0 waited in a collective), the lowest such rank's declaration is added at its time,
+  so the attempt counts as failed and the silence as ``failure_detection``.
+- custom events (``fault_injected``, ``checkpoint_failed``, ``eval``, ...): within one attempt, events with
+  the same name and the same identifying fields (every field that is not a float: ``step``, ``action``,
+  ``where``, ...) are one job event seen by several ranks; the job saw as many of them as the rank that saw
+  the most.
+- ``cache_stats``: per rank by nature (each rank reads through its own counters), so every rank's are kept,
+  with their ``rank``.
+
+Attempts of different ranks are matched by start time (every rank of an attempt starts together under
+torchrun, while attempts are seconds apart), and an event's time is carried over through its wall clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from goodput.ledger.spans import BUILT_IN, begin_wall, split_attempts
+
+_META = frozenset({"event", "wall", "mono", "attempt", "rank"})
+_PER_RANK = frozenset({"cache_stats"})
+_DECLARATIONS = frozenset({"checkpoint_config", "state_registered", "checkpoint_interval"})
+
+
+def merge_ranks(
+    events: Iterable[Mapping[str, Any]], *, primary: int | None = None
+) -> list[Mapping[str, Any]]:
+    """The primary rank's events plus what only other ranks saw, each job event once.
+
+    Args:
+        events: ledger events of one or more ranks (every attempt), as :func:`read_events` returns them.
+        primary: whose time axis to use; None (or a rank without events) is the lowest rank present.
+
+    Returns:
+        One rank's worth of events, ready for :func:`goodput.ledger.accounting.account`.
+    """
+    by_rank: dict[int, list[Mapping[str, Any]]] = {}
+    for event in events:
+        by_rank.setdefault(int(event.get("rank", 0) or 0), []).append(event)
+    if not by_rank:
+        return []
+    chosen = primary if primary in by_rank else min(by_rank)
+    own = split_attempts(by_rank.pop(chosen))
+    if not by_rank or not own:
+        return [e for group in own for e in group]
+    added: list[list[Mapping[str, Any]]] = [[] for _ in own]
+    seen = [_tally(group) for group in own]
+    for rank in sorted(by_rank):
+        for group in split_attempts(by_rank[rank]):
+            i = _nearest(own, group[0])
+            added[i].extend(_new_job_events(own[i], group, seen[i]))
+    return [e for group, extra in zip(own, added, strict=True) for e in (*group, *extra)]
+
+
+def _nearest(own: list[list[Mapping[str, Any]]], head: Mapping[str, Any]) -> int:
+    start = begin_wall(head)
+    return min(range(len(own)), key=lambda i: abs(begin_wall(own[i][0]) - start))
+
+
+def _key(event: Mapping[str, Any]) -> tuple[Any, ...]:
+    name = event.get("event")
+    if name == "failure_detected":
+        return (name,)
+    fields = sorted((k, repr(v)) for k, v in event.items() if k not in _META and not isinstance(v, float))
+    return (name, *fields)
+
+
+def _counted(event: Mapping[str, Any]) -> bool:
+    name = event.get("event")
+    if name == "failure_detected":
+        return True
+    return name not in BUILT_IN and name not in _DECLARATIONS
+
+
+def _tally(group: list[Mapping[str, Any]]) -> Counter[tuple[Any, ...]]:
+    return Counter(_key(e) for e in group if _counted(e) and e.get("event") not in _PER_RANK)
+
+
+def _new_job_events(
+    own: list[Mapping[str, Any]], other: list[Mapping[str, Any]], seen: Counter[tuple[Any, ...]]
+) -> list[Mapping[str, Any]]:
+    """Events of ``other`` (one attempt of another rank) that the job has not yet counted, on ``own``'s
+    clock; ``seen`` (the counts so far in this attempt) is updated."""
+    head, other_head = own[0], other[0]
+    offset = float(head["mono"]) - float(head["wall"])
+    other_wall, other_mono = float(other_head["wall"]), float(other_head["mono"])
+    mine = Counter(_key(e) for e in other if _counted(e) and e.get("event") not in _PER_RANK)
+    out: list[Mapping[str, Any]] = []
+    for event in sorted(other[1:], key=lambda e: float(e["mono"])):
+        name = event.get("event")
+        if not _counted(event):
+            continue
+        if name not in _PER_RANK:
+            key = _key(event)
+            if seen[key] >= mine[key]:
+                continue
+            seen[key] += 1
+        wall = other_wall + float(event["mono"]) - other_mono
+        out.append({**event, "wall": wall, "mono": wall + offset, "attempt": head.get("attempt")})
+    return out
