@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,6 +37,16 @@ Listener = Callable[..., None]
 
 # DCP reports a failure on any rank as CheckpointException, which derives from BaseException.
 _FAILURES = (Exception, CheckpointException)
+
+
+def _quiet_single_process() -> None:
+    """Hide DCP's "torch.distributed is disabled ... assuming the intent is to save/load in a single process"
+    warning, shown on every save and load of a process without a group: for goodput that is the intent.
+    Installed before each save and load (not once at import) so that a caller's ``catch_warnings`` cannot
+    drop it; installing an identical filter again replaces it, so the filter list does not grow."""
+    warnings.filterwarnings(
+        "ignore", message="torch.distributed is disabled, unavailable or uninitialized", category=UserWarning
+    )
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,7 @@ class CheckpointManager:
         self._policy = self._make_policy()
         self._token = self._bcast(uuid.uuid4().hex[:12] if self.rank == 0 else None)
         self._committed: set[int] = set()
+        self._last_step: int | None = None  # the newest step given to maybe_save/save, for close()'s check
         self._inflight: Future[SaveResult] | None = None
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-ckpt")
         self._purger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-purge")
@@ -171,6 +183,7 @@ class CheckpointManager:
 
     def maybe_save(self, step: int, now: float | None = None) -> SaveResult | None:
         """``save(step)`` when ``should_save(step, now)`` says so; None otherwise."""
+        self._last_step = step
         return self.save(step) if self.should_save(step, now) else None
 
     def save(self, step: int) -> SaveResult:
@@ -183,6 +196,8 @@ class CheckpointManager:
                 is saved by this call). The previous checkpoint is untouched and training may go on.
         """
         self._check_open()
+        self._last_step = step
+        _quiet_single_process()
         previous = self._wait_inflight()
         if isinstance(previous, SaveFailed):
             raise previous  # reported once; the next call saves normally
@@ -367,6 +382,7 @@ class CheckpointManager:
                 or was saved by a different number of ranks.
         """
         self._check_open()
+        _quiet_single_process()
         self.wait()
         listing: tuple[list[tuple[int, str]], str] = ([], "")
         if self.rank == 0:
@@ -386,6 +402,7 @@ class CheckpointManager:
             if self._try_load(step, url):
                 fault_point("restore", step)  # loaded, not yet in use
                 self.state.step = step
+                self._last_step = step
                 self._policy.saved(step, self._clock())
                 return step
         return None
@@ -443,18 +460,38 @@ class CheckpointManager:
         if self._closed:
             raise CheckpointError("this CheckpointManager is closed")
 
-    def close(self) -> None:
-        """Wait for the last save to be durable and for retention to finish; release buffers and groups.
+    def close(self, step: int | None = None) -> None:
+        """Save the final step, wait until the last save is durable and retention has finished; release
+        buffers and groups.
+
+        Args:
+            step: the run's final step: saved first unless it is already committed, so the end of the run is
+                not lost between two scheduled saves (every rank passes the same step). None saves nothing new
+                and warns when the newest step given to ``maybe_save``/``save`` has no checkpoint.
 
         Raises:
-            SaveFailed: when the last save failed (everything is released anyway).
+            SaveFailed: when the final save or the last one in flight failed (everything is released anyway).
         """
         if self._closed:
             return
-        self._closed = True
         try:
+            previous = self._wait_inflight()  # a failure there is raised after the final save, not instead
+            if step is not None:
+                self.save(step)
             self.wait()
+            if isinstance(previous, SaveFailed):
+                raise previous
+            if step is None and self._last_step is not None and self._last_step not in self._committed:
+                newest = max(self._committed, default=None)
+                log.warning(
+                    "closing without saving step %d (newest checkpoint: %s): pass close(step=%d) to save "
+                    "the end of the run",
+                    self._last_step,
+                    "none" if newest is None else f"step {newest}",
+                    self._last_step,
+                )
         finally:
+            self._closed = True
             if self._purge is not None:
                 self._purge.result()
             self._finisher.shutdown(wait=True)
@@ -468,7 +505,7 @@ class CheckpointManager:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.close()  # no final save: after an exception the state may be half-way through a step
 
 
 def _raiser(err: BaseException) -> Completion:

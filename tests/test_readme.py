@@ -1,0 +1,69 @@
+"""The README's code runs as written: each tested block is taken from README.md itself, and only its
+placeholders (a bucket URL, ``storage_options={...}``, the user's model and step) are replaced."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import goodput as gp
+from goodput.checkpoint import list_checkpoints
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _python_block(containing: str) -> str:
+    """The README's one ```python block that contains ``containing``."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    found = [b for b in blocks if containing in b]
+    assert len(found) == 1, f"expected one README python block with {containing!r}, found {len(found)}"
+    return found[0]
+
+
+def _substitute(code: str, replacements: dict[str, str]) -> str:
+    for placeholder, value in replacements.items():
+        assert placeholder in code, f"the README no longer has {placeholder!r}: update this test"
+        code = code.replace(placeholder, value)
+    return code
+
+
+def _tiny_training() -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 100)
+    done: list[int] = []
+
+    def train_step() -> None:
+        model(torch.randn(8, 4)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        done.append(1)
+
+    return {"gp": gp, "model": model, "opt": opt, "sched": sched, "loader": None, "train_step": train_step}
+
+
+def test_the_standalone_checkpoint_manager_snippet_keeps_the_end_of_the_run(tmp_path: Path) -> None:
+    """213 steps with a save every 50: the newest checkpoint is step 213, not 200; a second run of the same
+    code resumes there and trains nothing more."""
+    root = tmp_path / "run1"
+    code = _substitute(
+        _python_block("ckpt = gp.CheckpointManager("),
+        {
+            '"s3://bucket/run1"': repr(str(root)),
+            "storage_options={...}": "storage_options={}",
+            '"auto"': "50",
+        },
+    )
+    namespace = {**_tiny_training(), "steps": 213}
+    exec(compile(code, "README.md (Checkpoints)", "exec"), namespace)
+    committed = [r.step for r in list_checkpoints(str(root)) if r.status == "committed"]
+    assert max(committed) == 213
+    assert namespace["start"] == 0
+    again = {**_tiny_training(), "steps": 213}
+    exec(compile(code, "README.md (Checkpoints)", "exec"), again)
+    assert again["start"] == 213
