@@ -107,8 +107,11 @@ def test_leftover_partial_folders_are_skipped_and_cleaned(
     (alive / "goodput-lease.json").write_text(
         json.dumps({"host": os.uname().nodename, "pid": os.getppid(), "started": 0})
     )
-    no_manifest = tmp_path / "step-10"  # an object-store style partial: step folder without the manifest
+    no_manifest = tmp_path / "step-10"  # an object-store style partial: step folder, lease, no manifest
     no_manifest.mkdir()
+    (no_manifest / "goodput-lease.json").write_text(
+        json.dumps({"host": os.uname().nodename, "pid": 2**22 + 7, "started": 0})
+    )
     with caplog.at_level(logging.WARNING):
         step, weight = _restore(tmp_path)
     assert step == 4 and torch.equal(weight, weights[4])

@@ -11,6 +11,11 @@ exists with its recorded size (always checked) and checksum (when asked). The ma
 
 A folder that has no manifest is *partial*; one whose manifest does not verify is *corrupt*. Each save in flight
 holds a lease file naming its host and process, so that start-up cleaning never removes a save in flight.
+
+goodput deletes only what it can prove it wrote: a folder named as only goodput names them
+(``step-<N>.partial-<token>``, ``step-<N>.trash-<id>``), or a ``step-<N>`` folder holding goodput's manifest or
+lease. A ``step-<N>`` folder with neither (made by hand, or by another tool) is listed as partial and left alone;
+a save of that step fails with a message naming it rather than replace it.
 """
 
 from __future__ import annotations
@@ -225,6 +230,7 @@ class CheckpointLayout:
             os.makedirs(folder)
         else:
             folder = self.final_dir(step)
+            self._refuse_foreign(folder)
             self._remove_tree(folder)
             self.fs.makedirs(folder, exist_ok=True)
         _IN_FLIGHT.add(folder)
@@ -272,12 +278,22 @@ class CheckpointLayout:
         _fsync_dir(folder)
         final = self.final_dir(manifest.step)
         if os.path.exists(final):  # an older corrupt or partial leftover of the same step: move it aside
+            self._refuse_foreign(final)
             trash = self.join(f"step-{manifest.step}.trash-{uuid.uuid4().hex[:8]}")
             os.rename(final, trash)
             self._remove_tree(trash)
         os.rename(folder, final)
         _fsync_dir(self.root)
         return final
+
+    def _refuse_foreign(self, folder: str) -> None:
+        """Raise OSError when ``folder`` exists with content that goodput cannot prove it wrote."""
+        names = self._names(folder)
+        if names and not _written_by_goodput(os.path.basename(folder.rstrip("/")), names):
+            raise OSError(
+                f"{folder} exists and was not written by goodput (no {MANIFEST_NAME} nor {_LEASE_NAME}); "
+                "move it out of the checkpoint folder"
+            )
 
     def abort(self, folder: str) -> None:
         """Remove the folder of a failed save (best effort: it is uncommitted either way)."""
@@ -350,7 +366,7 @@ class CheckpointLayout:
 
     # ---- cleaning ----------------------------------------------------------------------------------------
     def clean_partials(self, *, stale_after: float) -> list[str]:
-        """Remove folders of crashed saves; returns what was removed.
+        """Remove folders of crashed saves (only those goodput provably wrote); returns what was removed.
 
         A partial folder is left alone while its lease names a live process on this host, or (for a lease from
         another host, or none readable) while it is younger than ``stale_after`` seconds.
@@ -366,6 +382,12 @@ class CheckpointLayout:
                 continue
             names = self._names(folder)
             if MANIFEST_NAME in names or self._in_flight(folder, names, stale_after):
+                continue
+            if not _written_by_goodput(name, names):
+                log.warning(
+                    "leaving %s alone: it has no goodput lease or manifest, so goodput did not write it",
+                    folder,
+                )
                 continue
             log.warning("removing %s: a save that never committed", folder)
             self._remove_tree(folder)
@@ -410,6 +432,14 @@ def list_checkpoints(
         checksums: also verify every file's sha256 (reads every byte).
     """
     return CheckpointLayout(root, storage_options).scan(checksums=checksums)
+
+
+def _written_by_goodput(name: str, names: list[str]) -> bool:
+    """Whether a folder called ``name`` holding ``names`` is provably goodput's: a name only goodput gives, or
+    goodput's manifest or lease inside."""
+    if _PARTIAL_DIR.match(name) or _TRASH_DIR.match(name):
+        return True
+    return MANIFEST_NAME in names or _LEASE_NAME in names
 
 
 def _fsync_dir(path: str) -> None:
