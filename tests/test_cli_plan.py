@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,7 +120,14 @@ BAD = [
     (["--days", "30"], "--failures-per-day"),
     (["--failures-per-day", "3", "--days", "0"], "days"),
     (["--failures-per-day", "3", "--days", "1", "--simulate", "1"], "--simulate"),
-    (["--failures-per-day", "3"], "--days"),
+    (["--gpus", "8", "--afr", "0.01", "--ckpt-stall", "-30s"], "--ckpt-stall '-30s' must not be negative"),
+    (["--gpus", "8", "--afr", "0.01", "--interval", "1h", "-30m"], "--interval '-30m' must not be negative"),
+    (["--gpus", "8", "--afr", "0.01", "--days", "-2d"], "--days '-2d' must not be negative"),
+    (["--gpus", "8", "--afr", "0.01", "--days", "3 weeks"], "--days"),
+    (["--gpus", "8", "--afr", "0.01", "--plot", "/nonexistent/plan.png"], "does not exist"),
+    (["--failures-per-day", "3", "--gpus", "8"], "--observed-gpus"),
+    (["--failures-per-day", "3", "--observed-gpus", "8"], "--observed-gpus"),
+    (["--failures-per-day", "3", "--simulate", "10"], "--simulate needs --days"),
     (["--gpus", "many", "--afr", "0.01", "--days", "3"], "--gpus"),
 ]
 
@@ -160,3 +168,43 @@ def test_free_checkpoints_recommend_the_shortest_interval(capsys: pytest.Capture
     assert recommended["interval_hours"] == 0
     # Only restarts are left to lose: 600 s * 8.6 / 86400 s = 0.059722 of the time; exp(-0.059722) = 0.942026.
     assert recommended["goodput"] == pytest.approx(0.942026, abs=1e-6)
+
+
+def _json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    code, out, err = _run(["plan", *argv, "--json"], capsys)
+    assert code == 0, err
+    return dict(json.loads(out))
+
+
+def test_days_are_optional_and_take_units(capsys: pytest.CaptureFixture[str]) -> None:
+    without = _json(["--failures-per-day", "8.6", "--interval", "2h"], capsys)
+    assert without["failure_probability"] is None and without["expected_failures"] is None
+    # 2 h intervals, 8.6 failures a day, free checkpoints: 1st order 1 - (1 h x 8.6)/24 h = 0.641667.
+    assert without["rows"][0]["goodput_first_order"] == pytest.approx(0.641667, abs=1e-6)
+    in_days = _json(["--failures-per-day", "8.6", "--interval", "2h", "--days", "1.5"], capsys)
+    in_hours = _json(["--failures-per-day", "8.6", "--interval", "2h", "--days", "36h"], capsys)
+    # 8.6 x 1.5 = 12.9 failures expected; P = 1 - e^-12.9.
+    assert in_hours["expected_failures"] == pytest.approx(12.9)
+    assert in_days["failure_probability"] == in_hours["failure_probability"]
+    assert in_days["rows"] == in_hours["rows"] == without["rows"]
+    code, out, _ = _run(["plan", "--failures-per-day", "8.6", "--interval", "2h"], capsys)
+    assert code == 0 and "give --days" in out
+
+
+def test_an_observed_rate_scales_to_another_job_size(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = _json(["--failures-per-day", "8.6", "--observed-gpus", "16384", "--gpus", "512"], capsys)
+    # 8.6 a day on 16384 GPUs is 8.6 x 512 / 16384 = 0.26875 a day on 512: MTBF 24 h / 0.26875 = 89.3023 h.
+    assert plan["inputs"]["failures_per_day"] == pytest.approx(0.26875)
+    assert plan["mtbf_hours"] == pytest.approx(89.3023, abs=1e-4)
+    code, out, _ = _run(
+        ["plan", "--failures-per-day", "8.6", "--observed-gpus", "16384", "--gpus", "512"], capsys
+    )
+    assert code == 0 and "observed on 16384 GPUs, scaled to 512 GPUs" in out
+
+
+def test_a_first_order_goodput_below_zero_is_not_a_percentage(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--gpus", "8", "--afr", "0.01", "--interval", "1s", "1h", "--ckpt-stall", "20s"]
+    code, out, err = _run(argv, capsys)
+    assert code == 0, err
+    one_second = next(line for line in out.splitlines() if line.strip().startswith("1s "))
+    assert "n/a (saves queue)" in one_second and "-" not in one_second.replace("n/a", "")

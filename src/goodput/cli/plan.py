@@ -12,6 +12,7 @@ import math
 import sys
 from typing import Any
 
+from goodput.cli._paths import check_output_file
 from goodput.cli._plan_plot import short_duration
 from goodput.errors import ConfigError
 from goodput.planning import (
@@ -34,7 +35,8 @@ HOUR = 3600.0
 _DEFAULT_INTERVALS = ("30m", "1h", "2h", "4h")
 
 _EPILOG = """\
-durations take a unit: ms, s, m, h, d (e.g. 90s, 30m, 2h); a bare number is an error.
+durations take a unit: ms, s, m, h, d (e.g. 90s, 30m, 2h); a bare number is an error, except for --days
+(30 means 30 days; 36h works too).
 
 examples:
   # 1024 GPUs for 30 days, each failing 1% a year; async checkpoints that stall 20 s and persist in 90 s
@@ -42,15 +44,19 @@ examples:
       --ckpt-stall 20s --persist 90s --restart 10m --detect 2m --plot plan.png
 
   # an observed 8.6 interruptions a day, free checkpoints and restarts: 2 h intervals give 64% goodput to
-  # first order (1 - 8.6 h/24 h) and 68% under Daly's exact model, which --simulate confirms
-  goodput plan --failures-per-day 8.6 --days 7 --interval 2h
+  # first order (1 - 8.6 h/24 h) and 68% under Daly's exact model (--days only adds the failure probability)
+  goodput plan --failures-per-day 8.6 --interval 2h
+
+  # the same rate, observed on 16384 GPUs, scaled to a 512-GPU job (failures grow with the device count)
+  goodput plan --failures-per-day 8.6 --observed-gpus 16384 --gpus 512 --ckpt-stall 30s --restart 10m
 
   # machine-readable, with a Monte Carlo check of every row (1000 simulated jobs)
   goodput plan --gpus 512 --afr 0.02 --days 14 --ckpt-stall 1m --restart 15m --json --simulate 1000
 
 model: the interval is compute time between checkpoints. Goodput is Daly's (2006) exact expected-time model
 with detection + restart + persist charged on every failure; "1st order" is 1 - C/t - (R + D + t/2 + W)/M.
-The recommended interval minimises Daly's model and is never shorter than --persist.
+The recommended interval minimises Daly's model and is never shorter than --persist. Where the first-order
+formula falls below zero (checkpoints more often than they take), the table shows "n/a (saves queue)".
 """
 
 
@@ -69,7 +75,18 @@ def register(sub: Any) -> None:
         "--afr", type=float, metavar="RATE", help="annualized failure rate per device, e.g. 0.01"
     )
     job.add_argument("--failures-per-day", type=float, metavar="RATE", help="observed interruptions per day")
-    job.add_argument("--days", type=float, metavar="D", required=True, help="length of the job in days")
+    job.add_argument(
+        "--observed-gpus",
+        type=int,
+        metavar="N",
+        help="devices of the job whose --failures-per-day was observed: the rate is scaled to --gpus",
+    )
+    job.add_argument(
+        "--days",
+        metavar="DUR",
+        help="length of the job: days (30) or a duration (30d, 36h); only for the failure probability "
+        "and --simulate",
+    )
     costs = parser.add_argument_group("checkpoint and recovery costs (durations with units)")
     costs.add_argument(
         "--interval", nargs="+", metavar="DUR", help="intervals to compare (default: 30m 1h 2h 4h)"
@@ -93,26 +110,57 @@ def register(sub: Any) -> None:
 def _inputs(args: argparse.Namespace) -> PlanInputs:
     if args.failures_per_day is None and args.gpus is None and args.afr is None:
         raise ConfigError("say how often the job fails: --gpus N --afr RATE, or --failures-per-day RATE")
-    if args.failures_per_day is not None and (args.gpus is not None or args.afr is not None):
-        raise ConfigError("--failures-per-day conflicts with --gpus/--afr: give one or the other")
+    if args.failures_per_day is not None and args.afr is not None:
+        raise ConfigError("--failures-per-day conflicts with --afr: give one or the other")
+    if args.observed_gpus is not None and (args.failures_per_day is None or args.gpus is None):
+        raise ConfigError(
+            "--observed-gpus scales an observed rate to another job size: give --failures-per-day and --gpus"
+        )
+    if args.failures_per_day is not None and args.gpus is not None and args.observed_gpus is None:
+        raise ConfigError(
+            "--failures-per-day conflicts with --gpus: give one or the other, or add --observed-gpus N "
+            "to scale the rate observed on N devices to --gpus"
+        )
     if args.failures_per_day is None and args.afr is None:
         raise ConfigError("--gpus needs --afr (the annualized failure rate per device, e.g. 0.01)")
     if args.failures_per_day is None and args.gpus is None:
         raise ConfigError("--afr needs --gpus (how many devices the job runs on)")
     return PlanInputs(
-        days=args.days,
+        days=_days(args.days),
         gpus=args.gpus,
         afr=args.afr,
         failures_per_day=args.failures_per_day,
-        ckpt_stall=parse_duration(args.ckpt_stall, what="--ckpt-stall"),
-        persist=parse_duration(args.persist, what="--persist"),
-        restart=parse_duration(args.restart, what="--restart"),
-        detect=parse_duration(args.detect, what="--detect"),
+        observed_gpus=args.observed_gpus,
+        ckpt_stall=_cost(args.ckpt_stall, "--ckpt-stall"),
+        persist=_cost(args.persist, "--persist"),
+        restart=_cost(args.restart, "--restart"),
+        detect=_cost(args.detect, "--detect"),
     )
 
 
+def _cost(text: str, flag: str) -> float:
+    if text.strip().startswith("-"):
+        raise ConfigError(f"{flag} {text!r} must not be negative")
+    return parse_duration(text, what=flag)
+
+
+def _days(text: str | None) -> float | None:
+    """--days: a bare number of days, or a duration with its unit."""
+    if text is None:
+        return None
+    if text.strip().startswith("-"):
+        raise ConfigError(f"--days {text!r} must not be negative")
+    try:
+        value = float(text)
+    except ValueError:
+        value = parse_duration(text, what="--days") / DAY
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"--days {text!r} must be longer than zero")
+    return value
+
+
 def _intervals(texts: list[str] | None) -> list[float]:
-    values = [parse_duration(text, what="--interval") for text in texts or _DEFAULT_INTERVALS]
+    values = [_cost(text, "--interval") for text in texts or _DEFAULT_INTERVALS]
     for text, value in zip(texts or _DEFAULT_INTERVALS, values, strict=True):
         if value <= 0:
             raise ConfigError(f"--interval {text!r} must be longer than zero")
@@ -134,6 +182,7 @@ def _row(inputs: PlanInputs, interval: float) -> dict[str, Any]:
 def _simulated(inputs: PlanInputs, interval: float, runs: int, seed: int) -> dict[str, float]:
     from goodput.planning.simulation import simulate_goodput
 
+    assert inputs.days is not None  # run() asks for --days with --simulate
     intervals = max(1, round(inputs.days * DAY / interval))
     result = simulate_goodput(
         intervals=intervals,
@@ -163,13 +212,15 @@ def build_plan(
             "gpus": inputs.gpus,
             "afr": inputs.afr,
             "failures_per_day": DAY / mtbf,
+            "observed_failures_per_day": inputs.failures_per_day,
+            "observed_gpus": inputs.observed_gpus,
             "ckpt_stall_seconds": inputs.ckpt_stall,
             "persist_seconds": inputs.persist,
             "restart_seconds": inputs.restart,
             "detect_seconds": inputs.detect,
         },
         "failure_probability": inputs.failure_probability,
-        "expected_failures": inputs.days * DAY / mtbf,
+        "expected_failures": None if inputs.days is None else inputs.days * DAY / mtbf,
         "mtbf_hours": mtbf / HOUR,
         "rows": rows,
         "optimal_interval_hours": {
@@ -191,10 +242,30 @@ def _pct(value: float) -> str:
     return f"{100 * value:.2f}%"
 
 
+def _first_order(value: float) -> str:
+    """The first-order goodput; below zero the formula no longer describes a job (saves would queue)."""
+    return _pct(value) if value >= 0 else "n/a (saves queue)"
+
+
 def _job_line(plan: dict[str, Any], inputs: PlanInputs) -> str:
+    length = "" if inputs.days is None else f" x {inputs.days:g} days"
+    if inputs.observed_gpus is not None:
+        return (
+            f"{inputs.failures_per_day:g} failures/day observed on {inputs.observed_gpus} GPUs, scaled to "
+            f"{inputs.gpus} GPUs: {plan['inputs']['failures_per_day']:.3g} failures/day{length}"
+        )
     if inputs.gpus is not None:
-        return f"{inputs.gpus} GPUs x {inputs.days:g} days, AFR {100 * (inputs.afr or 0):g}% per GPU-year"
-    return f"{plan['inputs']['failures_per_day']:g} failures/day x {inputs.days:g} days"
+        return f"{inputs.gpus} GPUs{length}, AFR {100 * (inputs.afr or 0):g}% per GPU-year"
+    return f"{plan['inputs']['failures_per_day']:g} failures/day{length}"
+
+
+def _probability_line(plan: dict[str, Any]) -> str:
+    if plan["failure_probability"] is None:
+        return "failure probability  (give --days for the chance of at least one failure)"
+    return (
+        f"failure probability  {_pct(plan['failure_probability'])}  "
+        f"({plan['expected_failures']:.2f} failures expected)"
+    )
 
 
 def _row_line(row: dict[str, Any]) -> str:
@@ -202,7 +273,7 @@ def _row_line(row: dict[str, Any]) -> str:
         f"{short_duration(row['interval_hours'] * HOUR):>9}  "
         f"{short_duration(row['expected_waste_per_failure_hours'] * HOUR):>13}  "
         f"{short_duration(row['daily_waste_hours'] * HOUR):>11}  "
-        f"{_pct(row['goodput_first_order']):>9}  {_pct(row['goodput']):>8}"
+        f"{_first_order(row['goodput_first_order']):>9}  {_pct(row['goodput']):>8}"
     )
     if "simulated" in row:
         sim = row["simulated"]
@@ -217,7 +288,7 @@ def _table(plan: dict[str, Any], inputs: PlanInputs) -> str:
     mtbf_h = plan["mtbf_hours"]
     lines = [
         f"job                  {_job_line(plan, inputs)}",
-        f"failure probability  {_pct(plan['failure_probability'])}  ({plan['expected_failures']:.2f} failures expected)",
+        _probability_line(plan),
         f"MTBF                 {mtbf_h:.1f} h ({mtbf_h / 24:.1f} days)",
         f"costs                stall C={stall}  persist W={persist}  restart R={restart}  detect D={detect}",
         "",
@@ -252,6 +323,10 @@ def run(args: argparse.Namespace) -> int:
     intervals = _intervals(args.interval)
     if args.simulate is not None and args.simulate < 2:
         raise ConfigError(f"--simulate needs at least 2 runs, got {args.simulate}")
+    if args.simulate is not None and inputs.days is None:
+        raise ConfigError("--simulate needs --days: the simulated jobs run for the job's length")
+    if args.plot:
+        check_output_file(args.plot, "--plot")
     plan = build_plan(inputs, intervals, simulate=args.simulate, seed=args.seed)
     if args.plot:
         from goodput.cli._plan_plot import plot_plan

@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+from goodput.cli._paths import check_output_file
 from goodput.errors import ConfigError
 from goodput.units import parse_duration
 
@@ -69,7 +70,7 @@ def _handle(args: argparse.Namespace) -> int:
     if window is not None and window <= 0:
         raise ConfigError(f"--window must be positive, got {args.window!r}")
     if args.plot:
-        _check_plot_path(args.plot)
+        check_output_file(args.plot, "--plot")
     try:
         report = load_report(args.run_dir, rank=args.rank, mtbf=mtbf)
     except ValueError as err:  # ConfigError is one; a ledger without any attempt_start is another
@@ -85,11 +86,3 @@ def _handle(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"\nplot written to {args.plot}")
     return 0
-
-
-def _check_plot_path(path: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise ConfigError(f"--plot {path!r}: folder {folder!r} does not exist")
-    if os.path.splitext(path)[1].lower() not in (".png", ".pdf", ".svg"):
-        raise ConfigError(f"--plot {path!r}: give a .png, .pdf or .svg file name")

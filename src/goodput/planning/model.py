@@ -273,48 +273,44 @@ def _golden_minimum(cost: Callable[[float], float], a: float, b: float) -> float
 class PlanInputs:
     """A job to plan for: its failure rate and its checkpoint costs (all durations in seconds).
 
-    Give either ``gpus`` and ``afr`` or ``failures_per_day``.
+    Give either ``gpus`` and ``afr``, or ``failures_per_day`` (optionally observed on ``observed_gpus``
+    devices and scaled to ``gpus``: failures grow with the number of devices).
 
     Attributes:
-        days: the job's length in days.
+        days: the job's length in days; needed only for the failure probability and the simulation.
         gpus: devices in the job.
         afr: annualized failure rate of one device, in (0, 1).
-        failures_per_day: observed interruptions of the whole job per day.
+        failures_per_day: observed interruptions per day (of this job, or of one on ``observed_gpus``).
+        observed_gpus: devices of the job whose ``failures_per_day`` was observed (then ``gpus`` is this one's).
         ckpt_stall: blocking time of one checkpoint (C).
         persist: time after the stall until a checkpoint is durable (W).
         restart: time from noticing a failure to training again (R).
         detect: time from a failure until it is noticed (D).
     """
 
-    days: float
+    days: float | None = None
     gpus: int | None = None
     afr: float | None = None
     failures_per_day: float | None = None
+    observed_gpus: int | None = None
     ckpt_stall: float = 0.0
     persist: float = 0.0
     restart: float = 0.0
     detect: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.days) and self.days > 0):
+        if self.days is not None and not (math.isfinite(self.days) and self.days > 0):
             raise ConfigError(f"days must be a positive number, got {self.days!r}")
         if self.failures_per_day is not None:
-            if self.gpus is not None or self.afr is not None:
-                raise ConfigError(
-                    "give either failures_per_day or gpus and afr, not both "
-                    f"(got failures_per_day={self.failures_per_day!r}, gpus={self.gpus!r}, afr={self.afr!r})"
-                )
-            if not (math.isfinite(self.failures_per_day) and self.failures_per_day > 0):
-                raise ConfigError(
-                    f"failures_per_day must be a positive number, got {self.failures_per_day!r}"
-                )
+            self._check_observed()
         else:
+            if self.observed_gpus is not None:
+                raise ConfigError("observed_gpus scales an observed failures_per_day: give failures_per_day")
             if self.gpus is None or self.afr is None:
                 raise ConfigError(
                     f"give both gpus and afr, or failures_per_day (got gpus={self.gpus!r}, afr={self.afr!r})"
                 )
-            if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
-                raise ConfigError(f"gpus must be a whole number >= 1, got {self.gpus!r}")
+            _check_gpus("gpus", self.gpus)
             if not (0.0 < self.afr < 1.0):
                 raise ConfigError(f"afr must be in (0, 1) (e.g. 0.01 for 1% a year), got {self.afr!r}")
         for name in ("ckpt_stall", "persist", "restart", "detect"):
@@ -322,19 +318,51 @@ class PlanInputs:
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{name} must be a duration >= 0 seconds, got {value!r}")
 
+    def _check_observed(self) -> None:
+        assert self.failures_per_day is not None
+        if self.afr is not None or (self.gpus is not None and self.observed_gpus is None):
+            raise ConfigError(
+                "give either failures_per_day or gpus and afr, not both (to scale an observed rate to "
+                f"another job size give observed_gpus too; got failures_per_day={self.failures_per_day!r}, "
+                f"gpus={self.gpus!r}, afr={self.afr!r})"
+            )
+        if not (math.isfinite(self.failures_per_day) and self.failures_per_day > 0):
+            raise ConfigError(f"failures_per_day must be a positive number, got {self.failures_per_day!r}")
+        if self.observed_gpus is not None:
+            if self.gpus is None:
+                raise ConfigError("observed_gpus needs gpus: the job size to scale the observed rate to")
+            _check_gpus("observed_gpus", self.observed_gpus)
+            _check_gpus("gpus", self.gpus)
+
+    @property
+    def job_failures_per_day(self) -> float:
+        """Failures per day of this job (an observed rate scaled from ``observed_gpus`` to ``gpus``)."""
+        if self.failures_per_day is None:
+            return DAY / self.mtbf
+        if self.observed_gpus is not None and self.gpus is not None:
+            return self.failures_per_day * self.gpus / self.observed_gpus
+        return self.failures_per_day
+
     @property
     def mtbf(self) -> float:
         """Mean time between failures of the job, in seconds."""
         if self.failures_per_day is not None:
-            return mtbf_from_rate(self.failures_per_day)
+            return mtbf_from_rate(self.job_failures_per_day)
         assert self.gpus is not None and self.afr is not None  # checked in __post_init__
         return mtbf_seconds(self.gpus, self.afr)
 
     @property
-    def failure_probability(self) -> float:
-        """Probability of at least one failure during the job."""
+    def failure_probability(self) -> float | None:
+        """Probability of at least one failure during the job (None without ``days``)."""
+        if self.days is None:
+            return None
         return -math.expm1(-self.days * DAY / self.mtbf)
 
     def costs(self) -> dict[str, float]:
         """The keyword arguments the model functions take: restart, persist, detect."""
         return {"restart": self.restart, "persist": self.persist, "detect": self.detect}
+
+
+def _check_gpus(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}")
