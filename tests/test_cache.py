@@ -168,6 +168,12 @@ def test_config_errors_name_the_field() -> None:
         CacheConfig(folder="s3://bucket/cache", budget_bytes=10, prefetch_bytes=0)
 
 
+def test_a_budget_below_the_default_window_clamps_the_window() -> None:
+    small = CacheConfig(folder="/tmp/x", budget_bytes=64 << 20)
+    assert small.prefetch_bytes == 64 << 20  # the default 256 MiB window would not fit
+    assert CacheConfig(folder="/tmp/x", budget_bytes=1 << 30).prefetch_bytes == 256 << 20
+
+
 def test_stale_temp_files_of_dead_processes_are_cleaned(tmp_path, s3_server) -> None:
     cache = _cache(tmp_path, s3_server)
     tmp = tmp_path / "cache" / "tmp"

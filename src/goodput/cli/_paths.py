@@ -16,3 +16,9 @@ def check_output_file(path: str, flag: str) -> None:
         raise ConfigError(f"{flag} {path!r}: folder {folder!r} does not exist; create it first")
     if os.path.splitext(path)[1].lower() not in PLOT_SUFFIXES:
         raise ConfigError(f"{flag} {path!r}: give a .png, .pdf or .svg file name")
+
+
+def check_run_folder(path: str, flag: str) -> None:
+    """Refuse, with one line, a run folder that exists but is not a folder (it is created when missing)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{flag} {path!r} is a file, not a folder: give a run folder (created if missing)")

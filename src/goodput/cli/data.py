@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from goodput.errors import ConfigError
+from goodput.errors import ConfigError, StorageError
 from goodput.units import parse_bytes
 
 __all__ = ["register"]
@@ -25,7 +25,10 @@ def register(sub: Any) -> None:
         "write",
         help="write a local folder (one sample per file) as shards at a URL",
         description="Write the files of SRC (sorted by path, one sample each) as goodput shards at URL "
-        "(any fsspec URL: s3://bucket/prefix, gs://..., a local folder). The index is written last.",
+        "(any fsspec URL: s3://bucket/prefix, gs://..., a local folder). The index is written last and keeps "
+        "each sample's key, its path relative to SRC (ShardedDataset.key(i)), so labels in file names survive. "
+        "Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or the store's "
+        "usual configuration.",
     )
     write.add_argument("src", help="local folder whose files are the samples")
     write.add_argument("url", help="destination, e.g. s3://bucket/datasets/train")
@@ -48,7 +51,10 @@ def _write(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if args.endpoint_url and args.url.startswith(("s3://", "s3a://")):
         options["client_kwargs"] = {"endpoint_url": args.endpoint_url}
-    index = write_folder_shards(args.src, args.url, shard_bytes=shard_bytes, storage_options=options)
+    try:
+        index = write_folder_shards(args.src, args.url, shard_bytes=shard_bytes, storage_options=options)
+    except (StorageError, PermissionError) as err:
+        raise ConfigError(f"{err}{_credentials_hint(args.url, err)}") from None
     summary = {
         "url": args.url,
         "samples": index["samples"],
@@ -62,3 +68,17 @@ def _write(args: argparse.Namespace) -> int:
             f"wrote {summary['samples']} samples in {summary['shards']} shards ({summary['bytes']} bytes) to {args.url}"
         )
     return 0
+
+
+def _credentials_hint(url: str, err: BaseException) -> str:
+    """What to check when the store refused the write (credentials are never printed)."""
+    text = str(err).lower()
+    if url.startswith(("s3://", "s3a://")) and any(
+        word in text
+        for word in ("credential", "access denied", "forbidden", "403", "signature", "permission")
+    ):
+        return (
+            "; check the credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
+            "and --endpoint-url for an S3-compatible store"
+        )
+    return ""

@@ -42,10 +42,12 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from goodput.cli._paths import check_run_folder
     from goodput.demo.main import DemoConfig, run_demo
     from goodput.units import parse_duration
 
     run_dir = args.run_dir or os.path.join("runs", time.strftime("demo-%Y%m%d-%H%M%S"))
+    check_run_folder(run_dir, "--run-dir")
     config = DemoConfig(
         run_dir=run_dir,
         nproc=args.nproc,

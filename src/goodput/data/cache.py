@@ -64,6 +64,9 @@ METRIC_NAMES = (
 )
 
 
+DEFAULT_PREFETCH_BYTES = 256 << 20
+
+
 @dataclass(frozen=True, kw_only=True)
 class CacheConfig:
     """How the local cache behaves.
@@ -71,7 +74,8 @@ class CacheConfig:
     Args:
         folder: local directory of the cache (created; shared by every process on the node).
         budget_bytes: most bytes of cached files kept on disk, in-flight downloads included.
-        prefetch_bytes: most bytes downloaded ahead of the readers by ``prefetch``.
+        prefetch_bytes: most bytes downloaded ahead of the readers by ``prefetch`` (the default 256 MiB is
+            clamped to ``budget_bytes`` when the budget is smaller; a larger explicit value is an error).
         prefetch_workers: downloads in flight at once during prefetch.
         chunk_bytes: objects larger than this are fetched as range requests of this size.
         range_workers: range requests in flight at once for one large object (1: sequential).
@@ -83,7 +87,7 @@ class CacheConfig:
 
     folder: str
     budget_bytes: int
-    prefetch_bytes: int = 256 << 20
+    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
     prefetch_workers: int = 4
     chunk_bytes: int = 16 << 20
     range_workers: int = 4
@@ -102,6 +106,8 @@ class CacheConfig:
         for name in ("prefetch_bytes", "backoff_seconds", "max_backoff_seconds", "wait_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"CacheConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.prefetch_bytes == DEFAULT_PREFETCH_BYTES and self.budget_bytes < DEFAULT_PREFETCH_BYTES:
+            object.__setattr__(self, "prefetch_bytes", self.budget_bytes)  # a small cache, a smaller window
         if self.prefetch_bytes > self.budget_bytes:
             raise ConfigError(
                 f"CacheConfig.prefetch_bytes ({self.prefetch_bytes}) must not exceed budget_bytes "

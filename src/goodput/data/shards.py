@@ -2,8 +2,10 @@
 
 A shard is ``b"GPSHARD1"``, the sample count ``n`` (uint64, little-endian), ``n + 1`` sample offsets (uint64,
 relative to the end of the header) and then the samples' bytes back to back. ``index.json`` lists the shards in
-order with their sample counts, sizes and MD5s; it is written last, so a dataset is readable only once complete.
-Samples are bytes; the reader applies the user's ``decode`` function.
+order with their sample counts, sizes and MD5s, and the samples' keys when they were written with one (``goodput
+data write`` keeps each file's path relative to the source folder, so labels taken from file names survive); it is
+written last, so a dataset is readable only once complete. Samples are bytes; the reader applies the user's
+``decode`` function, and :meth:`ShardedDataset.key` gives a sample's key.
 """
 
 from __future__ import annotations
@@ -64,14 +66,16 @@ class ShardWriter:
             self._fs.makedirs(self._fs._strip_protocol(url), exist_ok=True)
         self._shards: list[dict[str, Any]] = []
         self._pending: list[bytes] = []
+        self._pending_keys: list[str | None] = []
         self._pending_bytes = 0
         self._closed = False
 
-    def write(self, sample: bytes) -> None:
-        """Append one sample."""
+    def write(self, sample: bytes, key: str | None = None) -> None:
+        """Append one sample, with an optional key (its name: a relative path, an id) kept in the index."""
         if self._closed:
             raise DataError("ShardWriter.write after close()")
         self._pending.append(bytes(sample))
+        self._pending_keys.append(key)
         self._pending_bytes += len(sample)
         if self._pending_bytes >= self.shard_bytes:
             self._flush()
@@ -119,10 +123,16 @@ class ShardWriter:
             self._retry(lambda: self._fs.put_file(tmp.name, self._path(name)), name)
         finally:
             os.unlink(tmp.name)
-        self._shards.append(
-            {"file": name, "samples": len(self._pending), "bytes": size, "md5": digest.hexdigest()}
-        )
-        self._pending, self._pending_bytes = [], 0
+        entry: dict[str, Any] = {
+            "file": name,
+            "samples": len(self._pending),
+            "bytes": size,
+            "md5": digest.hexdigest(),
+        }
+        if any(key is not None for key in self._pending_keys):
+            entry["keys"] = list(self._pending_keys)
+        self._shards.append(entry)
+        self._pending, self._pending_keys, self._pending_bytes = [], [], 0
 
     def _retry(self, fn: Callable[[], Any], name: str) -> None:
         call_with_retries(
@@ -154,7 +164,8 @@ def write_folder_shards(
     shard_bytes: int = 64 << 20,
     storage_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Turn a local folder (one sample per file, sorted by relative path) into shards at ``url``.
+    """Turn a local folder (one sample per file, sorted by relative path) into shards at ``url``; each
+    sample's key is its path relative to ``folder`` (``cat/001.jpg``), see :meth:`ShardedDataset.key`.
 
     Raises:
         ConfigError: when ``folder`` is not a directory or holds no files.
@@ -169,12 +180,11 @@ def write_folder_shards(
     if not files:
         raise ConfigError(f"{folder!r} holds no files: nothing to write")
 
-    def samples() -> Iterable[bytes]:
-        for rel in files:
-            with open(os.path.join(folder, rel), "rb") as f:
-                yield f.read()
-
-    return write_shards(samples(), url, shard_bytes=shard_bytes, storage_options=storage_options)
+    writer = ShardWriter(url, shard_bytes=shard_bytes, storage_options=storage_options)
+    for rel in files:
+        with open(os.path.join(folder, rel), "rb") as f:
+            writer.write(f.read(), key=rel.replace(os.sep, "/"))
+    return writer.close()
 
 
 class ShardedDataset(Generic[T]):
@@ -245,6 +255,18 @@ class ShardedDataset(Generic[T]):
         index %= len(self)
         shard = bisect_right(self._starts, index) - 1
         return self.decode(self._sample(shard, index - self._starts[shard]))
+
+    def key(self, index: int) -> str | None:
+        """The key sample ``index`` was written with (``goodput data write``: its relative path), or None.
+
+        Labels taken from file names survive sharding: ``label = train.key(i).split("/")[0]``.
+        """
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"sample {index} is outside 0..{len(self) - 1}")
+        index %= len(self)
+        shard = bisect_right(self._starts, index) - 1
+        keys = self._shards[shard].get("keys")
+        return None if keys is None else keys[index - self._starts[shard]]
 
     def shard_url(self, shard: int) -> str:
         return join_url(self._source.url, self._shards[shard]["file"])

@@ -221,6 +221,10 @@ class Ledger:
                 f"Ledger run_dir {os.fspath(run_dir)!r} is a URL: the ledger appends to local files; "
                 "give a local run folder"
             )
+        if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+            raise ConfigError(
+                f"run folder {os.fspath(run_dir)!r} is a file: give a folder (created if missing)"
+            )
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         folder = Path(run_dir) / LEDGER_DIR
         folder.mkdir(parents=True, exist_ok=True)
