@@ -89,3 +89,38 @@ def test_tensorboard_exporter_writes_scalars(tmp_path: Path) -> None:
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     assert [round(e.value, 3) for e in events.Scalars("goodput/goodput")] == [0.5, 0.6, 0.7]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_log_file_gets_plain_periodic_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    out = io.StringIO()  # not a terminal, as a redirected stdout or a batch job's log
+    with Progress(200, file=out, mininterval=0, log_interval=3600) as bar:
+        for step in range(1, 201):
+            bar.update(step, loss=1.0 / step)
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue()
+    assert len(lines) == 2  # the first step, then (within the hour) only the last at close
+    assert lines[0].startswith("step 1/200 | loss 1 | ") and lines[1].startswith(
+        "step 200/200 | loss 0.005 | "
+    )
+    every = io.StringIO()
+    with Progress(5, file=every, mininterval=0, log_interval=0) as bar:
+        for step in range(1, 6):
+            bar.update(step)
+    assert [line.split(" | ")[0] for line in every.getvalue().splitlines()] == [
+        f"step {s}/5" for s in range(1, 6)
+    ]
+
+
+def test_a_terminal_gets_the_redrawn_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    out = _Terminal()
+    with Progress(3, file=out, mininterval=0) as bar:
+        for step in range(1, 4):
+            bar.update(step)
+    assert "\r" in out.getvalue() and "3/3" in out.getvalue()

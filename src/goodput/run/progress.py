@@ -9,11 +9,17 @@
 It shows ``step 120/10000 | loss 2.314 | fetch 12ms | goodput 87.3%``; the fetch time and goodput come from
 the ledger (the last step's ``fetch_seconds`` and this attempt's step compute over its time since process
 start) unless given. Only rank 0 draws it by default. Any exporters given receive the same figures.
+
+When the output is not a terminal (a log file, a pipe, a batch job's stdout), a redrawn line would become one
+long line of carriage returns; there it writes plain lines instead: the first step, then one every
+``log_interval`` seconds, and the last at close.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
 from collections.abc import Sequence
 from typing import IO, Any
 
@@ -35,6 +41,7 @@ class Progress:
         mininterval: least seconds between redraws.
         file: where to draw (default: stderr).
         exporters: receive ``fetch_seconds``, ``goodput`` and ``loss`` each update.
+        log_interval: seconds between plain lines when ``file`` is not a terminal.
     """
 
     def __init__(
@@ -47,6 +54,7 @@ class Progress:
         mininterval: float = 0.5,
         file: IO[str] | None = None,
         exporters: Sequence[MetricsExporter] = (),
+        log_interval: float = 30.0,
     ) -> None:
         if total is not None and total < 0:
             raise ConfigError(f"Progress total must be >= 0, got {total}")
@@ -54,14 +62,21 @@ class Progress:
             raise ConfigError(f"Progress mininterval must be >= 0, got {mininterval}")
         from tqdm import tqdm
 
+        if log_interval < 0:
+            raise ConfigError(f"Progress log_interval must be >= 0, got {log_interval}")
         if disable is None:
             disable = int(os.environ.get("RANK", "0")) != 0
         self._ledger = ledger
         self._exporters = list(exporters)
+        stream = file if file is not None else sys.stderr
+        isatty = getattr(stream, "isatty", None)
+        self._plain = (
+            None if disable or (callable(isatty) and isatty()) else _PlainLines(stream, total, log_interval)
+        )
         self._bar: Any = tqdm(
+            disable=disable or self._plain is not None,
             total=total,
             initial=initial,
-            disable=disable,
             mininterval=mininterval,
             file=file,
             unit="step",
@@ -87,6 +102,8 @@ class Progress:
         self.last_line = " | ".join(parts)
         self._bar.set_postfix_str(self.last_line, refresh=False)
         self._bar.update(step - self._bar.n)
+        if self._plain is not None:
+            self._plain.update(step, parts[1:])
         metrics = {
             k: float(v)
             for k, v in (("fetch_seconds", fetch_seconds), ("goodput", goodput), ("loss", loss))
@@ -97,6 +114,8 @@ class Progress:
 
     def close(self) -> None:
         """Draw the last state and release the line and the exporters."""
+        if self._plain is not None:
+            self._plain.close()
         self._bar.refresh()
         self._bar.close()
         for exporter in self._exporters:
@@ -107,3 +126,32 @@ class Progress:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+class _PlainLines:
+    """Periodic plain lines for an output that is not a terminal: ``step 120/10000 | loss ... | 3.2 steps/s``."""
+
+    def __init__(self, stream: IO[str], total: int | None, interval: float) -> None:
+        self._stream, self._total, self._interval = stream, total, interval
+        self._start = time.monotonic()
+        self._last_write: float | None = None
+        self._pending: str | None = None
+
+    def update(self, step: int, parts: list[str]) -> None:
+        now = time.monotonic()
+        of = f"/{self._total}" if self._total else ""
+        elapsed = now - self._start
+        rate = [f"{step / elapsed:.3g} steps/s"] if elapsed > 0 and step > 0 else []
+        self._pending = " | ".join([f"step {step}{of}", *parts, *rate])
+        if self._last_write is None or now - self._last_write >= self._interval:
+            self._write(now)
+
+    def _write(self, now: float) -> None:
+        if self._pending is None:
+            return
+        self._stream.write(self._pending + "\n")
+        self._stream.flush()
+        self._pending, self._last_write = None, now
+
+    def close(self) -> None:
+        self._write(time.monotonic())
