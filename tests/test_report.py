@@ -158,3 +158,26 @@ def test_entry_point_error_has_no_traceback(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and "has no ledger" in done.stderr
+
+
+def test_data_wait_advice_for_a_cached_run_does_not_say_enable_the_cache() -> None:
+    warm = ({"epoch": 0, "hits": 0, "misses": 100}, {"epoch": 1, "hits": 97, "misses": 3})
+    text = _kinds(cache_stats=warm, fetch_seconds=0.1)["data_wait"].text
+    assert "enable the local cache" not in text and "prefetch_bytes" in text
+    assert "enable the local cache" in _kinds(fetch_seconds=0.1)["data_wait"].text
+
+
+def test_other_advice_when_time_outside_steps_is_large() -> None:
+    """Process start 0, attempt start 1; 20 steps of 1 s each followed by 1 s of eval outside the loop
+    (steps at 2k+1..2k+2): other = 20 x 1 s minus nothing else = 20 s of a 41 s wall (48.8%)."""
+    from tests._ledgers import Attempt
+
+    a = Attempt(0, process_start=0.0, start=1.0)
+    for k in range(20):
+        a.step(k + 1, 2 * k + 1.0, 2 * k + 2.0).add("eval", 2 * k + 3.0, seconds=1.0)
+    a.add("attempt_end", 41.0, status="ok")
+    report = build_report(a.events)
+    other = {x.kind: x for x in report.advice}["other"]
+    assert other.gain_points == pytest.approx(100 * 20 / 41, abs=1e-6) and other.upper_bound
+    assert "other is 48.8% of wall time" in other.text and "eval 20" in other.text
+    assert "other" not in _kinds()  # the synthetic run's steps follow each other

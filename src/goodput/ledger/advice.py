@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 # Thresholds (shares of wall time, ratios) above which advice is given.
 DATA_WAIT_SHARE = 0.03
+OTHER_SHARE = 0.10
 STALL_SHARE = 0.01
 INTERVAL_RATIO = 2.0
 COLD_HIT_RATE = 0.5
@@ -40,7 +41,7 @@ def _advice(kind: str, text: str, gain: float | None, *, bound: bool = False) ->
 
 def advise(acc: Accounting, model: MeasuredModel, pred: Prediction) -> list[Advice]:
     """Every rule that applies, largest predicted gain first (correctness advice last)."""
-    rules = (_interval, _no_checkpoint, _blocking, _data_wait, _cold_cache, _restarts)
+    rules = (_interval, _no_checkpoint, _blocking, _data_wait, _cold_cache, _restarts, _other)
     found = [a for rule in rules if (a := rule(acc, model, pred)) is not None]
     found.sort(key=lambda a: -(a.gain_points or 0.0))
     return found + _state(acc)
@@ -102,11 +103,30 @@ def _data_wait(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advic
     share = acc.categories["data_wait"] / acc.wall_seconds if acc.wall_seconds > 0 else 0.0
     if share <= DATA_WAIT_SHARE or acc.step_stats is None:
         return None
+    if acc.info.get("cache_stats"):  # already reading through the cache
+        how = "raise num_workers / prefetch_factor, and the cache's prefetch_bytes / prefetch_workers"
+    else:
+        how = "raise num_workers / prefetch_factor, and enable the local cache for remote data"
     text = (
         f"data_wait is {share:.1%} of wall time ({fd(acc.step_stats.mean_fetch)} per step waiting for the "
-        "batch): raise num_workers / prefetch_factor, and enable the local cache for remote data"
+        f"batch): {how}"
     )
     return _advice("data_wait", text, 100.0 * share, bound=True)
+
+
+def _other(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
+    share = acc.categories["other"] / acc.wall_seconds if acc.wall_seconds > 0 else 0.0
+    if share <= OTHER_SHARE:
+        return None
+    named = sorted(acc.info.get("custom", {}).items(), key=lambda kv: -kv[1]["seconds"])
+    seen = ", ".join(f"{name} {fd(t['seconds'])}" for name, t in named if t["seconds"] > 0)
+    text = (
+        f"other is {share:.1%} of wall time ({fd(acc.categories['other'])}): time outside steps, saves and "
+        "restores (eval, logging, teardown, work between run.step_done() and the next batch)"
+        + (f"; events with seconds: {seen}" if seen else "")
+        + ": make it rarer or cheaper, and record it with ledger.event(name, seconds=...) to see what it is"
+    )
+    return _advice("other", text, 100.0 * share, bound=True)
 
 
 def _cold_cache(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:

@@ -29,6 +29,7 @@ from goodput.errors import ConfigError, DataError
 from goodput.faults import Fault, FaultPlan, install_faults, parse_faults
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import Ledger, read_events
+from goodput.run.cachestats import CacheStatsRecorder
 from goodput.run.crashloop import CrashLoopDetector
 from goodput.run.progress import Progress
 from goodput.run.watchdog import Watchdog
@@ -98,6 +99,7 @@ class Run:
         self._progress: Progress | None = None
         self._manager: CheckpointManager | None = None
         self._loader: Any = None
+        self._cache_stats: CacheStatsRecorder | None = None
         self._last_saved: int | None = None
         self._closed = False
         self.step = 0
@@ -163,6 +165,7 @@ class Run:
         if loader is None:
             raise ConfigError("batches() needs a loader (or one given to restore())")
         self._loader = loader
+        self._cache_stats = CacheStatsRecorder(self.ledger, loader)
         steps = steps if steps is not None else self.total_steps
         iterator = iter(loader)
         pending = False  # a step_start was recorded and its batch not yet handed out
@@ -179,6 +182,7 @@ class Run:
                     raise DataError(
                         "the loader yields no batches: is the dataset smaller than a batch?"
                     ) from None
+                self._cache_stats.record(int(getattr(loader, "epoch", 0)))
                 iterator = iter(loader)  # the next epoch
                 continue
             empty_epochs, pending = 0, False
@@ -221,6 +225,8 @@ class Run:
                     self._manager.close()
             if self._crash is not None:
                 self._crash.close()
+            if self._cache_stats is not None:
+                self._cache_stats.record(int(getattr(self._loader, "epoch", 0)))
         finally:
             self._shutdown("ok")
 

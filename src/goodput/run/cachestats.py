@@ -1,0 +1,43 @@
+"""The data cache's counters into the ledger: ``cache_stats`` at each epoch's end and when the run closes.
+
+The counters are node-wide (every process reading through the cache folder, DataLoader workers included) and
+kept across attempts, so one rank per node records them (local rank 0), as differences from what the cache
+had counted when this attempt began. The report then shows them (``report.json``'s ``cache_stats``) and its
+advice knows the run reads through the cache.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from goodput.ledger.ledger import Ledger
+
+__all__ = ["CacheStatsRecorder"]
+
+
+class CacheStatsRecorder:
+    """Records the cache counters of ``loader``'s dataset (a ``ShardedDataset`` or ``FolderDataset`` with a
+    cache) into ``ledger``; does nothing for a dataset without a cache, or off local rank 0."""
+
+    def __init__(self, ledger: Ledger, loader: Any) -> None:
+        self._ledger = ledger
+        metrics = getattr(getattr(loader, "dataset", None), "cache_metrics", None)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self._metrics: Callable[[], dict[str, float]] | None = (
+            metrics if callable(metrics) and local_rank == 0 else None
+        )
+        self._baseline = self._read()
+
+    def _read(self) -> dict[str, float]:
+        return dict(self._metrics()) if self._metrics is not None else {}
+
+    def record(self, epoch: int) -> None:
+        """The counters since this attempt began, as of the end of ``epoch`` (the ledger keeps the epoch's
+        share)."""
+        now = self._read()
+        if not now:
+            return
+        counters = {name: value - self._baseline.get(name, 0.0) for name, value in now.items()}
+        self._ledger.cache_stats(epoch, counters)

@@ -1,0 +1,41 @@
+"""A run that reads through the data cache: its ledger gets ``cache_stats``, report.json shows them, and the
+advice does not tell it to enable the cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import goodput as gp
+from goodput.data.shards import write_shards
+
+
+def _decode(data: bytes) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(data, dtype=np.float32).copy())
+
+
+def test_a_cached_run_records_cache_stats(tmp_path: Path) -> None:
+    url = str(tmp_path / "remote")
+    write_shards((np.full(4, i, np.float32).tobytes() for i in range(32)), url, shard_bytes=64)
+    cache = gp.CacheConfig(folder=str(tmp_path / "cache"), budget_bytes=1 << 20)
+    dataset = gp.ShardedDataset(url, cache=cache, decode=_decode)
+    loader = gp.ResumableLoader(dataset, batch_size=8, seed=0)  # 4 steps an epoch
+    run_dir = tmp_path / "run"
+    run = gp.Run(str(run_dir), total_steps=8, progress=False, hang_timeout=None)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run.restore(model=model, optimizer=opt, loader=loader)
+    for batch in run.batches(loader):
+        model(batch).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        run.step_done()
+    run.close()
+    report = gp.load_report(str(run_dir)).to_dict()
+    stats = report["info"]["cache_stats"]
+    assert stats, "the cache was used: report.json must show its counters"
+    assert sum(s["misses"] for s in stats) > 0  # the first epoch downloaded every shard
+    assert sum(s["hits"] for s in stats) > 0  # the second read them from the cache
+    assert not any("enable the local cache" in a["text"] for a in report["advice"])
