@@ -29,7 +29,7 @@ from goodput.errors import ConfigError, DataError
 from goodput.faults import Fault, FaultPlan, install_faults, parse_faults
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import Ledger, read_events
-from goodput.run.cachestats import CacheStatsRecorder
+from goodput.run._cachestats import CacheStatsRecorder
 from goodput.run.crashloop import CrashLoopDetector
 from goodput.run.progress import Progress
 from goodput.run.watchdog import Watchdog
