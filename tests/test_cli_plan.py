@@ -208,3 +208,17 @@ def test_a_first_order_goodput_below_zero_is_not_a_percentage(capsys: pytest.Cap
     assert code == 0, err
     one_second = next(line for line in out.splitlines() if line.strip().startswith("1s "))
     assert "n/a (saves queue)" in one_second and "-" not in one_second.replace("n/a", "")
+
+
+def test_a_reader_that_goes_away_is_no_traceback() -> None:
+    """`goodput plan ... | head -1`: the pipe closes before the table is written."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "goodput", "plan", "--failures-per-day", "8.6", "--interval", "2h"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err and err == ""

@@ -94,3 +94,17 @@ def test_faults_seen_by_both_ranks_count_once_per_job_event() -> None:
     assert custom["fault_injected"]["count"] == 3
     assert custom["eval"]["count"] == 1
     assert account(ranks[0]).info["custom"]["fault_injected"]["count"] == 2  # what rank 0 alone saw
+
+
+def test_a_job_that_failed_without_a_restart_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 hangs and its watchdog ends the job; no attempt follows (the launcher gave up)."""
+    rank0, rank1 = _hang_on_rank_1()
+    run = write_run(tmp_path / "run", rank0[:1], rank=0)
+    write_run(run, rank1[:1], rank=1)
+    assert main(["report", str(run), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["failures"] == 1 and data["restarts"] == 0
+    assert data["categories"]["failure_detection"] == pytest.approx(30.0)
+    assert data["wall_seconds"] == pytest.approx(35.5)

@@ -158,6 +158,8 @@ def _restarts(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice
         for prev, a in zip(acc.attempts, acc.attempts[1:], strict=False)
         if prev.outcome == "failed"
     ]
+    if not restarted:  # the job failed and was not restarted (yet): no restart to measure
+        return None
     parts = {
         k: sum(c[k] for c in restarted) / len(restarted)
         for k in ("restart_downtime", "init", "checkpoint_restore")
