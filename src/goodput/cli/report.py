@@ -21,6 +21,8 @@ __all__ = ["register"]
 _EPILOG = """\
 categories add up to the wall time: productive, data_wait, checkpoint_stall, checkpoint_restore, init,
 warmup, lost_work, restart_downtime, failure_detection, other. goodput = productive / wall time.
+Every rank's ledger counts: the time axis is the lowest rank's (or --rank's), and failures, faults and
+other events seen by any rank are added to it, each job event once.
 "predicted" runs the planner (Daly's model) with the measured stall C, persist W, restart R, detection D
 and observed MTBF, at the measured checkpoint interval.
 
