@@ -29,15 +29,18 @@ class CacheStatsRecorder:
             metrics if callable(metrics) and local_rank == 0 else None
         )
         self._baseline = self._read()
+        self._last: dict[str, float] | None = None
+        self.epoch = 0  # the epoch being read (set by Run when it starts one)
 
     def _read(self) -> dict[str, float]:
         return dict(self._metrics()) if self._metrics is not None else {}
 
-    def record(self, epoch: int) -> None:
-        """The counters since this attempt began, as of the end of ``epoch`` (the ledger keeps the epoch's
-        share)."""
+    def record(self) -> None:
+        """The counters since this attempt began, as of now: the end of ``epoch``, or the close of the run
+        within it (the ledger keeps the epoch's share)."""
         now = self._read()
-        if not now:
+        if not now or now == self._last:  # no cache, or nothing read since the last record
             return
+        self._last = now
         counters = {name: value - self._baseline.get(name, 0.0) for name, value in now.items()}
-        self._ledger.cache_stats(epoch, counters)
+        self._ledger.cache_stats(self.epoch, counters)

@@ -168,6 +168,7 @@ class Run:
         self._cache_stats = CacheStatsRecorder(self.ledger, loader)
         steps = steps if steps is not None else self.total_steps
         iterator = iter(loader)
+        self._cache_stats.epoch = int(getattr(loader, "epoch", 0))
         pending = False  # a step_start was recorded and its batch not yet handed out
         empty_epochs = 0
         while steps is None or self.step < steps:
@@ -182,8 +183,9 @@ class Run:
                     raise DataError(
                         "the loader yields no batches: is the dataset smaller than a batch?"
                     ) from None
-                self._cache_stats.record(int(getattr(loader, "epoch", 0)))
+                self._cache_stats.record()
                 iterator = iter(loader)  # the next epoch
+                self._cache_stats.epoch = int(getattr(loader, "epoch", 0))
                 continue
             empty_epochs, pending = 0, False
             yield batch
@@ -226,7 +228,7 @@ class Run:
             if self._crash is not None:
                 self._crash.close()
             if self._cache_stats is not None:
-                self._cache_stats.record(int(getattr(self._loader, "epoch", 0)))
+                self._cache_stats.record()
         finally:
             self._shutdown("ok")
 
