@@ -108,3 +108,15 @@ def test_a_job_that_failed_without_a_restart_is_reported(
     assert data["failures"] == 1 and data["restarts"] == 0
     assert data["categories"]["failure_detection"] == pytest.approx(30.0)
     assert data["wall_seconds"] == pytest.approx(35.5)
+
+
+def test_each_node_s_cache_stats_are_kept_with_their_rank() -> None:
+    """Ranks 0 and 2 are local rank 0 of two nodes; each records its node's cache counters for epoch 0."""
+    events: list[dict[str, Any]] = []
+    for rank, misses in ((0, 10), (2, 12)):
+        a = Attempt(0, 0.0, 0.0, mono_origin=50.0 * (rank + 1))
+        a.step(1, 1, 2).add("cache_stats", 2.5, epoch=0, hits=0, misses=misses)
+        a.add("attempt_end", 3.0, status="ok")
+        events += _on_rank(a, rank)
+    stats = account(events).info["cache_stats"]
+    assert sorted((s["rank"], s["misses"]) for s in stats) == [(0, 10), (2, 12)]

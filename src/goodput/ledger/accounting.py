@@ -370,8 +370,8 @@ def _info(spans: list[Spans]) -> dict[str, Any]:
         for event in s.info:
             fields = {k: v for k, v in event.items() if k not in _META}
             name = event["event"]
-            if name == "cache_stats":
-                info["cache_stats"].append(fields)
+            if name == "cache_stats":  # per node: which rank recorded them
+                info["cache_stats"].append({**fields, "rank": event.get("rank")})
             elif name == "checkpoint_interval":
                 info["interval_changes"].append(fields)
             elif name in ("checkpoint_config", "state_registered"):

@@ -38,7 +38,7 @@ def merge_ranks(
 
     Args:
         events: ledger events of one or more ranks (every attempt), as :func:`read_events` returns them.
-        primary: whose time axis to use; None (or a rank without events) is the lowest rank present.
+        primary: whose time axis to use; None (or a rank without an attempt) is the lowest rank with one.
 
     Returns:
         One rank's worth of events, ready for :func:`goodput.ledger.accounting.account`.
@@ -48,7 +48,8 @@ def merge_ranks(
         by_rank.setdefault(int(event.get("rank", 0) or 0), []).append(event)
     if not by_rank:
         return []
-    chosen = primary if primary in by_rank else min(by_rank)
+    started = [r for r, evs in by_rank.items() if any(e.get("event") == "attempt_start" for e in evs)]
+    chosen = primary if primary in started else min(started, default=min(by_rank))
     own = split_attempts(by_rank.pop(chosen))
     if not by_rank or not own:
         return [e for group in own for e in group]
