@@ -67,3 +67,50 @@ def test_the_standalone_checkpoint_manager_snippet_keeps_the_end_of_the_run(tmp_
     again = {**_tiny_training(), "steps": 213}
     exec(compile(code, "README.md (Checkpoints)", "exec"), again)
     assert again["start"] == 213
+
+
+class _Numbers:
+    """A map-style dataset whose sample i is the tensor [i] (module-level: DataLoader workers pickle it)."""
+
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([index])
+
+
+def test_the_data_loop_snippet_resumes_exactly_once() -> None:
+    """A position saved after one batch of epoch 0 (32 of 96 samples): the README loop reads the other 64 of
+    epoch 0, then all 96 of epoch 1, each once."""
+    first = gp.ResumableLoader(_Numbers(), batch_size=32, seed=0)
+    head = next(iter(first))
+    saved = first.state_dict()
+    seen: list[list[int]] = []
+
+    def train_step(batch: torch.Tensor) -> None:
+        seen.append(batch.flatten().tolist())
+
+    namespace = {"gp": gp, "dataset": _Numbers(), "saved": saved, "epochs": 2, "train_step": train_step}
+    exec(
+        compile(_python_block("for batch in gp.DevicePrefetcher(loader)"), "README.md (data)", "exec"),
+        namespace,
+    )
+    epoch0 = [i for batch in seen[:2] for i in batch]
+    epoch1 = [i for batch in seen[2:] for i in batch]
+    assert sorted(head.flatten().tolist() + epoch0) == list(range(96))
+    assert sorted(epoch1) == list(range(96)) and len(seen) == 5
+
+
+def test_the_cache_snippet_reads_a_sharded_dataset(tmp_path: Path) -> None:
+    from goodput.data.shards import write_shards
+
+    url = str(tmp_path / "train")
+    write_shards((bytes([i]) * 4 for i in range(10)), url, shard_bytes=16)
+    code = _substitute(
+        _python_block("cache = gp.CacheConfig("),
+        {'"/nvme/goodput-cache"': repr(str(tmp_path / "cache")), '"s3://bucket/datasets/train"': repr(url)},
+    )
+    namespace: dict[str, Any] = {"gp": gp, "my_decode": bytes}
+    exec(compile(code, "README.md (cache)", "exec"), namespace)
+    train = namespace["train"]
+    assert [train[i] for i in range(10)] == [bytes([i]) * 4 for i in range(10)]
