@@ -71,7 +71,9 @@ class Progress:
         stream = file if file is not None else sys.stderr
         isatty = getattr(stream, "isatty", None)
         self._plain = (
-            None if disable or (callable(isatty) and isatty()) else _PlainLines(stream, total, log_interval)
+            None
+            if disable or (callable(isatty) and isatty())
+            else _PlainLines(stream, total, log_interval, initial)
         )
         self._bar: Any = tqdm(
             disable=disable or self._plain is not None,
@@ -131,8 +133,8 @@ class Progress:
 class _PlainLines:
     """Periodic plain lines for an output that is not a terminal: ``step 120/10000 | loss ... | 3.2 steps/s``."""
 
-    def __init__(self, stream: IO[str], total: int | None, interval: float) -> None:
-        self._stream, self._total, self._interval = stream, total, interval
+    def __init__(self, stream: IO[str], total: int | None, interval: float, initial: int) -> None:
+        self._stream, self._total, self._interval, self._initial = stream, total, interval, initial
         self._start = time.monotonic()
         self._last_write: float | None = None
         self._pending: str | None = None
@@ -141,7 +143,8 @@ class _PlainLines:
         now = time.monotonic()
         of = f"/{self._total}" if self._total else ""
         elapsed = now - self._start
-        rate = [f"{step / elapsed:.3g} steps/s"] if elapsed > 0 and step > 0 else []
+        done = step - self._initial  # steps of this attempt (a resumed run starts at its restored step)
+        rate = [f"{done / elapsed:.3g} steps/s"] if elapsed > 0 and done > 0 else []
         self._pending = " | ".join([f"step {step}{of}", *parts, *rate])
         if self._last_write is None or now - self._last_write >= self._interval:
             self._write(now)
