@@ -7,9 +7,10 @@ import json
 import os
 import subprocess
 import sys
-from collections import defaultdict
 
 import pytest
+
+from tests._history import assert_exactly_once, attempts_seen, surviving_samples
 
 pytest.importorskip("lightning")
 
@@ -17,63 +18,21 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "lightning_train.py"
 STEPS, DATASET, PER_STEP = 20, 64, 8  # 2 ranks x batch 4: 8 steps per epoch
 
 
-def _surviving_history(run_dir: str, rank: int) -> dict[int, list[int]]:
-    """Step -> samples, taking each step from the last attempt that trained it (the one whose result stayed)."""
-    chosen: dict[int, tuple[int, list[int]]] = {}
-    with open(os.path.join(run_dir, f"samples-rank{rank}.txt")) as f:
-        for line in f:
-            attempt, step, *samples = map(int, line.split())
-            if step not in chosen or attempt >= chosen[step][0]:
-                chosen[step] = (attempt, samples)
-    return {step: samples for step, (_, samples) in chosen.items()}
-
-
 @pytest.mark.slow
 def test_lightning_ddp_survives_sigkills_with_exactly_once_data(tmp_path: os.PathLike[str]) -> None:
     run_dir = str(tmp_path)
     # rank 1 dies mid-epoch 0 after the step-4 checkpoint; rank 0 dies in epoch 1, two steps past step 12
     faults = "kill@step=6,rank=1; kill@step=14,rank=0"
+    command = ["launch", "--nproc", "2", "--max-restarts", "3", "--run-dir", run_dir, "--faults", faults]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "goodput",
-            "launch",
-            "--nproc",
-            "2",
-            "--max-restarts",
-            "3",
-            "--run-dir",
-            run_dir,
-            "--faults",
-            faults,
-            "--",
-            SCRIPT,
-            str(STEPS),
-        ],
+        [sys.executable, "-m", "goodput", *command, "--", SCRIPT, str(STEPS)],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=400,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    per_step: dict[int, list[int]] = defaultdict(list)
-    for rank in (0, 1):
-        history = _surviving_history(run_dir, rank)
-        assert sorted(history) == list(range(1, STEPS + 1)), f"rank {rank} steps {sorted(history)}"
-        for step, samples in history.items():
-            per_step[step] += samples
-    steps_per_epoch = DATASET // PER_STEP
-    for epoch in range(STEPS // steps_per_epoch):
-        seen = [
-            s
-            for step in range(epoch * steps_per_epoch + 1, (epoch + 1) * steps_per_epoch + 1)
-            for s in per_step[step]
-        ]
-        assert sorted(seen) == list(range(DATASET)), f"epoch {epoch}: {sorted(seen)}"
-    # the killed attempts really replayed lost steps (the history was rebuilt, not just read once)
-    with open(os.path.join(run_dir, "samples-rank0.txt")) as f:
-        attempts = {int(line.split()[0]) for line in f}
-    assert attempts == {0, 1, 2}
+    assert_exactly_once(surviving_samples(run_dir, 2, STEPS), DATASET, DATASET // PER_STEP)
+    assert attempts_seen(run_dir) == {0, 1, 2}  # the killed attempts' lost steps were really redone
     report = subprocess.run(
         [sys.executable, "-m", "goodput", "report", run_dir, "--json"],
         capture_output=True,

@@ -25,12 +25,9 @@ Lightning is imported when this module is; ``import goodput`` never imports it.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
-import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import lightning.pytorch as pl
@@ -41,73 +38,13 @@ from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingStat
 from goodput.errors import CheckpointError, ConfigError
 from goodput.faults import FaultPlan, install_faults
 from goodput.integrations._faults import install_plan
+from goodput.integrations._tracked import TrackedLoader
 from goodput.ledger.ledger import Ledger
 
 __all__ = ["GoodputCallback", "GoodputCheckpointIO", "GoodputDDPStrategy", "TrackedLoader"]
 
 RESUME_PATH = "goodput://latest"
 _LIGHTNING_KEYS = ("epoch", "global_step", "loops", "callbacks")
-
-
-class TrackedLoader:
-    """A :class:`~goodput.data.ResumableLoader` as Lightning iterates it, with the position after each batch.
-
-    ``len()`` is the loader's batches per epoch, so Lightning's ``is_last_batch`` stays right after a mid-epoch
-    resume (the restored iterator yields only the epoch's remaining batches).
-    """
-
-    def __init__(self, loader: Any, *, keep: int = 16) -> None:
-        if not (
-            callable(getattr(loader, "state_dict", None))
-            and callable(getattr(loader, "load_state_dict", None))
-        ):
-            raise ConfigError(
-                "GoodputCallback needs a loader with state_dict()/load_state_dict(): a ResumableLoader"
-            )
-        self.loader = loader
-        self.delivered = 0  # batches handed to Lightning in this process
-        self.trained = 0  # batches whose training step ended in this process (the callback counts them)
-        self._positions: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(maxlen=keep)
-        self._waited = 0.0
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[Any]:
-        iterator = iter(self.loader)
-        while True:
-            start = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                if self._positions:  # the epoch is over: after its last batch comes the next epoch's start
-                    self._positions[-1] = (self._positions[-1][0], self.loader.state_dict())
-                return
-            self._waited += time.perf_counter() - start
-            self.delivered += 1
-            self._positions.append((self.delivered, self.loader.state_dict()))
-            yield batch
-
-    def take_wait(self) -> float:
-        """Seconds spent waiting for batches since the previous call (the step's fetch time)."""
-        waited, self._waited = self._waited, 0.0
-        return waited
-
-    def state_dict(self) -> dict[str, Any]:
-        """The position after the last trained batch (not the batch Lightning prefetched past it)."""
-        for count, position in reversed(self._positions):
-            if count == self.trained:
-                return position
-        if self.trained == 0:
-            return self.loader.state_dict()
-        raise CheckpointError(
-            f"the data position after batch {self.trained} is no longer known ({self.delivered} delivered)"
-        )
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)
-        self._positions.clear()
-        self.delivered = self.trained = 0
 
 
 class GoodputCheckpointIO(CheckpointIO):
