@@ -165,11 +165,14 @@ class GoodputTrainer(Trainer):
             return None
         steps = []
         for name in os.listdir(folder):
-            if name.startswith("checkpoint-") and name[11:].isdigit():
-                if os.path.exists(
+            if (
+                name.startswith("checkpoint-")
+                and name[11:].isdigit()
+                and os.path.exists(
                     os.path.join(folder, name, DATA_FILE.format(rank=self.goodput_callback.rank))
-                ):
-                    steps.append(int(name[11:]))
+                )
+            ):
+                steps.append(int(name[11:]))
         return os.path.join(folder, f"checkpoint-{max(steps)}") if steps else None
 
 
