@@ -43,3 +43,23 @@ def test_hf_trainer_resumes_mid_epoch_with_exactly_once_data(tmp_path: os.PathLi
     assert data["restarts"] == 1 and data["failures"] == 1
     assert data["attempts"][-1]["restored_step"] == 4 and data["attempts"][-1]["last_step"] == STEPS
     assert data["categories"]["checkpoint_stall"] > 0 and data["categories"]["lost_work"] > 0
+
+
+def test_bench_data_measures_the_trainer_resume(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from goodput.bench import data
+
+    parser = argparse.ArgumentParser()
+    data.add_arguments(parser)
+    args = parser.parse_args(
+        ["--steps", "2", "--compute", "1ms", "--repeats", "1", "--hf-resume-at", "8000", "--json"]
+    )
+    assert data.run(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    hf = report["resume_hf"]
+    assert hf["position"] == 8000 and hf["batch"] == 8
+    assert (
+        report["ratios"]["hf_skip_resume_over_goodput_resume"]
+        == hf["hf_skip_seconds"] / hf["goodput_seconds"]
+    )
