@@ -1,13 +1,16 @@
-"""The fault plan of a framework-driven run: the same plan, markers and ledger record as ``goodput.Run``'s."""
+"""What the framework callbacks share with ``goodput.Run``: the fault plan (same plan, markers and ledger
+record) and feeding metric exporters."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from goodput.faults import Fault, FaultPlan, install_faults, parse_faults
+from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
 
-__all__ = ["install_plan"]
+__all__ = ["export", "install_plan"]
 
 
 def install_plan(run_dir: str, ledger: Ledger, *, rank: int, world_size: int, step: list[int]) -> FaultPlan:
@@ -31,3 +34,14 @@ def install_plan(run_dir: str, ledger: Ledger, *, rank: int, world_size: int, st
     )
     install_faults(plan)
     return plan
+
+
+def export(
+    exporters: Sequence[MetricsExporter], step: int, ledger: Ledger, fetch: float, loss: float | None
+) -> None:
+    """Give every exporter the step's live goodput, fetch time and loss (what ``Progress`` gives them)."""
+    metrics = {"goodput": ledger.live_goodput, "fetch_seconds": fetch}
+    if loss is not None:
+        metrics["loss"] = loss
+    for exporter in exporters:
+        exporter.log(step, metrics)

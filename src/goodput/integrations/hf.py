@@ -26,17 +26,20 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
 from goodput.errors import ConfigError
 from goodput.faults import FaultPlan, install_faults
+from goodput.integrations._faults import export as _export
 from goodput.integrations._faults import install_plan
 from goodput.integrations._tracked import TrackedLoader
+from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
 
-__all__ = ["DATA_FILE", "GoodputTrainer", "GoodputTrainerCallback"]
+__all__ = ["GoodputTrainer", "GoodputTrainerCallback"]
 
 DATA_FILE = "goodput-data-rank{rank}.json"
 
@@ -47,9 +50,12 @@ class GoodputTrainerCallback(TrainerCallback):
     Args:
         run_dir: the run folder (ledger, fault markers). None: ``$GOODPUT_RUN_DIR``.
         loader: a :class:`~goodput.data.ResumableLoader` the Trainer trains from (see :class:`GoodputTrainer`).
+        exporters: receive each step's live goodput and fetch time (e.g. ``PrometheusExporter``).
     """
 
-    def __init__(self, run_dir: str | None = None, *, loader: Any = None) -> None:
+    def __init__(
+        self, run_dir: str | None = None, *, loader: Any = None, exporters: Sequence[MetricsExporter] = ()
+    ) -> None:
         run_dir = run_dir or os.environ.get("GOODPUT_RUN_DIR")
         if not run_dir:
             raise ConfigError(
@@ -64,6 +70,7 @@ class GoodputTrainerCallback(TrainerCallback):
         self._stall_start: float | None = None
         self._accumulation = 1
         self._max_steps = -1
+        self._exporters = list(exporters)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = int(state.global_step)
@@ -96,6 +103,8 @@ class GoodputTrainerCallback(TrainerCallback):
             fetch = self.loader.take_wait()
             self.loader.trained += self._accumulation
         self.ledger.step_end(step, fetch_seconds=fetch)
+        if self._exporters:
+            _export(self._exporters, step, self.ledger, fetch, None)
         if self._faults is not None:
             self._faults.check(phase="step", step=step)
         if control.should_save:  # DefaultFlowCallback decided before this hook; the save follows it
@@ -120,6 +129,8 @@ class GoodputTrainerCallback(TrainerCallback):
                 self.ledger.step_start(step + 1)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        for exporter in self._exporters:
+            exporter.close()
         self.ledger.close("ok")
         install_faults(None)
 
@@ -144,11 +155,19 @@ class GoodputTrainer(Trainer):
     Args:
         goodput_loader: the loader of the training data (its ``batch_size`` is per device).
         run_dir: the run folder for the ledger (None: ``$GOODPUT_RUN_DIR``).
+        exporters: receive each step's live goodput and fetch time (e.g. ``PrometheusExporter``).
         *args, **kwargs: the Trainer's own.
     """
 
-    def __init__(self, *args: Any, goodput_loader: Any, run_dir: str | None = None, **kwargs: Any) -> None:
-        self.goodput_callback = GoodputTrainerCallback(run_dir, loader=goodput_loader)
+    def __init__(
+        self,
+        *args: Any,
+        goodput_loader: Any,
+        run_dir: str | None = None,
+        exporters: Sequence[MetricsExporter] = (),
+        **kwargs: Any,
+    ) -> None:
+        self.goodput_callback = GoodputTrainerCallback(run_dir, loader=goodput_loader, exporters=exporters)
         kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), self.goodput_callback]
         super().__init__(*args, **kwargs)
         self.args.ignore_data_skip = True  # the position is restored by goodput, not by replaying batches

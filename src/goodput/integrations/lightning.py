@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -37,11 +38,13 @@ from lightning.pytorch.strategies import DDPStrategy
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState, list_checkpoints
 from goodput.errors import CheckpointError, ConfigError
 from goodput.faults import FaultPlan, install_faults
+from goodput.integrations._faults import export as _export
 from goodput.integrations._faults import install_plan
 from goodput.integrations._tracked import TrackedLoader
+from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
 
-__all__ = ["GoodputCallback", "GoodputCheckpointIO", "GoodputDDPStrategy", "TrackedLoader"]
+__all__ = ["GoodputCallback", "GoodputCheckpointIO", "GoodputDDPStrategy"]
 
 RESUME_PATH = "goodput://latest"
 _LIGHTNING_KEYS = ("epoch", "global_step", "loops", "callbacks")
@@ -150,10 +153,16 @@ class GoodputCallback(pl.Callback):
         checkpoint: where, how and how often to save (default: ``dcp`` every 100 steps under
             ``run_dir/checkpoints``).
         loader: a :class:`~goodput.data.ResumableLoader`; pass ``goodput_cb.loader`` to ``fit``.
+        exporters: receive each step's live goodput and fetch time (e.g. ``PrometheusExporter``).
     """
 
     def __init__(
-        self, run_dir: str | None = None, *, checkpoint: CheckpointConfig | None = None, loader: Any = None
+        self,
+        run_dir: str | None = None,
+        *,
+        checkpoint: CheckpointConfig | None = None,
+        loader: Any = None,
+        exporters: Sequence[MetricsExporter] = (),
     ) -> None:
         run_dir = run_dir or os.environ.get("GOODPUT_RUN_DIR")
         if not run_dir:
@@ -169,6 +178,7 @@ class GoodputCallback(pl.Callback):
         self._faults: FaultPlan | None = None
         self._last_saved: int | None = None
         self._max_steps = -1
+        self._exporters = list(exporters)
 
     @property
     def resume_path(self) -> str | None:
@@ -213,6 +223,8 @@ class GoodputCallback(pl.Callback):
         if self.loader is not None:
             self.loader.trained += 1
         self.ledger.step_end(step, fetch_seconds=fetch, loss=loss)
+        if self._exporters:
+            _export(self._exporters, step, self.ledger, fetch, loss)
         if self._faults is not None:
             self._faults.check(phase="step", step=step)
         if self.checkpoint_io.manager.should_save(step):
@@ -238,6 +250,8 @@ class GoodputCallback(pl.Callback):
         self._last_saved = step
 
     def _finish(self, status: str) -> None:
+        for exporter in self._exporters:
+            exporter.close()
         self.ledger.close(status)
         install_faults(None)
 
