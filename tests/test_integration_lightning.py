@@ -21,8 +21,9 @@ STEPS, DATASET, PER_STEP = 20, 64, 8  # 2 ranks x batch 4: 8 steps per epoch
 @pytest.mark.slow
 def test_lightning_ddp_survives_sigkills_with_exactly_once_data(tmp_path: os.PathLike[str]) -> None:
     run_dir = str(tmp_path)
-    # rank 1 dies mid-epoch 0 after the step-4 checkpoint; rank 0 dies in epoch 1, two steps past step 12
-    faults = "kill@step=6,rank=1; kill@step=14,rank=0"
+    # rank 1 dies mid-epoch 0 after the step-4 checkpoint; rank 0 dies inside the write of step 12 (epoch 1),
+    # so that save is never committed and the last attempt falls back to step 8
+    faults = "kill@step=6,rank=1; kill@phase=checkpoint_write,step=12,rank=0"
     command = ["launch", "--nproc", "2", "--max-restarts", "3", "--run-dir", run_dir, "--faults", faults]
     proc = subprocess.run(
         [sys.executable, "-m", "goodput", *command, "--", SCRIPT, str(STEPS)],
@@ -44,4 +45,4 @@ def test_lightning_ddp_survives_sigkills_with_exactly_once_data(tmp_path: os.Pat
     assert data["restarts"] == 2 and data["failures"] == 2
     assert data["info"]["checkpoint_config"] == {"strategy": "dcp", "every_steps": 4}
     assert data["categories"]["checkpoint_stall"] > 0 and data["categories"]["checkpoint_restore"] > 0
-    assert data["attempts"][-1]["restored_step"] == 12 and data["attempts"][-1]["last_step"] == STEPS
+    assert data["attempts"][-1]["restored_step"] == 8 and data["attempts"][-1]["last_step"] == STEPS
