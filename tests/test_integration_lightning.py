@@ -46,3 +46,35 @@ def test_lightning_ddp_survives_sigkills_with_exactly_once_data(tmp_path: os.Pat
     assert data["info"]["checkpoint_config"] == {"strategy": "dcp", "every_steps": 4}
     assert data["categories"]["checkpoint_stall"] > 0 and data["categories"]["checkpoint_restore"] > 0
     assert data["attempts"][-1]["restored_step"] == 8 and data["attempts"][-1]["last_step"] == STEPS
+
+
+def test_a_trainer_that_would_not_save_through_goodput_is_refused(tmp_path: os.PathLike[str]) -> None:
+    import lightning.pytorch as pl
+    import torch
+
+    import goodput as gp
+    from goodput.integrations.lightning import GoodputCallback
+
+    class Small(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            return self.net(batch).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    goodput_cb = GoodputCallback(str(tmp_path), loader=gp.ResumableLoader(torch.ones(8, 2), batch_size=2))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        callbacks=[goodput_cb],
+        max_steps=2,
+        logger=False,
+        enable_progress_bar=False,
+    )
+    with pytest.raises(gp.ConfigError, match="does not save through goodput"):
+        trainer.fit(Small(), train_dataloaders=goodput_cb.loader)
+    goodput_cb.ledger.close()

@@ -14,6 +14,9 @@
   position beside each checkpoint (``goodput-data-rank<r>.json``) and restores it in O(1); it sets
   ``ignore_data_skip`` so the Trainer skips nothing itself.
 
+With several ranks, build the loader after ``TrainingArguments`` (which joins the process group), or pass it
+``rank=`` and ``world_size=``, so that each rank reads its own share.
+
 The Trainer saves synchronously and calls ``on_save`` after writing: the callback records the stall from the
 end of the step that triggered the save to ``on_save``, and the checkpoint as durable then. The restore
 happens inside ``train()`` before the first hook, so it counts as initialisation in the report.

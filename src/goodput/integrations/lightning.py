@@ -189,6 +189,7 @@ class GoodputCallback(pl.Callback):
 
     # ---- Lightning hooks ------------------------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        _check_strategy(trainer, self.checkpoint_io)
         self.checkpoint_io.attach(trainer, self.loader, self.ledger)
         self._faults = install_plan(
             self.run_dir,
@@ -254,6 +255,21 @@ class GoodputCallback(pl.Callback):
             exporter.close()
         self.ledger.close(status)
         install_faults(None)
+
+
+def _check_strategy(trainer: Any, io: GoodputCheckpointIO) -> None:
+    """Refuse set-ups where saves would bypass goodput, or run on rank 0 only (a collective would hang)."""
+    if trainer.strategy.checkpoint_io is not io:
+        raise ConfigError(
+            "the Trainer does not save through goodput: pass "
+            "strategy=GoodputDDPStrategy(checkpoint_io=goodput_cb.checkpoint_io) (one process: "
+            "plugins=[goodput_cb.checkpoint_io])"
+        )
+    if trainer.world_size > 1 and not isinstance(trainer.strategy, GoodputDDPStrategy):
+        raise ConfigError(
+            f"{type(trainer.strategy).__name__} saves on rank 0 only, but goodput saves on every rank: "
+            "use strategy=GoodputDDPStrategy(checkpoint_io=goodput_cb.checkpoint_io)"
+        )
 
 
 def _loss(outputs: Any) -> float | None:
