@@ -18,7 +18,7 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_bench_data_json_report(capsys: pytest.CaptureFixture[str]) -> None:
-    assert data.run(_args("--steps", "3", "--compute", "1ms", "--json")) == 0
+    assert data.run(_args("--steps", "3", "--compute", "1ms", "--hf-resume-at", "0", "--json")) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report["ratios"]["epoch_over_ideal"]) == {"l_lt_c", "l_eq_c", "l_gt_c"}
     assert set(report["fetch_seconds"]["l_eq_c"]) == {"p50", "p95"}

@@ -29,7 +29,12 @@ def _public_modules() -> list[str]:
 def test_every_public_name_is_exported() -> None:
     missing = []
     for name in _public_modules():
-        module = importlib.import_module(name)
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:  # an integration whose optional framework is not installed
+            if name.startswith("goodput.integrations.") and not (err.name or "").startswith("goodput"):
+                continue
+            raise
         for member in getattr(module, "__all__", ()):
             if getattr(goodput, member, None) is not getattr(module, member):
                 missing.append(f"{name}.{member}")

@@ -99,6 +99,12 @@ if TYPE_CHECKING:
         install_faults,
         parse_faults,
     )
+    from goodput.integrations.hf import GoodputTrainer as GoodputTrainer
+    from goodput.integrations.hf import GoodputTrainerCallback as GoodputTrainerCallback
+    from goodput.integrations.lightning import GoodputCallback as GoodputCallback
+    from goodput.integrations.lightning import GoodputCheckpointIO as GoodputCheckpointIO
+    from goodput.integrations.lightning import GoodputDDPStrategy as GoodputDDPStrategy
+    from goodput.integrations.prometheus import PrometheusExporter as PrometheusExporter
     from goodput.ledger import (
         Ledger,
         LedgerConfig,
@@ -242,6 +248,15 @@ _LAZY = {
     "DistInfo": "goodput.distributed",
     "dist_info": "goodput.distributed",
     "init_distributed": "goodput.distributed",
+    # the integrations (goodput.integrations): reachable here, imported (with their framework) only when
+    # touched, and kept out of __all__ so that `from goodput import *` never needs Lightning, transformers or
+    # prometheus-client
+    "GoodputCallback": "goodput.integrations.lightning",
+    "GoodputCheckpointIO": "goodput.integrations.lightning",
+    "GoodputDDPStrategy": "goodput.integrations.lightning",
+    "GoodputTrainer": "goodput.integrations.hf",
+    "GoodputTrainerCallback": "goodput.integrations.hf",
+    "PrometheusExporter": "goodput.integrations.prometheus",
     "MLflowExporter": "goodput.ledger.exporters",
     "MetricsExporter": "goodput.ledger.exporters",
     "TensorBoardExporter": "goodput.ledger.exporters",

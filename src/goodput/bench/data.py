@@ -15,6 +15,10 @@ has ``--repeats`` rounds of a floor and one epoch per loader; each loader's best
 floor (timeit's rule: load from elsewhere only adds time); fetch percentiles cover every round. The first
 batch of an epoch cannot overlap anything, so a perfect pipeline sits at 1 + 1/steps of the floor.
 
+Resume in the Hugging Face Trainer (``resume_hf``, needs ``goodput[hf]``; bench/_hf_resume.py): the Trainer's
+own skip of the batches already trained against goodput's position, at sample 100,000 of 200,000;
+``ratios.hf_skip_resume_over_goodput_resume`` is their quotient.
+
 Resume: a loader over 2,000,000 samples restores a position at sample 1,000,000 (JSON text) and takes its
 first batch; the same for a loader starting at sample 0 is the baseline. The dataset counts its fetches, so a
 replay of consumed batches would show.
@@ -74,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         help="rounds of a floor and an epoch per loader; the best of each counts (default 3)",
+    )
+    parser.add_argument(
+        "--hf-resume-at",
+        type=int,
+        default=100_000,
+        help="sample at which the HF Trainer resume is measured (default 100000; 0 skips it)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -180,6 +190,13 @@ def _resume(repeats: int = 15) -> dict[str, Any]:
     }
 
 
+def _resume_hf(position: int) -> dict[str, Any]:
+    from goodput.bench import _hf_resume
+
+    why_not = "--hf-resume-at 0" if position <= 0 else _hf_resume.available()
+    return {"skipped": why_not} if why_not else _hf_resume.hf_resume(position)
+
+
 def run(args: argparse.Namespace) -> int:
     compute = parse_duration(args.compute, what="--compute")
     if compute <= 0:
@@ -195,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         for name, factor in _CASES
     }
     resume = _resume()
+    resume_hf = _resume_hf(args.hf_resume_at)
     report = {
         "config": {
             "compute_seconds": compute,
@@ -203,13 +221,17 @@ def run(args: argparse.Namespace) -> int:
             "batch": _BATCH,
             "repeats": args.repeats,
         },
-        "ratios": {"epoch_over_ideal": {name: c["goodput"]["epoch_over_ideal"] for name, c in cases.items()}},
+        "ratios": {
+            "epoch_over_ideal": {name: c["goodput"]["epoch_over_ideal"] for name, c in cases.items()},
+            **({"hf_skip_resume_over_goodput_resume": resume_hf["ratio"]} if "ratio" in resume_hf else {}),
+        },
         "fetch_seconds": {name: {k: c["goodput"][k] for k in ("p50", "p95")} for name, c in cases.items()},
         "baselines": {
             loader: {name: c[loader] for name, c in cases.items()} for loader in ("sequential", "dataloader")
         },
         "goodput": {name: c["goodput"] for name, c in cases.items()},
         "resume": resume,
+        "resume_hf": resume_hf,
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -239,3 +261,12 @@ def _print_table(report: dict[str, Any], cases: dict[str, dict[str, Any]]) -> No
         f"({res['over_fresh_start']:.2f}x a fresh start), state {res['state_bytes']} bytes, "
         f"{res['batches_fetched']} batch fetched"
     )
+    hf = report["resume_hf"]
+    if "skipped" in hf:
+        print(f"resume in the HF Trainer: skipped ({hf['skipped']})")
+    else:
+        print(
+            f"resume in the HF Trainer at sample {hf['position']:,}: its skip {hf['hf_skip_seconds'] * 1e3:.1f} ms "
+            f"(fresh start {hf['hf_fresh_start_seconds'] * 1e3:.1f} ms), goodput {hf['goodput_seconds'] * 1e3:.2f} ms: "
+            f"{hf['ratio']:.0f}x"
+        )

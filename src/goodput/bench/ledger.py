@@ -6,6 +6,9 @@ Runs the same small CPU step (a matrix product) N times without a ledger, then w
 step_end with fetch time and loss on every step, the background flush every 0.5 s, with and without fsync),
 and prints the overhead per step, the ratio of loop times, and the slowest single ledger call: a call that
 waited on the disk would show here as milliseconds.
+
+Then the Lightning and Hugging Face callbacks (goodput.integrations), when those packages are installed: their
+per-step hooks, each call timed, and their loader wrapper against the bare loader (bench/_callbacks.py).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def _loop(steps: int, work: Any, ledger: Any) -> tuple[float, float]:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from goodput.bench._callbacks import callback_overheads
     from goodput.errors import ConfigError
     from goodput.ledger import Ledger, LedgerConfig
 
@@ -69,4 +73,17 @@ def run(args: argparse.Namespace) -> int:
             f"ratio {took / base:.3f} (baseline rerun {again / base:.3f}); slowest call {1e3 * slowest:.2f} ms; "
             f"{2 * args.steps + 2} events, {size / 1e6:.1f} MB"
         )
+    _print_callbacks(callback_overheads(args.steps))
     return 0
+
+
+def _print_callbacks(results: dict[str, Any]) -> None:
+    for name, r in results.items():
+        if isinstance(r, str):
+            print(f"{name} callback: {r}")
+            continue
+        per_step = r["overhead_per_step"]
+        print(
+            f"{name} callback: {1e6 * per_step:.1f} us/step ({per_step / 0.01:.2%} of a 10 ms step): hooks "
+            f"{r['hook_seconds']:.3f} s, loader wrapper {r['wrapper_seconds']:.3f} s"
+        )

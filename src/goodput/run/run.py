@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -28,6 +28,7 @@ from goodput.distributed import init_distributed
 from goodput.errors import ConfigError, DataError
 from goodput.faults import Fault, FaultPlan, install_faults, parse_faults
 from goodput.ledger.accounting import account
+from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.run._cachestats import CacheStatsRecorder
 from goodput.run.crashloop import CrashLoopDetector
@@ -54,6 +55,8 @@ class Run:
         faults: a fault plan (see goodput.faults); None reads ``$GOODPUT_FAULTS``.
         crash_loop: attempts without progress that stop the job; None reads ``$GOODPUT_CRASH_LOOP`` (3).
         progress: draw the progress line on rank 0.
+        exporters: receive each step's live goodput, fetch time and loss (e.g. ``PrometheusExporter``); closed
+            with the run.
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class Run:
         faults: str | None = None,
         crash_loop: int | None = None,
         progress: bool = True,
+        exporters: Sequence[MetricsExporter] = (),
     ) -> None:
         run_dir = run_dir or os.environ.get(RUN_DIR_ENV)
         if not run_dir:
@@ -96,6 +100,7 @@ class Run:
         self.watchdog = Watchdog(hang_timeout, on_hang=self._hung) if hang_timeout else None
         self.config = checkpoint or CheckpointConfig(root=os.path.join(run_dir, "checkpoints"))
         self._progress_on = progress
+        self._exporters = list(exporters)
         self._progress: Progress | None = None
         self._manager: CheckpointManager | None = None
         self._loader: Any = None
@@ -152,8 +157,14 @@ class Run:
         self.step = step or 0
         self._last_saved = step
         self.ledger.init_done()
-        if self._progress_on:
-            self._progress = Progress(total=self.total_steps, ledger=self.ledger, initial=self.step)
+        if self._progress_on or self._exporters:
+            self._progress = Progress(
+                total=self.total_steps,
+                ledger=self.ledger,
+                initial=self.step,
+                disable=None if self._progress_on else True,
+                exporters=self._exporters,
+            )
         return step
 
     def batches(self, loader: Any = None, *, steps: int | None = None) -> Iterator[Any]:

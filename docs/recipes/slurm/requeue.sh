@@ -1,0 +1,43 @@
+# goodput's exit codes -> what the Slurm batch script does next. Sourced by goodput.sbatch; tested by
+# tests/test_recipes.py. The codes are goodput's (goodput/run/launch.py): keep them in step with it.
+#
+#   0    the run finished                                     -> done
+#   75   EXIT_PREEMPTED: saved after the warning signal       -> requeue (the next start resumes from that save)
+#   3    EXIT_CRASH_LOOP: attempts made no progress           -> stop; a person must look
+#   78   EXIT_FATAL: configuration or state mismatch          -> stop; a restart cannot fix it
+#   else torchrun ran out of restarts, a node died, ...       -> requeue while GOODPUT_REQUEUES allows
+
+GOODPUT_EXIT_PREEMPTED=75
+GOODPUT_EXIT_CRASH_LOOP=3
+GOODPUT_EXIT_FATAL=78
+
+# goodput_after_exit STATUS: requeue this job or not, from the exit status of the step that ran goodput launch.
+# Prints one line saying what it decided; returns the status the batch script should exit with.
+goodput_after_exit() {
+    local status=$1
+    local restarts=${SLURM_RESTART_COUNT:-0}
+    local budget=${GOODPUT_REQUEUES:-10}
+    case "$status" in
+        0)
+            echo "goodput: run finished"
+            return 0 ;;
+        "$GOODPUT_EXIT_CRASH_LOOP")
+            echo "goodput: crash loop (exit $status): not requeued; see the run folder and goodput report"
+            return "$status" ;;
+        "$GOODPUT_EXIT_FATAL")
+            echo "goodput: fatal error (exit $status): not requeued; fix the configuration first"
+            return "$status" ;;
+        "$GOODPUT_EXIT_PREEMPTED")
+            echo "goodput: preempted after a durable save (exit $status): requeueing job $SLURM_JOB_ID"
+            scontrol requeue "$SLURM_JOB_ID"
+            return 0 ;;
+        *)
+            if [ "$restarts" -ge "$budget" ]; then
+                echo "goodput: failed (exit $status) after $restarts requeues: giving up (GOODPUT_REQUEUES=$budget)"
+                return "$status"
+            fi
+            echo "goodput: failed (exit $status): requeueing job $SLURM_JOB_ID (requeue $((restarts + 1)) of $budget)"
+            scontrol requeue "$SLURM_JOB_ID"
+            return 0 ;;
+    esac
+}

@@ -1,0 +1,209 @@
+"""Hugging Face ``Trainer``: goodput's ledger and an O(1) data resume (``pip install 'goodput[hf]'``).
+
+    loader = gp.ResumableLoader(train_dataset, batch_size=8, seed=0, collate_fn=default_data_collator)
+    trainer = GoodputTrainer(model=model, args=TrainingArguments("runs/hf1/out", save_steps=50, ...),
+                             goodput_loader=loader)        # run folder: $GOODPUT_RUN_DIR or run_dir=
+    trainer.train(resume_from_checkpoint=trainer.resume_path)
+
+* :class:`GoodputTrainerCallback` writes the ledger from the Trainer's hooks (steps, each step's wait for data,
+  checkpoint stalls, the restored step, attempts) and fires goodput's fault plan (``$GOODPUT_FAULTS``), so
+  ``goodput report`` and ``goodput launch --faults`` work on a Trainer run.
+* Resume without replaying data: on resume the Trainer's own code fast-forwards its dataloader through every
+  batch of the epoch already trained (accelerate's ``skip_first_batches``), a cost that grows with the resume
+  point. :class:`GoodputTrainer` trains from a :class:`~goodput.data.ResumableLoader` instead, stores the data
+  position beside each checkpoint (``goodput-data-rank<r>.json``) and restores it in O(1); it sets
+  ``ignore_data_skip`` so the Trainer skips nothing itself.
+
+With several ranks, build the loader after ``TrainingArguments`` (which joins the process group), or pass it
+``rank=`` and ``world_size=``, so that each rank reads its own share.
+
+The Trainer saves synchronously and calls ``on_save`` after writing: the callback records the stall from the
+end of the step that triggered the save to ``on_save``, and the checkpoint as durable then. The restore
+happens inside ``train()`` before the first hook, so it counts as initialisation in the report.
+
+transformers is imported when this module is; ``import goodput`` never imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import Trainer, TrainerCallback
+
+from goodput.errors import ConfigError
+from goodput.faults import FaultPlan, install_faults
+from goodput.integrations._faults import export as _export
+from goodput.integrations._faults import install_plan
+from goodput.integrations._tracked import TrackedLoader
+from goodput.ledger.exporters import MetricsExporter
+from goodput.ledger.ledger import Ledger
+
+__all__ = ["GoodputTrainer", "GoodputTrainerCallback"]
+
+DATA_FILE = "goodput-data-rank{rank}.json"
+
+
+class GoodputTrainerCallback(TrainerCallback):
+    """Ledger and fault plan for a Hugging Face ``Trainer``; with ``loader``, the data position too.
+
+    Args:
+        run_dir: the run folder (ledger, fault markers). None: ``$GOODPUT_RUN_DIR``.
+        loader: a :class:`~goodput.data.ResumableLoader` the Trainer trains from (see :class:`GoodputTrainer`).
+        exporters: receive each step's live goodput and fetch time (e.g. ``PrometheusExporter``).
+    """
+
+    def __init__(
+        self, run_dir: str | None = None, *, loader: Any = None, exporters: Sequence[MetricsExporter] = ()
+    ) -> None:
+        run_dir = run_dir or os.environ.get("GOODPUT_RUN_DIR")
+        if not run_dir:
+            raise ConfigError(
+                "GoodputTrainerCallback needs a run folder: pass run_dir or set GOODPUT_RUN_DIR"
+            )
+        self.run_dir = run_dir
+        self.ledger = Ledger(run_dir)  # first, so the attempt's time counts from process start
+        self.rank = self.ledger.rank
+        self.loader = TrackedLoader(loader) if loader is not None else None
+        self._step = [0]
+        self._faults: FaultPlan | None = None
+        self._stall_start: float | None = None
+        self._accumulation = 1
+        self._max_steps = -1
+        self._exporters = list(exporters)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = int(state.global_step)
+        self._step[0], self._accumulation, self._max_steps = (
+            step,
+            int(args.gradient_accumulation_steps),
+            state.max_steps,
+        )
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        self._faults = install_plan(
+            self.run_dir, self.ledger, rank=self.rank, world_size=world, step=self._step
+        )
+        if step > 0:  # the Trainer restored a checkpoint before this hook
+            self.ledger.restore_start()
+            self._load_position(os.path.join(args.output_dir, f"checkpoint-{step}"))
+            self.ledger.restore_end(step)
+        keys = ["model", "optimizer", "scheduler", "rng", "step"] + (
+            ["data"] if self.loader is not None else []
+        )
+        self.ledger.state_registered(keys)
+        self.ledger.on_event("checkpoint_config", strategy="hf_trainer", every_steps=int(args.save_steps))
+        self.ledger.init_done()
+        self.ledger.step_start(step + 1)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = int(state.global_step)
+        self._step[0] = step
+        fetch = 0.0
+        if self.loader is not None:
+            fetch = self.loader.take_wait()
+            self.loader.trained += self._accumulation
+        self.ledger.step_end(step, fetch_seconds=fetch)
+        if self._exporters:
+            _export(self._exporters, step, self.ledger, fetch, None)
+        if self._faults is not None:
+            self._faults.check(phase="step", step=step)
+        if control.should_save:  # DefaultFlowCallback decided before this hook; the save follows it
+            self._stall_start = time.monotonic()
+            self.ledger.on_event("checkpoint_stall", phase="start", step=step)
+        elif self._max_steps <= 0 or step < self._max_steps:
+            self.ledger.step_start(step + 1)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = int(state.global_step)
+        folder = os.path.join(args.output_dir, f"checkpoint-{step}")
+        if self.loader is not None:
+            _write_json(os.path.join(folder, DATA_FILE.format(rank=self.rank)), self.loader.state_dict())
+        if self._stall_start is not None:
+            stall = time.monotonic() - self._stall_start
+            self._stall_start = None
+            self.ledger.on_event("checkpoint_stall", phase="end", step=step, seconds=stall)
+            self.ledger.on_event(
+                "checkpoint_durable", step=step, stall_seconds=stall, persist_seconds=stall, url=folder
+            )
+            if self._max_steps <= 0 or step < self._max_steps:
+                self.ledger.step_start(step + 1)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        for exporter in self._exporters:
+            exporter.close()
+        self.ledger.close("ok")
+        install_faults(None)
+
+    def _load_position(self, folder: str) -> None:
+        if self.loader is None:
+            return
+        path = os.path.join(folder, DATA_FILE.format(rank=self.rank))
+        try:
+            with open(path) as f:
+                position = json.load(f)
+        except FileNotFoundError:
+            raise ConfigError(
+                f"{folder} holds no data position ({os.path.basename(path)}): it was not saved by GoodputTrainer; "
+                "resume it with the Trainer's own loader, or start a new output_dir"
+            ) from None
+        self.loader.load_state_dict(position)
+
+
+class GoodputTrainer(Trainer):
+    """A ``Trainer`` that trains from a :class:`~goodput.data.ResumableLoader` and resumes it in O(1).
+
+    Args:
+        goodput_loader: the loader of the training data (its ``batch_size`` is per device).
+        run_dir: the run folder for the ledger (None: ``$GOODPUT_RUN_DIR``).
+        exporters: receive each step's live goodput and fetch time (e.g. ``PrometheusExporter``).
+        *args, **kwargs: the Trainer's own.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        goodput_loader: Any,
+        run_dir: str | None = None,
+        exporters: Sequence[MetricsExporter] = (),
+        **kwargs: Any,
+    ) -> None:
+        self.goodput_callback = GoodputTrainerCallback(run_dir, loader=goodput_loader, exporters=exporters)
+        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), self.goodput_callback]
+        super().__init__(*args, **kwargs)
+        self.args.ignore_data_skip = True  # the position is restored by goodput, not by replaying batches
+
+    def get_train_dataloader(self) -> Any:
+        assert self.goodput_callback.loader is not None
+        return self.goodput_callback.loader
+
+    @property
+    def resume_path(self) -> str | None:
+        """The newest ``checkpoint-N`` folder in ``output_dir`` holding goodput's data position (None: none)."""
+        folder = self.args.output_dir
+        if not folder or not os.path.isdir(folder):
+            return None
+        steps = []
+        for name in os.listdir(folder):
+            if (
+                name.startswith("checkpoint-")
+                and name[11:].isdigit()
+                and os.path.exists(
+                    os.path.join(folder, name, DATA_FILE.format(rank=self.goodput_callback.rank))
+                )
+            ):
+                steps.append(int(name[11:]))
+        return os.path.join(folder, f"checkpoint-{max(steps)}") if steps else None
+
+
+def _write_json(path: str, value: Any) -> None:
+    """Write ``value`` as JSON atomically: a crash leaves the old file or the new one, never half of one."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

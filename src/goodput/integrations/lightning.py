@@ -1,0 +1,312 @@
+"""Lightning: goodput's ledger, checkpoints and exactly-once data inside ``Trainer.fit`` (``pip install 'goodput[lightning]'``).
+
+    goodput_cb = GoodputCallback(checkpoint=gp.CheckpointConfig(root="runs/l1/checkpoints", every=50),
+                                 loader=gp.ResumableLoader(dataset, batch_size=32, seed=0, drop_last=True))
+    trainer = L.Trainer(strategy=GoodputDDPStrategy(checkpoint_io=goodput_cb.checkpoint_io),
+                        callbacks=[goodput_cb], max_steps=1000, use_distributed_sampler=False)
+    trainer.fit(model, train_dataloaders=goodput_cb.loader, ckpt_path=goodput_cb.resume_path)
+
+* :class:`GoodputCallback` writes the ledger (steps, each step's wait for data, checkpoint stalls, restores,
+  attempts), fires goodput's fault plan (``$GOODPUT_FAULTS``) and saves when goodput's policy says so, so
+  ``goodput report`` works on a Lightning run and ``goodput launch --faults`` drills it.
+* :class:`GoodputCheckpointIO` is Lightning's ``CheckpointIO`` extension point backed by goodput's
+  :class:`~goodput.checkpoint.CheckpointManager`: every strategy (``torch_save``, ``dcp``, ``dcp_async``), the
+  verified commit, retention, and restore of the newest valid checkpoint with fallback. The tensors travel
+  through goodput's :class:`~goodput.checkpoint.TrainingState` (model, optimizer, scheduler, RNG, data position);
+  Lightning's loop progress rides along as JSON.
+* goodput's manager is collective (every rank saves its part), while Lightning's stock strategies call a
+  ``CheckpointIO`` on rank 0 only. :class:`GoodputDDPStrategy` is DDP that hands the save to every rank.
+* Exactly-once data: Lightning fetches one batch ahead, so the loader's live position is one batch past the
+  step being saved. ``goodput_cb.loader`` wraps the :class:`~goodput.data.ResumableLoader` and remembers the
+  position after each delivered batch; a checkpoint of step ``s`` holds the position right after batch ``s``.
+
+Lightning is imported when this module is; ``import goodput`` never imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning.pytorch.strategies import DDPStrategy
+
+from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState, list_checkpoints
+from goodput.errors import CheckpointError, ConfigError
+from goodput.faults import FaultPlan, install_faults
+from goodput.integrations._faults import export as _export
+from goodput.integrations._faults import install_plan
+from goodput.integrations._tracked import TrackedLoader
+from goodput.ledger.exporters import MetricsExporter
+from goodput.ledger.ledger import Ledger
+
+__all__ = ["GoodputCallback", "GoodputCheckpointIO", "GoodputDDPStrategy"]
+
+RESUME_PATH = "goodput://latest"
+_LIGHTNING_KEYS = ("epoch", "global_step", "loops", "callbacks")
+
+
+class GoodputCheckpointIO(CheckpointIO):
+    """Lightning's ``CheckpointIO`` over goodput's checkpoint manager (see the module docstring).
+
+    Must be called on every rank (:class:`GoodputDDPStrategy` does; a single process needs nothing more). The
+    ``path`` Lightning passes is ignored: checkpoints live in ``config.root`` as goodput's ``step-N/`` folders,
+    and :data:`RESUME_PATH` restores the newest valid one.
+    """
+
+    def __init__(self, config: CheckpointConfig) -> None:
+        self.config = config
+        self._trainer: Any = None
+        self._loader: TrackedLoader | None = None
+        self._ledger: Ledger | None = None
+        self._manager: CheckpointManager | None = None
+
+    def attach(self, trainer: Any, loader: TrackedLoader | None, ledger: Ledger | None) -> None:
+        """Bind to the trainer whose live objects are saved (the callback does this in ``setup``)."""
+        self._trainer, self._loader, self._ledger = trainer, loader, ledger
+
+    @property
+    def manager(self) -> CheckpointManager:
+        """The checkpoint manager, built on first use (a collective: every rank gets here together)."""
+        if self._manager is None:
+            if self._trainer is None:
+                raise ConfigError(
+                    "GoodputCheckpointIO is not attached: add its GoodputCallback to the Trainer"
+                )
+            optimizers = list(self._trainer.optimizers)
+            schedulers = [c.scheduler for c in self._trainer.lr_scheduler_configs]
+            if len(optimizers) > 1 or len(schedulers) > 1:
+                raise ConfigError("GoodputCheckpointIO supports one optimizer and at most one LR scheduler")
+            state = TrainingState(
+                model=self._trainer.lightning_module,
+                optimizer=optimizers[0] if optimizers else None,
+                scheduler=schedulers[0] if schedulers else None,
+                loader=self._loader,
+            )
+            on_event = self._ledger.on_event if self._ledger is not None else None
+            self._manager = CheckpointManager(self.config, state, on_event=on_event)
+        return self._manager
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        """Save the live state as the checkpoint's ``global_step`` (Lightning's non-tensor progress as JSON)."""
+        manager = self.manager
+        step = int(checkpoint["global_step"])
+        manager.state.extras = {"lightning": _json_part(checkpoint)}
+        manager.save(step)
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Restore the newest valid checkpoint into the live objects; return Lightning's view of it."""
+        if str(path) != RESUME_PATH:
+            raise ConfigError(
+                f"GoodputCheckpointIO restores {RESUME_PATH!r} (goodput_cb.resume_path), not {path!r}"
+            )
+        manager = self.manager
+        if self._ledger is not None:
+            self._ledger.restore_start()
+        step = manager.restore_latest()
+        if self._ledger is not None:
+            self._ledger.restore_end(step)
+        if step is None:
+            raise CheckpointError(
+                f"no valid checkpoint under {self.config.root} (every one failed verification)"
+            )
+        trainer, saved = self._trainer, manager.state.extras.get("lightning", {})
+        return {
+            **saved,
+            "pytorch-lightning_version": pl.__version__,
+            "state_dict": trainer.lightning_module.state_dict(),
+            "optimizer_states": [o.state_dict() for o in trainer.optimizers],
+            "lr_schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
+        }
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """Nothing: goodput's retention (``keep_last``, ``keep_every``) removes old checkpoints."""
+
+    def teardown(self) -> None:
+        """Wait until the last save is durable and release the manager's groups."""
+        if self._manager is not None:
+            manager, self._manager = self._manager, None
+            manager.close()
+
+
+class GoodputDDPStrategy(DDPStrategy):
+    """DDP whose checkpoint saves run on every rank, as goodput's collective checkpoint manager needs."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        self.checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        self.checkpoint_io.remove_checkpoint(filepath)
+
+
+class GoodputCallback(pl.Callback):
+    """Ledger, fault plan, save policy and exactly-once data for a Lightning ``fit`` (see the module docstring).
+
+    Args:
+        run_dir: the run folder (ledger, fault markers). None: ``$GOODPUT_RUN_DIR`` (set by ``goodput launch``).
+        checkpoint: where, how and how often to save (default: ``dcp`` every 100 steps under
+            ``run_dir/checkpoints``).
+        loader: a :class:`~goodput.data.ResumableLoader`; pass ``goodput_cb.loader`` to ``fit``.
+        exporters: receive each step's live goodput and fetch time (e.g. ``PrometheusExporter``).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | None = None,
+        *,
+        checkpoint: CheckpointConfig | None = None,
+        loader: Any = None,
+        exporters: Sequence[MetricsExporter] = (),
+    ) -> None:
+        run_dir = run_dir or os.environ.get("GOODPUT_RUN_DIR")
+        if not run_dir:
+            raise ConfigError("GoodputCallback needs a run folder: pass run_dir or set GOODPUT_RUN_DIR")
+        self.run_dir = run_dir
+        self.ledger = Ledger(run_dir)  # first, so the attempt's time counts from process start
+        config = checkpoint or CheckpointConfig(
+            root=os.path.join(run_dir, "checkpoints"), strategy="dcp", every=100
+        )
+        self.checkpoint_io = GoodputCheckpointIO(config)
+        self.loader = TrackedLoader(loader) if loader is not None else None
+        self._step = [0]
+        self._faults: FaultPlan | None = None
+        self._last_saved: int | None = None
+        self._max_steps = -1
+        self._exporters = list(exporters)
+
+    @property
+    def resume_path(self) -> str | None:
+        """``ckpt_path`` for ``fit``: :data:`RESUME_PATH` when a committed checkpoint exists, else None."""
+        config = self.checkpoint_io.config
+        rows = list_checkpoints(config.root, storage_options=config.storage_options)
+        return RESUME_PATH if any(r.status == "committed" for r in rows) else None
+
+    # ---- Lightning hooks ------------------------------------------------------------------------------
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        _check_strategy(trainer, self.checkpoint_io)
+        self.checkpoint_io.attach(trainer, self.loader, self.ledger)
+        self._faults = install_plan(
+            self.run_dir,
+            self.ledger,
+            rank=trainer.global_rank,
+            world_size=trainer.world_size,
+            step=self._step,
+        )
+        # goodput restores the loader itself; Lightning cannot see that and would warn it is not resumable
+        warnings.filterwarnings(
+            "ignore", message="You're resuming from a checkpoint that ended before the epoch"
+        )
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        manager = self.checkpoint_io.manager  # built now when no restore did it
+        step = int(trainer.global_step)
+        self._step[0], self._last_saved, self._max_steps = step, step, int(trainer.max_steps)
+        self.ledger.state_registered(["model", "optimizer", "data", "rng", "step", "lightning"])
+        self.ledger.on_event(
+            "checkpoint_config", strategy=manager.config.strategy, **_interval(manager.config)
+        )
+        self.ledger.init_done()
+        self.ledger.step_start(step + 1)
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = int(trainer.global_step)
+        self._step[0] = step
+        loss = _loss(outputs)
+        fetch = self.loader.take_wait() if self.loader is not None else 0.0
+        if self.loader is not None:
+            self.loader.trained += 1
+        self.ledger.step_end(step, fetch_seconds=fetch, loss=loss)
+        if self._exporters:
+            _export(self._exporters, step, self.ledger, fetch, loss)
+        if self._faults is not None:
+            self._faults.check(phase="step", step=step)
+        if self.checkpoint_io.manager.should_save(step):
+            self._save(trainer, step)
+        if self._max_steps < 0 or step < self._max_steps:
+            self.ledger.step_start(step + 1)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._last_saved != int(trainer.global_step):
+            self._save(trainer, int(trainer.global_step))
+        self.checkpoint_io.teardown()
+        self._finish("ok")
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._finish("failed")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the callback's state (data position, RNG) lives in goodput's checkpoint
+
+    # ---- internals ------------------------------------------------------------------------------------
+    def _save(self, trainer: Any, step: int) -> None:
+        trainer.save_checkpoint(f"{self.checkpoint_io.config.root}/step-{step}")
+        self._last_saved = step
+
+    def _finish(self, status: str) -> None:
+        for exporter in self._exporters:
+            exporter.close()
+        self.ledger.close(status)
+        install_faults(None)
+
+
+def _check_strategy(trainer: Any, io: GoodputCheckpointIO) -> None:
+    """Refuse set-ups where saves would bypass goodput, or run on rank 0 only (a collective would hang)."""
+    if trainer.strategy.checkpoint_io is not io:
+        raise ConfigError(
+            "the Trainer does not save through goodput: pass "
+            "strategy=GoodputDDPStrategy(checkpoint_io=goodput_cb.checkpoint_io) (one process: "
+            "plugins=[goodput_cb.checkpoint_io])"
+        )
+    if trainer.world_size > 1 and not isinstance(trainer.strategy, GoodputDDPStrategy):
+        raise ConfigError(
+            f"{type(trainer.strategy).__name__} saves on rank 0 only, but goodput saves on every rank: "
+            "use strategy=GoodputDDPStrategy(checkpoint_io=goodput_cb.checkpoint_io)"
+        )
+
+
+def _loss(outputs: Any) -> float | None:
+    value: Any = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    try:
+        return float(value.detach()) if hasattr(value, "detach") else None
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _interval(config: CheckpointConfig) -> dict[str, Any]:
+    if config.every_steps is not None:
+        return {"every_steps": config.every_steps}
+    if config.every_seconds is not None:
+        return {"interval_seconds": config.every_seconds}
+    return {}
+
+
+def _json_part(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Lightning's progress (epoch, step, loop counters, JSON-able callback states) as plain JSON values."""
+    part: dict[str, Any] = {}
+    for key in _LIGHTNING_KEYS:
+        if key not in checkpoint:
+            continue
+        value = checkpoint[key]
+        if key == "callbacks":
+            value = {name: s for name, s in value.items() if _is_json(s)}
+        elif not _is_json(value):
+            raise ConfigError(
+                f"Lightning's checkpoint entry {key!r} is not JSON-able; goodput cannot store it"
+            )
+        part[key] = value
+    return part
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        return json.loads(json.dumps(value)) == value
+    except (TypeError, ValueError):
+        return False

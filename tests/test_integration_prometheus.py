@@ -1,0 +1,77 @@
+"""The Prometheus exporter: scraped over HTTP on 127.0.0.1 in the middle of a real ``goodput.Run``."""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+
+import pytest
+import torch
+
+import goodput as gp
+from goodput.testing import free_port
+
+pytest.importorskip("prometheus_client")
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from goodput.integrations.prometheus import PrometheusExporter
+
+
+def _scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def test_scrape_while_a_run_trains(tmp_path: os.PathLike[str]) -> None:
+    run_dir = str(tmp_path)
+    port = free_port()
+    exporter = PrometheusExporter(run_dir, port=port, refresh_seconds=0)
+    assert exporter.url == f"http://127.0.0.1:{port}/metrics"
+    config = gp.CheckpointConfig(root=os.path.join(run_dir, "ckpt"), strategy="torch_save", every=10)
+    run = gp.Run(
+        run_dir, checkpoint=config, total_steps=30, hang_timeout=None, progress=False, exporters=[exporter]
+    )
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = gp.ResumableLoader(torch.randn(64, 4), batch_size=4, seed=0)
+    run.restore(model=model, optimizer=opt, loader=loader)
+    scraped = None
+    for batch in run.batches(loader):
+        model(batch).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        run.step_done()
+        if run.step == 25:
+            run.ledger.flush()  # the exporter accounts from the ledger file
+            scraped = _scrape(exporter.url)
+    run.close()
+    assert scraped is not None
+    assert scraped["goodput_step"][()] == 25
+    assert scraped["goodput_last_durable_step"][()] == 20
+    assert 0 <= scraped["goodput_seconds_since_durable"][()] < 600
+    assert 0 < scraped["goodput_live_ratio"][()] <= 1
+    assert 0 < scraped["goodput_run_ratio"][()] <= 1 and scraped["goodput_restarts"][()] == 0
+    assert scraped["goodput_fetch_seconds_p95"][()] >= 0 and scraped["goodput_step_seconds"][()] > 0
+    badput = {dict(labels)["category"]: v for labels, v in scraped["goodput_badput_seconds"].items()}
+    assert "productive" not in badput and badput["checkpoint_stall"] > 0 and badput["init"] > 0
+    with pytest.raises(OSError):  # closed with the run: nothing listens any more
+        _scrape(f"http://127.0.0.1:{port}/metrics")
+
+
+def test_only_rank_0_serves_and_a_taken_port_is_a_clear_error(tmp_path: os.PathLike[str]) -> None:
+    other = PrometheusExporter(str(tmp_path), port=free_port(), rank=1)
+    assert other.url is None
+    other.log(1, {"goodput": 0.5})
+    other.close()
+    first = PrometheusExporter(str(tmp_path), port=0)
+    try:
+        with pytest.raises(gp.ConfigError, match=f"cannot listen on 127.0.0.1:{first.port}"):
+            PrometheusExporter(str(tmp_path), port=first.port)
+    finally:
+        first.close()
