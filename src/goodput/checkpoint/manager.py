@@ -216,8 +216,13 @@ class CheckpointManager:
             completion = _raiser(OSError(error))
         else:
             try:
+                fault_point("checkpoint_begin", step)  # this rank enters the save; its peers may be inside
                 completion = self._strategy.save(self.state, folder, self._ctx)
-            except _FAILURES as err:
+            except CheckpointException as err:  # DCP raises its failures on every rank alike
+                completion = _raiser(err)
+            except Exception as err:
+                if self.world_size > 1:
+                    raise self._alone(step, err) from err
                 completion = _raiser(err)
         fault_point("checkpoint_write", step)  # written (or staged), not committed
         if self._strategy.is_async:
@@ -226,6 +231,20 @@ class CheckpointManager:
             self._inflight = self._finisher.submit(self._finish, step, folder, completion, start, stall)
             return SaveResult(step, self.config.strategy, stall)
         return self._finish(step, folder, completion, start, None)
+
+    def _alone(self, step: int, err: Exception) -> CheckpointError:
+        """A failure of this rank alone inside a strategy's save: its peers may be waiting for it inside a
+        collective it will never join (DCP's planning), and carrying on would pair its next collective with
+        theirs. Nothing can bring the ranks back in step, so the error ends this attempt: the process exits,
+        torchrun stops its peers at once and restarts the job (instead of every peer waiting for the hang
+        watchdog). The previous checkpoint is untouched; the step folder is cleaned up as a partial save."""
+        error = f"rank {self.rank}: {_describe(err)}"
+        self._emit("checkpoint_failed", step=step, error=error)
+        self._emit("checkpoint_stall", phase="end", step=step, seconds=0.0)
+        return CheckpointError(
+            f"saving step {step} failed on {error} before the other ranks' collectives could finish; "
+            "ending this attempt so that the job restarts (the previous checkpoint is untouched)"
+        )
 
     def _finish(
         self, step: int, folder: str, completion: Completion, start: float, stall: float | None

@@ -16,6 +16,7 @@ do not count against this one.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -26,6 +27,7 @@ from types import TracebackType
 from typing import Any
 
 from goodput.errors import ConfigError, CrashLoop, FingerprintMismatch, StateMismatch
+from goodput.run.launch import EXIT_FATAL
 
 __all__ = [
     "FATAL_ERRORS",
@@ -48,6 +50,8 @@ FATAL_FILE = "FATAL"
 PREEMPTED_FILE = "PREEMPTED"
 PIDS_DIR = "pids"
 LOGS_DIR = "logs"
+
+EXIT_USAGE = 2  # a user's mistake, as on the command line
 
 # Errors a restart cannot fix: the same configuration or the same checkpoint fails again in every attempt.
 FATAL_ERRORS: tuple[type[BaseException], ...] = (ConfigError, StateMismatch, FingerprintMismatch)
@@ -121,11 +125,20 @@ def install_error_report(rank: int) -> None:
                 write_marker(FATAL_FILE, f"rank {rank}: {line}", exclusive=True)
         if isinstance(err, (*FATAL_ERRORS, CrashLoop)):
             if launch_dir() is None:  # under goodput launch, the launcher prints the one line
-                print(f"goodput: rank {rank}: {line}", file=sys.stderr)
+                print(f"goodput: rank {rank}: {line}", file=sys.stderr, flush=True)
+                _exit_now(EXIT_USAGE if isinstance(err, ConfigError) else EXIT_FATAL)
             return
         previous(kind, err, tb)
 
     sys.excepthook = hook
+
+
+def _exit_now(code: int) -> None:
+    """Exit with ``code`` from an excepthook (which cannot set the status): finish atexit work (the ledger's
+    last flush) first."""
+    atexit._run_exitfuncs()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _record_error_file(message: str, callstack: str) -> None:

@@ -24,6 +24,7 @@ instead (see ``goodput.distributed``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 
 from goodput.errors import ConfigError
@@ -90,6 +91,8 @@ class LaunchConfig:
             raise ConfigError(f"--crash-loop must be >= 1, got {self.crash_loop}")
         if self.nnodes != "1" and self.rdzv_endpoint is None:
             raise ConfigError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT shared by every node")
+        if self.run_dir is not None and os.path.exists(self.run_dir) and not os.path.isdir(self.run_dir):
+            raise ConfigError(f"--run-dir {self.run_dir!r} is a file; pass a folder")
         if self.grace <= 0:
             raise ConfigError(f"--grace must be > 0 seconds, got {self.grace}")
         from goodput.run.signals import parse_signal
