@@ -125,7 +125,8 @@ def install_error_report(rank: int) -> None:
                 write_marker(FATAL_FILE, f"rank {rank}: {line}", exclusive=True)
         if isinstance(err, (*FATAL_ERRORS, CrashLoop)):
             if launch_dir() is None:  # under goodput launch, the launcher prints the one line
-                print(f"goodput: rank {rank}: {line}", file=sys.stderr, flush=True)
+                # sys.__stderr__: torch's own excepthook (init_process_group's) captures sys.stderr around ours.
+                print(f"goodput: rank {rank}: {line}", file=sys.__stderr__ or sys.stderr, flush=True)
                 _exit_now(EXIT_USAGE if isinstance(err, ConfigError) else EXIT_FATAL)
             return
         previous(kind, err, tb)
@@ -137,7 +138,6 @@ def _exit_now(code: int) -> None:
     """Exit with ``code`` from an excepthook (which cannot set the status): finish atexit work (the ledger's
     last flush) first."""
     atexit._run_exitfuncs()
-    sys.stderr.flush()
     os._exit(code)
 
 
