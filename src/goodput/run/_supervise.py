@@ -10,8 +10,9 @@ what the workers report in the launch folder (see ``goodput.run._launchdir``) an
   end everything and return 128 + the signal); a second signal ends everything at once.
 
 Ending the job: torchrun is killed first (so it neither restarts workers nor prints a traceback), then every
-remaining descendant gets SIGTERM and, after a few seconds, SIGKILL. The launcher is a child subreaper, so
-workers whose torchrun died are still its descendants; no process of the job outlives it.
+remaining process of the job gets SIGTERM and, after a few seconds, SIGKILL. The launcher is a child subreaper,
+so workers whose torchrun died are still its descendants; it remembers the job's processes (torchrun's
+descendants, read every poll) and ends only those, so several launches in one process (tests) stay apart.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from typing import Any
@@ -46,7 +48,7 @@ from goodput.run.launch import (
     LaunchConfig,
     torchrun_command,
 )
-from goodput.run.signals import PREEMPT_SIGNAL_ENV, become_subreaper, descendants, parse_signal, reap_children
+from goodput.run.signals import PREEMPT_SIGNAL_ENV, become_subreaper, descendants, parse_signal
 
 __all__ = ["Supervisor"]
 
@@ -63,6 +65,7 @@ class Supervisor:
         self.preempt_signal = parse_signal(config.preempt_signal)
         self._signals: list[int] = []
         self._forwarded: set[tuple[str, int]] = set()
+        self._family: set[int] = set()  # every process of this job seen so far (torchrun's descendants)
         self.folder = ""
 
     def run(self) -> int:
@@ -70,7 +73,9 @@ class Supervisor:
         temporary = self._make_folder()
         become_subreaper()
         caught = (signal.SIGTERM, signal.SIGINT, self.preempt_signal)
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in caught}
+        # Signals reach the main thread only; a launch run from another thread (tests) does without them.
+        main = threading.current_thread() is threading.main_thread()
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in caught} if main else {}
         proc: subprocess.Popen[bytes] | None = None
         try:
             log_dir = os.path.join(self.folder, LOGS_DIR)
@@ -115,6 +120,9 @@ class Supervisor:
     def _supervise(self, proc: subprocess.Popen[bytes]) -> int:
         deadline: float | None = None
         while True:
+            # Learn the job's processes while torchrun is alive: once it dies they are orphans, re-parented to
+            # this (subreaper) process, and only this list tells them from other children of the process.
+            self._family.update(descendants(proc.pid))
             with contextlib.suppress(subprocess.TimeoutExpired):
                 status = proc.wait(timeout=_POLL)
                 return self._verdict(status)
@@ -179,25 +187,37 @@ class Supervisor:
         return status
 
     def _end_job(self, proc: subprocess.Popen[bytes] | None) -> None:
-        """Kill torchrun, then end every remaining descendant (SIGTERM, then SIGKILL)."""
+        """Kill torchrun, then end every remaining process of the job (SIGTERM, then SIGKILL)."""
         if proc is not None and proc.poll() is None:
+            self._family.update(descendants(proc.pid))
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             proc.wait()
-        left = descendants(os.getpid())
+        left = self._alive()
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pid in left:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
             end = time.monotonic() + _TERM_WAIT
             while left and time.monotonic() < end:
-                reap_children()
-                left = descendants(os.getpid())
-                if left:
-                    time.sleep(_POLL)
+                time.sleep(_POLL)
+                left = self._alive()
             if not left:
-                break
-        reap_children()
+                return
+
+    def _alive(self) -> list[int]:
+        """The job's processes still alive (reaping those re-parented to this process)."""
+        mine = descendants(os.getpid())
+        self._family.update(p for q in self._family if q in mine for p in descendants(q))
+        alive = []
+        for pid in sorted(self._family):
+            if pid not in mine:  # gone, or a reused pid that is no longer ours
+                continue
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    continue  # an orphan of the job that just ended: reaped
+            alive.append(pid)
+        return alive
 
     def _say(self, text: str) -> None:
         print(f"goodput launch: {text}", file=sys.stderr, flush=True)

@@ -19,9 +19,9 @@ flag (any rank that saw the signal) and the next check step, chosen by rank 0 so
 most ``check_seconds`` plus one step between the signal and the agreed save, far inside a scheduler's grace
 period. A single process checks its flag at every step, for free.
 
-The launcher side (``kill_tree``, ``descendants``, ``become_subreaper``) makes sure that no process of the job
-outlives ``goodput launch``: the launcher becomes a child subreaper (Linux), so workers orphaned by a dying
-torchrun are re-parented to it and can still be found and ended.
+The launcher side (``descendants``, ``become_subreaper``, used by ``goodput.run._supervise``) makes sure that no
+process of the job outlives ``goodput launch``: the launcher becomes a child subreaper (Linux), so workers
+orphaned by a dying torchrun are re-parented to it and can still be found and ended.
 """
 
 from __future__ import annotations
@@ -186,24 +186,3 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo += _children(child)
     return out
-
-
-def kill_tree(sig: int = signal.SIGKILL) -> list[int]:
-    """Send ``sig`` to every descendant of this process; returns their pids."""
-    pids = descendants(os.getpid())
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-    return pids
-
-
-def reap_children() -> None:
-    """Collect the exit status of re-parented orphans (a subreaper must, or they stay zombies).
-
-    Call it only after the launcher's own child (torchrun) was waited for: it reaps any child.
-    """
-    with contextlib.suppress(ChildProcessError):
-        while True:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                return
