@@ -222,7 +222,7 @@ class CheckpointManager:
                 completion = _raiser(err)
             except Exception as err:
                 if self.world_size > 1:
-                    raise self._alone(step, err) from err
+                    raise self._alone(step, err, self._clock() - start) from err
                 completion = _raiser(err)
         fault_point("checkpoint_write", step)  # written (or staged), not committed
         if self._strategy.is_async:
@@ -232,15 +232,13 @@ class CheckpointManager:
             return SaveResult(step, self.config.strategy, stall)
         return self._finish(step, folder, completion, start, None)
 
-    def _alone(self, step: int, err: Exception) -> CheckpointError:
-        """A failure of this rank alone inside a strategy's save: its peers may be waiting for it inside a
-        collective it will never join (DCP's planning), and carrying on would pair its next collective with
-        theirs. Nothing can bring the ranks back in step, so the error ends this attempt: the process exits,
-        torchrun stops its peers at once and restarts the job (instead of every peer waiting for the hang
-        watchdog). The previous checkpoint is untouched; the step folder is cleaned up as a partial save."""
+    def _alone(self, step: int, err: Exception, seconds: float) -> CheckpointError:
+        """This rank failed alone in a save: its peers may wait in a collective it never joins (DCP's
+        planning). No step brings them back in line, so the error ends the attempt; torchrun stops the peers
+        at once and restarts the job (no wait for the hang watchdog). The previous checkpoint is untouched."""
         error = f"rank {self.rank}: {_describe(err)}"
         self._emit("checkpoint_failed", step=step, error=error)
-        self._emit("checkpoint_stall", phase="end", step=step, seconds=0.0)
+        self._emit("checkpoint_stall", phase="end", step=step, seconds=seconds)
         return CheckpointError(
             f"saving step {step} failed on {error} before the other ranks' collectives could finish; "
             "ending this attempt so that the job restarts (the previous checkpoint is untouched)"
