@@ -88,3 +88,20 @@ def test_kill_is_a_real_sigkill(tmp_path: os.PathLike[str]) -> None:
     assert proc.returncode == -signal.SIGKILL
     assert "survived" not in proc.stdout
     assert os.listdir(tmp_path) == ["0-rank0"]
+
+
+def test_a_plan_that_can_never_fire_is_refused_naming_the_fault() -> None:
+    from goodput.faults import check_plan
+
+    plan = parse_faults("kill@step=30,rank=1; raise@phase=checkpoint_write,step=90")
+    check_plan(plan, world_size=2, total_steps=100)  # every fault can fire
+    with pytest.raises(
+        ConfigError,
+        match=r"kill@step=30,rank=1 can never fire: rank 1 does not exist in a job of 1 rank \(ranks 0..0\)",
+    ):
+        check_plan(plan, world_size=1)
+    with pytest.raises(
+        ConfigError,
+        match=r"raise@phase=checkpoint_write,step=90 can never fire: step 90 is past the run's last step 50",
+    ):
+        check_plan(plan, total_steps=50)

@@ -95,6 +95,7 @@ if TYPE_CHECKING:
         Fault,
         FaultPlan,
         InjectedFault,
+        check_plan,
         fault_point,
         install_faults,
         parse_faults,
@@ -171,6 +172,9 @@ if TYPE_CHECKING:
     )
     from goodput.run.progress import (
         Progress,
+    )
+    from goodput.run.signals import (
+        PreemptionWatch,
     )
     from goodput.run.verify import (
         effective_samples,
@@ -265,6 +269,7 @@ _LAZY = {
     "FaultPlan": "goodput.faults",
     "InjectedFault": "goodput.faults",
     "PHASES": "goodput.faults",
+    "check_plan": "goodput.faults",
     "fault_point": "goodput.faults",
     "install_faults": "goodput.faults",
     "parse_faults": "goodput.faults",
@@ -293,6 +298,7 @@ _LAZY = {
     "waste_per_failure": "goodput.planning",
     "young_interval": "goodput.planning",
     "Progress": "goodput.run.progress",
+    "PreemptionWatch": "goodput.run.signals",
     "Advice": "goodput.ledger.report",
     "MeasuredModel": "goodput.ledger.report",
     "Prediction": "goodput.ledger.report",
@@ -367,6 +373,7 @@ __all__ = [
     "MetricsExporter",
     "PlanInputs",
     "Prediction",
+    "PreemptionWatch",
     "Progress",
     "RemoteCache",
     "Report",
@@ -396,6 +403,7 @@ __all__ = [
     "available_exporters",
     "build_report",
     "capture_rng",
+    "check_plan",
     "check_shapes",
     "daily_waste",
     "daly_expected_time",

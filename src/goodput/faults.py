@@ -10,7 +10,8 @@ A fault plan is a string, given on the command line (``--faults``) or in the env
     slow@step=10,seconds=2         sleep 2 s at step 10 (a straggler)
     kill@mtbf=60s,seed=3           SIGKILL one rank at random, exponential times with a 60 s mean per attempt
 
-Actions: ``kill``, ``raise``, ``hang``, ``slow``. Keys: ``step``, ``rank``, ``phase`` (one of ``PHASES``),
+``checkpoint_begin`` fires on a rank as it enters a save, before the strategy's collectives (a rank failing
+alone while its peers wait inside DCP). Actions: ``kill``, ``raise``, ``hang``, ``slow``. Keys: ``step``, ``rank``, ``phase`` (one of ``PHASES``),
 ``mtbf`` (a duration), ``seed``, ``seconds`` (for ``slow``), ``attempt`` (fire only in that attempt).
 
 A fault at a step or phase fires once per run and rank: before it acts it leaves a marker in
@@ -32,12 +33,22 @@ import numpy as np
 from goodput.errors import ConfigError, GoodputError
 from goodput.units import parse_duration
 
-__all__ = ["PHASES", "Fault", "FaultPlan", "InjectedFault", "fault_point", "install_faults", "parse_faults"]
+__all__ = [
+    "PHASES",
+    "Fault",
+    "FaultPlan",
+    "InjectedFault",
+    "check_plan",
+    "fault_point",
+    "install_faults",
+    "parse_faults",
+]
 
 ENV_VAR = "GOODPUT_FAULTS"
 ACTIONS = ("kill", "raise", "hang", "slow")
 PHASES = (
     "step",
+    "checkpoint_begin",
     "checkpoint_write",
     "async_upload",
     "checkpoint_purge",
@@ -118,6 +129,42 @@ def parse_faults(text: str) -> list[Fault]:
                 raise
             raise ConfigError(f"fault {part!r}: {err}") from None
     return faults
+
+
+def _describe(fault: Fault) -> str:
+    """The fault as it is written in a plan, e.g. ``kill@step=30,rank=1``."""
+    fields = [
+        f"{k}={getattr(fault, k)}" for k in ("step", "rank", "attempt") if getattr(fault, k) is not None
+    ]
+    if fault.phase != "step":
+        fields.insert(0, f"phase={fault.phase}")
+    if fault.mtbf is not None:
+        fields.insert(0, f"mtbf={fault.mtbf:g}s")
+    return f"{fault.action}@{','.join(fields)}"
+
+
+def check_plan(faults: list[Fault], *, world_size: int | None = None, total_steps: int | None = None) -> None:
+    """Refuse a plan with a fault that can never fire, before the run starts.
+
+    Args:
+        faults: the parsed plan.
+        world_size: the most ranks the job can have (None: unknown).
+        total_steps: the run's last step (None: unknown).
+
+    Raises:
+        ConfigError: naming the fault and why it cannot fire.
+    """
+    for fault in faults:
+        if world_size is not None and fault.rank is not None and fault.rank >= world_size:
+            raise ConfigError(
+                f"fault {_describe(fault)} can never fire: rank {fault.rank} does not exist in a job of "
+                f"{world_size} rank{'s' if world_size != 1 else ''} (ranks 0..{world_size - 1})"
+            )
+        if total_steps is not None and fault.step is not None and fault.step > total_steps:
+            raise ConfigError(
+                f"fault {_describe(fault)} can never fire: step {fault.step} is past the run's last step "
+                f"{total_steps}"
+            )
 
 
 def _seconds(text: str) -> float:

@@ -231,8 +231,13 @@ class CheckpointManager:
             completion = _raiser(OSError(error))
         else:
             try:
+                fault_point("checkpoint_begin", step)  # this rank enters the save; its peers may be inside
                 completion = self._strategy.save(self.state, folder, self._ctx)
-            except _FAILURES as err:
+            except CheckpointException as err:  # DCP raises its failures on every rank alike
+                completion = _raiser(err)
+            except Exception as err:
+                if self.world_size > 1:
+                    raise self._alone(step, err, self._clock() - start) from err
                 completion = _raiser(err)
         fault_point("checkpoint_write", step)  # written (or staged), not committed
         if self._strategy.is_async:
@@ -241,6 +246,18 @@ class CheckpointManager:
             self._inflight = self._finisher.submit(self._finish, step, folder, completion, start, stall)
             return SaveResult(step, self.config.strategy, stall)
         return self._finish(step, folder, completion, start, None)
+
+    def _alone(self, step: int, err: Exception, seconds: float) -> CheckpointError:
+        """This rank failed alone in a save: its peers may wait in a collective it never joins (DCP's
+        planning). No step brings them back in line, so the error ends the attempt; torchrun stops the peers
+        at once and restarts the job (no wait for the hang watchdog). The previous checkpoint is untouched."""
+        error = f"rank {self.rank}: {_describe(err)}"
+        self._emit("checkpoint_failed", step=step, error=error)
+        self._emit("checkpoint_stall", phase="end", step=step, seconds=seconds)
+        return CheckpointError(
+            f"saving step {step} failed on {error} before the other ranks' collectives could finish; "
+            "ending this attempt so that the job restarts (the previous checkpoint is untouched)"
+        )
 
     def _finish(
         self, step: int, folder: str, completion: Completion, start: float, stall: float | None

@@ -12,7 +12,17 @@ _EPILOG = """examples:
   goodput launch --nproc 8 --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29500 -- train.py
   goodput launch --nproc 2 --faults 'kill@step=30,rank=1' --run-dir runs/drill -- train.py
 
-exit status: the script's, or 3 when consecutive attempts made no progress (a crash loop)."""
+The run folder has one source: --run-dir is exported as GOODPUT_RUN_DIR, and a script whose Run() names
+another folder is stopped with one line. A run already complete trains nothing and says so (exit 0).
+
+Preemption: the first SIGTERM, SIGINT (Ctrl-C) or --preempt-signal makes every rank finish its step; the job
+saves one durable checkpoint within --grace seconds, prints where, and exits 75; run the same command to
+resume. A second signal stops everything at once. No process of the job outlives goodput launch.
+
+exit status: the script's; 3 when consecutive attempts of this launch made no progress (a crash loop; a new
+launch starts a new count); 75 after a preemption save (a scheduler may requeue); 78 when a rank raised an
+error a restart cannot fix (ConfigError, StateMismatch); 2 for a mistake in the command line.
+The last error of the failing rank is quoted from torch's error files (<run-dir>/launches/<launch>/logs)."""
 
 
 def register(sub: Any) -> None:
@@ -20,7 +30,8 @@ def register(sub: Any) -> None:
         "launch",
         help="run a training script under torchrun, restarting it on failure",
         description="A thin front over torchrun: restarts come from its elastic agent; multi-node through "
-        "its c10d rendezvous. goodput adds the run folder, fault injection and crash-loop detection.",
+        "its c10d rendezvous. goodput adds the run folder, fault injection, crash-loop detection, errors "
+        "that stop the job at once, and preemption with one agreed save.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -37,12 +48,24 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--crash-loop", type=int, default=3, help="attempts without progress that stop the job (default 3)"
     )
+    parser.add_argument(
+        "--preempt-signal",
+        default="USR1",
+        help="early-warning signal that starts a preemption save, besides SIGTERM and SIGINT (default USR1, "
+        "as in SLURM's --signal=USR1@90)",
+    )
+    parser.add_argument(
+        "--grace",
+        default="60s",
+        help="time from the first signal to save before everything is ended (default 60s)",
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- script.py and its arguments")
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from goodput.run.launch import LaunchConfig, launch_job
+    from goodput.units import parse_duration
 
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
     config = LaunchConfig(
@@ -56,5 +79,7 @@ def _run(args: argparse.Namespace) -> int:
         run_dir=args.run_dir,
         faults=args.faults,
         crash_loop=args.crash_loop,
+        preempt_signal=args.preempt_signal,
+        grace=parse_duration(args.grace, what="--grace"),
     )
     return launch_job(config)

@@ -31,6 +31,8 @@ Event schema (one JSON object per line)::
     state_registered         keys (list: model, optimizer, scheduler, data, rng, ...)
     cache_stats              epoch, hits, misses, bytes_downloaded, wait_seconds (this epoch's),
                              budget_bytes?, dataset_bytes?
+    preempted                step, signal, url     this rank saved ``step`` after a preemption signal and
+                             stops (attempt_end "interrupted"; tallied as a custom event by the report)
     failure_detected         reason, silent_seconds? (time since the last progress; default: since the
                              previous event)
     attempt_end              status ("ok", "failed", "interrupted"; "exited" when the process ended without

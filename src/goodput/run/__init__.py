@@ -1,5 +1,6 @@
 """The run and its launcher: ``Run`` wires checkpoints, data, ledger and faults into a user's loop;
-``launch`` is the front over torchrun; ``crashloop``, ``watchdog`` and ``progress`` watch the job;
+``launch`` is the front over torchrun; ``crashloop``, ``watchdog`` and ``progress`` watch the job; ``signals``
+turns a preemption signal into one agreed, durable save;
 ``verify`` compares two runs' records.
 
 Names are imported on first use, so ``goodput launch`` does not import torch in the launcher process.
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     )
     from goodput.run.progress import Progress
     from goodput.run.run import Run
+    from goodput.run.signals import PreemptionWatch
     from goodput.run.verify import effective_samples, first_difference, read_run
     from goodput.run.watchdog import EXIT_HANG, Watchdog
 
@@ -35,6 +37,7 @@ _LAZY = {
     "torchrun_command": "goodput.run.launch",
     "Progress": "goodput.run.progress",
     "Run": "goodput.run.run",
+    "PreemptionWatch": "goodput.run.signals",
     "effective_samples": "goodput.run.verify",
     "first_difference": "goodput.run.verify",
     "read_run": "goodput.run.verify",
@@ -49,6 +52,7 @@ __all__ = [
     "EXIT_PREEMPTED",
     "CrashLoopDetector",
     "LaunchConfig",
+    "PreemptionWatch",
     "Progress",
     "Run",
     "Watchdog",

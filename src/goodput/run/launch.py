@@ -6,9 +6,13 @@ goodput adds three things around torchrun and re-implements none of it:
   (``GOODPUT_RUN_DIR``, ``GOODPUT_FAULTS``, ``GOODPUT_CRASH_LOOP``), so they work on every node and rank;
 * single-node jobs use torchrun's ``--standalone`` c10d rendezvous on a free local port; multi-node jobs pass
   ``--nnodes``/``--node-rank``/``--rdzv-endpoint``/``--rdzv-id`` through to torchrun's c10d rendezvous;
-* crash-loop detection: the workers' ``Run`` writes ``CRASH_LOOP`` into the run folder when consecutive
-  attempts make no progress; the launcher then stops torchrun instead of burning the restart budget, prints
-  the reason and exits with ``EXIT_CRASH_LOOP``.
+* a launch folder (see ``goodput.run._launchdir``) where workers report a crash loop, an error a restart cannot
+  fix (``ConfigError``, ``StateMismatch``, ``FingerprintMismatch``) and a preemption save; the launcher stops
+  torchrun at once instead of burning the restart budget, prints one line (quoting the failing rank's last
+  error, read from torch's per-worker error files) and exits with ``EXIT_CRASH_LOOP`` or ``EXIT_FATAL``;
+* preemption (``goodput.run.signals``): the first SIGTERM, SIGINT or ``--preempt-signal`` makes every rank
+  finish its step and the job save once within ``--grace`` seconds, then exit with ``EXIT_PREEMPTED``; a
+  second one stops everything at once. Whatever happens, no process of the job outlives the launcher.
 
 Reliable restarts with gloo need a store without the dead attempt's keys. The launcher sets
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, so every rendezvous round gets a fresh store hosted by the new rank 0
@@ -19,16 +23,11 @@ instead (see ``goodput.distributed``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import signal
-import subprocess
 import sys
-import threading
 
 from goodput.errors import ConfigError
-from goodput.run.crashloop import CRASH_LOOP_FILE
 
 __all__ = [
     "EXIT_CRASH_LOOP",
@@ -62,6 +61,9 @@ class LaunchConfig:
         faults: a fault plan (see goodput.faults), exported as ``GOODPUT_FAULTS``.
         crash_loop: consecutive attempts without progress that count as a crash loop.
         monitor_interval: seconds between torchrun's checks of its workers.
+        preempt_signal: the early-warning signal (besides SIGTERM and SIGINT) that starts a preemption save,
+            e.g. ``"USR1"`` for SLURM's ``--signal=USR1@90``; the launcher forwards it to every rank.
+        grace: seconds from the first signal for the preemption save before everything is ended.
     """
 
     script: tuple[str, ...]
@@ -75,6 +77,8 @@ class LaunchConfig:
     faults: str = ""
     crash_loop: int = 3
     monitor_interval: float = 0.1
+    preempt_signal: str = "USR1"
+    grace: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.script:
@@ -87,15 +91,33 @@ class LaunchConfig:
             raise ConfigError(f"--crash-loop must be >= 1, got {self.crash_loop}")
         if self.nnodes != "1" and self.rdzv_endpoint is None:
             raise ConfigError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT shared by every node")
+        if self.run_dir is not None and os.path.exists(self.run_dir) and not os.path.isdir(self.run_dir):
+            raise ConfigError(f"--run-dir {self.run_dir!r} is a file; pass a folder")
+        if self.grace <= 0:
+            raise ConfigError(f"--grace must be > 0 seconds, got {self.grace}")
+        from goodput.run.signals import parse_signal
+
+        parse_signal(self.preempt_signal)
         if self.faults:
-            from goodput.faults import parse_faults
+            from goodput.faults import check_plan, parse_faults
 
-            parse_faults(self.faults)  # fail here, once, rather than in every worker
+            # Fail here, once, rather than in every worker; a fault that can never fire is refused too.
+            check_plan(parse_faults(self.faults), world_size=self.max_world_size)
+
+    @property
+    def max_world_size(self) -> int:
+        """The most ranks this launch can have (``nproc`` x the largest ``nnodes``)."""
+        nodes = self.nnodes.rsplit(":", 1)[-1]
+        if not nodes.isdigit() or int(nodes) < 1:
+            raise ConfigError(f"--nnodes must be N or MIN:MAX with whole numbers >= 1, got {self.nnodes!r}")
+        return self.nproc * int(nodes)
 
 
-def torchrun_command(config: LaunchConfig) -> list[str]:
+def torchrun_command(config: LaunchConfig, *, log_dir: str | None = None) -> list[str]:
     """The torchrun command line for a launch (``python -m torch.distributed.run ...``)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={config.nproc}"]
+    if log_dir is not None:
+        cmd.append(f"--log-dir={log_dir}")  # where torch's per-worker error files land
     host = None if config.rdzv_endpoint is None else config.rdzv_endpoint.rsplit(":", 1)[0]
     if host in (None, "127.0.0.1", "localhost"):
         # A job on this machine only: keep every connection on the loopback address (torchrun would
@@ -117,42 +139,7 @@ def torchrun_command(config: LaunchConfig) -> list[str]:
 
 
 def launch_job(config: LaunchConfig) -> int:
-    """Run torchrun for ``config`` and return its exit status (``EXIT_CRASH_LOOP`` on a crash loop)."""
-    env = dict(os.environ)
-    if config.run_dir is not None:
-        os.makedirs(config.run_dir, exist_ok=True)
-        # A verdict from an earlier launch of the same run does not stop this one.
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(config.run_dir, CRASH_LOOP_FILE))
-        env["GOODPUT_RUN_DIR"] = os.path.abspath(config.run_dir)
-    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    env["GOODPUT_FAULTS"] = config.faults
-    env["GOODPUT_CRASH_LOOP"] = str(config.crash_loop)
-    proc = subprocess.Popen(torchrun_command(config), env=env, start_new_session=True)
-    crash_loop = threading.Event()
-    watcher = None
-    if config.run_dir is not None:
-        marker = os.path.join(config.run_dir, CRASH_LOOP_FILE)
-        watcher = threading.Thread(target=_watch, args=(proc, marker, crash_loop), daemon=True)
-        watcher.start()
-    try:
-        status = proc.wait()
-    except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGTERM)
-        status = proc.wait()
-    if crash_loop.is_set() and config.run_dir is not None:
-        with open(os.path.join(config.run_dir, CRASH_LOOP_FILE)) as f:
-            print(f"goodput launch: crash loop: {f.read().strip()}", file=sys.stderr)
-        return EXIT_CRASH_LOOP
-    return status
+    """Run torchrun for ``config``; returns its exit status, or one of the EXIT_* codes (see the module)."""
+    from goodput.run._supervise import Supervisor
 
-
-def _watch(proc: subprocess.Popen[bytes], marker: str, found: threading.Event) -> None:
-    # torchrun offers no hook to stop restarting, so watch for the workers' verdict while it runs.
-    while proc.poll() is None:
-        if os.path.exists(marker):
-            found.set()
-            os.killpg(proc.pid, signal.SIGTERM)
-            return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.2)
+    return Supervisor(config).run()

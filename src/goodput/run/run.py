@@ -26,13 +26,16 @@ from typing import Any
 from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
 from goodput.distributed import init_distributed
 from goodput.errors import ConfigError, DataError
-from goodput.faults import Fault, FaultPlan, install_faults, parse_faults
+from goodput.faults import Fault, FaultPlan, check_plan, install_faults, parse_faults
 from goodput.ledger.accounting import account
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.run._cachestats import CacheStatsRecorder
+from goodput.run._launchdir import install_error_report, register_pid
+from goodput.run._runhooks import already_complete, resolve_run_dir, single_process_group, stop_preempted
 from goodput.run.crashloop import CrashLoopDetector
 from goodput.run.progress import Progress
+from goodput.run.signals import PreemptionWatch
 from goodput.run.watchdog import Watchdog
 
 __all__ = ["Run"]
@@ -45,7 +48,8 @@ class Run:
 
     Args:
         run_dir: the run folder (local): ledger, attempt records, fault markers, and by default the
-            checkpoints. None: ``$GOODPUT_RUN_DIR`` (set by ``goodput launch``).
+            checkpoints. None: ``$GOODPUT_RUN_DIR`` (set by ``goodput launch --run-dir``). A run has one
+            folder: a different one here than the launcher's is a ConfigError.
         checkpoint: where, how and how often to checkpoint (default: ``dcp_async`` every ``auto`` interval
             under ``run_dir/checkpoints``).
         total_steps: the run's length, for the progress line and ``batches()``.
@@ -57,6 +61,11 @@ class Run:
         progress: draw the progress line on rank 0.
         exporters: receive each step's live goodput, fetch time and loss (e.g. ``PrometheusExporter``); closed
             with the run.
+
+    Preemption: the signal ``$GOODPUT_PREEMPT_SIGNAL`` (USR1 by default; ``goodput launch`` forwards SIGTERM
+    and SIGINT as it) makes every rank finish its step, agree on the step (``goodput.run.signals``), save it
+    durably and exit (0 under ``goodput launch``, which then exits ``EXIT_PREEMPTED``; else EXIT_PREEMPTED).
+    Without torchrun (``python train.py``) Run is a single rank with no process group.
     """
 
     def __init__(
@@ -72,20 +81,23 @@ class Run:
         progress: bool = True,
         exporters: Sequence[MetricsExporter] = (),
     ) -> None:
-        run_dir = run_dir or os.environ.get(RUN_DIR_ENV)
-        if not run_dir:
-            raise ConfigError(f"Run needs a run folder: pass run_dir or set {RUN_DIR_ENV}")
+        install_error_report(int(os.environ.get("RANK", "0")))
+        run_dir = resolve_run_dir(run_dir)
         if total_steps is not None and total_steps < 1:
             raise ConfigError(f"total_steps must be >= 1, got {total_steps}")
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.info = init_distributed(backend)
-        self._owns_group = self.info.world_size > 1
+        self._owns_group = single_process_group(backend) or self.info.world_size > 1
+        self._preempt = PreemptionWatch(rank=self.info.rank, world_size=self.info.world_size)
+        register_pid(self.info.rank)
         self.ledger = Ledger(run_dir, rank=self.info.rank)
         self.attempt = self.ledger.attempt
         plan_text = faults if faults is not None else os.environ.get("GOODPUT_FAULTS", "")
+        plan = parse_faults(plan_text)
+        check_plan(plan, world_size=self.info.world_size, total_steps=total_steps)
         self.faults = FaultPlan(
-            parse_faults(plan_text),
+            plan,
             rank=self.info.rank,
             world_size=self.info.world_size,
             attempt=self.attempt,
@@ -156,6 +168,8 @@ class Run:
             self._crash.start(step)
         self.step = step or 0
         self._last_saved = step
+        self._preempt.start(self.step)
+        already_complete(self)
         self.ledger.init_done()
         if self._progress_on or self._exporters:
             self._progress = Progress(
@@ -214,6 +228,8 @@ class Run:
         if self._progress is not None:
             self._progress.update(self.step, loss=loss, fetch_seconds=fetch)
         self.faults.check(phase="step", step=self.step)
+        if self._preempt.should_stop(self.step):
+            stop_preempted(self, self._preempt.requested or "a signal")
         if manager.should_save(self.step):
             self.save()
 
@@ -227,6 +243,9 @@ class Run:
 
     def close(self) -> None:
         """Save the final step if it is not saved yet, wait until it is durable, and end the attempt."""
+        self._close("ok")
+
+    def _close(self, status: str) -> None:
         if self._closed:
             return
         self._closed = True
@@ -241,7 +260,7 @@ class Run:
             if self._cache_stats is not None:
                 self._cache_stats.record()
         finally:
-            self._shutdown("ok")
+            self._shutdown(status)
 
     def _shutdown(self, status: str) -> None:
         if self._progress is not None:
@@ -249,6 +268,7 @@ class Run:
         self.ledger.close(status)
         if self.watchdog is not None:
             self.watchdog.close()
+        self._preempt.close()
         install_faults(None)
         if self._owns_group:
             import torch.distributed as dist

@@ -1,0 +1,175 @@
+"""The launch folder: how a launch's workers tell ``goodput launch`` what happened.
+
+``goodput launch`` makes one folder per launch (``<run_dir>/launches/<time>-<pid>/`` with ``--run-dir``, so it
+stays in the run's history; a temporary one without) and exports it as ``$GOODPUT_LAUNCH_DIR``. Workers drop
+small files there, and the launcher, which watches the folder while torchrun runs, acts on them:
+
+    CRASH_LOOP        the crash-loop verdict (rank 0): stop torchrun, exit EXIT_CRASH_LOOP
+    FATAL             "rank R: Type: message" of an error a restart cannot fix: stop, exit EXIT_FATAL
+    PREEMPTED         JSON {step, url, run_dir} of the checkpoint saved after a preemption signal (rank 0)
+    pids/rank-R       the pid of rank R's process, written once its preemption handler is installed
+    logs/             torchrun's ``--log-dir``: each worker's ``error.json`` (torch's error-file mechanism)
+
+The launch id (``$GOODPUT_LAUNCH_ID``) names the launch in crash-loop records, so attempts of earlier launches
+do not count against this one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from types import TracebackType
+from typing import Any
+
+from goodput.errors import ConfigError, CrashLoop, FingerprintMismatch, StateMismatch
+from goodput.run.launch import EXIT_FATAL
+
+__all__ = [
+    "FATAL_ERRORS",
+    "FATAL_FILE",
+    "LAUNCH_DIR_ENV",
+    "LAUNCH_ID_ENV",
+    "PREEMPTED_FILE",
+    "install_error_report",
+    "last_error",
+    "launch_dir",
+    "launch_id",
+    "read_marker",
+    "register_pid",
+    "write_marker",
+]
+
+LAUNCH_DIR_ENV = "GOODPUT_LAUNCH_DIR"
+LAUNCH_ID_ENV = "GOODPUT_LAUNCH_ID"
+FATAL_FILE = "FATAL"
+PREEMPTED_FILE = "PREEMPTED"
+PIDS_DIR = "pids"
+LOGS_DIR = "logs"
+
+EXIT_USAGE = 2  # a user's mistake, as on the command line
+
+# Errors a restart cannot fix: the same configuration or the same checkpoint fails again in every attempt.
+FATAL_ERRORS: tuple[type[BaseException], ...] = (ConfigError, StateMismatch, FingerprintMismatch)
+
+
+def launch_dir() -> str | None:
+    """This process's launch folder (None when not started by ``goodput launch``)."""
+    return os.environ.get(LAUNCH_DIR_ENV) or None
+
+
+def launch_id() -> str:
+    """This launch's id: goodput launch's, else torchrun's run id (a fresh one per ``--standalone`` start)."""
+    return os.environ.get(LAUNCH_ID_ENV) or os.environ.get("TORCHELASTIC_RUN_ID", "")
+
+
+def write_marker(name: str, content: str | dict[str, Any], *, exclusive: bool = False) -> bool:
+    """Write ``name`` into the launch folder atomically; False when there is none (or, exclusive, it exists)."""
+    folder = launch_dir()
+    if folder is None:
+        return False
+    path = os.path.join(folder, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if exclusive and os.path.exists(path):
+        return False
+    text = content if isinstance(content, str) else json.dumps(content)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text + "\n")
+    if exclusive:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+        return True
+    os.replace(tmp, path)
+    return True
+
+
+def read_marker(folder: str, name: str) -> str | None:
+    """The text of a marker in ``folder`` (None when absent)."""
+    try:
+        with open(os.path.join(folder, name)) as f:
+            return f.read().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def register_pid(rank: int) -> None:
+    """Tell the launcher which process is ``rank`` (it forwards the preemption signal there)."""
+    write_marker(os.path.join(PIDS_DIR, f"rank-{rank}"), str(os.getpid()))
+
+
+def install_error_report(rank: int) -> None:
+    """Report this process's uncaught exception: to torch's error file (``$TORCHELASTIC_ERROR_FILE``, which
+    torchrun and ``goodput launch`` read), and, for an error a restart cannot fix, as the launch's ``FATAL``.
+
+    goodput's own errors that a user acts on (``FATAL_ERRORS``, ``CrashLoop``) print one line, not a traceback.
+    """
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], err: BaseException, tb: TracebackType | None) -> None:
+        line = f"{kind.__name__}: {err}".splitlines()[0] if str(err) else kind.__name__
+        with contextlib.suppress(Exception):
+            if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
+                _record_error_file(line, "".join(traceback.format_exception(kind, err, tb)))
+        if isinstance(err, FATAL_ERRORS):
+            with contextlib.suppress(OSError):
+                write_marker(FATAL_FILE, f"rank {rank}: {line}", exclusive=True)
+        if isinstance(err, (*FATAL_ERRORS, CrashLoop)):
+            if launch_dir() is None:  # under goodput launch, the launcher prints the one line
+                # sys.__stderr__: torch's own excepthook (init_process_group's) captures sys.stderr around ours.
+                print(f"goodput: rank {rank}: {line}", file=sys.__stderr__ or sys.stderr, flush=True)
+                _exit_now(EXIT_USAGE if isinstance(err, ConfigError) else EXIT_FATAL)
+            return
+        previous(kind, err, tb)
+
+    sys.excepthook = hook
+
+
+def _exit_now(code: int) -> None:
+    """Exit with ``code`` from an excepthook (which cannot set the status): finish atexit work (the ledger's
+    last flush) first."""
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
+def _record_error_file(message: str, callstack: str) -> None:
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):  # a script's own @record wrote it already
+        return
+    data = {
+        "message": {
+            "message": message,
+            "extraInfo": {"py_callstack": callstack, "timestamp": str(int(time.time()))},
+        }
+    }
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def last_error(folder: str) -> str | None:
+    """The newest error any worker of this launch recorded in torch's error files: ``local rank R: line``."""
+    newest: tuple[float, str] | None = None
+    for root, _dirs, files in os.walk(os.path.join(folder, LOGS_DIR)):
+        if "error.json" not in files:
+            continue
+        path = os.path.join(root, "error.json")
+        try:
+            with open(path) as f:
+                message = json.load(f)["message"]
+            stamp = os.path.getmtime(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        text = message["message"] if isinstance(message, dict) else str(message)
+        lines = [ln for ln in str(text).splitlines() if ln.strip()]
+        if lines and (newest is None or stamp >= newest[0]):
+            newest = (stamp, f"local rank {os.path.basename(root)}: {lines[0].strip()}")
+    return None if newest is None else newest[1]

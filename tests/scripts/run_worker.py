@@ -1,0 +1,59 @@
+"""A training script written like the README's loop (DDP over a tiny model), for launch and preemption tests.
+
+goodput launch --nproc 2 --run-dir DIR -- tests/scripts/run_worker.py [--steps N] [--step-seconds S]
+    [--strategy dcp_async] [--every 1000] [--broken FILE] [--run-dir DIR]
+python tests/scripts/run_worker.py --run-dir DIR        (one rank, no torchrun)
+
+--broken FILE: while FILE exists, every attempt raises right after restoring (a crash loop until it is fixed).
+--fatal: raise a ConfigError after restoring (a restart cannot fix it).
+"""
+
+import argparse
+import os
+import time
+
+import torch
+
+import goodput as gp
+from goodput.errors import ConfigError
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=20)
+p.add_argument("--step-seconds", type=float, default=0.0)
+p.add_argument("--strategy", default="dcp")
+p.add_argument("--every", type=int, default=1000)
+p.add_argument("--broken", default=None)
+p.add_argument("--fatal", action="store_true")
+p.add_argument("--run-dir", default=None)
+p.add_argument("--hang-timeout", type=float, default=120.0)
+args = p.parse_args()
+
+torch.manual_seed(0)
+run = gp.Run(args.run_dir, total_steps=args.steps, hang_timeout=args.hang_timeout, progress=False)
+run.config = gp.CheckpointConfig(  # under the run folder, wherever it came from
+    root=os.path.join(run.run_dir, "checkpoints"), strategy=args.strategy, every=args.every
+)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = torch.arange(64 * 4, dtype=torch.float32).reshape(64, 4) / 256
+loader = gp.ResumableLoader(data, batch_size=2, seed=0, drop_last=True)
+start = run.restore(model=model, optimizer=opt, loader=loader)
+if args.broken and os.path.exists(args.broken):
+    raise RuntimeError(f"broken input: {args.broken} exists")
+if args.fatal:
+    raise ConfigError("the learning rate schedule needs warmup_steps < total_steps")
+for batch in run.batches(loader):
+    loss = model(batch).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    if args.step_seconds:
+        time.sleep(args.step_seconds)  # a step that takes this long (the job's pace, not a synchronisation)
+    run.step_done(loss=loss.item())
+    if run.step == 3 and run.info.rank == 0:
+        with open(os.path.join(run.run_dir, "training"), "w") as f:
+            f.write(str(os.getpid()))  # tests wait for this before signalling
+run.close()
+if run.info.rank == 0:
+    with open(os.path.join(run.run_dir, "finished"), "w") as f:
+        f.write(str(run.step))
