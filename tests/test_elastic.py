@@ -9,9 +9,7 @@ many batches as the world that trained it, and the loss continues where it was i
 
 from __future__ import annotations
 
-import json
 import os
-from collections import defaultdict
 
 import numpy as np
 import pytest
@@ -19,29 +17,11 @@ import pytest
 from goodput.data import EpochOrder, ShardedDataset
 from goodput.demo.verify_train import prepare_data, train
 from goodput.ledger import read_events
+from tests._elastic import BATCH, effective_steps
 
 pytestmark = pytest.mark.slow
 
-STEPS, EVERY, BATCH = 18, 3, 16
-
-
-def _effective_steps(run_dir: str) -> dict[int, list[dict]]:
-    """Step -> the records (one per rank) of the last attempt that trained it."""
-    records: dict[int, list[dict]] = defaultdict(list)
-    folder = os.path.join(run_dir, "samples")
-    for name in os.listdir(folder):
-        with open(os.path.join(folder, name)) as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line torn by the SIGKILL
-                records[record["step"]].append({**record, "rank": name})
-    effective = {}
-    for step, rows in records.items():
-        last = max(r["attempt"] for r in rows)
-        effective[step] = [r for r in rows if r["attempt"] == last]
-    return effective
+STEPS, EVERY = 18, 3
 
 
 @pytest.mark.parametrize("strategy", ["dcp_async", "torch_save"])
@@ -67,7 +47,7 @@ def test_two_to_one_to_two_ranks_trains_every_sample_once(strategy: str, tmp_pat
     )  # each launch resumed the other world's save
     assert [worlds[a] for a, _ in restored] == [2, 1, 2]
 
-    steps = _effective_steps(run_dir)
+    steps = effective_steps(run_dir)
     assert sorted(steps) == list(range(1, STEPS + 1))
     trained: list[int] = []
     for step in range(1, STEPS + 1):
