@@ -94,3 +94,17 @@ def test_global_batch_size_is_split_over_ranks_or_refused() -> None:
         ResumableLoader(_data.Squares(40), batch_size=4, global_batch_size=8)
     with pytest.raises(ConfigError, match="exactly one of batch_size"):
         ResumableLoader(_data.Squares(40))
+
+
+def test_a_changed_global_batch_is_said_not_silent(caplog: pytest.LogCaptureFixture) -> None:
+    two = ResumableLoader(_data.Squares(40), batch_size=4, rank=0, world_size=2)
+    next(iter(two))
+    saved = two.state_dict()
+    with caplog.at_level("WARNING", logger="goodput.data.loader"):
+        ResumableLoader(_data.Squares(40), batch_size=4, rank=0, world_size=1).load_state_dict(saved)
+    assert "saved by 2 ranks on 1: a step now takes 1 x 4 = 4 samples" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="goodput.data.loader"):
+        kept = ResumableLoader(_data.Squares(40), global_batch_size=8, rank=0, world_size=1)
+        kept.load_state_dict(saved)
+    assert caplog.text == "" and len(next(iter(kept))) == 8

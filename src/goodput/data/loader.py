@@ -44,6 +44,7 @@ stream (dropout, ``torch.rand``) is exactly the uninterrupted run's.
 
 from __future__ import annotations
 
+import logging
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -58,6 +59,8 @@ from goodput.data.sampler import BatchPlan, ResumableSampler
 from goodput.errors import ConfigError
 
 __all__ = ["FetchTimes", "LoaderConfig", "ResumableLoader"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,6 +274,7 @@ class ResumableLoader:
 
         rank, world_size = _rank_and_world(rank, world_size)
         batch_size = _per_rank_batch(batch_size, global_batch_size, world_size)
+        self._global_batch = global_batch_size
         self.config = LoaderConfig(
             batch_size=batch_size,
             seed=seed,
@@ -366,6 +370,14 @@ class ResumableLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved position (before iterating); see :meth:`ResumableSampler.load_state_dict`."""
         self.sampler.load_state_dict(state)
+        saved = state.get("world_size")
+        if self._global_batch is None and saved != self.sampler.world_size:
+            batch = self.sampler.batch_size
+            log.warning(
+                "resuming a data position saved by %s ranks on %d: a step now takes %d x %d = %d samples "
+                "(pass global_batch_size= to keep the global batch fixed)",
+                saved, self.sampler.world_size, self.sampler.world_size, batch, self.sampler.world_size * batch,
+            )  # fmt: skip
 
 
 def _per_rank_batch(batch_size: int | None, global_batch_size: int | None, world_size: int) -> int:
