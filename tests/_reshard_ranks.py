@@ -33,7 +33,7 @@ def _job(rank: int, world: int, wrap: str, seed: int) -> Job:
     return job
 
 
-def _observe(job: Job, manager: CheckpointManager, restored: int | None) -> dict[str, Any]:
+def _observe(job: Job, restored: int | None) -> dict[str, Any]:
     return {"restored": restored, "step": job.state.step, "snap": job.snapshot(), "draws": next_draws()}
 
 
@@ -46,13 +46,13 @@ def phase(rank: int, world: int, root: str, cases: list[tuple[str, str]], restor
         config = CheckpointConfig(root=f"{root}/{strategy}-{wrap}", strategy=strategy, every=1, keep_last=2)
         manager = CheckpointManager(config, job.state)
         loaded = manager.restore_latest() if restore else None
-        got = _observe(job, manager, loaded) if restore else None
+        got = _observe(job, loaded) if restore else None
         start = job.state.step
         for step in range(start + 1, start + 3):
             job.step()
             job.state.step = step
         manager.save(start + 2)
         manager.wait()
-        out[f"{strategy}-{wrap}"] = {"restore": got, "saved": _observe(job, manager, None)}
+        out[f"{strategy}-{wrap}"] = {"restore": got, "saved": _observe(job, None)}
         manager.close()
     return out
