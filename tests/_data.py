@@ -105,3 +105,20 @@ def ids(batch: torch.Tensor) -> list[int]:
 def keep(batch: object) -> object:
     """A collate function that returns what the dataset gave."""
     return batch
+
+
+class WorkerSeed(Squares):
+    """Sample is [index, the loading worker's seed] (-1 in the main process)."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = torch.utils.data.get_worker_info()
+        return torch.tensor([i, info.seed if info is not None else -1])
+
+
+class Augmented(Squares):
+    """Worker-side random augmentation from the per-sample generator: sample is [index, noise1, noise2]."""
+
+    def get_seeded(self, index: int, seed: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed)
+        noise = torch.rand(2, generator=g, dtype=torch.float64)
+        return torch.cat([torch.tensor([float(index)], dtype=torch.float64), noise])

@@ -57,6 +57,8 @@ def test_ten_sigkills_change_nothing(reference: tuple[str, str], tmp_path: os.Pa
     fired = os.listdir(os.path.join(run_dir, "faults"))
     assert len(fired) >= 8, fired  # phase faults whose phase never came again may stay unfired
     assert first_difference(read_run(clean), read_run(run_dir)) is None
+    draws = read_run(run_dir)["draws"]  # dropout and worker-side augmentation were compared at every step
+    assert isinstance(draws, dict) and all(len(d) == STEPS and None not in d.values() for d in draws.values())
     _assert_restores_were_durable(run_dir)
     acc = load_report(run_dir).accounting
     assert acc.restarts >= 9

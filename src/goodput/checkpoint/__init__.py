@@ -17,7 +17,7 @@ from goodput.checkpoint.layout import (
 )
 from goodput.checkpoint.manager import CheckpointManager, SaveResult
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
-from goodput.checkpoint.rng import capture_rng, restore_rng
+from goodput.checkpoint.rng import capture_rng, rank_seed, restore_rng, seed_new_rank
 from goodput.checkpoint.state import LoaderState, TrainingState, check_shapes, tensor_shapes
 from goodput.checkpoint.strategy import STRATEGIES, SaveContext, SaveStrategy, make_strategy
 
@@ -43,6 +43,8 @@ __all__ = [
     "check_shapes",
     "list_checkpoints",
     "make_strategy",
+    "rank_seed",
     "restore_rng",
+    "seed_new_rank",
     "tensor_shapes",
 ]

@@ -164,7 +164,7 @@ def load_dcp(state: TrainingState, folder: str, ctx: SaveContext) -> None:
     """Read a DCP checkpoint into ``state``, refusing one whose tensors do not fit (StateMismatch)."""
     reader = make_reader(folder, ctx)
     metadata = reader.read_metadata()
-    target = state.state_dict()
+    target = state.load_target(metadata.state_dict_metadata.keys())  # any world size: see TrainingState
     saved = {
         key: tuple(md.size)
         for key, md in metadata.state_dict_metadata.items()

@@ -395,8 +395,7 @@ class CheckpointManager:
         next older one is tried.
 
         Raises:
-            StateMismatch: the newest valid checkpoint does not fit the model/optimizer (names key and shapes),
-                or was saved by a different number of ranks.
+            StateMismatch: the newest valid checkpoint does not fit the model/optimizer (names key and shapes).
         """
         self._check_open()
         _quiet_single_process()
@@ -440,10 +439,9 @@ class CheckpointManager:
             log.warning("skipping checkpoint step %d: %s", step, verdict[1])
             return False
         manifest: Manifest = verdict[1]
-        if manifest.world_size != self.world_size and manifest.strategy != "torch_save":
-            raise StateMismatch(
-                f"{url} was saved by {manifest.world_size} ranks; this run has {self.world_size}"
-                " (per-rank RNG and data positions cannot be mapped)"
+        if manifest.world_size != self.world_size:  # resharded by the strategy; see TrainingState
+            log.info(
+                "restoring step %d saved by %d ranks onto %d", step, manifest.world_size, self.world_size
             )
         mine: tuple[str, str] = ("ok", "")
         try:

@@ -3,6 +3,11 @@
 The captured state is a small JSON-able dict (python ``random``, numpy's global generator, torch's CPU
 generator and every CUDA device's), so it can travel through a checkpoint without pickling and be restored by
 ``torch.load(weights_only=True)`` or plain JSON.
+
+A rank that the saving run did not have (a job resumed on more ranks) has no saved state to restore; its RNGs
+are seeded by :func:`seed_new_rank` from :func:`rank_seed` ``(seed, rank, step)``: a pure function of the run's
+seed, the rank and the restored step, so a rank that joins at the same step of the same run always draws the
+same streams, and two new ranks never share one.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["capture_rng", "restore_rng"]
+__all__ = ["capture_rng", "rank_seed", "restore_rng", "seed_new_rank"]
+
+_M64 = (1 << 64) - 1
 
 
 def _b64(t: torch.Tensor) -> str:
@@ -49,3 +56,37 @@ def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(_unb64(state["torch"]))
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([_unb64(s) for s in state["cuda"]])
+
+
+def _splitmix(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def rank_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of a new rank's RNGs: splitmix64 over (seed, rank, step), a non-negative int below 2**63.
+
+    Args:
+        seed: the run's seed (``TrainingState(seed=...)``, else the data loader's seed, else 0).
+        rank: the new rank.
+        step: the step the run resumes from.
+    """
+    acc = 0x6E6577_72616E6B  # "newrank": keeps these seeds apart from other uses of the same triple
+    for part in (seed, rank, step):
+        acc = _splitmix(acc ^ (int(part) & _M64))
+    return acc >> 1
+
+
+def seed_new_rank(seed: int, rank: int, step: int) -> int:
+    """Seed python's, numpy's and torch's (CPU and every CUDA device's) generators from :func:`rank_seed`.
+
+    Returns:
+        The seed used (python and torch get it whole, numpy its low 32 bits).
+    """
+    value = rank_seed(seed, rank, step)
+    random.seed(value)
+    np.random.seed(value & 0xFFFFFFFF)
+    torch.manual_seed(value)  # also seeds every CUDA device
+    return value

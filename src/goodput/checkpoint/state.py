@@ -7,19 +7,26 @@ Layout of the state dict (constant keys):
 - ``meta``: a JSON string with step, samples/tokens seen and the user's extras (the same on every rank);
 - ``rank<r>``: a JSON string with rank r's RNG states and data-loader position. DCP hands a non-tensor value
   saved under one key by every rank back as ONE rank's value, so per-rank values live under per-rank keys.
+
+Restoring on another world size: the model and optimizer are resharded (DCP) or loaded whole on every rank
+(``torch_save``); scheduler, step and extras are shared. A rank that exists in both runs gets its own RNG states
+back. A rank the saving run did not have takes the data position from ``rank0`` (positions are global, the same
+on every rank) and seeds its RNGs by :func:`~goodput.checkpoint.rng.rank_seed` ``(seed, rank, step)``, where
+``seed`` is ``TrainingState(seed=...)``, else the ``seed`` of the saved data position, else 0. Entries of ranks
+this run does not have are not read.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
-from goodput.checkpoint.rng import capture_rng, restore_rng
+from goodput.checkpoint.rng import capture_rng, restore_rng, seed_new_rank
 from goodput.errors import StateMismatch
 
 __all__ = ["LoaderState", "TrainingState", "check_shapes", "tensor_shapes"]
@@ -51,6 +58,7 @@ class TrainingState(Stateful):
         scaler: a ``torch.amp.GradScaler``, if any.
         loader: any object with ``state_dict()``/``load_state_dict()`` over JSON-able dicts (per rank).
         extras: user values (JSON-able), restored into ``extras``.
+        seed: the run's seed, for the RNGs of ranks added on resume (None: the data position's seed, else 0).
     """
 
     def __init__(
@@ -62,8 +70,10 @@ class TrainingState(Stateful):
         scaler: Any = None,
         loader: LoaderState | None = None,
         extras: dict[str, Any] | None = None,
+        seed: int | None = None,
     ) -> None:
         self.model = model
+        self.seed = seed
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.scaler = scaler
@@ -80,10 +90,22 @@ class TrainingState(Stateful):
         sd[f"rank{_rank()}"] = self.rank_state()
         return sd
 
+    def load_target(self, saved_keys: Collection[str]) -> dict[str, Any]:
+        """The state dict for DCP to fill from a checkpoint whose top-level keys are ``saved_keys``.
+
+        It asks for this rank's own entry when the saving run had this rank, else for rank 0's (a rank added
+        on resume: only its data position is used).
+        """
+        sd = self.state_dict()
+        mine = f"rank{_rank()}"
+        if mine not in saved_keys and "rank0" in saved_keys:
+            sd["rank0"] = sd.pop(mine)
+        return sd
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state dict produced by :meth:`state_dict` (after DCP filled it in place)."""
+        """Load a state dict produced by :meth:`state_dict` or :meth:`load_target` (after DCP filled it)."""
         self._load_shared(state_dict, full=False)
-        self.load_rank_state(state_dict[f"rank{_rank()}"])
+        self._load_rank_entry(state_dict)
 
     # ---- the full form (torch_save) ----------------------------------------------------------------------
     def full_state_dict(self, group: Any = None) -> dict[str, Any]:
@@ -105,10 +127,18 @@ class TrainingState(Stateful):
     def load_full_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load a complete state (every rank holds the whole dict, e.g. from ``torch.load``)."""
         self._load_shared(dict(state_dict), full=True)
+        self._load_rank_entry(state_dict)
+
+    def _load_rank_entry(self, state_dict: Mapping[str, Any]) -> None:
+        """This rank's own entry; for a rank the saving run did not have, rank 0's position and seeded RNGs."""
         key = f"rank{_rank()}"
-        if key not in state_dict:
-            raise StateMismatch(f"the checkpoint holds no state for rank {_rank()} (saved with fewer ranks)")
-        self.load_rank_state(state_dict[key])
+        if key in state_dict:
+            self.load_rank_state(state_dict[key])
+            return
+        if "rank0" not in state_dict:
+            raise StateMismatch(f"the checkpoint holds no per-rank state (no {key}, no rank0)")
+        self.load_rank_state(state_dict["rank0"], rng=False)
+        seed_new_rank(self._rng_seed(state_dict["rank0"]), _rank(), self.step)
 
     # ---- parts --------------------------------------------------------------------------------------------
     def rank_state(self) -> str:
@@ -119,13 +149,23 @@ class TrainingState(Stateful):
         except TypeError as err:
             raise TypeError(f"loader.state_dict() must return JSON-able values: {err}") from None
 
-    def load_rank_state(self, text: str) -> None:
+    def load_rank_state(self, text: str, *, rng: bool = True) -> None:
+        """Restore an entry made by :meth:`rank_state` (``rng=False``: only the data position)."""
         entry = json.loads(text)
-        restore_rng(entry["rng"])
+        if rng:
+            restore_rng(entry["rng"])
         if self.loader is not None:
             if entry["loader"] is None:
                 raise StateMismatch("the checkpoint holds no data-loader position, but a loader was given")
             self.loader.load_state_dict(entry["loader"])
+
+    def _rng_seed(self, rank0_text: str) -> int:
+        """The seed for a new rank's RNGs: ours, else the saved data position's, else 0."""
+        if self.seed is not None:
+            return int(self.seed)
+        loader = json.loads(rank0_text).get("loader")
+        seed = loader.get("seed") if isinstance(loader, dict) else None
+        return seed if isinstance(seed, int) and seed >= 0 else 0
 
     def _shared(self, *, full: bool) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import (

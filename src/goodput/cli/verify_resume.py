@@ -11,8 +11,9 @@ from typing import Any
 __all__ = ["register"]
 
 _EPILOG = """what it compares: the final model and optimizer state (sha256 of every tensor) and, for every rank
-and step, the samples trained, between an uninterrupted run and one killed KILLS times at random steps and
-inside checkpoint writes, async uploads and restores. Deterministic settings: torch deterministic
+and step, the samples trained and the step's random draws (the batch after random augmentation in the data
+workers, the loss's bits, which depend on dropout), between an uninterrupted run and one killed KILLS times at
+random steps and inside checkpoint writes, async uploads and restores. Deterministic settings: torch deterministic
 algorithms, one thread per rank (torchrun), seeded order and init; CPU/gloo or CUDA/NCCL.
 
 exit status: 0 identical, 1 different (the first difference is printed), 2 bad arguments."""
@@ -70,5 +71,6 @@ def _run(args: argparse.Namespace) -> int:
         print(f"DIFFERENT: {difference}")
         return 1
     restarts = len(os.listdir(os.path.join(work, "interrupted", "attempts"))) - 1
-    print(f"IDENTICAL: final model, optimizer and every step's samples match after {restarts} restarts")
+    what = "final model, optimizer and every step's samples and random draws"
+    print(f"IDENTICAL: {what} match after {restarts} restarts")
     return 0

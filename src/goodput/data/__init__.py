@@ -1,7 +1,8 @@
 """The resumable, overlapped data pipeline: exactly-once samples across crashes, workers and world sizes.
 
 ``order`` (pure: the sample order and its split over ranks), ``sampler`` (the data position), ``loader``
-(ResumableLoader over torch's DataLoader, fetch_seconds) and ``prefetch`` (DevicePrefetcher); ``cache`` (remote
+(ResumableLoader over torch's DataLoader, fetch_seconds), ``prefetch`` (DevicePrefetcher) and ``randomness``
+(per-sample generators, the loader's own generator); ``cache`` (remote
 storage through a local cache), ``shards`` (the sharded format, its writer and reader) and ``folder`` (one sample
 per file).
 """
@@ -13,6 +14,7 @@ from goodput.data.folder import FolderDataset
 from goodput.data.loader import FetchTimes, LoaderConfig, ResumableLoader
 from goodput.data.order import EpochOrder, rank_batch_count, rank_batch_range, sample_seed, sample_seeds
 from goodput.data.prefetch import DevicePrefetcher
+from goodput.data.randomness import loader_seed, sample_np_rng, sample_rng
 from goodput.data.sampler import BatchPlan, ResumableSampler
 from goodput.data.shards import ShardedDataset, ShardWriter, write_folder_shards, write_shards
 
@@ -29,8 +31,11 @@ __all__ = [
     "ResumableSampler",
     "ShardWriter",
     "ShardedDataset",
+    "loader_seed",
     "rank_batch_count",
     "rank_batch_range",
+    "sample_np_rng",
+    "sample_rng",
     "sample_seed",
     "sample_seeds",
     "write_folder_shards",

@@ -15,7 +15,8 @@ Batch sizes and world-size changes: ``batch_size`` is per rank; one step of ``W`
 ``W * batch_size`` samples of the epoch's order. Resuming on a different ``W`` continues from the same global
 position, so the global batch becomes ``W' * batch_size``; to keep a global batch ``G`` (e.g. for the
 learning-rate schedule) pass ``batch_size=G // W'``, which needs ``G`` divisible by every world size you resume
-on. Exactly-once needs nothing more: positions are counted in samples, not steps. No constraint ties the batch size to the dataset size: the
+on, or pass ``global_batch_size=G``, which refuses (ConfigError, before any work) a world size that does not
+divide ``G``. Exactly-once needs nothing more: positions are counted in samples, not steps. No constraint ties the batch size to the dataset size: the
 epoch's last, partial step is dropped with ``drop_last=True`` (at most ``W * batch_size - 1`` samples, as many
 as the world size at the end of the epoch decides) or, with ``drop_last=False`` (every sample exactly once),
 split over the ranks as evenly as possible. When fewer samples than ranks are left for that last step, the
@@ -26,7 +27,13 @@ Dataset hooks (all optional):
 
 * ``get_seeded(index, seed)``: called instead of ``dataset[index]`` with
   :func:`~goodput.data.order.sample_seed` ``(seed, epoch, index)``, for augmentations that must not depend on
-  workers, ranks or restarts.
+  workers, ranks or restarts (``torch.Generator().manual_seed(seed)`` is
+  :func:`~goodput.data.randomness.sample_rng` ``(index, epoch, seed)``).
+
+Randomness: the loader never draws from torch's global generator. Its DataLoader has a generator of its own,
+reseeded at the start of every iteration from :func:`~goodput.data.randomness.loader_seed` ``(seed, epoch,
+rank)``, so the workers' seeds are a pure function of those three and a resumed run's training-loop random
+stream (dropout, ``torch.rand``) is exactly the uninterrupted run's.
 * ``prefetch(indices)``: called from the main process with this rank's upcoming sample indices in exact order;
   the first call covers ``lookahead`` batches and each delivered batch adds the next one, so the calls
   concatenated are the rank's order from the resume point on.
@@ -37,6 +44,7 @@ Dataset hooks (all optional):
 
 from __future__ import annotations
 
+import logging
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -44,11 +52,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
+from goodput.data.randomness import loader_seed
 from goodput.data.sampler import BatchPlan, ResumableSampler
 from goodput.errors import ConfigError
 
 __all__ = ["FetchTimes", "LoaderConfig", "ResumableLoader"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,6 +201,10 @@ class _Iteration:
             ahead = [self.plan.indices(s) for s in range(min(self._lookahead, self.plan.count))]
             if ahead:
                 self._prefetch(np.concatenate(ahead).tolist())
+        # The DataLoader draws its workers' base seed from this generator, never from torch's global one.
+        loader.generator.manual_seed(
+            loader_seed(self._sampler.seed, self.plan.order.epoch, self._sampler.rank)
+        )
         self._batches: Iterator[Any] = iter(loader.dataloader)
 
     def pull(self) -> Any:
@@ -214,7 +230,10 @@ class ResumableLoader:
 
     Args:
         dataset: a map-style dataset (``__len__`` and ``__getitem__``), optionally with the hooks above.
-        batch_size, seed, shuffle, drop_last, num_workers, pin_memory, prefetch_factor, persistent_workers,
+        batch_size: samples per batch on each rank (or give ``global_batch_size``).
+        global_batch_size: samples per step over all ranks, kept on any world size: each rank takes
+            ``global_batch_size // world_size``; a world size that does not divide it is refused.
+        seed, shuffle, drop_last, num_workers, pin_memory, prefetch_factor, persistent_workers,
         shard_window, lookahead, allow_fingerprint_mismatch: see :class:`LoaderConfig`.
         collate_fn: DataLoader's collate function (None: torch's default).
         rank: this process's rank (None: from torch.distributed when initialised, else 0).
@@ -231,7 +250,8 @@ class ResumableLoader:
         self,
         dataset: Any,
         *,
-        batch_size: int,
+        batch_size: int | None = None,
+        global_batch_size: int | None = None,
         seed: int = 0,
         shuffle: bool = True,
         drop_last: bool = False,
@@ -252,6 +272,9 @@ class ResumableLoader:
     ) -> None:
         from torch.utils.data import DataLoader
 
+        rank, world_size = _rank_and_world(rank, world_size)
+        batch_size = _per_rank_batch(batch_size, global_batch_size, world_size)
+        self._global_batch = global_batch_size
         self.config = LoaderConfig(
             batch_size=batch_size,
             seed=seed,
@@ -267,7 +290,6 @@ class ResumableLoader:
         )
         self.dataset = dataset
         size = _dataset_size(dataset)
-        rank, world_size = _rank_and_world(rank, world_size)
         seeded = callable(getattr(dataset, "get_seeded", None))
         self.sampler = ResumableSampler(
             size,
@@ -284,6 +306,7 @@ class ResumableLoader:
             allow_fingerprint_mismatch=allow_fingerprint_mismatch,
         )
         self.fetch_seconds = FetchTimes()
+        self.generator = torch.Generator()  # reseeded from (seed, epoch, rank) by every iteration
         source: Any = _SeededView(dataset) if seeded else dataset
         self.dataloader = DataLoader(
             source,
@@ -296,6 +319,7 @@ class ResumableLoader:
             worker_init_fn=worker_init_fn,
             multiprocessing_context=multiprocessing_context,
             timeout=timeout,
+            generator=self.generator,
         )
 
     def __iter__(self) -> Iterator[Any]:
@@ -346,6 +370,32 @@ class ResumableLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved position (before iterating); see :meth:`ResumableSampler.load_state_dict`."""
         self.sampler.load_state_dict(state)
+        saved = state.get("world_size")
+        if self._global_batch is None and saved != self.sampler.world_size:
+            batch = self.sampler.batch_size
+            log.warning(
+                "resuming a data position saved by %s ranks on %d: a step now takes %d x %d = %d samples "
+                "(pass global_batch_size= to keep the global batch fixed)",
+                saved, self.sampler.world_size, self.sampler.world_size, batch, self.sampler.world_size * batch,
+            )  # fmt: skip
+
+
+def _per_rank_batch(batch_size: int | None, global_batch_size: int | None, world_size: int) -> int:
+    """The per-rank batch: ``batch_size``, or ``global_batch_size`` split evenly over the ranks."""
+    if (batch_size is None) == (global_batch_size is None):
+        raise ConfigError("give ResumableLoader exactly one of batch_size (per rank) and global_batch_size")
+    if global_batch_size is None:
+        assert batch_size is not None
+        return batch_size
+    _positive_int("global_batch_size", global_batch_size)
+    if global_batch_size % world_size:
+        fits = [w for w in range(1, min(global_batch_size, 64) + 1) if global_batch_size % w == 0]
+        raise ConfigError(
+            f"global_batch_size {global_batch_size} does not split over {world_size} ranks: run on a world size "
+            f"that divides it ({', '.join(map(str, fits[:8]))}{', ...' if len(fits) > 8 else ''}) "
+            "or change global_batch_size"
+        )
+    return global_batch_size // world_size
 
 
 def _dataset_size(dataset: Any) -> int:

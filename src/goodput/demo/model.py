@@ -1,4 +1,8 @@
-"""A small byte-level transformer language model (decoder-only, pre-norm), sized for a CPU demo."""
+"""A small byte-level transformer language model (decoder-only, pre-norm), sized for a CPU demo.
+
+It trains with dropout by default (attention and residual branches), so the demo and ``goodput verify-resume``
+show that random draws in the training step resume bit for bit.
+"""
 
 from __future__ import annotations
 
@@ -21,9 +25,11 @@ class ModelConfig:
     width: int = 128
     layers: int = 2
     heads: int = 4
-    dropout: float = 0.0
+    dropout: float = 0.1
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.width % self.heads:
             raise ValueError(f"width {self.width} must be a multiple of heads {self.heads}")
 
@@ -40,6 +46,7 @@ class _Block(nn.Module):
             nn.Linear(cfg.width, 4 * cfg.width), nn.GELU(), nn.Linear(4 * cfg.width, cfg.width)
         )
         self.dropout = cfg.dropout
+        self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
@@ -48,8 +55,8 @@ class _Block(nn.Module):
         q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
         p = self.dropout if self.training else 0.0
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
-        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp(self.norm2(x))
+        x = x + self.drop(self.proj(attn.transpose(1, 2).reshape(b, t, c)))
+        return x + self.drop(self.mlp(self.norm2(x)))
 
 
 class TinyLM(nn.Module):

@@ -6,7 +6,8 @@ Run by ``goodput demo`` and ``goodput verify-resume`` through torchrun; by hand:
         --data runs/x/data --steps 300
 
 Every rank logs the sample indices of each step it trains (``<run_dir>/samples/rank-<r>.jsonl``; a redone step
-is logged again), and rank 0 writes ``<run_dir>/final.json`` with hashes of the final model and optimizer
+is logged again, with rank 0's attempt number), with the step's random draws (``draws``: a hash of the
+augmented batch and the loss's bits, which depend on the dropout masks), and rank 0 writes ``<run_dir>/final.json`` with hashes of the final model and optimizer
 state, so two runs can be compared bit for bit.
 """
 
@@ -23,6 +24,7 @@ import torch
 
 from goodput.checkpoint import CheckpointConfig
 from goodput.data import CacheConfig, ResumableLoader, ShardedDataset
+from goodput.demo.augment import ByteNoise
 from goodput.demo.model import ModelConfig, TinyLM
 from goodput.run import Run
 
@@ -72,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--hang-timeout", type=float, default=120.0)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--dropout", type=float, default=0.1, help="the model's dropout (default 0.1)")
+    p.add_argument("--augment", type=float, default=0.02, help="byte-noise probability in the workers")
     return p.parse_args(argv)
 
 
@@ -99,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         progress=not args.no_progress,
     )
     torch.manual_seed(args.seed)
-    inner = TinyLM(ModelConfig())
+    inner = TinyLM(ModelConfig(dropout=args.dropout))
     model: torch.nn.Module = inner
     if run.info.world_size > 1:
         model = torch.nn.parallel.DistributedDataParallel(inner)
@@ -113,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
         budget_bytes=args.cache_budget,
         prefetch_bytes=min(args.cache_budget, 8 << 20),
     )
-    dataset = ShardedDataset(args.data, decode=decode, cache=cache)
+    shards = ShardedDataset(args.data, decode=decode, cache=cache)
+    dataset: Any = ByteNoise(shards, args.augment) if args.augment > 0 else shards
     loader = ResumableLoader(
         dataset,
         batch_size=args.batch_size,
@@ -125,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     run.restore(model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
     os.makedirs(os.path.join(run_dir, "samples"), exist_ok=True)
     log_path = os.path.join(run_dir, "samples", f"rank-{run.info.rank}.jsonl")
+    attempt = _rank0_attempt(run)
     with open(log_path, "a", buffering=1) as samples_log:
         for indices, tokens in run.batches(loader):
             loss = _loss(model, tokens)
@@ -132,7 +138,9 @@ def main(argv: list[str] | None = None) -> None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
-            samples_log.write(json.dumps({"step": run.step + 1, "samples": indices}) + "\n")
+            draws = [hashlib.sha256(tokens.numpy().tobytes()).hexdigest()[:16], float(loss.detach()).hex()]
+            record = {"step": run.step + 1, "samples": indices, "attempt": attempt, "draws": draws}
+            samples_log.write(json.dumps(record) + "\n")
             run.step_done(loss=float(loss.detach()))
     run.close()
     dataset.close()  # stop the cache's prefetch threads before the interpreter exits
@@ -144,6 +152,16 @@ def main(argv: list[str] | None = None) -> None:
         }
         with open(os.path.join(run_dir, "final.json"), "w") as f:
             json.dump(final, f)
+
+
+def _rank0_attempt(run: Run) -> int:
+    """Rank 0's attempt number (it grows over restarts and relaunches, whatever the world size)."""
+    box = [run.attempt]
+    if run.info.world_size > 1:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(box, src=0)
+    return int(box[0])
 
 
 def _loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:

@@ -75,7 +75,7 @@ def train(
         f"--every={every}",
         f"--strategy={strategy}",
         f"--seed={seed}",
-        "--workers=0",
+        "--workers=1",  # worker-side augmentation
         "--no-progress",
         f"--hang-timeout={hang_timeout}",
     )

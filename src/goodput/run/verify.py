@@ -2,7 +2,7 @@
 
 Pure comparisons over what the demo's training script leaves in its run folder: ``final.json`` (hashes of the
 final model and optimizer state) and ``samples/rank-<r>.jsonl`` (the sample ids of every step a rank trained,
-a redone step logged again). The *effective* sample sequence keeps, for each step, the last time it was
+a redone step logged again, with the step's random ``draws`` when the script logs them). The *effective* sample sequence keeps, for each step, the last time it was
 trained: the one whose result survived.
 """
 
@@ -27,16 +27,30 @@ def effective_samples(lines: Iterable[str]) -> dict[int, list[int]]:
     return steps
 
 
+def _effective_draws(lines: Iterable[str]) -> dict[int, object]:
+    """Step -> the random draws logged the last time that step was trained (None when not logged)."""
+    steps: dict[int, object] = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        steps[int(record["step"])] = record.get("draws")
+    return steps
+
+
 def read_run(run_dir: str) -> dict[str, object]:
-    """The final hashes and the per-rank effective sample sequences of a finished run."""
+    """The final hashes and the per-rank effective sample sequences (and draws) of a finished run."""
     with open(os.path.join(run_dir, "final.json")) as f:
         final = json.load(f)
     folder = os.path.join(run_dir, "samples")
-    ranks = {}
+    ranks, draws = {}, {}
     for name in sorted(os.listdir(folder)):
         with open(os.path.join(folder, name)) as f:
-            ranks[name.removesuffix(".jsonl")] = effective_samples(f)
-    return {"final": final, "samples": ranks}
+            lines = f.readlines()
+        ranks[name.removesuffix(".jsonl")] = effective_samples(lines)
+        draws[name.removesuffix(".jsonl")] = _effective_draws(lines)
+    return {"final": final, "samples": ranks, "draws": draws}
 
 
 def first_difference(reference: dict[str, object], other: dict[str, object]) -> str | None:
@@ -57,5 +71,14 @@ def first_difference(reference: dict[str, object], other: dict[str, object]) -> 
                 return (
                     f"{rank} step {step} trained samples {got_steps.get(step)} "
                     f"where the uninterrupted run trained {ref_steps.get(step)}"
+                )
+    ref_draws, got_draws = reference.get("draws", {}), other.get("draws", {})
+    assert isinstance(ref_draws, dict) and isinstance(got_draws, dict)
+    for rank in sorted(set(ref_draws) & set(got_draws)):
+        for step in sorted(ref_draws[rank]):
+            if ref_draws[rank][step] != got_draws[rank].get(step):
+                return (
+                    f"{rank} step {step} drew {got_draws[rank].get(step)} (batch hash, loss bits) "
+                    f"where the uninterrupted run drew {ref_draws[rank][step]}"
                 )
     return None
