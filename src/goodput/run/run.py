@@ -31,6 +31,7 @@ from goodput.ledger.accounting import account
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.run.crashloop import CrashLoopDetector
 from goodput.run.progress import Progress
+from goodput.run.records import StepRecorder
 from goodput.run.watchdog import Watchdog
 
 __all__ = ["Run"]
@@ -101,6 +102,8 @@ class Run:
         self._last_saved: int | None = None
         self._closed = False
         self.step = 0
+        # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.run.records.
+        self._records = StepRecorder.from_env(run_dir, rank=self.info.rank, attempt=self.attempt)
 
     @property
     def manager(self) -> CheckpointManager:
@@ -190,6 +193,8 @@ class Run:
         self.step += 1
         fetch = getattr(self._loader, "last_fetch_seconds", 0.0) or 0.0
         self.ledger.step_end(self.step, fetch_seconds=fetch, loss=loss)
+        if self._records is not None:
+            self._records.step(self.step, loaders=(self._loader, manager.state.loader), loss=loss)
         if self.watchdog is not None:
             self.watchdog.beat()
         if self._crash is not None:
@@ -219,12 +224,16 @@ class Run:
                     self.save()
                 with self._phase("checkpoint_save"):
                     self._manager.close()
+                if self._records is not None:
+                    self._records.final(self._manager.state, self.step)
             if self._crash is not None:
                 self._crash.close()
         finally:
             self._shutdown("ok")
 
     def _shutdown(self, status: str) -> None:
+        if self._records is not None:
+            self._records.close()
         if self._progress is not None:
             self._progress.close()
         self.ledger.close(status)
