@@ -11,20 +11,24 @@ from typing import Any
 
 __all__ = ["register"]
 
-_EPILOG = """your script (after '--'): it runs twice under 'goodput launch' with GOODPUT_RECORDS=1, once
-uninterrupted and once killed KILLS times at random steps and inside checkpoint writes, async uploads and
-restores (drawn from where the first run saved). goodput.Run records every step's sample indices (from a
-ResumableLoader iterated through run.batches), loss (given to run.step_done) and random generator states,
-and at run.close() a digest of every piece of the final state: model and optimizer tensors, scheduler,
-scaler, step, extras, RNG and data position. The first differing step and the first differing piece of
-final state are named, with the usual causes to check. The script must be deterministic: seed random, numpy
-and torch, torch.use_deterministic_algorithms(True), a fixed thread count.
+_EPILOG = """what it compares: the final model and optimizer state (sha256 of every tensor) and, for every rank
+and step, the samples trained, between an uninterrupted run and one killed KILLS times at random steps and
+inside checkpoint writes, async uploads and restores. Deterministic settings: torch deterministic
+algorithms, one thread per rank (torchrun), seeded order and init; CPU/gloo or CUDA/NCCL.
+
+with your script after '--': it runs twice under 'goodput launch' with GOODPUT_RECORDS=1, once uninterrupted
+and once killed KILLS times at random steps and inside checkpoint writes, async uploads and restores (drawn
+from where the first run saved). goodput.Run records every step's sample indices (from a ResumableLoader
+iterated through run.batches), loss (given to run.step_done) and random generator states, and at run.close()
+a digest of every piece of the final state: model and optimizer tensors, scheduler, scaler, step, extras, RNG
+and data position. The first differing step and piece of final state are named, with the usual causes to
+check. The script must be deterministic: seed random, numpy and torch at its start, use
+torch.use_deterministic_algorithms(True) and a fixed thread count. --steps, --every and --strategy apply to
+the built-in training only.
   goodput verify-resume --nproc 2 --kills 3 -- train.py --lr 1e-3
 
-without a script: the built-in demo training (--steps, --every, --strategy apply to it only), comparing the
-final model and optimizer state and every rank's samples at every step.
-
-the workers' output goes to output.log in each run folder (uninterrupted/, interrupted/ under --work-dir).
+the workers' output (tracebacks of ranks that outlive a kill) goes to output.log in each run folder
+(uninterrupted/ and interrupted/ under --work-dir), not to the terminal.
 exit status: 0 identical, 1 different or a run failed (the first difference is printed), 2 bad arguments."""
 
 
@@ -37,51 +41,45 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("--kills", type=int, default=4, help="SIGKILLs in the interrupted run (default 4)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule (and demo training)")
-    parser.add_argument("--work-dir", default=None, help="where both runs go (default: a temporary folder)")
     parser.add_argument("--steps", type=int, default=None, help="built-in training: steps (default 60)")
-    parser.add_argument("--every", type=int, default=None, help="built-in training: save every N (default 5)")
+    parser.add_argument("--kills", type=int, default=4, help="SIGKILLs in the interrupted run (default 4)")
+    parser.add_argument(
+        "--every", type=int, default=None, help="built-in training: save every N steps (default 5)"
+    )
     parser.add_argument("--strategy", default=None, help="built-in training: torch_save, dcp or dcp_async")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule and of training")
+    parser.add_argument("--work-dir", default=None, help="where both runs go (default: a temporary folder)")
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- train.py and its arguments (optional)")
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from goodput.errors import ConfigError
-
-    script = args.script[1:] if args.script[:1] == ["--"] else args.script
-    if not script:
-        return _builtin(args)
-    demo_only = [f"--{n}" for n in ("steps", "every", "strategy") if getattr(args, n) is not None]
-    if demo_only:
-        raise ConfigError(
-            f"{', '.join(demo_only)} apply to the built-in training only; your script sets its own"
-        )
-    from goodput.run.verify_script import verify_script
-
-    return verify_script(script, nproc=args.nproc, kills=args.kills, seed=args.seed, work_dir=args.work_dir)
-
-
-def _builtin(args: argparse.Namespace) -> int:
     from goodput.demo.verify_train import fault_plan, prepare_data, train
     from goodput.errors import ConfigError
     from goodput.run.verify import first_difference, read_run
     from goodput.run.verify_script import run_captured
 
-    steps, every = args.steps or 60, args.every or 5
-    strategy = args.strategy or "dcp_async"
-    if steps < 2 * every or args.kills < 0 or args.nproc < 1:
+    script = args.script[1:] if args.script[:1] == ["--"] else args.script
+    if script:
+        return _run_script(args, script)
+    args.steps, args.every = args.steps or 60, args.every or 5
+    args.strategy = args.strategy or "dcp_async"
+    if args.steps < 2 * args.every or args.kills < 0 or args.nproc < 1:
         raise ConfigError("need --steps >= 2 x --every, --kills >= 0 and --nproc >= 1")
     work = args.work_dir or tempfile.mkdtemp(prefix="goodput-verify-")
     os.makedirs(work, exist_ok=True)
     data = prepare_data(work)
-    plan = fault_plan(args.kills, steps=steps, every=every, nproc=args.nproc, seed=args.seed)
-    print(f"goodput verify-resume: {args.nproc} ranks, {steps} steps, {strategy}, in {work}")
+    plan = fault_plan(args.kills, steps=args.steps, every=args.every, nproc=args.nproc, seed=args.seed)
+    print(f"goodput verify-resume: {args.nproc} ranks, {args.steps} steps, {args.strategy}, in {work}")
     print(f"faults: {plan}")
-    common: dict[str, Any] = {
-        "data": data, "nproc": args.nproc, "steps": steps, "every": every, "strategy": strategy, "seed": args.seed,
-    }  # fmt: skip
+    common = {
+        "data": data,
+        "nproc": args.nproc,
+        "steps": args.steps,
+        "every": args.every,
+        "strategy": args.strategy,
+        "seed": args.seed,
+    }
     for name, faults, restarts in (("uninterrupted", "", 0), ("interrupted", plan, args.kills + 2)):
         run_dir = os.path.join(work, name)
         launch = functools.partial(train, run_dir, faults=faults, max_restarts=restarts, **common)
@@ -98,5 +96,17 @@ def _builtin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_script(args: argparse.Namespace, script: list[str]) -> int:
+    from goodput.errors import ConfigError
+    from goodput.run.verify_script import verify_script
+
+    demo_only = [f"--{name}" for name in ("steps", "every", "strategy") if getattr(args, name) is not None]
+    if demo_only:
+        raise ConfigError(
+            f"{', '.join(demo_only)} apply to the built-in training only; your script sets its own"
+        )
+    return verify_script(script, nproc=args.nproc, kills=args.kills, seed=args.seed, work_dir=args.work_dir)
+
+
 def _stderr(line: str) -> None:
-    print(line, file=sys.stderr)
+    print(f"goodput verify-resume: {line}", file=sys.stderr)

@@ -3,7 +3,7 @@
 The first run is uninterrupted; the second is SIGKILLed at random steps and inside checkpoint writes, async
 uploads and restores (the fault plan, drawn from where the first run saved). Both run with
 ``GOODPUT_RECORDS=1``, so ``Run`` records each step's samples, loss and random generators and the final
-state (:mod:`goodput.run.records`); :func:`~goodput.run.verify.compare_records` names the first difference.
+state (:mod:`goodput.run.records`); :func:`~goodput.run.compare.compare_records` names the first difference.
 The workers' output (tracebacks of the ranks that survive a kill included) goes to ``output.log`` in each
 run folder, so nothing but the verdict reaches the terminal.
 """
@@ -16,12 +16,14 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
+
 from goodput.errors import ConfigError
+from goodput.run.compare import compare_records
 from goodput.run.launch import LaunchConfig, launch_job
 from goodput.run.records import RECORDS_ENV, RunRecords, read_records
-from goodput.run.verify import compare_records, kill_plan
 
-__all__ = ["captured_output", "run_captured", "verify_script"]
+__all__ = ["captured_output", "kill_plan", "run_captured", "verify_script"]
 
 OUTPUT_LOG = "output.log"
 
@@ -121,6 +123,31 @@ def verify_script(
     if not run_captured(launch(killed_dir, plan, kills + 2), killed_dir, "interrupted", say):
         return 1
     return _verdict(reference, _records(killed_dir, script), killed_dir, say)
+
+
+def kill_plan(
+    kills: int, *, steps: int, saves: Sequence[int], nproc: int, seed: int, async_saves: bool
+) -> str:
+    """A fault plan of ``kills`` SIGKILLs at seeded random points of a run of ``steps`` steps.
+
+    Even-numbered kills land after random steps; odd-numbered ones inside a checkpoint write, an async upload
+    (with async saves) and a restore, in turn, at a step where the uninterrupted run saved (``saves``).
+    """
+    rng = np.random.default_rng(seed)
+    phases = ["checkpoint_write", *(["async_upload"] if async_saves else []), "restore"]
+    points = [s for s in saves if s < steps] or list(saves)
+    faults = []
+    for n in range(kills):
+        rank = int(rng.integers(nproc))
+        if n % 2 == 1 and points:
+            phase = phases[(n // 2) % len(phases)]
+            if phase == "restore":
+                faults.append(f"kill@phase=restore,rank={rank},attempt={n}")
+            else:
+                faults.append(f"kill@phase={phase},step={int(rng.choice(points))},rank={rank}")
+        else:
+            faults.append(f"kill@step={int(rng.integers(1, max(steps, 2)))},rank={rank}")
+    return "; ".join(faults)
 
 
 def _check(script: Sequence[str], *, nproc: int, kills: int) -> None:
