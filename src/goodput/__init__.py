@@ -152,6 +152,10 @@ if TYPE_CHECKING:
     from goodput.run import (
         Run,
     )
+    from goodput.run.compare import (
+        Difference,
+        compare_records,
+    )
     from goodput.run.crashloop import (
         CrashLoopDetector,
     )
@@ -166,10 +170,23 @@ if TYPE_CHECKING:
     from goodput.run.progress import (
         Progress,
     )
+    from goodput.run.records import (
+        RECORDS_ENV,
+        RunRecords,
+        StepRecord,
+        StepRecorder,
+        read_records,
+        state_digests,
+    )
     from goodput.run.verify import (
         effective_samples,
         first_difference,
         read_run,
+    )
+    from goodput.run.verify_script import (
+        kill_plan,
+        run_captured,
+        verify_script,
     )
     from goodput.run.watchdog import (
         EXIT_HANG,
@@ -290,6 +307,17 @@ _LAZY = {
     "format_duration": "goodput.units",
     "parse_bytes": "goodput.units",
     "parse_duration": "goodput.units",
+    "Difference": "goodput.run.compare",
+    "compare_records": "goodput.run.compare",
+    "RECORDS_ENV": "goodput.run.records",
+    "RunRecords": "goodput.run.records",
+    "StepRecord": "goodput.run.records",
+    "StepRecorder": "goodput.run.records",
+    "read_records": "goodput.run.records",
+    "state_digests": "goodput.run.records",
+    "kill_plan": "goodput.run.verify_script",
+    "run_captured": "goodput.run.verify_script",
+    "verify_script": "goodput.run.verify_script",
     "effective_samples": "goodput.run.verify",
     "first_difference": "goodput.run.verify",
     "read_run": "goodput.run.verify",
@@ -308,6 +336,7 @@ __all__ = [
     "EXIT_PREEMPTED",
     "MANIFEST_NAME",
     "PHASES",
+    "RECORDS_ENV",
     "STRATEGIES",
     "Accounting",
     "Advice",
@@ -328,6 +357,7 @@ __all__ = [
     "DcpAsyncStrategy",
     "DcpStrategy",
     "DevicePrefetcher",
+    "Difference",
     "DistInfo",
     "EpochOrder",
     "EveryInterval",
@@ -358,6 +388,7 @@ __all__ = [
     "ResumableLoader",
     "ResumableSampler",
     "Run",
+    "RunRecords",
     "SafeLoadPlanner",
     "SaveContext",
     "SaveFailed",
@@ -370,6 +401,8 @@ __all__ = [
     "ShardedDataset",
     "SimulationResult",
     "StateMismatch",
+    "StepRecord",
+    "StepRecorder",
     "StepStats",
     "StorageError",
     "TensorBoardExporter",
@@ -382,6 +415,7 @@ __all__ = [
     "build_report",
     "capture_rng",
     "check_shapes",
+    "compare_records",
     "daily_waste",
     "daly_expected_time",
     "daly_interval",
@@ -397,6 +431,7 @@ __all__ = [
     "goodput_over_time",
     "init_distributed",
     "install_faults",
+    "kill_plan",
     "launch_job",
     "ledger_files",
     "list_checkpoints",
@@ -413,15 +448,19 @@ __all__ = [
     "rank_batch_count",
     "rank_batch_range",
     "read_events",
+    "read_records",
     "read_run",
     "restore_rng",
+    "run_captured",
     "safe_unpickle_metadata",
     "sample_seed",
     "sample_seeds",
     "simulate_goodput",
+    "state_digests",
     "tensor_shapes",
     "torchrun_command",
     "train",
+    "verify_script",
     "waste_per_failure",
     "write_folder_shards",
     "write_shards",

@@ -27,7 +27,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
-    "DIGEST_PREFIXES",
     "RECORDS_ENV",
     "RunRecords",
     "StepRecord",

@@ -23,13 +23,13 @@ from goodput.run.compare import compare_records
 from goodput.run.launch import LaunchConfig, launch_job
 from goodput.run.records import RECORDS_ENV, RunRecords, read_records
 
-__all__ = ["captured_output", "kill_plan", "run_captured", "verify_script"]
+__all__ = ["kill_plan", "run_captured", "verify_script"]
 
 OUTPUT_LOG = "output.log"
 
 
 @contextlib.contextmanager
-def captured_output(path: str) -> Iterator[None]:
+def _captured_output(path: str) -> Iterator[None]:
     """Send this process's stdout and stderr, and so its children's, to the file ``path`` meanwhile."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -69,7 +69,7 @@ def run_captured(
     """Run one launch with its output in ``run_dir/output.log`` (and ``Run``'s records on); say why it failed."""
     os.makedirs(run_dir, exist_ok=True)
     log = os.path.join(run_dir, OUTPUT_LOG)
-    with _records_enabled(records), captured_output(log):
+    with _records_enabled(records), _captured_output(log):
         status = run()
     if status == 0:
         return True
