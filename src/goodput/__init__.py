@@ -186,7 +186,7 @@ if TYPE_CHECKING:
     from goodput.run.verify_script import (
         kill_plan,
         run_captured,
-        verify_script,
+        verify_resume,
     )
     from goodput.run.watchdog import (
         EXIT_HANG,
@@ -317,7 +317,7 @@ _LAZY = {
     "state_digests": "goodput.run.records",
     "kill_plan": "goodput.run.verify_script",
     "run_captured": "goodput.run.verify_script",
-    "verify_script": "goodput.run.verify_script",
+    "verify_resume": "goodput.run.verify_script",
     "effective_samples": "goodput.run.verify",
     "first_difference": "goodput.run.verify",
     "read_run": "goodput.run.verify",
@@ -460,7 +460,7 @@ __all__ = [
     "tensor_shapes",
     "torchrun_command",
     "train",
-    "verify_script",
+    "verify_resume",
     "waste_per_failure",
     "write_folder_shards",
     "write_shards",

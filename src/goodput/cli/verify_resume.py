@@ -98,14 +98,14 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_script(args: argparse.Namespace, script: list[str]) -> int:
     from goodput.errors import ConfigError
-    from goodput.run.verify_script import verify_script
+    from goodput.run.verify_script import verify_resume
 
     demo_only = [f"--{name}" for name in ("steps", "every", "strategy") if getattr(args, name) is not None]
     if demo_only:
         raise ConfigError(
             f"{', '.join(demo_only)} apply to the built-in training only; your script sets its own"
         )
-    return verify_script(script, nproc=args.nproc, kills=args.kills, seed=args.seed, work_dir=args.work_dir)
+    return verify_resume(script, nproc=args.nproc, kills=args.kills, seed=args.seed, work_dir=args.work_dir)
 
 
 def _stderr(line: str) -> None:

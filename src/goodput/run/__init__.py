@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     )
     from goodput.run.run import Run
     from goodput.run.verify import effective_samples, first_difference, read_run
-    from goodput.run.verify_script import kill_plan, run_captured, verify_script
+    from goodput.run.verify_script import kill_plan, run_captured, verify_resume
     from goodput.run.watchdog import EXIT_HANG, Watchdog
 
 _LAZY = {
@@ -58,7 +58,7 @@ _LAZY = {
     "state_digests": "goodput.run.records",
     "kill_plan": "goodput.run.verify_script",
     "run_captured": "goodput.run.verify_script",
-    "verify_script": "goodput.run.verify_script",
+    "verify_resume": "goodput.run.verify_script",
     "EXIT_HANG": "goodput.run.watchdog",
     "Watchdog": "goodput.run.watchdog",
 }
@@ -88,7 +88,7 @@ __all__ = [
     "run_captured",
     "state_digests",
     "torchrun_command",
-    "verify_script",
+    "verify_resume",
 ]
 
 

@@ -23,7 +23,7 @@ from goodput.run.compare import compare_records
 from goodput.run.launch import LaunchConfig, launch_job
 from goodput.run.records import RECORDS_ENV, RunRecords, read_records
 
-__all__ = ["kill_plan", "run_captured", "verify_script"]
+__all__ = ["kill_plan", "run_captured", "verify_resume"]
 
 OUTPUT_LOG = "output.log"
 
@@ -84,7 +84,7 @@ def _tail(path: str, lines: int) -> list[str]:
         return [line.rstrip("\n") for line in f.readlines()[-lines:]]
 
 
-def verify_script(
+def verify_resume(
     script: Sequence[str],
     *,
     nproc: int,
