@@ -130,10 +130,13 @@ def kill_plan(
 ) -> str:
     """A fault plan of ``kills`` SIGKILLs at seeded random points of a run of ``steps`` steps.
 
-    Even-numbered kills land after random steps; odd-numbered ones inside a checkpoint write, an async upload
-    (with async saves) and a restore, in turn, at a step where the uninterrupted run saved (``saves``).
+    Even-numbered kills land after random steps past the first save (so the restart resumes from a checkpoint);
+    odd-numbered ones inside a checkpoint write, an async upload (with async saves) and a restore, in turn, at
+    a step where the uninterrupted run saved (``saves``).
     """
     rng = np.random.default_rng(seed)
+    first = min(saves, default=0)
+    low = first + 1 if first + 1 < steps else 1
     phases = ["checkpoint_write", *(["async_upload"] if async_saves else []), "restore"]
     points = [s for s in saves if s < steps] or list(saves)
     faults = []
@@ -146,7 +149,7 @@ def kill_plan(
             else:
                 faults.append(f"kill@phase={phase},step={int(rng.choice(points))},rank={rank}")
         else:
-            faults.append(f"kill@step={int(rng.integers(1, max(steps, 2)))},rank={rank}")
+            faults.append(f"kill@step={int(rng.integers(low, max(steps, low + 1)))},rank={rank}")
     return "; ".join(faults)
 
 
