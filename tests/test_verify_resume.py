@@ -145,7 +145,7 @@ def test_a_difference_before_any_restart_points_at_nondeterminism() -> None:
     noisy = _records({0: [_step(1, 0), _step(2, 0, loss=1.5), *[_step(s, 0) for s in (3, 4)]]}, {0: FINAL})
     (found,) = compare_records(clean, noisy)
     assert str(found).startswith("step 2: rank 0's loss differs (1.0 uninterrupted, 1.5 interrupted; ")
-    assert "before any restart" in found.detail
+    assert "before any restart" in found.detail and "without a resume" in found.detail
     assert any("unseeded" in c for c in found.causes) and any("deterministic" in c for c in found.causes)
 
 
@@ -228,7 +228,8 @@ def test_unseeded_noise_fails_before_any_restart(tmp_path: os.PathLike[str]) -> 
         "--kills", "1", "--work-dir", str(tmp_path), "--", SCRIPT, "--steps", "8", "--broken", "rand"
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "DIFFERENT: step 1: rank 0's loss differs" in proc.stdout and "before any restart" in proc.stdout
+    assert "DIFFERENT: step 1: rank 0's loss differs" in proc.stdout, proc.stdout
+    assert "the runs differ without a resume" in proc.stdout
     assert "unseeded randomness" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
 
 

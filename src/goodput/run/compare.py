@@ -122,14 +122,11 @@ def _step_difference(ref: StepRecord, got: StepRecord) -> Difference | None:
 
 
 def _context(record: StepRecord) -> tuple[str, bool]:
-    """Where the interrupted run trained this step, and whether a restart came before it."""
+    """Where the interrupted run trained this step, and whether it came after restoring a checkpoint."""
     if record.resumed == 0 and record.attempt == 0:
-        return (
-            "in the interrupted run's first attempt, before any restart: the runs differ without one",
-            False,
-        )
-    if record.resumed == 0:
-        return f"attempt {record.attempt}, which started from scratch", True
+        return "in the first attempt, before any restart: the runs differ without a resume", False
+    if record.resumed == 0:  # nothing restored: as good as a fresh run
+        return f"attempt {record.attempt}, which restored nothing: the runs differ without a resume", False
     after = record.step - record.resumed
     when = "the first step" if after == 1 else f"{after} steps"
     return f"attempt {record.attempt}, {when} after resuming from step {record.resumed}", True
