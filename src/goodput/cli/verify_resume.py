@@ -1,4 +1,5 @@
-"""``goodput verify-resume``: the same training twice, once with SIGKILLs; exit 0 only when bitwise identical."""
+"""``goodput verify-resume [-- train.py args]``: a training run twice, once with SIGKILLs; exit 0 only when both
+end bitwise identical. Without a script it checks the built-in demo training (the first paragraph below)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,12 @@ def register(sub: Any) -> None:
     parser.add_argument("--strategy", default=None, help="built-in training: torch_save, dcp or dcp_async")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule and of training")
     parser.add_argument("--work-dir", default=None, help="where both runs go (default: a temporary folder)")
-    parser.add_argument("script", nargs=argparse.REMAINDER, help="-- train.py and its arguments (optional)")
+    parser.add_argument(
+        "script",
+        nargs=argparse.REMAINDER,
+        metavar="-- train.py args",
+        help="your training script and its arguments (optional)",
+    )
     parser.set_defaults(handler=_run)
 
 

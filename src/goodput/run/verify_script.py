@@ -197,11 +197,12 @@ def _verdict(reference: RunRecords, other: RunRecords, killed_dir: str, say: Cal
     restarts = len(other.attempts) - 1
     markers = os.path.join(killed_dir, "faults")  # one per fault that fired (see goodput.faults)
     fired = len(os.listdir(markers)) if os.path.isdir(markers) else 0
+    after = f"after {restarts} restart{'' if restarts == 1 else 's'} ({fired} kill{'' if fired == 1 else 's'} fired)"
     differences = compare_records(reference, other)
     if not differences:
         say(
-            f"IDENTICAL: every step's samples, loss and random generators, and the final model, optimizer, "
-            f"scheduler, RNG and data position match after {restarts} restarts ({fired} kills fired)"
+            "IDENTICAL: every step's samples, loss and random generators, and the final model, optimizer, "
+            f"scheduler, RNG and data position match {after}"
         )
         return 0
     for difference in differences:
@@ -209,5 +210,5 @@ def _verdict(reference: RunRecords, other: RunRecords, killed_dir: str, say: Cal
     say("check:")
     for cause in differences[0].causes:  # later differences follow from the first
         say(f"  - {cause}")
-    say(f"(after {restarts} restarts, {fired} kills fired; workers' output: {killed_dir}/{OUTPUT_LOG})")
+    say(f"({after}; the workers' output is in {killed_dir}/{OUTPUT_LOG})")
     return 1
