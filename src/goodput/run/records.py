@@ -118,10 +118,27 @@ class StepRecorder:
 
 
 def rng_digests() -> dict[str, str]:
-    """A short digest of each random generator's state (python, numpy, torch, and cuda when in use)."""
-    from goodput.checkpoint.rng import capture_rng
+    """A short digest of each random generator's state (python, numpy, torch, and cuda when in use).
 
-    return {name: _digest(json.dumps(state).encode()) for name, state in capture_rng().items() if state}
+    The same generators :func:`goodput.checkpoint.capture_rng` saves, hashed from their raw state (cheap
+    enough for every step).
+    """
+    import random
+    from array import array
+
+    import numpy as np
+    import torch
+
+    version, internal, gauss = random.getstate()
+    kind, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    digests = {
+        "python": _digest(array("Q", internal).tobytes(), repr((version, gauss)).encode()),
+        "numpy": _digest(np.asarray(key).tobytes(), repr((kind, pos, has_gauss, cached)).encode()),
+        "torch": _digest(torch.get_rng_state().numpy().tobytes()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        digests["cuda"] = _digest(*(s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()))
+    return digests
 
 
 def _last_indices(loaders: Iterable[Any]) -> Any:
