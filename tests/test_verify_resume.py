@@ -37,6 +37,7 @@ def test_records_keep_the_last_time_each_step_was_trained(tmp_path: os.PathLike[
     seen = []
     for step in range(1, 6):
         seen.append(next(batches)[0].tolist())
+        assert loader.last_indices.tolist() == [int(v) for v in seen[-1]]  # the data are their own indices
         first.step(step, loaders=(None, loader), loss=1.0 / step)
     first.close()
     with open(os.path.join(run_dir, "records", "attempt-0.rank-0.jsonl"), "a") as f:
@@ -147,6 +148,16 @@ def test_a_difference_before_any_restart_points_at_nondeterminism() -> None:
     assert str(found).startswith("step 2: rank 0's loss differs (1.0 uninterrupted, 1.5 interrupted; ")
     assert "before any restart" in found.detail and "without a resume" in found.detail
     assert any("unseeded" in c for c in found.causes) and any("deterministic" in c for c in found.causes)
+
+
+def test_a_step_redone_by_an_attempt_that_restored_nothing_is_not_blamed_on_a_resume() -> None:
+    clean = _records({0: [_step(s, 0) for s in range(1, 5)]}, {0: FINAL})
+    redone = [_step(s, 0, attempt=1, loss=2.0 if s == 3 else 1.0) for s in range(1, 5)]
+    (found,) = compare_records(clean, _records({0: redone}, {0: FINAL}))
+    assert str(found).startswith(
+        "step 3: rank 0's loss differs"
+    ) and "attempt 1, which restored nothing" in str(found)
+    assert any("unseeded" in c for c in found.causes)
 
 
 def test_a_generator_that_drifts_after_a_resume_is_named() -> None:
