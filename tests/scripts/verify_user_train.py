@@ -44,7 +44,6 @@ def main() -> None:
     run = gp.Run(
         checkpoint=gp.CheckpointConfig(root=os.path.join(run_dir, "checkpoints"), every=4),
         total_steps=args.steps,
-        progress=False,
     )
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
