@@ -164,6 +164,10 @@ if TYPE_CHECKING:
     from goodput.run import (
         Run,
     )
+    from goodput.run.compare import (
+        Difference,
+        compare_records,
+    )
     from goodput.run.crashloop import (
         CrashLoopDetector,
     )
@@ -178,6 +182,14 @@ if TYPE_CHECKING:
     from goodput.run.progress import (
         Progress,
     )
+    from goodput.run.records import (
+        RECORDS_ENV,
+        RunRecords,
+        StepRecord,
+        StepRecorder,
+        read_records,
+        state_digests,
+    )
     from goodput.run.signals import (
         PreemptionWatch,
     )
@@ -185,6 +197,11 @@ if TYPE_CHECKING:
         effective_samples,
         first_difference,
         read_run,
+    )
+    from goodput.run.verify_script import (
+        kill_plan,
+        run_captured,
+        verify_resume,
     )
     from goodput.run.watchdog import (
         EXIT_HANG,
@@ -321,6 +338,17 @@ _LAZY = {
     "format_duration": "goodput.units",
     "parse_bytes": "goodput.units",
     "parse_duration": "goodput.units",
+    "Difference": "goodput.run.compare",
+    "compare_records": "goodput.run.compare",
+    "RECORDS_ENV": "goodput.run.records",
+    "RunRecords": "goodput.run.records",
+    "StepRecord": "goodput.run.records",
+    "StepRecorder": "goodput.run.records",
+    "read_records": "goodput.run.records",
+    "state_digests": "goodput.run.records",
+    "kill_plan": "goodput.run.verify_script",
+    "run_captured": "goodput.run.verify_script",
+    "verify_resume": "goodput.run.verify_script",
     "effective_samples": "goodput.run.verify",
     "first_difference": "goodput.run.verify",
     "read_run": "goodput.run.verify",
@@ -339,6 +367,7 @@ __all__ = [
     "EXIT_PREEMPTED",
     "MANIFEST_NAME",
     "PHASES",
+    "RECORDS_ENV",
     "STRATEGIES",
     "Accounting",
     "Advice",
@@ -359,6 +388,7 @@ __all__ = [
     "DcpAsyncStrategy",
     "DcpStrategy",
     "DevicePrefetcher",
+    "Difference",
     "DistInfo",
     "EpochOrder",
     "EveryInterval",
@@ -390,6 +420,7 @@ __all__ = [
     "ResumableLoader",
     "ResumableSampler",
     "Run",
+    "RunRecords",
     "SafeLoadPlanner",
     "SaveContext",
     "SaveFailed",
@@ -402,6 +433,8 @@ __all__ = [
     "ShardedDataset",
     "SimulationResult",
     "StateMismatch",
+    "StepRecord",
+    "StepRecorder",
     "StepStats",
     "StorageError",
     "TensorBoardExporter",
@@ -415,6 +448,7 @@ __all__ = [
     "capture_rng",
     "check_plan",
     "check_shapes",
+    "compare_records",
     "daily_waste",
     "daly_expected_time",
     "daly_interval",
@@ -430,6 +464,7 @@ __all__ = [
     "goodput_over_time",
     "init_distributed",
     "install_faults",
+    "kill_plan",
     "launch_job",
     "ledger_files",
     "list_checkpoints",
@@ -448,8 +483,10 @@ __all__ = [
     "rank_batch_range",
     "rank_seed",
     "read_events",
+    "read_records",
     "read_run",
     "restore_rng",
+    "run_captured",
     "safe_unpickle_metadata",
     "sample_np_rng",
     "sample_rng",
@@ -457,9 +494,11 @@ __all__ = [
     "sample_seeds",
     "seed_new_rank",
     "simulate_goodput",
+    "state_digests",
     "tensor_shapes",
     "torchrun_command",
     "train",
+    "verify_resume",
     "waste_per_failure",
     "write_folder_shards",
     "write_shards",

@@ -1,8 +1,10 @@
-"""``goodput verify-resume``: the same training twice, once with SIGKILLs; exit 0 only when bitwise identical."""
+"""``goodput verify-resume [-- train.py args]``: a training run twice, once with SIGKILLs; exit 0 only when both
+end bitwise identical. Without a script it checks the built-in demo training (the first paragraph below)."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -16,7 +18,20 @@ workers, the loss's bits, which depend on dropout), between an uninterrupted run
 random steps and inside checkpoint writes, async uploads and restores. Deterministic settings: torch deterministic
 algorithms, one thread per rank (torchrun), seeded order and init; CPU/gloo or CUDA/NCCL.
 
-exit status: 0 identical, 1 different (the first difference is printed), 2 bad arguments."""
+with your script after '--': it runs twice under 'goodput launch' with GOODPUT_RECORDS=1, once uninterrupted
+and once killed KILLS times at random steps and inside checkpoint writes, async uploads and restores (drawn
+from where the first run saved). goodput.Run records every step's sample indices (from a ResumableLoader
+iterated through run.batches), loss (given to run.step_done) and random generator states, and at run.close()
+a digest of every piece of the final state: model and optimizer tensors, scheduler, scaler, step, extras, RNG
+and data position. The first differing step and piece of final state are named, with the usual causes to
+check. The script must be deterministic: seed random, numpy and torch at its start, use
+torch.use_deterministic_algorithms(True) and a fixed thread count. --steps, --every and --strategy apply to
+the built-in training only.
+  goodput verify-resume --nproc 2 --kills 3 -- train.py --lr 1e-3
+
+the workers' output (tracebacks of ranks that outlive a kill) goes to output.log in each run folder
+(uninterrupted/ and interrupted/ under --work-dir), not to the terminal.
+exit status: 0 identical, 1 different or a run failed (the first difference is printed), 2 bad arguments."""
 
 
 def register(sub: Any) -> None:
@@ -28,12 +43,20 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
+    parser.add_argument("--steps", type=int, default=None, help="built-in training: steps (default 60)")
     parser.add_argument("--kills", type=int, default=4, help="SIGKILLs in the interrupted run (default 4)")
-    parser.add_argument("--every", type=int, default=5, help="checkpoint every N steps (default 5)")
-    parser.add_argument("--strategy", default="dcp_async", help="torch_save, dcp or dcp_async")
+    parser.add_argument(
+        "--every", type=int, default=None, help="built-in training: save every N steps (default 5)"
+    )
+    parser.add_argument("--strategy", default=None, help="built-in training: torch_save, dcp or dcp_async")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule and of training")
     parser.add_argument("--work-dir", default=None, help="where both runs go (default: a temporary folder)")
+    parser.add_argument(
+        "script",
+        nargs=argparse.REMAINDER,
+        metavar="-- train.py args",
+        help="your training script and its arguments (optional)",
+    )
     parser.set_defaults(handler=_run)
 
 
@@ -41,7 +64,13 @@ def _run(args: argparse.Namespace) -> int:
     from goodput.demo.verify_train import fault_plan, prepare_data, train
     from goodput.errors import ConfigError
     from goodput.run.verify import first_difference, read_run
+    from goodput.run.verify_script import run_captured
 
+    script = args.script[1:] if args.script[:1] == ["--"] else args.script
+    if script:
+        return _run_script(args, script)
+    args.steps, args.every = args.steps or 60, args.every or 5
+    args.strategy = args.strategy or "dcp_async"
     if args.steps < 2 * args.every or args.kills < 0 or args.nproc < 1:
         raise ConfigError("need --steps >= 2 x --every, --kills >= 0 and --nproc >= 1")
     work = args.work_dir or tempfile.mkdtemp(prefix="goodput-verify-")
@@ -58,11 +87,10 @@ def _run(args: argparse.Namespace) -> int:
         "strategy": args.strategy,
         "seed": args.seed,
     }
-    clean = train(os.path.join(work, "uninterrupted"), faults="", max_restarts=0, **common)
-    killed = train(os.path.join(work, "interrupted"), faults=plan, max_restarts=args.kills + 2, **common)
-    for name, status in (("uninterrupted", clean), ("interrupted", killed)):
-        if status != 0:
-            print(f"goodput verify-resume: the {name} run failed with exit status {status}", file=sys.stderr)
+    for name, faults, restarts in (("uninterrupted", "", 0), ("interrupted", plan, args.kills + 2)):
+        run_dir = os.path.join(work, name)
+        launch = functools.partial(train, run_dir, faults=faults, max_restarts=restarts, **common)
+        if not run_captured(launch, run_dir, name, _stderr, records=False):
             return 1
     difference = first_difference(
         read_run(os.path.join(work, "uninterrupted")), read_run(os.path.join(work, "interrupted"))
@@ -74,3 +102,19 @@ def _run(args: argparse.Namespace) -> int:
     what = "final model, optimizer and every step's samples and random draws"
     print(f"IDENTICAL: {what} match after {restarts} restarts")
     return 0
+
+
+def _run_script(args: argparse.Namespace, script: list[str]) -> int:
+    from goodput.errors import ConfigError
+    from goodput.run.verify_script import verify_resume
+
+    demo_only = [f"--{name}" for name in ("steps", "every", "strategy") if getattr(args, name) is not None]
+    if demo_only:
+        raise ConfigError(
+            f"{', '.join(demo_only)} apply to the built-in training only; your script sets its own"
+        )
+    return verify_resume(script, nproc=args.nproc, kills=args.kills, seed=args.seed, work_dir=args.work_dir)
+
+
+def _stderr(line: str) -> None:
+    print(f"goodput verify-resume: {line}", file=sys.stderr)

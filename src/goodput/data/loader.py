@@ -355,6 +355,11 @@ class ResumableLoader:
         return self.sampler.consumed
 
     @property
+    def last_indices(self) -> np.ndarray | None:
+        """Dataset indices of the batch the training loop received last (None before the first)."""
+        return self.sampler.last_indices()
+
+    @property
     def last_fetch_seconds(self) -> float:
         """How long the training loop waited for the latest batch."""
         return self.fetch_seconds.last

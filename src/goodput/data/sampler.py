@@ -121,6 +121,7 @@ class ResumableSampler:
         self._generation = 0
         self._plan: BatchPlan | None = None
         self._order: EpochOrder | None = None
+        self._last: tuple[BatchPlan, int] | None = None  # the batch the training loop received last
         self._kind = self.order().describe()  # the same for every epoch
 
     # -- position -------------------------------------------------------------------------------------------
@@ -196,8 +197,13 @@ class ResumableSampler:
                 "change it before starting to iterate"
             )
         self.consumed = plan.consumed_after(step)
+        self._last = (plan, step)
         if step == plan.count - 1:
             self.finished(plan)
+
+    def last_indices(self) -> np.ndarray | None:
+        """Dataset indices of the batch the training loop received last (None before the first)."""
+        return None if self._last is None else self._last[0].indices(self._last[1])
 
     def finished(self, plan: BatchPlan) -> None:
         """``plan`` ran to its end: the position moves to the start of the next epoch (once)."""

@@ -1,7 +1,7 @@
 """The run and its launcher: ``Run`` wires checkpoints, data, ledger and faults into a user's loop;
 ``launch`` is the front over torchrun; ``crashloop``, ``watchdog`` and ``progress`` watch the job; ``signals``
-turns a preemption signal into one agreed, durable save;
-``verify`` compares two runs' records.
+turns a preemption signal into one agreed, durable save; ``verify``, ``records``, ``compare`` and
+``verify_script`` check that a resumed run is the same run.
 
 Names are imported on first use, so ``goodput launch`` does not import torch in the launcher process.
 """
@@ -12,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from goodput.run.compare import Difference, compare_records
     from goodput.run.crashloop import CrashLoopDetector
     from goodput.run.launch import (
         EXIT_CRASH_LOOP,
@@ -22,9 +23,18 @@ if TYPE_CHECKING:
         torchrun_command,
     )
     from goodput.run.progress import Progress
+    from goodput.run.records import (
+        RECORDS_ENV,
+        RunRecords,
+        StepRecord,
+        StepRecorder,
+        read_records,
+        state_digests,
+    )
     from goodput.run.run import Run
     from goodput.run.signals import PreemptionWatch
     from goodput.run.verify import effective_samples, first_difference, read_run
+    from goodput.run.verify_script import kill_plan, run_captured, verify_resume
     from goodput.run.watchdog import EXIT_HANG, Watchdog
 
 _LAZY = {
@@ -41,6 +51,17 @@ _LAZY = {
     "effective_samples": "goodput.run.verify",
     "first_difference": "goodput.run.verify",
     "read_run": "goodput.run.verify",
+    "Difference": "goodput.run.compare",
+    "compare_records": "goodput.run.compare",
+    "RECORDS_ENV": "goodput.run.records",
+    "RunRecords": "goodput.run.records",
+    "StepRecord": "goodput.run.records",
+    "StepRecorder": "goodput.run.records",
+    "read_records": "goodput.run.records",
+    "state_digests": "goodput.run.records",
+    "kill_plan": "goodput.run.verify_script",
+    "run_captured": "goodput.run.verify_script",
+    "verify_resume": "goodput.run.verify_script",
     "EXIT_HANG": "goodput.run.watchdog",
     "Watchdog": "goodput.run.watchdog",
 }
@@ -50,17 +71,28 @@ __all__ = [
     "EXIT_FATAL",
     "EXIT_HANG",
     "EXIT_PREEMPTED",
+    "RECORDS_ENV",
     "CrashLoopDetector",
+    "Difference",
     "LaunchConfig",
     "PreemptionWatch",
     "Progress",
     "Run",
+    "RunRecords",
+    "StepRecord",
+    "StepRecorder",
     "Watchdog",
+    "compare_records",
     "effective_samples",
     "first_difference",
+    "kill_plan",
     "launch_job",
+    "read_records",
     "read_run",
+    "run_captured",
+    "state_digests",
     "torchrun_command",
+    "verify_resume",
 ]
 
 

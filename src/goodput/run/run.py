@@ -35,6 +35,7 @@ from goodput.run._launchdir import install_error_report, register_pid
 from goodput.run._runhooks import already_complete, resolve_run_dir, single_process_group, stop_preempted
 from goodput.run.crashloop import CrashLoopDetector
 from goodput.run.progress import Progress
+from goodput.run.records import StepRecorder
 from goodput.run.signals import PreemptionWatch
 from goodput.run.watchdog import Watchdog
 
@@ -120,6 +121,8 @@ class Run:
         self._last_saved: int | None = None
         self._closed = False
         self.step = 0
+        # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.run.records.
+        self._records = StepRecorder.from_env(run_dir, rank=self.info.rank, attempt=self.attempt)
 
     @property
     def manager(self) -> CheckpointManager:
@@ -221,6 +224,8 @@ class Run:
         self.step += 1
         fetch = getattr(self._loader, "last_fetch_seconds", 0.0) or 0.0
         self.ledger.step_end(self.step, fetch_seconds=fetch, loss=loss)
+        if self._records is not None:
+            self._records.step(self.step, loaders=(self._loader, manager.state.loader), loss=loss)
         if self.watchdog is not None:
             self.watchdog.beat()
         if self._crash is not None:
@@ -255,6 +260,8 @@ class Run:
                     self.save()
                 with self._phase("checkpoint_save"):
                     self._manager.close()
+                if self._records is not None:
+                    self._records.final(self._manager.state, self.step)
             if self._crash is not None:
                 self._crash.close()
             if self._cache_stats is not None:
@@ -263,6 +270,8 @@ class Run:
             self._shutdown(status)
 
     def _shutdown(self, status: str) -> None:
+        if self._records is not None:
+            self._records.close()
         if self._progress is not None:
             self._progress.close()
         self.ledger.close(status)

@@ -1,0 +1,72 @@
+"""A user's training script written from the README's loop alone: its own model, dataset, DDP, Run.
+
+goodput verify-resume --nproc 2 --kills 2 -- tests/scripts/verify_user_train.py --steps 24
+
+``--broken rand`` adds noise from a torch generator seeded from the clock (randomness outside the checkpointed
+state); ``--broken loader`` keeps the loader's position out of the checkpoint (a loader outside ``Run``).
+"""
+
+import argparse
+import os
+import random
+
+import numpy as np
+import torch
+
+import goodput as gp
+
+
+class Points(torch.utils.data.Dataset):
+    """A fixed regression set: 256 points with 8 features and a noisy linear target."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(256, 8, generator=g)
+        self.y = self.x @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(256, 1, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--broken", choices=["rand", "loader"], default=None)
+    args = p.parse_args()
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    run_dir = os.environ["GOODPUT_RUN_DIR"]
+    run = gp.Run(
+        checkpoint=gp.CheckpointConfig(root=os.path.join(run_dir, "checkpoints"), every=4),
+        total_steps=args.steps,
+    )
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.steps)
+    loader = gp.ResumableLoader(Points(), batch_size=8, seed=0, num_workers=1, drop_last=True)
+    clock = torch.Generator()
+    clock.seed()  # a seed from the clock: never the same twice
+    run.restore(
+        model=model, optimizer=opt, scheduler=sched, loader=None if args.broken == "loader" else loader
+    )
+    for x, y in run.batches(loader):
+        if args.broken == "rand":
+            x = x + 1e-3 * torch.rand(x.shape, generator=clock)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        run.step_done(loss=loss.item())
+    run.close()
+
+
+if __name__ == "__main__":
+    main()
