@@ -37,6 +37,16 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--crash-loop", type=int, default=3, help="attempts without progress that stop the job (default 3)"
     )
+    parser.add_argument(
+        "--restart",
+        choices=("cold", "warm"),
+        default="cold",
+        help="cold: torchrun restarts the whole group (default); warm: survivors keep their process and a hot "
+        "spare replaces the failed rank (one node; the script calls run.warm(train_fn))",
+    )
+    parser.add_argument(
+        "--spares", type=int, default=1, help="hot spare processes per node for --restart warm"
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- script.py and its arguments")
     parser.set_defaults(handler=_run)
 
@@ -57,4 +67,8 @@ def _run(args: argparse.Namespace) -> int:
         faults=args.faults,
         crash_loop=args.crash_loop,
     )
+    if args.restart == "warm":
+        from goodput.run.agent import WarmConfig, launch_warm
+
+        return launch_warm(config, WarmConfig(spares=args.spares))
     return launch_job(config)

@@ -1,0 +1,333 @@
+"""The warm-restart agent behind ``goodput launch --restart warm``: replace only the failed worker.
+
+torchrun's elastic agent (``LocalElasticAgent._invoke_run``) answers any worker's failure with
+``_restart_workers``: it stops every worker, re-rendezvouses and starts a whole new group, so each restart
+pays for new Python processes, ``import torch``, model construction and a checkpoint restore on every rank.
+This agent keeps torch.distributed.elastic's parts and changes that one decision:
+
+* workers and hot spares are started with elastic's ``start_processes`` (one process context per slot, so one
+  slot can be replaced while the others run), and coordinate through a c10d ``TCPStore`` the agent hosts for
+  the job's whole life (see ``goodput.run.warm`` for the keys);
+* on a worker's failure (non-zero exit, signal, or the hang watchdog's exit) the agent hands the dead rank to
+  a spare that has already imported torch and the script's imports, publishes the next generation, and
+  starts a new spare in the background; the survivors, whose collectives failed, leave the failed step in
+  their own process, form the new generation's group and recover live from a surviving replica;
+* when the warm path cannot recover (a failure during a warm restart, the group not recovered within the
+  re-form timeout, a worker that already finished), it falls back to a cold restart of the whole group, like
+  torchrun's, from the newest checkpoint.
+
+Every decision is appended to ``RUN_DIR/warm/agent.jsonl`` (one JSON object a line), and each worker's ledger
+records the restart's parts as seen by that rank. Single node only: several nodes need each node's agent to
+agree on generations through a shared rendezvous, which is not built yet (``goodput launch --restart warm``
+refuses ``--nnodes`` other than 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from goodput.errors import ConfigError
+from goodput.run.crashloop import CRASH_LOOP_FILE
+from goodput.run.launch import EXIT_CRASH_LOOP, LaunchConfig
+from goodput.run.warm import (
+    GEN_ENV,
+    PG_TIMEOUT_ENV,
+    REFORM_TIMEOUT_ENV,
+    ROLE_ENV,
+    SPARE_ENV,
+    STORE_ENV,
+)
+
+__all__ = ["WarmAgent", "WarmConfig", "launch_warm"]
+
+AGENT_LOG = os.path.join("warm", "agent.jsonl")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WarmConfig:
+    """How warm restarts behave.
+
+    Args:
+        spares: hot spare processes kept per node (0: a replacement is started cold and survivors wait).
+        reform_timeout: seconds for a warm restart to re-form the group and recover before a cold restart.
+        pg_timeout: seconds a collective may wait (a hung peer is detected within this, or by its watchdog).
+    """
+
+    spares: int = 1
+    reform_timeout: float = 30.0
+    pg_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.spares < 0:
+            raise ConfigError(f"--spares must be >= 0, got {self.spares}")
+        for name in ("reform_timeout", "pg_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"WarmConfig.{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class _Slot:
+    ctx: Any  # torch.distributed.elastic.multiprocessing.PContext of one process
+    pid: int
+    spare: int | None = None  # the spare id this process was started as
+
+
+class WarmAgent:
+    """Starts the workers and spares of one node and restarts failed workers warm (else cold)."""
+
+    def __init__(self, launch: LaunchConfig, warm: WarmConfig) -> None:
+        import torch.distributed as dist
+
+        if launch.nnodes != "1":
+            raise ConfigError(
+                "--restart warm runs on one node only for now; use --restart cold with --nnodes"
+            )
+        self.launch = launch
+        self.warm = warm
+        self.world_size = launch.nproc
+        self.store = dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+        )
+        self.gen = 0
+        self.cold_restarts = 0
+        self.restarts = 0
+        self.workers: dict[int, _Slot] = {}
+        self.spares: list[_Slot] = []
+        self._next_spare = 0
+        self._pending: tuple[int, float] | None = (
+            None  # (generation, deadline) of an unconfirmed warm restart
+        )
+        self._done: set[int] = set()
+        self._log_path = os.path.join(launch.run_dir, AGENT_LOG) if launch.run_dir else None
+
+    # ---- processes ---------------------------------------------------------------------------------------
+    def _env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.launch.run_dir is not None:
+            env["GOODPUT_RUN_DIR"] = os.path.abspath(self.launch.run_dir)
+        env.update(
+            GOODPUT_FAULTS=self.launch.faults,
+            GOODPUT_CRASH_LOOP=str(self.launch.crash_loop),
+            TORCHELASTIC_RUN_ID=self.launch.rdzv_id,
+            TORCHELASTIC_RESTART_COUNT=str(self.cold_restarts),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(self.store.port),
+            **{STORE_ENV: f"127.0.0.1:{self.store.port}"},
+            **{PG_TIMEOUT_ENV: str(self.warm.pg_timeout), REFORM_TIMEOUT_ENV: str(self.warm.reform_timeout)},
+        )
+        if self.world_size > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for several processes per node
+        env.update(extra)
+        return env
+
+    def _spawn(self, name: str, env: dict[str, str]) -> _Slot:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+        ctx = start_processes(
+            name=name,
+            entrypoint=sys.executable,
+            args={0: ("-u", *self.launch.script)},
+            envs={0: env},
+            logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
+        )
+        return _Slot(ctx=ctx, pid=ctx.pids()[0])
+
+    def _start_worker(self, rank: int) -> None:
+        env = self._env(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_WORLD_SIZE=str(self.world_size),
+            GROUP_RANK="0",
+            **{ROLE_ENV: "worker", GEN_ENV: str(self.gen)},
+        )
+        self.workers[rank] = self._spawn(f"rank{rank}", env)
+
+    def _start_spare(self) -> None:
+        spare = self._next_spare
+        self._next_spare += 1
+        slot = self._spawn(f"spare{spare}", self._env(**{ROLE_ENV: "spare", SPARE_ENV: str(spare)}))
+        slot.spare = spare
+        self.spares.append(slot)
+
+    def _fill_spares(self) -> None:
+        alive = []
+        for slot in self.spares:
+            if slot.ctx.wait(0) is None:
+                alive.append(slot)
+            else:
+                self._record("spare_died", spare=slot.spare, pid=slot.pid)
+        self.spares = alive
+        while len(self.spares) < self.warm.spares:
+            self._start_spare()
+
+    def _publish(self, kind: str, **fields: Any) -> None:
+        info = {"kind": kind, "gen": self.gen, **fields}
+        self.store.set(f"gen/{self.gen}/info", json.dumps(info))
+
+    # ---- the loop ----------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run the job to its end; returns its exit status."""
+        self._publish("cold", failed=[])
+        try:
+            for rank in range(self.world_size):
+                self._start_worker(rank)
+            self._fill_spares()
+            return self._monitor()
+        finally:
+            self._stop(list(self.workers.values()) + self.spares)
+
+    def _monitor(self) -> int:
+        marker = os.path.join(self.launch.run_dir, CRASH_LOOP_FILE) if self.launch.run_dir else None
+        while True:
+            time.sleep(self.launch.monitor_interval)
+            if marker is not None and os.path.exists(marker):
+                with open(marker) as f:
+                    print(f"goodput launch: crash loop: {f.read().strip()}", file=sys.stderr)
+                return EXIT_CRASH_LOOP
+            failed = self._poll_workers()
+            if not failed:
+                if len(self._done) == self.world_size:
+                    return 0
+                self._check_pending()
+                self._fill_spares()
+                continue
+            detected = time.time()
+            if self.restarts >= self.launch.max_restarts:
+                self._record("give_up", failed=failed, restarts=self.restarts)
+                return 1
+            self.restarts += 1
+            reason = self._cold_reason()
+            if reason is None:
+                self._warm_restart(sorted(failed), detected)
+            else:
+                self._cold_restart(sorted(failed), detected, reason)
+
+    def _poll_workers(self) -> dict[int, int]:
+        failed: dict[int, int] = {}
+        for rank, slot in self.workers.items():
+            if rank in self._done:
+                continue
+            result = slot.ctx.wait(0)
+            if result is None:
+                continue
+            if result.is_failed():
+                failed[rank] = next(iter(result.failures.values())).exitcode
+            else:
+                self._done.add(rank)
+        return failed
+
+    def _cold_reason(self) -> str | None:
+        if self._pending is not None:
+            return "a failure during a warm restart"
+        if self._done:
+            return "a worker had already finished"
+        return None
+
+    def _check_pending(self) -> None:
+        if self._pending is None:
+            return
+        gen, deadline = self._pending
+        if self.store.add(f"gen/{gen}/recovered", 0) >= self.world_size:
+            self._record("warm_restart_done", gen=gen)
+            self._pending = None
+        elif time.monotonic() > deadline:
+            self.restarts += 1
+            self._cold_restart(
+                [], time.time(), f"warm restart not recovered within {self.warm.reform_timeout}s"
+            )
+
+    # ---- restarts ----------------------------------------------------------------------------------------
+    def _warm_restart(self, failed: list[int], detected: float) -> None:
+        """Hand each failed rank to a spare (or a fresh process) and let the survivors join the next group."""
+        old = self.gen
+        self.gen += 1
+        self._publish("warm", failed=failed, detected_wall=detected, from_gen=old)
+        handed = []
+        for rank in failed:
+            spare = self._take_spare()
+            if spare is None:
+                self._start_worker(rank)
+                handed.append({"rank": rank, "spare": None, "pid": self.workers[rank].pid})
+                continue
+            assign = {
+                "rank": rank,
+                "local_rank": rank,
+                "world_size": self.world_size,
+                "local_world_size": self.world_size,
+                "gen": self.gen,
+                "restart_count": self.cold_restarts,
+            }
+            self.store.set(f"spare/{spare.spare}/assign", json.dumps(assign))
+            self.workers[rank] = spare
+            handed.append({"rank": rank, "spare": spare.spare, "pid": spare.pid})
+        handover = time.time()
+        info = json.loads(self.store.get(f"gen/{self.gen}/info"))
+        info["handover_wall"] = handover
+        self.store.set(f"gen/{self.gen}/info", json.dumps(info))
+        self.store.set(f"gen/{old}/next", json.dumps({"gen": self.gen}))
+        self._pending = (self.gen, time.monotonic() + self.warm.reform_timeout)
+        self._record(
+            "warm_restart",
+            gen=self.gen,
+            failed=failed,
+            detected_wall=detected,
+            handed=handed,
+            handover_seconds=round(handover - detected, 6),
+        )
+        self._fill_spares()
+
+    def _take_spare(self) -> _Slot | None:
+        while self.spares:
+            slot = self.spares.pop(0)
+            if slot.ctx.wait(0) is None:
+                return slot
+            self._record("spare_died", spare=slot.spare, pid=slot.pid)
+        return None
+
+    def _cold_restart(self, failed: list[int], detected: float, reason: str) -> None:
+        """Stop every worker and start the whole group anew from the newest checkpoint (torchrun's restart)."""
+        self._stop(list(self.workers.values()))
+        self.workers.clear()
+        self._done.clear()
+        self._pending = None
+        self.gen += 1
+        self.cold_restarts += 1
+        self._publish("cold", failed=failed, detected_wall=detected, reason=reason)
+        self._record("cold_restart", gen=self.gen, failed=failed, reason=reason, detected_wall=detected)
+        for rank in range(self.world_size):
+            self._start_worker(rank)
+        self._fill_spares()
+
+    def _stop(self, slots: list[_Slot]) -> None:
+        for slot in slots:
+            with contextlib.suppress(Exception):
+                slot.ctx.close(death_sig=signal.SIGKILL, timeout=5)
+
+    def _record(self, event: str, **fields: Any) -> None:
+        if self._log_path is None:
+            return
+        os.makedirs(os.path.dirname(self._log_path), exist_ok=True)
+        with open(self._log_path, "a") as f:
+            f.write(json.dumps({"event": event, "wall": time.time(), **fields}) + "\n")
+
+
+def launch_warm(launch: LaunchConfig, warm: WarmConfig) -> int:
+    """Run ``launch``'s script under the warm-restart agent; returns the job's exit status."""
+    if launch.run_dir is not None:
+        os.makedirs(launch.run_dir, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(launch.run_dir, CRASH_LOOP_FILE))
+    agent = WarmAgent(launch, warm)
+    try:
+        return agent.run()
+    except KeyboardInterrupt:
+        return 130
