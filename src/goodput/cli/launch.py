@@ -47,6 +47,13 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--spares", type=int, default=1, help="hot spare processes per node for --restart warm"
     )
+    parser.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=30.0,
+        help="--restart warm: seconds before a collective with a failed or hung peer fails (default 30; keep it "
+        "below the script's hang timeout)",
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- script.py and its arguments")
     parser.set_defaults(handler=_run)
 
@@ -70,5 +77,5 @@ def _run(args: argparse.Namespace) -> int:
     if args.restart == "warm":
         from goodput.run.agent import WarmConfig, launch_warm
 
-        return launch_warm(config, WarmConfig(spares=args.spares))
+        return launch_warm(config, WarmConfig(spares=args.spares, pg_timeout=args.collective_timeout))
     return launch_job(config)

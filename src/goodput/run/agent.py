@@ -58,7 +58,9 @@ class WarmConfig:
     Args:
         spares: hot spare processes kept per node (0: a replacement is started cold and survivors wait).
         reform_timeout: seconds for a warm restart to re-form the group and recover before a cold restart.
-        pg_timeout: seconds a collective may wait (a hung peer is detected within this, or by its watchdog).
+        pg_timeout: seconds a collective may wait before it fails. A survivor blocked in a collective with a
+            hung peer leaves it after this long, so keep it shorter than the script's ``Run(hang_timeout=)``:
+            the hung rank's own watchdog then ends it and a spare takes its place.
     """
 
     spares: int = 1

@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
 from goodput.distributed import dist_info, init_distributed
 from goodput.errors import ConfigError, DataError
-from goodput.faults import Fault, FaultPlan, install_faults, parse_faults
+from goodput.faults import Fault, FaultPlan, fault_point, install_faults, parse_faults
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.run.crashloop import CrashLoopDetector
@@ -271,9 +273,23 @@ class Run:
             try:
                 return train_fn(self)
             except Exception as err:
-                if self._warm is None or not is_peer_failure(err):
-                    raise  # this rank's own failure: the process exits and the agent replaces it
+                if self._warm is None:
+                    raise
+                if not is_peer_failure(err):
+                    self._warm_fail(err)
                 self._warm_restart(err)
+
+    def _warm_fail(self, err: BaseException) -> NoReturn:
+        """This rank's own failure under warm restarts: record it and exit now, so a spare takes the rank.
+
+        Exiting at once (not through the interpreter's shutdown, which may wait on the process group) lets the
+        survivors' collectives fail promptly.
+        """
+        traceback.print_exception(err)
+        self.ledger.failure_detected(f"exception on this rank: {type(err).__name__}: {err}"[:300])
+        self.ledger.close("failed")
+        sys.stderr.flush()
+        os._exit(1)
 
     def _warm_restart(self, err: BaseException) -> None:
         """Leave the failed generation keeping this process and its state, and join the next one."""
@@ -297,6 +313,7 @@ class Run:
         if not self._warm.live_recovery:
             return None
         start = time.monotonic()
+        fault_point("restore")
         step = self._warm.recover(self._warm_pending, state)
         parts = self._warm.parts(time.monotonic() - start, self._warm_next)
         self.ledger.event("warm_restart", restored_step=step, **parts)
