@@ -152,6 +152,11 @@ if TYPE_CHECKING:
     from goodput.run import (
         Run,
     )
+    from goodput.run.agent import (
+        WarmAgent,
+        WarmConfig,
+        launch_warm,
+    )
     from goodput.run.crashloop import (
         CrashLoopDetector,
     )
@@ -170,6 +175,11 @@ if TYPE_CHECKING:
         effective_samples,
         first_difference,
         read_run,
+    )
+    from goodput.run.warm import (
+        WarmWorker,
+        is_peer_failure,
+        warm_enabled,
     )
     from goodput.run.watchdog import (
         EXIT_HANG,
@@ -259,6 +269,12 @@ _LAZY = {
     "LaunchConfig": "goodput.run.launch",
     "launch_job": "goodput.run.launch",
     "torchrun_command": "goodput.run.launch",
+    "WarmAgent": "goodput.run.agent",
+    "WarmConfig": "goodput.run.agent",
+    "launch_warm": "goodput.run.agent",
+    "WarmWorker": "goodput.run.warm",
+    "is_peer_failure": "goodput.run.warm",
+    "warm_enabled": "goodput.run.warm",
     "Ledger": "goodput.ledger",
     "LedgerConfig": "goodput.ledger",
     "LedgerFile": "goodput.ledger",
@@ -375,6 +391,9 @@ __all__ = [
     "TensorBoardExporter",
     "TorchSaveStrategy",
     "TrainingState",
+    "WarmAgent",
+    "WarmConfig",
+    "WarmWorker",
     "Watchdog",
     "__version__",
     "account",
@@ -397,7 +416,9 @@ __all__ = [
     "goodput_over_time",
     "init_distributed",
     "install_faults",
+    "is_peer_failure",
     "launch_job",
+    "launch_warm",
     "ledger_files",
     "list_checkpoints",
     "load_report",
@@ -422,6 +443,7 @@ __all__ = [
     "tensor_shapes",
     "torchrun_command",
     "train",
+    "warm_enabled",
     "waste_per_failure",
     "write_folder_shards",
     "write_shards",

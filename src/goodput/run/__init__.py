@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from goodput.run.agent import WarmAgent, WarmConfig, launch_warm
     from goodput.run.crashloop import CrashLoopDetector
     from goodput.run.launch import (
         EXIT_CRASH_LOOP,
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from goodput.run.progress import Progress
     from goodput.run.run import Run
     from goodput.run.verify import effective_samples, first_difference, read_run
+    from goodput.run.warm import WarmWorker, is_peer_failure, warm_enabled
     from goodput.run.watchdog import EXIT_HANG, Watchdog
 
 _LAZY = {
@@ -33,6 +35,12 @@ _LAZY = {
     "LaunchConfig": "goodput.run.launch",
     "launch_job": "goodput.run.launch",
     "torchrun_command": "goodput.run.launch",
+    "WarmAgent": "goodput.run.agent",
+    "WarmConfig": "goodput.run.agent",
+    "launch_warm": "goodput.run.agent",
+    "WarmWorker": "goodput.run.warm",
+    "is_peer_failure": "goodput.run.warm",
+    "warm_enabled": "goodput.run.warm",
     "Progress": "goodput.run.progress",
     "Run": "goodput.run.run",
     "effective_samples": "goodput.run.verify",
@@ -51,12 +59,18 @@ __all__ = [
     "LaunchConfig",
     "Progress",
     "Run",
+    "WarmAgent",
+    "WarmConfig",
+    "WarmWorker",
     "Watchdog",
     "effective_samples",
     "first_difference",
+    "is_peer_failure",
     "launch_job",
+    "launch_warm",
     "read_run",
     "torchrun_command",
+    "warm_enabled",
 ]
 
 

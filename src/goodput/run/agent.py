@@ -270,7 +270,8 @@ class WarmAgent:
             }
             self.store.set(f"spare/{spare.spare}/assign", json.dumps(assign))
             self.workers[rank] = spare
-            handed.append({"rank": rank, "spare": spare.spare, "pid": spare.pid})
+            ready = self.store.check([f"spare/{spare.spare}/ready"])  # False: still importing
+            handed.append({"rank": rank, "spare": spare.spare, "pid": spare.pid, "ready": ready})
         handover = time.time()
         info = json.loads(self.store.get(f"gen/{self.gen}/info"))
         info["handover_wall"] = handover

@@ -86,7 +86,7 @@ class Run:
         else:
             self.info = init_distributed(backend)
         self._owns_group = self.info.world_size > 1
-        self.ledger = Ledger(run_dir, rank=self.info.rank)
+        self.ledger = Ledger(run_dir, rank=self.info.rank, began=self._warm.began if self._warm else None)
         self.attempt = self.ledger.attempt
         self._plan_text = faults if faults is not None else os.environ.get("GOODPUT_FAULTS", "")
         self._arm_faults()
@@ -295,7 +295,7 @@ class Run:
         """Leave the failed generation keeping this process and its state, and join the next one."""
         assert self._warm is not None
         self.ledger.failure_detected(f"peer failure: {str(err).splitlines()[0][:200] if str(err) else err!r}")
-        self.ledger.flush()
+        self.ledger.close("failed")  # a warm restart opens a new attempt in this process
         state = self._manager.state if self._manager is not None else None
         self._warm_pending = self._warm.snapshot(self.step, state)
         self._manager = None  # bound to the dead group; a save in flight there is abandoned
@@ -304,6 +304,8 @@ class Run:
             self._progress = None
         with self._phase("restore"):
             self._warm_next = self._warm.leave()
+        self.ledger = Ledger(self.run_dir, rank=self.info.rank, began=self._warm.joined_wall)
+        self.attempt = self.ledger.attempt
         self._closed = False
         self._arm_faults()
 

@@ -105,6 +105,7 @@ class WarmWorker:
         self.pg_timeout = float(os.environ.get(PG_TIMEOUT_ENV, "60"))
         self.reform_timeout = float(os.environ.get(REFORM_TIMEOUT_ENV, "60"))
         self.spare_wait: float | None = None  # seconds this process waited as a spare
+        self.began: float | None = None  # a spare's attempt begins when it is handed a rank
         if os.environ.get(ROLE_ENV) == "spare":
             self._wait_for_rank()
         self.gen = int(os.environ[GEN_ENV])
@@ -125,6 +126,7 @@ class WarmWorker:
         key = f"spare/{spare}/assign"
         self.store.wait([key], datetime.timedelta(days=7))
         self.spare_wait = time.monotonic() - start
+        self.began = time.time()
         assign = json.loads(self.store.get(key))
         os.environ.update(
             RANK=str(assign["rank"]),
@@ -271,15 +273,16 @@ class WarmWorker:
         detected = float(info.get("detected_wall", self.joined_wall))
         handover = float(info.get("handover_wall", detected))
         failed = min(detected, self._failed_wall or detected)
+        role = "survivor" if next_info is not None else "replacement"
         return {
             "generation": self.gen,
             "failed_ranks": info.get("failed", []),
-            "role": "survivor" if next_info is not None else "replacement",
+            "role": role,
             "detection_seconds": round(max(0.0, detected - failed), 6),
             "handover_seconds": round(max(0.0, handover - detected), 6),
             "reform_seconds": round(max(0.0, self.joined_wall - handover), 6),
             "restore_seconds": round(restore_seconds, 6),
-            "spare_wait_seconds": self.spare_wait,
+            "spare_wait_seconds": self.spare_wait if role == "replacement" else None,
         }
 
 
