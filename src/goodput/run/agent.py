@@ -223,6 +223,10 @@ class WarmAgent:
                 continue
             if result.is_failed():
                 failed[rank] = next(iter(result.failures.values())).exitcode
+                # Its children (forked data-loader workers) hold copies of its sockets: until they go, the
+                # survivors' collectives see no closed connection (the workers notice a dead parent only
+                # every 5 s). The worker leads its own session, so its process group is its children.
+                _kill_group(slot.pid)
             else:
                 self._done.add(rank)
         return failed
@@ -314,6 +318,7 @@ class WarmAgent:
         for slot in slots:
             with contextlib.suppress(Exception):
                 slot.ctx.close(death_sig=signal.SIGKILL, timeout=5)
+            _kill_group(slot.pid)
 
     def _record(self, event: str, **fields: Any) -> None:
         if self._log_path is None:
@@ -321,6 +326,11 @@ class WarmAgent:
         os.makedirs(os.path.dirname(self._log_path), exist_ok=True)
         with open(self._log_path, "a") as f:
             f.write(json.dumps({"event": event, "wall": time.time(), **fields}) + "\n")
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def launch_warm(launch: LaunchConfig, warm: WarmConfig) -> int:
