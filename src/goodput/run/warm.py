@@ -195,6 +195,11 @@ class WarmWorker:
 
         self._failed_wall = time.time()
         if dist.is_initialized():
+            if dist.get_backend() == "nccl":
+                # NCCL collectives blocked on a dead peer do not fail by themselves: abort the communicators
+                # (ncclCommAbort, through PyTorch's experimental abort) before tearing the group down.
+                # GPU-only and untested here (CI has no GPUs).
+                dist.distributed_c10d._abort_process_group()
             dist.destroy_process_group()
         key = f"gen/{self.gen}/next"
         try:
