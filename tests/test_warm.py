@@ -138,3 +138,36 @@ def test_spare_killed_while_restoring_falls_back_to_a_cold_restart(
     assert len(pids[0]) == 2 and len(pids[1]) == 2
     assert samples == _trained(baseline)[0]
     assert _final(run_dir)["step"] == int(STEPS)
+
+
+@pytest.mark.slow
+def test_two_nodes_a_killed_worker_leaves_the_other_nodes_worker_running(
+    tmp_path: os.PathLike[str], baseline: str
+) -> None:
+    """Two agents (one per "node", one rank each) meet through the c10d rendezvous on 127.0.0.1."""
+    from goodput.testing import free_port
+
+    run_dir = str(tmp_path)
+    endpoint = f"127.0.0.1:{free_port()}"
+    cmd = [sys.executable, "-m", "goodput", "launch", "--restart", "warm", "--nnodes", "2", "--nproc", "1"]
+    cmd += [
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        "two-nodes",
+        "--run-dir",
+        run_dir,
+        "--collective-timeout",
+        "4",
+    ]
+    cmd += ["--faults", "kill@step=20,rank=1", "--", SCRIPT, "--steps", STEPS, "--every", "10"]
+    agents = [
+        subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    try:
+        errors = [agent.communicate(timeout=150)[1] for agent in agents]
+    finally:
+        for agent in agents:
+            agent.kill()
+    assert [agent.returncode for agent in agents] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
+    _assert_warm_and_identical(run_dir, baseline)

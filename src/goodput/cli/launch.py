@@ -42,7 +42,7 @@ def register(sub: Any) -> None:
         choices=("cold", "warm"),
         default="cold",
         help="cold: torchrun restarts the whole group (default); warm: survivors keep their process and a hot "
-        "spare replaces the failed rank (one node; the script calls run.warm(train_fn))",
+        "spare replaces the failed rank (the script calls run.warm(train_fn))",
     )
     parser.add_argument(
         "--spares", type=int, default=1, help="hot spare processes per node for --restart warm"

@@ -17,9 +17,14 @@ This agent keeps torch.distributed.elastic's parts and changes that one decision
   torchrun's, from the newest checkpoint.
 
 Every decision is appended to ``RUN_DIR/warm/agent.jsonl`` (one JSON object a line), and each worker's ledger
-records the restart's parts as seen by that rank. Single node only: several nodes need each node's agent to
-agree on generations through a shared rendezvous, which is not built yet (``goodput launch --restart warm``
-refuses ``--nnodes`` other than 1).
+records the restart's parts as seen by that rank.
+
+Several nodes: each node runs an agent (``--nnodes N --rdzv-endpoint HOST:PORT``); the agents meet through
+elastic's c10d rendezvous and share its store. Generations are numbered by a store counter; the agent that
+sees a failure claims the next generation of the current one (a compare-and-set, so two nodes failing at
+once cannot both restart it warm: the loser restarts cold), hands the rank to its own node's spare, and the
+other nodes' survivors join without their agent doing anything. A cold restart is announced through the store
+(``gen/current``), and every agent restarts its node's workers in it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from goodput.run.launch import EXIT_CRASH_LOOP, LaunchConfig
 from goodput.run.warm import (
     GEN_ENV,
     PG_TIMEOUT_ENV,
+    PREFIX_ENV,
     REFORM_TIMEOUT_ENV,
     ROLE_ENV,
     SPARE_ENV,
@@ -88,16 +94,28 @@ class WarmAgent:
     def __init__(self, launch: LaunchConfig, warm: WarmConfig) -> None:
         import torch.distributed as dist
 
-        if launch.nnodes != "1":
-            raise ConfigError(
-                "--restart warm runs on one node only for now; use --restart cold with --nnodes"
-            )
+        if not launch.nnodes.isdigit():
+            raise ConfigError(f"--restart warm needs a fixed --nnodes, got {launch.nnodes!r}")
         self.launch = launch
         self.warm = warm
-        self.world_size = launch.nproc
-        self.store = dist.TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
-        )
+        self.nproc = launch.nproc
+        self.nnodes = int(launch.nnodes)
+        if self.nnodes == 1:
+            self.node_rank, prefix = 0, ""
+            base = dist.TCPStore(
+                "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+            )
+            self.address = f"127.0.0.1:{base.port}"
+        else:
+            self.node_rank, self.address, self._rdzv = _rendezvous(launch)
+            host, port = self.address.rsplit(":", 1)
+            base = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60))
+            prefix = f"goodput-warm/{launch.rdzv_id}/"
+        self._base = base  # the connection (and, on one node, the server) lives as long as the agent
+        self.prefix = prefix
+        self.store: Any = dist.PrefixStore(prefix, base) if prefix else base
+        self.world_size = self.nnodes * self.nproc
+        self.ranks = [self.node_rank * self.nproc + i for i in range(self.nproc)]
         self.gen = 0
         self.cold_restarts = 0
         self.restarts = 0
@@ -121,11 +139,11 @@ class WarmAgent:
             TORCHELASTIC_RUN_ID=self.launch.rdzv_id,
             TORCHELASTIC_RESTART_COUNT=str(self.cold_restarts),
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(self.store.port),
-            **{STORE_ENV: f"127.0.0.1:{self.store.port}"},
+            MASTER_PORT=self.address.rsplit(":", 1)[1],
+            **{STORE_ENV: self.address, PREFIX_ENV: self.prefix},
             **{PG_TIMEOUT_ENV: str(self.warm.pg_timeout), REFORM_TIMEOUT_ENV: str(self.warm.reform_timeout)},
         )
-        if self.world_size > 1:
+        if self.nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for several processes per node
         env.update(extra)
         return env
@@ -145,10 +163,10 @@ class WarmAgent:
     def _start_worker(self, rank: int) -> None:
         env = self._env(
             RANK=str(rank),
-            LOCAL_RANK=str(rank),
+            LOCAL_RANK=str(rank - self.ranks[0]),
             WORLD_SIZE=str(self.world_size),
-            LOCAL_WORLD_SIZE=str(self.world_size),
-            GROUP_RANK="0",
+            LOCAL_WORLD_SIZE=str(self.nproc),
+            GROUP_RANK=str(self.node_rank),
             **{ROLE_ENV: "worker", GEN_ENV: str(self.gen)},
         )
         self.workers[rank] = self._spawn(f"rank{rank}", env)
@@ -156,7 +174,8 @@ class WarmAgent:
     def _start_spare(self) -> None:
         spare = self._next_spare
         self._next_spare += 1
-        slot = self._spawn(f"spare{spare}", self._env(**{ROLE_ENV: "spare", SPARE_ENV: str(spare)}))
+        env = self._env(**{ROLE_ENV: "spare", SPARE_ENV: f"{self.node_rank}-{spare}"})
+        slot = self._spawn(f"spare{spare}", env)
         slot.spare = spare
         self.spares.append(slot)
 
@@ -178,14 +197,27 @@ class WarmAgent:
     # ---- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
         """Run the job to its end; returns its exit status."""
-        self._publish("cold", failed=[])
+        import torch.distributed as dist
+
+        if self.node_rank == 0:
+            self._publish("cold", failed=[])
+            self.store.set("gen/current", "0")
         try:
-            for rank in range(self.world_size):
+            for rank in self.ranks:
                 self._start_worker(rank)
             self._fill_spares()
-            return self._monitor()
+            status = self._monitor()
         finally:
             self._stop(list(self.workers.values()) + self.spares)
+        if status == 0 and self.nnodes > 1:
+            # One agent hosts the rendezvous store: keep it up until every node's workers are done.
+            # (The host's agent may leave as soon as the count is full: a closed store then means "all done".)
+            with contextlib.suppress(dist.DistError):
+                self.store.add("nodes_done", 1)
+                deadline = time.monotonic() + 60
+                while self.store.add("nodes_done", 0) < self.nnodes and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        return status
 
     def _monitor(self) -> int:
         marker = os.path.join(self.launch.run_dir, CRASH_LOOP_FILE) if self.launch.run_dir else None
@@ -195,9 +227,10 @@ class WarmAgent:
                 with open(marker) as f:
                     print(f"goodput launch: crash loop: {f.read().strip()}", file=sys.stderr)
                 return EXIT_CRASH_LOOP
+            self._follow()
             failed = self._poll_workers()
             if not failed:
-                if len(self._done) == self.world_size:
+                if len(self._done) == self.nproc:
                     return 0
                 self._check_pending()
                 self._fill_spares()
@@ -232,7 +265,7 @@ class WarmAgent:
         return failed
 
     def _cold_reason(self) -> str | None:
-        if self._pending is not None:
+        if self._pending is not None or self._unrecovered():
             return "a failure during a warm restart"
         if self._done:
             return "a worker had already finished"
@@ -252,45 +285,78 @@ class WarmAgent:
             )
 
     # ---- restarts ----------------------------------------------------------------------------------------
+    def _unrecovered(self) -> bool:
+        """Whether the current generation was formed by a warm restart that has not recovered yet."""
+        if self.gen == 0:
+            return False
+        info = json.loads(self.store.get(f"gen/{self.gen}/info"))
+        return bool(
+            info["kind"] == "warm" and self.store.add(f"gen/{self.gen}/recovered", 0) < self.world_size
+        )
+
+    def _new_generation(self) -> int:
+        return int(self.store.add("gen/counter", 1))
+
+    def _follow(self) -> None:
+        """Join a generation another node's agent made: a cold one restarts this node's workers too."""
+        if self.nnodes == 1:
+            return
+        current = int(self.store.get("gen/current"))
+        if current <= self.gen:
+            return
+        info = json.loads(self.store.get(f"gen/{current}/info"))
+        self.gen = current
+        if info["kind"] == "cold":
+            self._stop(list(self.workers.values()))
+            self.workers.clear()
+            self._done.clear()
+            self._pending = None
+            self.cold_restarts += 1
+            self._record("cold_restart_followed", gen=current, reason=info.get("reason"))
+            for rank in self.ranks:
+                self._start_worker(rank)
+
     def _warm_restart(self, failed: list[int], detected: float) -> None:
         """Hand each failed rank to a spare (or a fresh process) and let the survivors join the next group."""
-        old = self.gen
-        self.gen += 1
-        self._publish("warm", failed=failed, detected_wall=detected, from_gen=old)
-        handed = []
-        for rank in failed:
-            spare = self._take_spare()
-            if spare is None:
-                self._start_worker(rank)
-                handed.append({"rank": rank, "spare": None, "pid": self.workers[rank].pid})
-                continue
-            assign = {
-                "rank": rank,
-                "local_rank": rank,
-                "world_size": self.world_size,
-                "local_world_size": self.world_size,
-                "gen": self.gen,
-                "restart_count": self.cold_restarts,
-            }
-            self.store.set(f"spare/{spare.spare}/assign", json.dumps(assign))
-            self.workers[rank] = spare
-            ready = self.store.check([f"spare/{spare.spare}/ready"])  # False: still importing
-            handed.append({"rank": rank, "spare": spare.spare, "pid": spare.pid, "ready": ready})
+        old, new = self.gen, self._new_generation()
+        won = self.store.compare_set(f"gen/{old}/next", "", json.dumps({"gen": new})).decode()
+        if json.loads(won)["gen"] != new:  # another node's agent restarted generation `old` first
+            self._cold_restart(failed, detected, "failures on two nodes at once")
+            return
+        self.gen = new
+        handed = [self._hand_over(rank) for rank in failed]
         handover = time.time()
-        info = json.loads(self.store.get(f"gen/{self.gen}/info"))
-        info["handover_wall"] = handover
-        self.store.set(f"gen/{self.gen}/info", json.dumps(info))
-        self.store.set(f"gen/{old}/next", json.dumps({"gen": self.gen}))
-        self._pending = (self.gen, time.monotonic() + self.warm.reform_timeout)
+        self._publish("warm", failed=failed, detected_wall=detected, from_gen=old, handover_wall=handover)
+        self.store.set("gen/current", str(new))
+        self._pending = (new, time.monotonic() + self.warm.reform_timeout)
         self._record(
             "warm_restart",
-            gen=self.gen,
+            gen=new,
             failed=failed,
             detected_wall=detected,
             handed=handed,
             handover_seconds=round(handover - detected, 6),
         )
         self._fill_spares()
+
+    def _hand_over(self, rank: int) -> dict[str, Any]:
+        spare = self._take_spare()
+        if spare is None:
+            self._start_worker(rank)
+            return {"rank": rank, "spare": None, "pid": self.workers[rank].pid}
+        assign = {
+            "rank": rank,
+            "local_rank": rank - self.ranks[0],
+            "world_size": self.world_size,
+            "local_world_size": self.nproc,
+            "group_rank": self.node_rank,
+            "gen": self.gen,
+            "restart_count": self.cold_restarts,
+        }
+        ready = self.store.check([f"spare/{self.node_rank}-{spare.spare}/ready"])  # False: still importing
+        self.store.set(f"spare/{self.node_rank}-{spare.spare}/assign", json.dumps(assign))
+        self.workers[rank] = spare
+        return {"rank": rank, "spare": spare.spare, "pid": spare.pid, "ready": ready}
 
     def _take_spare(self) -> _Slot | None:
         while self.spares:
@@ -306,11 +372,12 @@ class WarmAgent:
         self.workers.clear()
         self._done.clear()
         self._pending = None
-        self.gen += 1
+        self.gen = self._new_generation()
         self.cold_restarts += 1
         self._publish("cold", failed=failed, detected_wall=detected, reason=reason)
+        self.store.set("gen/current", str(self.gen))
         self._record("cold_restart", gen=self.gen, failed=failed, reason=reason, detected_wall=detected)
-        for rank in range(self.world_size):
+        for rank in self.ranks:
             self._start_worker(rank)
         self._fill_spares()
 
@@ -326,6 +393,29 @@ class WarmAgent:
         os.makedirs(os.path.dirname(self._log_path), exist_ok=True)
         with open(self._log_path, "a") as f:
             f.write(json.dumps({"event": event, "wall": time.time(), **fields}) + "\n")
+
+
+def _rendezvous(launch: LaunchConfig) -> tuple[int, str, Any]:
+    """Meet the other nodes' agents through torch elastic's c10d rendezvous: this node's rank, and the
+    ``host:port`` of the store the rendezvous hosts (shared by every agent, worker and spare of the job), and
+    the rendezvous handler, which must stay alive: on the node that hosts the store it owns the server."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    if launch.rdzv_endpoint is None:
+        raise ConfigError("--restart warm with --nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+    nnodes = int(launch.nnodes)
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=launch.rdzv_endpoint,
+        run_id=launch.rdzv_id,
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        local_addr="127.0.0.1" if launch.rdzv_endpoint.startswith(("127.0.0.1:", "localhost:")) else None,
+    )
+    handler = get_rendezvous_handler(params)
+    info = handler.next_rendezvous()
+    return info.rank, launch.rdzv_endpoint, handler
 
 
 def _kill_group(pid: int) -> None:

@@ -42,6 +42,7 @@ STORE_ENV = "GOODPUT_WARM_STORE"
 ROLE_ENV = "GOODPUT_WARM_ROLE"
 GEN_ENV = "GOODPUT_WARM_GEN"
 SPARE_ENV = "GOODPUT_WARM_SPARE_ID"
+PREFIX_ENV = "GOODPUT_WARM_PREFIX"
 PG_TIMEOUT_ENV = "GOODPUT_WARM_PG_TIMEOUT"
 REFORM_TIMEOUT_ENV = "GOODPUT_WARM_REFORM_TIMEOUT"
 
@@ -99,9 +100,11 @@ class WarmWorker:
         import torch.distributed as dist
 
         host, port = os.environ[STORE_ENV].rsplit(":", 1)
-        self.store = dist.TCPStore(
+        base = dist.TCPStore(
             host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
         )
+        prefix = os.environ.get(PREFIX_ENV, "")  # several nodes share the rendezvous's store
+        self.store: Any = dist.PrefixStore(prefix, base) if prefix else base
         self.pg_timeout = float(os.environ.get(PG_TIMEOUT_ENV, "60"))
         self.reform_timeout = float(os.environ.get(REFORM_TIMEOUT_ENV, "60"))
         self.spare_wait: float | None = None  # seconds this process waited as a spare
