@@ -171,3 +171,33 @@ def test_two_nodes_a_killed_worker_leaves_the_other_nodes_worker_running(
             agent.kill()
     assert [agent.returncode for agent in agents] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
     _assert_warm_and_identical(run_dir, baseline)
+
+
+def test_peer_failures_are_told_from_a_ranks_own_errors() -> None:
+    import torch.distributed as dist
+
+    from goodput.faults import InjectedFault
+    from goodput.run.warm import is_peer_failure
+
+    gloo = RuntimeError("[pair.cc:537] Read error [127.0.0.1]:1: Connection reset by peer.")
+    assert is_peer_failure(gloo)
+    assert is_peer_failure(dist.DistBackendError("NCCL communicator was aborted"))
+    wrapped = ValueError("save failed")
+    wrapped.__cause__ = gloo
+    assert is_peer_failure(wrapped)
+    assert not is_peer_failure(InjectedFault("injected fault: raise step at step 3 on rank 1"))
+    assert not is_peer_failure(RuntimeError("shape mismatch in my model"))
+
+
+def test_warm_restart_options_are_checked_in_one_line() -> None:
+    cmd = [sys.executable, "-m", "goodput", "launch", "--restart", "warm", "--spares", "-1", "--", "train.py"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--spares" in proc.stderr
+    cmd[cmd.index("--spares") : cmd.index("--spares") + 2] = [
+        "--nnodes",
+        "1:2",
+        "--rdzv-endpoint",
+        "127.0.0.1:1",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--nnodes" in proc.stderr
