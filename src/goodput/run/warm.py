@@ -28,10 +28,13 @@ to the newest checkpoint.
 
 from __future__ import annotations
 
+import array
+import base64
 import datetime
 import io
 import json
 import os
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -169,10 +172,8 @@ class WarmWorker:
     # ---- every step ----------------------------------------------------------------------------------------
     def step_committed(self, step: int, loader: Any) -> None:
         """Record this rank's position after a completed step: the loader's in memory, the RNG in the store."""
-        from goodput.checkpoint.rng import capture_rng
-
         self._last_loader = loader.state_dict() if loader is not None else None
-        self.store.set(f"rec/{self.rank}", json.dumps({"step": step, "rng": capture_rng()}))
+        self.store.set(f"rec/{self.rank}", json.dumps({"step": step, "rng": _capture_rng()}))
 
     # ---- leaving a failed generation -----------------------------------------------------------------------
     def snapshot(self, step: int, state: Any) -> Snapshot | None:
@@ -266,9 +267,7 @@ class WarmWorker:
         start, before the recorded step; restoring after it continues the streams exactly where they were.
         """
         if self._pending_rng is not None:
-            from goodput.checkpoint.rng import restore_rng
-
-            restore_rng(self._pending_rng)
+            _restore_rng(self._pending_rng)
             self._pending_rng = None
 
     def recovered(self) -> None:
@@ -311,3 +310,49 @@ def _is_sharded(model: Any) -> bool:
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _capture_rng() -> dict[str, Any]:
+    """Every RNG's state, packed as raw bytes: written every step, so ~0.1 ms rather than the checkpoint
+    format's ~1 ms (``goodput.checkpoint.rng`` spells the same states out as JSON lists)."""
+    import numpy as np
+    import torch
+
+    version, internal, gauss = random.getstate()
+    kind, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": [version, _b64(array.array("Q", internal).tobytes()), gauss],
+        "numpy": [
+            kind,
+            _b64(np.asarray(key, dtype=np.uint32).tobytes()),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ],
+        "torch": _b64(torch.get_rng_state().numpy().tobytes()),
+        "cuda": [],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [_b64(t.numpy().tobytes()) for t in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _restore_rng(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(array.array("Q", base64.b64decode(internal))), gauss))
+    kind, key, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.frombuffer(base64.b64decode(key), dtype=np.uint32), pos, has_gauss, cached))
+
+    def tensor(text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+    torch.set_rng_state(tensor(state["torch"]))
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensor(t) for t in state["cuda"]])
