@@ -19,7 +19,9 @@ SCRIPT = os.path.join(os.path.dirname(goodput.bench.__file__), "_restart_train.p
 STEPS = "40"
 
 
-def _launch(run_dir: str, faults: str = "", *extra: str, hang_timeout: str = "60") -> None:
+def _launch(
+    run_dir: str, faults: str = "", *extra: str, hang_timeout: str = "60", script_args: tuple[str, ...] = ()
+) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -33,7 +35,7 @@ def _launch(run_dir: str, faults: str = "", *extra: str, hang_timeout: str = "60
         run_dir,
     ]
     cmd += ["--faults", faults, "--collective-timeout", "4", *extra, "--", SCRIPT, "--steps", STEPS]
-    cmd += ["--every", "10", "--hang-timeout", hang_timeout]
+    cmd += ["--every", "10", "--hang-timeout", hang_timeout, *script_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
@@ -201,3 +203,24 @@ def test_warm_restart_options_are_checked_in_one_line() -> None:
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--nnodes" in proc.stderr
+
+
+@pytest.mark.slow
+def test_sharded_model_restarts_warm_from_the_newest_checkpoint(
+    tmp_path: os.PathLike[str], baseline: str
+) -> None:
+    """FSDP2 holds no full replica on any rank: the warm restart keeps the processes but restores the checkpoint."""
+    run_dir = str(tmp_path)
+    _launch(run_dir, "kill@step=20,rank=1", script_args=("--fsdp", "--strategy", "dcp"))
+    events = _agent(run_dir)
+    assert [e["event"] for e in events] == ["warm_restart", "warm_restart_done"], events
+    samples, pids = _trained(run_dir)
+    assert len(pids[0]) == 1 and len(pids[1]) == 2
+    assert samples == _trained(baseline)[0]  # steps 11-20 redone on the same samples
+    restored = [
+        e["step"]
+        for name in os.listdir(os.path.join(run_dir, "ledger"))
+        for e in _lines(os.path.join(run_dir, "ledger", name))
+        if e["event"] == "restore_end" and e["attempt"] == 1
+    ]
+    assert restored == [10, 10]  # the save at step 20 never happened: the kill came first

@@ -65,6 +65,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--step-seconds", type=float, default=0.0)
     p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2 instead of DDP")
     p.add_argument("--hang-timeout", type=float, default=60.0)
     return p.parse_args(argv)
 
@@ -94,7 +95,12 @@ def _train(run: Run, args: argparse.Namespace, dataset: _Samples) -> None:
         torch.nn.Linear(args.hidden, 1),
     )
     model: torch.nn.Module = inner
-    if run.info.world_size > 1:
+    if args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(inner, mesh=init_device_mesh("cpu", (run.info.world_size,)))
+    elif run.info.world_size > 1:
         model = torch.nn.parallel.DistributedDataParallel(inner)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.01 * s))
@@ -114,7 +120,7 @@ def _train(run: Run, args: argparse.Namespace, dataset: _Samples) -> None:
             log.write(json.dumps({"step": run.step + 1, "samples": ids, "pid": os.getpid()}) + "\n")
             run.step_done(loss=float(loss.detach()))
     run.close()
-    if run.info.rank == 0:
+    if run.info.rank == 0 and not args.fsdp:  # (sharded tensors would need a gather to hash)
         final = {
             "step": run.step,
             "model": _hash(inner.state_dict()),
