@@ -151,6 +151,7 @@ class WarmWorker:
         import torch.distributed as dist
 
         self.info = json.loads(self.store.get(f"gen/{self.gen}/info"))
+        self._wait_for_all()
         if backend is None:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
@@ -163,6 +164,16 @@ class WarmWorker:
             timeout=datetime.timedelta(seconds=self.pg_timeout),
         )
         self.joined_wall = time.time()
+
+    def _wait_for_all(self) -> None:
+        """Wait until every rank of the generation has arrived, so the short collective timeout never has to
+        cover a slow start (new processes of a cold generation import torch first: up to 10 minutes)."""
+        arrived = int(self.store.add(f"gen/{self.gen}/arrived", 1))
+        everyone = f"gen/{self.gen}/everyone"
+        if arrived == self.world_size:
+            self.store.set(everyone, "1")
+        limit = self.reform_timeout if self.info.get("kind") == "warm" else max(600.0, self.reform_timeout)
+        self.store.wait([everyone], datetime.timedelta(seconds=limit))
 
     @property
     def live_recovery(self) -> bool:
