@@ -164,6 +164,11 @@ if TYPE_CHECKING:
     from goodput.run import (
         Run,
     )
+    from goodput.run.agent import (
+        WarmAgent,
+        WarmConfig,
+        launch_warm,
+    )
     from goodput.run.compare import (
         Difference,
         compare_records,
@@ -202,6 +207,11 @@ if TYPE_CHECKING:
         kill_plan,
         run_captured,
         verify_resume,
+    )
+    from goodput.run.warm import (
+        WarmWorker,
+        is_peer_failure,
+        warm_enabled,
     )
     from goodput.run.watchdog import (
         EXIT_HANG,
@@ -306,6 +316,12 @@ _LAZY = {
     "LaunchConfig": "goodput.run.launch",
     "launch_job": "goodput.run.launch",
     "torchrun_command": "goodput.run.launch",
+    "WarmAgent": "goodput.run.agent",
+    "WarmConfig": "goodput.run.agent",
+    "launch_warm": "goodput.run.agent",
+    "WarmWorker": "goodput.run.warm",
+    "is_peer_failure": "goodput.run.warm",
+    "warm_enabled": "goodput.run.warm",
     "Ledger": "goodput.ledger",
     "LedgerConfig": "goodput.ledger",
     "LedgerFile": "goodput.ledger",
@@ -440,6 +456,9 @@ __all__ = [
     "TensorBoardExporter",
     "TorchSaveStrategy",
     "TrainingState",
+    "WarmAgent",
+    "WarmConfig",
+    "WarmWorker",
     "Watchdog",
     "__version__",
     "account",
@@ -464,8 +483,10 @@ __all__ = [
     "goodput_over_time",
     "init_distributed",
     "install_faults",
+    "is_peer_failure",
     "kill_plan",
     "launch_job",
+    "launch_warm",
     "ledger_files",
     "list_checkpoints",
     "load_report",
@@ -499,6 +520,7 @@ __all__ = [
     "torchrun_command",
     "train",
     "verify_resume",
+    "warm_enabled",
     "waste_per_failure",
     "write_folder_shards",
     "write_shards",

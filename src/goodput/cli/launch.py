@@ -59,6 +59,23 @@ def register(sub: Any) -> None:
         default="60s",
         help="time from the first signal to save before everything is ended (default 60s)",
     )
+    parser.add_argument(
+        "--restart",
+        choices=("cold", "warm"),
+        default="cold",
+        help="cold: torchrun restarts the whole group (default); warm: survivors keep their process and a hot "
+        "spare replaces the failed rank (the script calls run.warm(train_fn))",
+    )
+    parser.add_argument(
+        "--spares", type=int, default=1, help="hot spare processes per node for --restart warm"
+    )
+    parser.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=30.0,
+        help="--restart warm: seconds before a collective with a failed or hung peer fails (default 30; keep it "
+        "below the script's hang timeout)",
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- script.py and its arguments")
     parser.set_defaults(handler=_run)
 
@@ -82,4 +99,8 @@ def _run(args: argparse.Namespace) -> int:
         preempt_signal=args.preempt_signal,
         grace=parse_duration(args.grace, what="--grace"),
     )
+    if args.restart == "warm":
+        from goodput.run.agent import WarmConfig, launch_warm
+
+        return launch_warm(config, WarmConfig(spares=args.spares, pg_timeout=args.collective_timeout))
     return launch_job(config)

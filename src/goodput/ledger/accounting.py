@@ -376,6 +376,8 @@ def _info(spans: list[Spans]) -> dict[str, Any]:
                 info["interval_changes"].append(fields)
             elif name in ("checkpoint_config", "state_registered"):
                 info[name] = fields
+            elif name in ("warm_restart", "warm_first_step"):  # a warm restart's parts, as this rank saw them
+                info.setdefault(name, []).append(fields)
             else:
                 tally = info["custom"].setdefault(str(name), {"count": 0, "seconds": 0.0})
                 tally["count"] += 1

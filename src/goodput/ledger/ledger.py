@@ -2,7 +2,9 @@
 
 Layout: ``RUN_DIR/ledger/attempt-AAAA.rank-RRRRR.jsonl``. Every rank writes its own file (no gathering, no
 shared file, so ranks cannot corrupt each other's lines); the report reads every rank's files, on the time
-axis of the lowest rank present, and counts each job event once (:mod:`goodput.ledger.ranks`). An attempt is one process lifetime of the run; its number is one more than
+axis of the lowest rank present, and counts each job event once (:mod:`goodput.ledger.ranks`). An attempt is
+one process lifetime of the run (under warm restarts, a surviving process opens a new attempt for each
+generation it joins); its number is one more than
 the highest this rank has already written in the folder (torchrun's ``TORCHELASTIC_RESTART_COUNT`` is
 recorded beside it, but resets when a scheduler relaunches torchrun, so it does not name the file).
 
@@ -37,6 +39,9 @@ Event schema (one JSON object per line)::
                              previous event)
     attempt_end              status ("ok", "failed", "interrupted"; "exited" when the process ended without
                              closing the ledger: a failure if another attempt follows)
+    warm_restart             generation, role ("survivor"/"replacement"), failed_ranks, restored_step, and the
+                             parts in seconds: detection, handover, reform, restore, spare_wait (see run/warm.py)
+    warm_first_step          step, seconds (restore end to the first step after a warm restart)
     anything else            a custom event (eval, ...) with the caller's JSON-able fields
 
 How a training loop feeds it (the order matters for the accounting)::
@@ -204,6 +209,8 @@ class Ledger:
         rank: this process's rank (default: ``$RANK`` or 0).
         attempt: the attempt number (default: one more than this rank's highest in the folder).
         config: flush period and fsync.
+        began: wall time the attempt began, when not at the process's start: a warm restart opens a new
+            attempt in a surviving process, and a hot spare's attempt begins when it is handed a rank.
 
     Use as a context manager, or call :meth:`close`; an exception leaving the ``with`` block records
     ``attempt_end`` with status ``failed``. Methods are thread-safe.
@@ -216,6 +223,7 @@ class Ledger:
         rank: int | None = None,
         attempt: int | None = None,
         config: LedgerConfig | None = None,
+        began: float | None = None,
     ) -> None:
         self.config = config or LedgerConfig()
         if "://" in os.fspath(run_dir):
@@ -242,7 +250,7 @@ class Ledger:
         self._warned = False
         self._stop = threading.Event()
         now = time.time()
-        process_start = _process_start_wall()
+        process_start = began if began is not None else _process_start_wall()
         self._live = _Live(now if process_start is None else min(process_start, now), time.monotonic())
         self.event(
             "attempt_start",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from goodput.ledger.accounting import CATEGORIES
 from goodput.units import format_duration as fd
@@ -108,6 +108,7 @@ def _steps(report: Report) -> list[str]:
             f"  interval changes: {len(changes)}; last to {_dur(last.get('interval_seconds'))}"
             f" ({last.get('reason', 'no reason given')})"
         )
+    lines += _warm_lines(acc.info, acc.restarts)
     custom = acc.info.get("custom", {})
     if custom:
         tallies = ", ".join(f"{k} x{v['count']} ({fd(v['seconds'])})" for k, v in sorted(custom.items()))
@@ -115,3 +116,23 @@ def _steps(report: Report) -> list[str]:
     if acc.at_risk_seconds > 0:
         lines.append(f"  at risk: {fd(acc.at_risk_seconds)} of steps not yet in a durable checkpoint")
     return lines
+
+
+def _warm_lines(info: dict[str, Any], restarts: int) -> list[str]:
+    """Warm against cold restarts, and the mean parts of the warm ones (from ``warm_restart`` events)."""
+    warm = info.get("warm_restart", [])
+    if not warm:
+        return []
+    firsts = [float(e["seconds"]) for e in info.get("warm_first_step", [])]
+    parts = [
+        (label, [float(e[key]) for e in warm if isinstance(e.get(key), int | float)])
+        for label, key in (
+            ("detection", "detection_seconds"),
+            ("hand-over", "handover_seconds"),
+            ("re-form", "reform_seconds"),
+            ("restore", "restore_seconds"),
+        )
+    ]
+    parts.append(("first step", firsts))
+    shown = ", ".join(f"{label} {fd(sum(v) / len(v))}" for label, v in parts if v)
+    return [f"  restarts: {len(warm)} warm, {max(0, restarts - len(warm))} cold; warm parts (mean): {shown}"]

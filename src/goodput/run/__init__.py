@@ -12,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from goodput.run.agent import WarmAgent, WarmConfig, launch_warm
     from goodput.run.compare import Difference, compare_records
     from goodput.run.crashloop import CrashLoopDetector
     from goodput.run.launch import (
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from goodput.run.signals import PreemptionWatch
     from goodput.run.verify import effective_samples, first_difference, read_run
     from goodput.run.verify_script import kill_plan, run_captured, verify_resume
+    from goodput.run.warm import WarmWorker, is_peer_failure, warm_enabled
     from goodput.run.watchdog import EXIT_HANG, Watchdog
 
 _LAZY = {
@@ -45,6 +47,12 @@ _LAZY = {
     "LaunchConfig": "goodput.run.launch",
     "launch_job": "goodput.run.launch",
     "torchrun_command": "goodput.run.launch",
+    "WarmAgent": "goodput.run.agent",
+    "WarmConfig": "goodput.run.agent",
+    "launch_warm": "goodput.run.agent",
+    "WarmWorker": "goodput.run.warm",
+    "is_peer_failure": "goodput.run.warm",
+    "warm_enabled": "goodput.run.warm",
     "Progress": "goodput.run.progress",
     "Run": "goodput.run.run",
     "PreemptionWatch": "goodput.run.signals",
@@ -81,18 +89,24 @@ __all__ = [
     "RunRecords",
     "StepRecord",
     "StepRecorder",
+    "WarmAgent",
+    "WarmConfig",
+    "WarmWorker",
     "Watchdog",
     "compare_records",
     "effective_samples",
     "first_difference",
+    "is_peer_failure",
     "kill_plan",
     "launch_job",
+    "launch_warm",
     "read_records",
     "read_run",
     "run_captured",
     "state_digests",
     "torchrun_command",
     "verify_resume",
+    "warm_enabled",
 ]
 
 

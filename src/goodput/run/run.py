@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
-from goodput.distributed import init_distributed
+from goodput.distributed import dist_info, init_distributed
 from goodput.errors import ConfigError, DataError
-from goodput.faults import Fault, FaultPlan, check_plan, install_faults, parse_faults
+from goodput.faults import Fault, FaultPlan, check_plan, fault_point, install_faults, parse_faults
 from goodput.ledger.accounting import account
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger, read_events
@@ -37,6 +40,7 @@ from goodput.run.crashloop import CrashLoopDetector
 from goodput.run.progress import Progress
 from goodput.run.records import StepRecorder
 from goodput.run.signals import PreemptionWatch
+from goodput.run.warm import WarmWorker, is_peer_failure, warm_enabled
 from goodput.run.watchdog import Watchdog
 
 __all__ = ["Run"]
@@ -88,24 +92,22 @@ class Run:
             raise ConfigError(f"total_steps must be >= 1, got {total_steps}")
         self.run_dir = run_dir
         self.total_steps = total_steps
-        self.info = init_distributed(backend)
-        self._owns_group = single_process_group(backend) or self.info.world_size > 1
+        # Under `goodput launch --restart warm`: a spare waits here for its rank (imports done), then joins.
+        self._warm = WarmWorker() if warm_enabled() else None
+        if self._warm is not None:
+            self._warm.join(backend)
+            self.info = dist_info()
+            self._owns_group = self.info.world_size > 1
+        else:
+            self.info = init_distributed(backend)
+            self._owns_group = single_process_group(backend) or self.info.world_size > 1
         self._preempt = PreemptionWatch(rank=self.info.rank, world_size=self.info.world_size)
         register_pid(self.info.rank)
-        self.ledger = Ledger(run_dir, rank=self.info.rank)
+        self.ledger = Ledger(run_dir, rank=self.info.rank, began=self._warm.began if self._warm else None)
         self.attempt = self.ledger.attempt
-        plan_text = faults if faults is not None else os.environ.get("GOODPUT_FAULTS", "")
-        plan = parse_faults(plan_text)
-        check_plan(plan, world_size=self.info.world_size, total_steps=total_steps)
-        self.faults = FaultPlan(
-            plan,
-            rank=self.info.rank,
-            world_size=self.info.world_size,
-            attempt=self.attempt,
-            marker_dir=os.path.join(run_dir, "faults"),
-            on_fire=self._fault_fired,
-        )
-        install_faults(self.faults)
+        self._plan_text = faults if faults is not None else os.environ.get("GOODPUT_FAULTS", "")
+        check_plan(parse_faults(self._plan_text), world_size=self.info.world_size, total_steps=total_steps)
+        self._arm_faults()
         limit = crash_loop if crash_loop is not None else int(os.environ.get("GOODPUT_CRASH_LOOP", "3"))
         self._crash = CrashLoopDetector(run_dir, self.attempt, limit=limit) if self.info.rank == 0 else None
         if self._crash is not None:
@@ -123,6 +125,9 @@ class Run:
         self.step = 0
         # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.run.records.
         self._records = StepRecorder.from_env(run_dir, rank=self.info.rank, attempt=self.attempt)
+        self._warm_pending: Any = None  # a survivor's state, held from its failure to the next restore
+        self._warm_next: dict[str, Any] | None = None
+        self._warm_first: float | None = None
 
     @property
     def manager(self) -> CheckpointManager:
@@ -154,7 +159,9 @@ class Run:
         self._loader = loader
         self.ledger.restore_start()
         with self._phase("restore"):
-            step = self._manager.restore_latest()
+            step = self._warm_recover(state) if self._warm is not None else None
+            if step is None:
+                step = self._manager.restore_latest()
         self.ledger.restore_end(step)
         parts = {
             "model": model,
@@ -197,6 +204,8 @@ class Run:
         steps = steps if steps is not None else self.total_steps
         iterator = iter(loader)
         self._cache_stats.epoch = int(getattr(loader, "epoch", 0))
+        if self._warm is not None:
+            self._warm.apply_rng()
         pending = False  # a step_start was recorded and its batch not yet handed out
         empty_epochs = 0
         while steps is None or self.step < steps:
@@ -226,6 +235,8 @@ class Run:
         self.ledger.step_end(self.step, fetch_seconds=fetch, loss=loss)
         if self._records is not None:
             self._records.step(self.step, loaders=(self._loader, manager.state.loader), loss=loss)
+        if self._warm is not None:
+            self._warm_step_done()
         if self.watchdog is not None:
             self.watchdog.beat()
         if self._crash is not None:
@@ -296,6 +307,91 @@ class Run:
         elif not self._closed:
             self._closed = True
             self._shutdown("failed")
+
+    def warm(self, train_fn: Callable[[Run], Any]) -> Any:
+        """Run ``train_fn(self)``; under warm restarts, re-enter it in this process after another rank fails.
+
+        ``train_fn`` holds the ordinary loop (build, ``restore``, ``batches``, ``step_done``, ``close``). After a
+        peer's failure it is called again in the same process: it must rebuild whatever is bound to the dead
+        process group (DDP/FSDP wrappers, optimizer, LR scheduler, loader and its iterator); ``restore`` then
+        fills them from a surviving replica (or the newest checkpoint). Module-level state (imports, compiled
+        kernels, datasets and caches) may be reused. Without warm restarts it simply calls ``train_fn`` once.
+        """
+        while True:
+            try:
+                return train_fn(self)
+            except Exception as err:
+                if self._warm is None:
+                    raise
+                if not is_peer_failure(err):
+                    self._warm_fail(err)
+                self._warm_restart(err)
+
+    def _warm_fail(self, err: BaseException) -> NoReturn:
+        """This rank's own failure under warm restarts: record it and exit now, so a spare takes the rank.
+
+        Exiting at once (not through the interpreter's shutdown, which may wait on the process group) lets the
+        survivors' collectives fail promptly.
+        """
+        traceback.print_exception(err)
+        self.ledger.failure_detected(f"exception on this rank: {type(err).__name__}: {err}"[:300])
+        self.ledger.close("failed")
+        sys.stderr.flush()
+        os._exit(1)
+
+    def _warm_restart(self, err: BaseException) -> None:
+        """Leave the failed generation keeping this process and its state, and join the next one."""
+        assert self._warm is not None
+        self.ledger.failure_detected(f"peer failure: {str(err).splitlines()[0][:200] if str(err) else err!r}")
+        self.ledger.close("failed")  # a warm restart opens a new attempt in this process
+        state = self._manager.state if self._manager is not None else None
+        self._warm_pending = self._warm.snapshot(self.step, state)
+        self._manager = None  # bound to the dead group; a save in flight there is abandoned
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
+        with self._phase("restore"):
+            self._warm_next = self._warm.leave()
+        self.ledger = Ledger(self.run_dir, rank=self.info.rank, began=self._warm.joined_wall)
+        self.attempt = self.ledger.attempt
+        self._closed = False
+        self._arm_faults()
+
+    def _warm_recover(self, state: TrainingState) -> int | None:
+        """In a generation formed by a warm restart: take the newest step from a surviving replica."""
+        assert self._warm is not None
+        if not self._warm.live_recovery:
+            return None
+        start = time.monotonic()
+        fault_point("restore")
+        step = self._warm.recover(self._warm_pending, state)
+        parts = self._warm.parts(time.monotonic() - start, self._warm_next)
+        self.ledger.event("warm_restart", restored_step=step, **parts)
+        self._warm.recovered()
+        self._warm_pending = self._warm_next = None
+        self._warm_first = time.monotonic()
+        return step
+
+    def _warm_step_done(self) -> None:
+        assert self._warm is not None
+        self._warm.step_committed(self.step, self._loader)
+        if self._warm_first is not None:
+            seconds = round(time.monotonic() - self._warm_first, 6)
+            self.ledger.event("warm_first_step", step=self.step, seconds=seconds)
+            self._warm_first = None
+
+    def _arm_faults(self) -> None:
+        # Under warm restarts a generation is the unit that draws random faults (the same on every rank).
+        attempt = self._warm.gen if self._warm is not None else self.attempt
+        self.faults = FaultPlan(
+            parse_faults(self._plan_text),
+            rank=self.info.rank,
+            world_size=self.info.world_size,
+            attempt=attempt,
+            marker_dir=os.path.join(self.run_dir, "faults"),
+            on_fire=self._fault_fired,
+        )
+        install_faults(self.faults)
 
     def _observe_failures(self, manager: CheckpointManager) -> None:
         """Feed the failure rate observed by earlier attempts of this run to the ``auto`` interval."""

@@ -1,0 +1,134 @@
+"""A small DDP training written as a warm-restartable function, for ``goodput bench restart`` and the tests.
+
+    goodput launch --restart warm --nproc 2 --run-dir runs/w -- src/goodput/bench/_restart_train.py --steps 60
+
+The model has dropout (so every rank draws from its RNG each step), AdamW and an LR schedule; the data are
+seeded synthetic samples through ``ResumableLoader``. Every rank logs the sample ids of each step it trains
+(``<run_dir>/samples/rank-<r>.jsonl``), and rank 0 writes ``<run_dir>/final.json`` with hashes of the final model
+and optimizer state, so two runs can be compared bit for bit. ``--step-seconds`` adds a fixed sleep to each
+step (a stand-in for a bigger model, so restart costs can be compared with step time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import time
+from typing import Any
+
+import torch
+
+from goodput.checkpoint import CheckpointConfig
+from goodput.data import ResumableLoader
+from goodput.run import Run
+
+
+class _Samples(torch.utils.data.Dataset[tuple[int, torch.Tensor]]):
+    """Deterministic synthetic samples: (id, 32 features) from a fixed generator."""
+
+    def __init__(self, n: int = 4096) -> None:
+        gen = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(n, 32, generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor]:
+        return i, self.x[i]
+
+
+def _collate(items: list[tuple[int, torch.Tensor]]) -> tuple[list[int], torch.Tensor]:
+    return [i for i, _ in items], torch.stack([t for _, t in items])
+
+
+def _hash(tensors: dict[str, Any]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(tensors):
+        value = tensors[key]
+        if isinstance(value, dict):
+            digest.update(f"{key}:{_hash(value)}".encode())
+        elif isinstance(value, torch.Tensor):
+            digest.update(f"{key}:{value.dtype}:{tuple(value.shape)}".encode())
+            digest.update(value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(f"{key}:{value!r}".encode())
+    return digest.hexdigest()
+
+
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
+    p.add_argument("--strategy", default="torch_save")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--step-seconds", type=float, default=0.0)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2 instead of DDP")
+    p.add_argument("--hang-timeout", type=float, default=60.0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _args(argv)
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    run_dir = os.environ["GOODPUT_RUN_DIR"]
+    config = CheckpointConfig(
+        root=os.path.join(run_dir, "checkpoints"), strategy=args.strategy, every=args.every, keep_last=2
+    )
+    run = Run(
+        run_dir, checkpoint=config, total_steps=args.steps, hang_timeout=args.hang_timeout, progress=False
+    )
+    dataset = _Samples()  # built once: a survivor reuses it after a warm restart
+    run.warm(lambda r: _train(r, args, dataset))
+
+
+def _train(run: Run, args: argparse.Namespace, dataset: _Samples) -> None:
+    """One entry of the training function: everything bound to the process group is built here."""
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(
+        torch.nn.Linear(32, args.hidden),
+        torch.nn.ReLU(),
+        torch.nn.Dropout(args.dropout),
+        torch.nn.Linear(args.hidden, 1),
+    )
+    model: torch.nn.Module = inner
+    if args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(inner, mesh=init_device_mesh("cpu", (run.info.world_size,)))
+    elif run.info.world_size > 1:
+        model = torch.nn.parallel.DistributedDataParallel(inner)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.01 * s))
+    loader = ResumableLoader(dataset, batch_size=8, seed=0, collate_fn=_collate, drop_last=True)
+    run.restore(model=model, optimizer=opt, scheduler=sched, loader=loader)
+    os.makedirs(os.path.join(run.run_dir, "samples"), exist_ok=True)
+    path = os.path.join(run.run_dir, "samples", f"rank-{run.info.rank}.jsonl")
+    with open(path, "a", buffering=1) as log:
+        for ids, x in run.batches(loader):
+            loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            if args.step_seconds:
+                time.sleep(args.step_seconds)
+            log.write(json.dumps({"step": run.step + 1, "samples": ids, "pid": os.getpid()}) + "\n")
+            run.step_done(loss=float(loss.detach()))
+    run.close()
+    if run.info.rank == 0 and not args.fsdp:  # (sharded tensors would need a gather to hash)
+        final = {
+            "step": run.step,
+            "model": _hash(inner.state_dict()),
+            "optim": _hash(opt.state_dict()["state"]),
+        }
+        with open(os.path.join(run.run_dir, "final.json"), "w") as f:
+            json.dump(final, f)
+
+
+if __name__ == "__main__":
+    main()

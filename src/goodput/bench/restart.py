@@ -1,0 +1,148 @@
+"""Restart cost, cold against warm: the same 2-rank job and state, the same injected SIGKILLs.
+
+    goodput bench restart --kills 3 [--json]
+
+Runs a small DDP training (``bench/_restart_train.py``: an MLP with dropout, AdamW, an LR schedule, seeded data
+through ``ResumableLoader``, a checkpoint every ``--every`` steps) twice under ``goodput launch``: once with
+``--restart cold`` (torchrun restarts the whole group from the newest checkpoint) and once with ``--restart
+warm`` (the survivor keeps its process, a hot spare takes the killed rank, state comes from the survivor).
+Each run gets the same fault plan: ``--kills`` SIGKILLs every ``--between`` steps, alternating ranks.
+
+From the runs' ledgers, for each failure: the time from the failure (the killed rank's ``fault_injected``
+event, written just before the kill) to the next productive step (the first ``step_end`` after the
+recovery's ``restore_end``), and the steps lost (completed before the failure, redone after it).
+``ratios.cold_restart_over_warm_restart`` is the mean cold time over the mean warm time (goal >= 3);
+``lost_steps_per_failure`` under warm has the goal <= 1. The warm restart's parts (detection, hand-over,
+re-forming the group, restore, first step) are averaged from the workers' ``warm_restart`` events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "_restart_train.py")
+_PARTS = ("detection_seconds", "handover_seconds", "reform_seconds", "restore_seconds")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kills", type=int, default=3, help="SIGKILLs per run (default 3)")
+    parser.add_argument(
+        "--between", type=int, default=200, help="steps between kills (default 200: the new spare is ready)"
+    )
+    parser.add_argument("--every", type=int, default=10, help="checkpoint every N steps (default 10)")
+    parser.add_argument("--step-seconds", type=float, default=0.05, help="extra time per step (default 0.05)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--keep", default=None, help="keep the two run folders under this folder")
+
+
+def fault_plan(kills: int, steps_between: int) -> tuple[str, list[int]]:
+    """``kills`` SIGKILLs at steps N, 2N, ... (N = ``steps_between``), on ranks 1, 0, 1, ...
+
+    Kills far enough apart that the spare started after one restart is ready (has imported torch) at the next:
+    a failure rate that outpaces the spare's start-up is measured as a spare that is not yet warm.
+    """
+    at = [(i + 1) * steps_between for i in range(kills)]
+    return "; ".join(f"kill@step={s},rank={(i + 1) % 2}" for i, s in enumerate(at)), at
+
+
+def _launch(mode: str, run_dir: str, faults: str, args: argparse.Namespace, steps: int) -> float:
+    cmd = [sys.executable, "-m", "goodput", "launch", "--restart", mode, "--nproc", "2", "--run-dir", run_dir]
+    cmd += ["--max-restarts", str(args.kills + 2), "--faults", faults, "--", SCRIPT, "--steps", str(steps)]
+    cmd += ["--every", str(args.every), "--step-seconds", str(args.step_seconds)]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    took = time.monotonic() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"the {mode} run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return took
+
+
+def measure(run_dir: str) -> dict[str, Any]:
+    """Per failure: seconds from the failure to the next productive step, and steps lost (from the ledgers)."""
+    from goodput.ledger import read_events
+
+    events = sorted(read_events(run_dir, rank=None), key=lambda e: e["wall"])
+    faults = [e for e in events if e["event"] == "fault_injected"]
+    recoveries = []
+    for fault in faults:
+        restore = next(e for e in events if e["event"] == "restore_end" and e["wall"] > fault["wall"])
+        first = next(e for e in events if e["event"] == "step_end" and e["wall"] > restore["wall"])
+        recoveries.append(
+            {
+                "failed_step": fault["step"],
+                "restored_step": restore["step"] or 0,
+                "lost_steps": fault["step"] - (restore["step"] or 0),
+                "seconds_to_next_step": first["wall"] - fault["wall"],
+            }
+        )
+    warm = [e for e in events if e["event"] == "warm_restart"]
+    first_steps = [e["seconds"] for e in events if e["event"] == "warm_first_step"]
+    parts = {p: _mean([float(e[p]) for e in warm]) for p in _PARTS}
+    parts["first_step_seconds"] = _mean(first_steps)
+    n = max(1, len(recoveries))
+    return {
+        "failures": len(recoveries),
+        "mean_seconds_to_next_step": sum(r["seconds_to_next_step"] for r in recoveries) / n,
+        "lost_steps_per_failure": sum(r["lost_steps"] for r in recoveries) / n,
+        "recoveries": recoveries,
+        "warm_parts": parts if warm else None,
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def run(args: argparse.Namespace) -> int:
+    from goodput.errors import ConfigError
+
+    if args.kills < 1 or args.every < 1 or args.between < 1 or args.step_seconds < 0:
+        raise ConfigError("--kills, --every and --between must be >= 1 and --step-seconds >= 0")
+    faults, _ = fault_plan(args.kills, args.between)
+    steps = args.between * args.kills + 25
+    result: dict[str, Any] = {"kills": args.kills, "steps": steps, "faults": faults, "every": args.every}
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            work = os.path.join(args.keep, f"restart-{int(time.time())}")
+        else:
+            work = stack.enter_context(tempfile.TemporaryDirectory(prefix="goodput-bench-restart-"))
+        for mode in ("cold", "warm"):
+            run_dir = os.path.join(work, mode)
+            wall = _launch(mode, run_dir, faults, args, steps)
+            result[mode] = {"wall_seconds": wall, **measure(run_dir)}
+    cold, warm = result["cold"]["mean_seconds_to_next_step"], result["warm"]["mean_seconds_to_next_step"]
+    result["ratios"] = {"cold_restart_over_warm_restart": cold / warm if warm > 0 else None}
+    result["lost_steps_per_failure"] = {m: result[m]["lost_steps_per_failure"] for m in ("cold", "warm")}
+    result["goals"] = {"cold_restart_over_warm_restart": ">= 3", "lost_steps_per_failure_warm": "<= 1"}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print(result)
+    return 0
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(
+        f"{result['kills']} SIGKILLs in {result['steps']} steps, 2 ranks, checkpoint every {result['every']}"
+    )
+    for mode in ("cold", "warm"):
+        r = result[mode]
+        print(
+            f"  {mode}: failure -> next step {r['mean_seconds_to_next_step']:.2f} s (mean of {r['failures']}), "
+            f"lost steps/failure {r['lost_steps_per_failure']:.1f}, run {r['wall_seconds']:.1f} s"
+        )
+    parts = result["warm"]["warm_parts"] or {}
+    shown = ", ".join(f"{k.removesuffix('_seconds')} {v:.3f} s" for k, v in parts.items() if v is not None)
+    print(f"  warm restart parts (mean over ranks): {shown}")
+    ratio = result["ratios"]["cold_restart_over_warm_restart"]
+    print(f"  cold_restart_over_warm_restart = {ratio:.1f} (goal >= 3)")

@@ -1,0 +1,436 @@
+"""The warm-restart agent behind ``goodput launch --restart warm``: replace only the failed worker.
+
+torchrun's elastic agent (``LocalElasticAgent._invoke_run``) answers any worker's failure with
+``_restart_workers``: it stops every worker, re-rendezvouses and starts a whole new group, so each restart
+pays for new Python processes, ``import torch``, model construction and a checkpoint restore on every rank.
+This agent keeps torch.distributed.elastic's parts and changes that one decision:
+
+* workers and hot spares are started with elastic's ``start_processes`` (one process context per slot, so one
+  slot can be replaced while the others run), and coordinate through a c10d ``TCPStore`` the agent hosts for
+  the job's whole life (see ``goodput.run.warm`` for the keys);
+* on a worker's failure (non-zero exit, signal, or the hang watchdog's exit) the agent hands the dead rank to
+  a spare that has already imported torch and the script's imports, publishes the next generation, and
+  starts a new spare in the background; the survivors, whose collectives failed, leave the failed step in
+  their own process, form the new generation's group and recover live from a surviving replica;
+* when the warm path cannot recover (a failure during a warm restart, the group not recovered within the
+  re-form timeout, a worker that already finished), it falls back to a cold restart of the whole group, like
+  torchrun's, from the newest checkpoint.
+
+Every decision is appended to ``RUN_DIR/warm/agent.jsonl`` (one JSON object a line), and each worker's ledger
+records the restart's parts as seen by that rank.
+
+Several nodes: each node runs an agent (``--nnodes N --rdzv-endpoint HOST:PORT``); the agents meet through
+elastic's c10d rendezvous and share its store. Generations are numbered by a store counter; the agent that
+sees a failure claims the next generation of the current one (a compare-and-set, so two nodes failing at
+once cannot both restart it warm: the loser restarts cold), hands the rank to its own node's spare, and the
+other nodes' survivors join without their agent doing anything. A cold restart is announced through the store
+(``gen/current``), and every agent restarts its node's workers in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from goodput.errors import ConfigError
+from goodput.run.crashloop import CRASH_LOOP_FILE
+from goodput.run.launch import EXIT_CRASH_LOOP, LaunchConfig
+from goodput.run.warm import (
+    GEN_ENV,
+    PG_TIMEOUT_ENV,
+    PREFIX_ENV,
+    REFORM_TIMEOUT_ENV,
+    ROLE_ENV,
+    SPARE_ENV,
+    STORE_ENV,
+)
+
+__all__ = ["WarmAgent", "WarmConfig", "launch_warm"]
+
+AGENT_LOG = os.path.join("warm", "agent.jsonl")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WarmConfig:
+    """How warm restarts behave.
+
+    Args:
+        spares: hot spare processes kept per node (0: a replacement is started cold and survivors wait).
+        reform_timeout: seconds for a warm restart to re-form the group and recover before a cold restart.
+        pg_timeout: seconds a collective may wait before it fails. A survivor blocked in a collective with a
+            hung peer leaves it after this long, so keep it shorter than the script's ``Run(hang_timeout=)``:
+            the hung rank's own watchdog then ends it and a spare takes its place.
+    """
+
+    spares: int = 1
+    reform_timeout: float = 30.0
+    pg_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.spares < 0:
+            raise ConfigError(f"--spares must be >= 0, got {self.spares}")
+        for name in ("reform_timeout", "pg_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"WarmConfig.{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class _Slot:
+    ctx: Any  # torch.distributed.elastic.multiprocessing.PContext of one process
+    pid: int
+    spare: int | None = None  # the spare id this process was started as
+
+
+class WarmAgent:
+    """Starts the workers and spares of one node and restarts failed workers warm (else cold)."""
+
+    def __init__(self, launch: LaunchConfig, warm: WarmConfig) -> None:
+        import torch.distributed as dist
+
+        if not launch.nnodes.isdigit():
+            raise ConfigError(f"--restart warm needs a fixed --nnodes, got {launch.nnodes!r}")
+        self.launch = launch
+        self.warm = warm
+        self.nproc = launch.nproc
+        self.nnodes = int(launch.nnodes)
+        if self.nnodes == 1:
+            self.node_rank, prefix = 0, ""
+            base = dist.TCPStore(
+                "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+            )
+            self.address = f"127.0.0.1:{base.port}"
+        else:
+            self.node_rank, self.address, self._rdzv = _rendezvous(launch)
+            host, port = self.address.rsplit(":", 1)
+            base = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60))
+            prefix = f"goodput-warm/{launch.rdzv_id}/"
+        self._base = base  # the connection (and, on one node, the server) lives as long as the agent
+        self.prefix = prefix
+        self.store: Any = dist.PrefixStore(prefix, base) if prefix else base
+        self.world_size = self.nnodes * self.nproc
+        self.ranks = [self.node_rank * self.nproc + i for i in range(self.nproc)]
+        self.gen = 0
+        self.cold_restarts = 0
+        self.restarts = 0
+        self.workers: dict[int, _Slot] = {}
+        self.spares: list[_Slot] = []
+        self._next_spare = 0
+        self._pending: tuple[int, float] | None = (
+            None  # (generation, deadline) of an unconfirmed warm restart
+        )
+        self._done: set[int] = set()
+        self._log_path = os.path.join(launch.run_dir, AGENT_LOG) if launch.run_dir else None
+
+    # ---- processes ---------------------------------------------------------------------------------------
+    def _env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.launch.run_dir is not None:
+            env["GOODPUT_RUN_DIR"] = os.path.abspath(self.launch.run_dir)
+        env.update(
+            GOODPUT_FAULTS=self.launch.faults,
+            GOODPUT_CRASH_LOOP=str(self.launch.crash_loop),
+            TORCHELASTIC_RUN_ID=self.launch.rdzv_id,
+            TORCHELASTIC_RESTART_COUNT=str(self.cold_restarts),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=self.address.rsplit(":", 1)[1],
+            **{STORE_ENV: self.address, PREFIX_ENV: self.prefix},
+            **{PG_TIMEOUT_ENV: str(self.warm.pg_timeout), REFORM_TIMEOUT_ENV: str(self.warm.reform_timeout)},
+        )
+        if self.nproc > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for several processes per node
+        env.update(extra)
+        return env
+
+    def _spawn(self, name: str, env: dict[str, str]) -> _Slot:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+        ctx = start_processes(
+            name=name,
+            entrypoint=sys.executable,
+            args={0: ("-u", *self.launch.script)},
+            envs={0: env},
+            logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
+        )
+        return _Slot(ctx=ctx, pid=ctx.pids()[0])
+
+    def _start_worker(self, rank: int) -> None:
+        env = self._env(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank - self.ranks[0]),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_WORLD_SIZE=str(self.nproc),
+            GROUP_RANK=str(self.node_rank),
+            **{ROLE_ENV: "worker", GEN_ENV: str(self.gen)},
+        )
+        self.workers[rank] = self._spawn(f"rank{rank}", env)
+
+    def _start_spare(self) -> None:
+        spare = self._next_spare
+        self._next_spare += 1
+        env = self._env(**{ROLE_ENV: "spare", SPARE_ENV: f"{self.node_rank}-{spare}"})
+        slot = self._spawn(f"spare{spare}", env)
+        slot.spare = spare
+        self.spares.append(slot)
+
+    def _fill_spares(self) -> None:
+        alive = []
+        for slot in self.spares:
+            if slot.ctx.wait(0) is None:
+                alive.append(slot)
+            else:
+                self._record("spare_died", spare=slot.spare, pid=slot.pid)
+        self.spares = alive
+        while len(self.spares) < self.warm.spares:
+            self._start_spare()
+
+    def _publish(self, kind: str, **fields: Any) -> None:
+        info = {"kind": kind, "gen": self.gen, **fields}
+        self.store.set(f"gen/{self.gen}/info", json.dumps(info))
+
+    # ---- the loop ----------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run the job to its end; returns its exit status."""
+        import torch.distributed as dist
+
+        if self.node_rank == 0:
+            self._publish("cold", failed=[])
+            self.store.set("gen/current", "0")
+        try:
+            for rank in self.ranks:
+                self._start_worker(rank)
+            self._fill_spares()
+            status = self._monitor()
+        finally:
+            self._stop(list(self.workers.values()) + self.spares)
+        if status == 0 and self.nnodes > 1:
+            # One agent hosts the rendezvous store: keep it up until every node's workers are done.
+            # (The host's agent may leave as soon as the count is full: a closed store then means "all done".)
+            with contextlib.suppress(dist.DistError):
+                self.store.add("nodes_done", 1)
+                deadline = time.monotonic() + 60
+                while self.store.add("nodes_done", 0) < self.nnodes and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        return status
+
+    def _monitor(self) -> int:
+        marker = os.path.join(self.launch.run_dir, CRASH_LOOP_FILE) if self.launch.run_dir else None
+        while True:
+            time.sleep(self.launch.monitor_interval)
+            if marker is not None and os.path.exists(marker):
+                with open(marker) as f:
+                    print(f"goodput launch: crash loop: {f.read().strip()}", file=sys.stderr)
+                return EXIT_CRASH_LOOP
+            self._follow()
+            failed = self._poll_workers()
+            if not failed:
+                if len(self._done) == self.nproc:
+                    return 0
+                self._check_pending()
+                self._fill_spares()
+                continue
+            detected = time.time()
+            if self.restarts >= self.launch.max_restarts:
+                self._record("give_up", failed=failed, restarts=self.restarts)
+                return 1
+            self.restarts += 1
+            reason = self._cold_reason()
+            if reason is None:
+                self._warm_restart(sorted(failed), detected)
+            else:
+                self._cold_restart(sorted(failed), detected, reason)
+
+    def _poll_workers(self) -> dict[int, int]:
+        failed: dict[int, int] = {}
+        for rank, slot in self.workers.items():
+            if rank in self._done:
+                continue
+            result = slot.ctx.wait(0)
+            if result is None:
+                continue
+            if result.is_failed():
+                failed[rank] = next(iter(result.failures.values())).exitcode
+                # Its children (forked data-loader workers) hold copies of its sockets: until they go, the
+                # survivors' collectives see no closed connection (the workers notice a dead parent only
+                # every 5 s). The worker leads its own session, so its process group is its children.
+                _kill_group(slot.pid)
+            else:
+                self._done.add(rank)
+        return failed
+
+    def _cold_reason(self) -> str | None:
+        if self._pending is not None or self._unrecovered():
+            return "a failure during a warm restart"
+        if self._done:
+            return "a worker had already finished"
+        return None
+
+    def _check_pending(self) -> None:
+        if self._pending is None:
+            return
+        gen, deadline = self._pending
+        if self.store.add(f"gen/{gen}/recovered", 0) >= self.world_size:
+            self._record("warm_restart_done", gen=gen)
+            self._pending = None
+        elif time.monotonic() > deadline:
+            self.restarts += 1
+            self._cold_restart(
+                [], time.time(), f"warm restart not recovered within {self.warm.reform_timeout}s"
+            )
+
+    # ---- restarts ----------------------------------------------------------------------------------------
+    def _unrecovered(self) -> bool:
+        """Whether the current generation was formed by a warm restart that has not recovered yet."""
+        if self.gen == 0:
+            return False
+        info = json.loads(self.store.get(f"gen/{self.gen}/info"))
+        return bool(
+            info["kind"] == "warm" and self.store.add(f"gen/{self.gen}/recovered", 0) < self.world_size
+        )
+
+    def _new_generation(self) -> int:
+        return int(self.store.add("gen/counter", 1))
+
+    def _follow(self) -> None:
+        """Join a generation another node's agent made: a cold one restarts this node's workers too."""
+        if self.nnodes == 1:
+            return
+        current = int(self.store.get("gen/current"))
+        if current <= self.gen:
+            return
+        info = json.loads(self.store.get(f"gen/{current}/info"))
+        self.gen = current
+        if info["kind"] == "cold":
+            self._stop(list(self.workers.values()))
+            self.workers.clear()
+            self._done.clear()
+            self._pending = None
+            self.cold_restarts += 1
+            self._record("cold_restart_followed", gen=current, reason=info.get("reason"))
+            for rank in self.ranks:
+                self._start_worker(rank)
+
+    def _warm_restart(self, failed: list[int], detected: float) -> None:
+        """Hand each failed rank to a spare (or a fresh process) and let the survivors join the next group."""
+        old, new = self.gen, self._new_generation()
+        won = self.store.compare_set(f"gen/{old}/next", "", json.dumps({"gen": new})).decode()
+        if json.loads(won)["gen"] != new:  # another node's agent restarted generation `old` first
+            self._cold_restart(failed, detected, "failures on two nodes at once")
+            return
+        self.gen = new
+        handed = [self._hand_over(rank) for rank in failed]
+        handover = time.time()
+        self._publish("warm", failed=failed, detected_wall=detected, from_gen=old, handover_wall=handover)
+        self.store.set("gen/current", str(new))
+        self._pending = (new, time.monotonic() + self.warm.reform_timeout)
+        self._record(
+            "warm_restart",
+            gen=new,
+            failed=failed,
+            detected_wall=detected,
+            handed=handed,
+            handover_seconds=round(handover - detected, 6),
+        )
+        self._fill_spares()
+
+    def _hand_over(self, rank: int) -> dict[str, Any]:
+        spare = self._take_spare()
+        if spare is None:
+            self._start_worker(rank)
+            return {"rank": rank, "spare": None, "pid": self.workers[rank].pid}
+        assign = {
+            "rank": rank,
+            "local_rank": rank - self.ranks[0],
+            "world_size": self.world_size,
+            "local_world_size": self.nproc,
+            "group_rank": self.node_rank,
+            "gen": self.gen,
+            "restart_count": self.cold_restarts,
+        }
+        ready = self.store.check([f"spare/{self.node_rank}-{spare.spare}/ready"])  # False: still importing
+        self.store.set(f"spare/{self.node_rank}-{spare.spare}/assign", json.dumps(assign))
+        self.workers[rank] = spare
+        return {"rank": rank, "spare": spare.spare, "pid": spare.pid, "ready": ready}
+
+    def _take_spare(self) -> _Slot | None:
+        while self.spares:
+            slot = self.spares.pop(0)
+            if slot.ctx.wait(0) is None:
+                return slot
+            self._record("spare_died", spare=slot.spare, pid=slot.pid)
+        return None
+
+    def _cold_restart(self, failed: list[int], detected: float, reason: str) -> None:
+        """Stop every worker and start the whole group anew from the newest checkpoint (torchrun's restart)."""
+        self._stop(list(self.workers.values()))
+        self.workers.clear()
+        self._done.clear()
+        self._pending = None
+        self.gen = self._new_generation()
+        self.cold_restarts += 1
+        self._publish("cold", failed=failed, detected_wall=detected, reason=reason)
+        self.store.set("gen/current", str(self.gen))
+        self._record("cold_restart", gen=self.gen, failed=failed, reason=reason, detected_wall=detected)
+        for rank in self.ranks:
+            self._start_worker(rank)
+        self._fill_spares()
+
+    def _stop(self, slots: list[_Slot]) -> None:
+        for slot in slots:
+            with contextlib.suppress(Exception):
+                slot.ctx.close(death_sig=signal.SIGKILL, timeout=5)
+            _kill_group(slot.pid)
+
+    def _record(self, event: str, **fields: Any) -> None:
+        if self._log_path is None:
+            return
+        os.makedirs(os.path.dirname(self._log_path), exist_ok=True)
+        with open(self._log_path, "a") as f:
+            f.write(json.dumps({"event": event, "wall": time.time(), **fields}) + "\n")
+
+
+def _rendezvous(launch: LaunchConfig) -> tuple[int, str, Any]:
+    """Meet the other nodes' agents through torch elastic's c10d rendezvous: this node's rank, and the
+    ``host:port`` of the store the rendezvous hosts (shared by every agent, worker and spare of the job), and
+    the rendezvous handler, which must stay alive: on the node that hosts the store it owns the server."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    if launch.rdzv_endpoint is None:
+        raise ConfigError("--restart warm with --nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+    nnodes = int(launch.nnodes)
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=launch.rdzv_endpoint,
+        run_id=launch.rdzv_id,
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        local_addr="127.0.0.1" if launch.rdzv_endpoint.startswith(("127.0.0.1:", "localhost:")) else None,
+    )
+    handler = get_rendezvous_handler(params)
+    info = handler.next_rendezvous()
+    return info.rank, launch.rdzv_endpoint, handler
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def launch_warm(launch: LaunchConfig, warm: WarmConfig) -> int:
+    """Run ``launch``'s script under the warm-restart agent; returns the job's exit status."""
+    if launch.run_dir is not None:
+        os.makedirs(launch.run_dir, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(launch.run_dir, CRASH_LOOP_FILE))
+    agent = WarmAgent(launch, warm)
+    try:
+        return agent.run()
+    except KeyboardInterrupt:
+        return 130
