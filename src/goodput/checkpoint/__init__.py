@@ -16,6 +16,8 @@ from goodput.checkpoint.layout import (
     list_checkpoints,
 )
 from goodput.checkpoint.manager import CheckpointManager, SaveResult
+from goodput.checkpoint.memory import MemoryStore, MemoryTier
+from goodput.checkpoint.memory_tier import MemoryCheckpointer, MemoryRestore
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
 from goodput.checkpoint.rng import capture_rng, restore_rng
 from goodput.checkpoint.state import LoaderState, TrainingState, check_shapes, tensor_shapes
@@ -34,6 +36,10 @@ __all__ = [
     "FileEntry",
     "LoaderState",
     "Manifest",
+    "MemoryCheckpointer",
+    "MemoryRestore",
+    "MemoryStore",
+    "MemoryTier",
     "SaveContext",
     "SavePolicy",
     "SaveResult",

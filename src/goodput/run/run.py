@@ -88,6 +88,7 @@ class Run:
             on_fire=self._fault_fired,
         )
         install_faults(self.faults)
+        self._node_loss_planned = any(f.action == "nodeloss" for f in parse_faults(plan_text))
         limit = crash_loop if crash_loop is not None else int(os.environ.get("GOODPUT_CRASH_LOOP", "3"))
         self._crash = CrashLoopDetector(run_dir, self.attempt, limit=limit) if self.info.rank == 0 else None
         if self._crash is not None:
@@ -132,6 +133,8 @@ class Run:
         self._loader = loader
         self.ledger.restore_start()
         with self._phase("restore"):
+            if self._node_loss_planned:
+                self._replace_lost_node(self._manager)
             step = self._manager.restore_latest()
         self.ledger.restore_end(step)
         parts = {
@@ -197,7 +200,11 @@ class Run:
         if self._progress is not None:
             self._progress.update(self.step, loss=loss, fetch_seconds=fetch)
         self.faults.check(phase="step", step=self.step)
-        if manager.should_save(self.step):
+        durable = manager.should_save(self.step)
+        if manager.should_save_memory(self.step):
+            with self._phase("checkpoint_save"):
+                manager.save_memory(self.step)
+        if durable:
             self.save()
 
     def save(self) -> None:
@@ -257,12 +264,32 @@ class Run:
         if mtbf is not None:
             manager.policy.observe_mtbf(mtbf)
 
+    def _replace_lost_node(self, manager: CheckpointManager) -> None:
+        """After a ``nodeloss`` fault, this node comes back as a fresh machine: its memory tier is emptied
+        (by its local rank 0, between two barriers so no rank of the job reads it meanwhile)."""
+        import torch.distributed as dist
+
+        request = os.path.join(self.run_dir, "faults", f"lost-node-{self.faults.node}")
+        lost = os.path.exists(request)
+        if dist.is_initialized():
+            dist.barrier()
+        if lost and manager.memory is not None and self.info.local_rank == 0:
+            manager.memory.store.wipe_node()
+            os.remove(request)
+        if dist.is_initialized():
+            dist.barrier()
+
     def _phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         return self.watchdog.phase(name) if self.watchdog is not None else contextlib.nullcontext()
 
     def _fault_fired(self, fault: Fault, where: str) -> None:
         self.ledger.event("fault_injected", action=fault.action, where=where, step=self.step)
-        if fault.action in ("kill", "hang"):
+        if (
+            fault.action == "nodeloss"
+        ):  # the next attempt wipes this node's RAM tier, as a new machine has none
+            with open(os.path.join(self.run_dir, "faults", f"lost-node-{self.faults.node}"), "w"):
+                pass
+        if fault.action in ("kill", "hang", "nodeloss"):
             self.ledger.flush()  # the process is about to die or stop: keep the record
 
     def _hung(self, silent: float, phase: str | None) -> None:
