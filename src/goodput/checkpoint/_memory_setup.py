@@ -16,6 +16,7 @@ import torch.distributed as dist
 from goodput.checkpoint.memory_tier import MemoryCheckpointer, Topology, node_of_this_process, run_identity
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
 from goodput.errors import StorageError
+from goodput.planning.twolevel import durable_share
 
 if TYPE_CHECKING:
     from goodput.checkpoint.manager import CheckpointManager
@@ -80,6 +81,13 @@ def open_memory_tier(
     places = manager._all_gather(node_of_this_process())
     topology = Topology([int(p[0]) for p in places], [int(p[1]) for p in places])
     policy = _policy(manager)
+    share = durable_share(tier.node_loss_share, replicated=bool(tier.replicas) and topology.node_count > 1)
+    if isinstance(policy, AutoInterval):
+        policy.failure_share = 1.0 - share
+    if isinstance(
+        manager._policy, AutoInterval
+    ):  # two levels: durable saves plan only for what memory misses
+        manager._policy.failure_share = share
     memory = MemoryCheckpointer(
         tier,
         manager.state,

@@ -47,6 +47,9 @@ class MemoryTier:
             dies, and the newest step every rank holds must survive).
         folder: the RAM folder (tmpfs) under which each run keeps its own folder.
         stale_after: another run's folder older than this is removed at start-up (its run is dead).
+        node_loss_share: for ``auto``: the share of failures that lose a node's RAM. The memory tier recovers
+            the others (and, with a replica, node losses too unless the peer is lost as well); the durable
+            tier's ``auto`` interval plans only for what the memory tier cannot recover.
     """
 
     every: int | str = "auto"
@@ -54,6 +57,7 @@ class MemoryTier:
     keep: int = 2
     folder: str = "/dev/shm/goodput"
     stale_after: str | float = "1d"
+    node_loss_share: float = 0.3
 
     def __post_init__(self) -> None:
         if isinstance(self.every, bool) or not isinstance(self.every, int | str):
@@ -68,6 +72,8 @@ class MemoryTier:
             raise ConfigError(
                 f"memory keep must be an int >= 2 (one rank may be a save ahead of another), got {self.keep!r}"
             )
+        if not (isinstance(self.node_loss_share, int | float) and 0.0 <= self.node_loss_share <= 1.0):
+            raise ConfigError(f"memory node_loss_share must be in [0, 1], got {self.node_loss_share!r}")
         if not isinstance(self.folder, str) or not self.folder:
             raise ConfigError(f"memory folder must be a local folder path, got {self.folder!r}")
 
