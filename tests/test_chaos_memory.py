@@ -58,11 +58,13 @@ def test_kills_inside_memory_writes_and_restore_change_nothing(
     assert sorted(os.listdir(os.path.join(run_dir, "faults"))) == ["0-rank1", "1-rank0", "2-rank0"]
     assert first_difference(read_run(clean), read_run(run_dir)) is None
     restores = _restores(run_dir)
-    # killed inside step 12's write on rank 1: the newest step every rank completed is 10, from memory (the
-    # durable tier holds only 8); the kill inside that restore repeats it; the kill after step 27 resumes at 26
-    # (or 24, when step 26's background write had not finished on every rank).
-    assert restores[:2] == [(10, "memory"), (10, "memory")], restores
-    assert len(restores) == 3 and restores[2] in ((26, "memory"), (24, "memory")), restores
+    # Killed inside step 12's write on rank 1: the newest step every rank completed is 10, from memory (the
+    # durable tier holds only 8); the kill inside that restore repeats it (a rank killed mid-restore may record
+    # nothing); the kill after step 27 resumes at 26 (24 when step 26's background write had not finished).
+    assert restores[0] == (10, "memory"), restores
+    assert set(restores[:-1]) == {(10, "memory")} and restores[-1] in ((26, "memory"), (24, "memory")), (
+        restores
+    )
     assert os.listdir(os.path.join(run_dir, "shm")) == []  # the finished run removed its memory folder
 
 
