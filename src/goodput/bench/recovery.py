@@ -128,7 +128,12 @@ def _node_loss(work: str) -> dict[str, Any]:
     runs = {clean: "", lost: "nodeloss@step=21,node=1"}
     for run_dir, plan in runs.items():
         endpoint = f"127.0.0.1:{free_port()}"
-        node = {"nnodes": 2, "rdzv_endpoint": endpoint, "max_restarts": 2 if plan else 0, "faults": plan}
+        node: dict[str, Any] = {
+            "nnodes": 2,
+            "rdzv_endpoint": endpoint,
+            "max_restarts": 2 if plan else 0,
+            "faults": plan,
+        }
         with ThreadPoolExecutor(2) as pool:
             statuses = [f.result() for f in [pool.submit(train, run_dir, **common, **node) for _ in range(2)]]
         if statuses != [0, 0]:
