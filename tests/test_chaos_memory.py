@@ -12,6 +12,7 @@ import pytest
 
 from goodput.demo.verify_train import prepare_data, train
 from goodput.ledger import read_events
+from goodput.ledger.report import load_report
 from goodput.run.verify import first_difference, read_run
 from goodput.testing import free_port
 
@@ -66,6 +67,9 @@ def test_kills_inside_memory_writes_and_restore_change_nothing(
         restores
     )
     assert os.listdir(os.path.join(run_dir, "shm")) == []  # the finished run removed its memory folder
+    tiers = load_report(run_dir).restores_by_tier
+    assert set(tiers) == {"memory"} and tiers["memory"]["count"] >= 2, tiers
+    assert "restores from memory" in load_report(run_dir).render()
 
 
 def test_a_lost_node_restores_from_its_peer_replica(

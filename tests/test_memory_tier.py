@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import json
 import logging
 import os
 import subprocess
@@ -254,3 +255,38 @@ def test_memory_tier_config_is_validated() -> None:
         MemoryTier(replicas=3)
     with pytest.raises(ConfigError, match="every must be at least 1"):
         MemoryTier(every=0)
+
+
+def test_ls_lists_the_memory_tier_of_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from goodput.cli import main
+
+    parts = _parts()
+    first = _manager(tmp_path / "ck", tmp_path / "shm", every=2, **_kw(parts))
+    first.restore_latest()
+    _train(first, parts, range(1, 4))
+    first.close(finished=False)
+    assert main(["ls", str(tmp_path / "ck"), "--memory-folder", str(tmp_path / "shm"), "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert [c["step"] for c in listing["checkpoints"]] == [2]
+    assert sorted((m["step"], m["kind"], m["ranks"]) for m in listing["memory"]) == [
+        (2, "own", [0]),
+        (3, "own", [0]),
+    ]
+    assert main(["ls", str(tmp_path / "ck"), "--memory-folder", str(tmp_path / "shm")]) == 0
+    assert "memory tier on this machine" in capsys.readouterr().out
+
+
+def test_restores_are_tallied_by_tier_with_the_steps_each_failure_lost() -> None:
+    from goodput.ledger import restores_by_tier
+
+    events = [
+        {"event": "step_end", "attempt": 0, "step": 7},
+        {"event": "checkpoint_restored", "attempt": 1, "step": 6, "tier": "memory", "seconds": 0.2},
+        {"event": "step_end", "attempt": 1, "step": 12},
+        {"event": "checkpoint_restored", "attempt": 2, "step": 8, "tier": "durable", "seconds": 3.0},
+        {"event": "step_end", "attempt": 2, "step": 9},
+        {"event": "checkpoint_restored", "attempt": 3, "step": 9, "tier": "memory", "seconds": 0.4},
+    ]
+    tiers = restores_by_tier(events)
+    assert tiers["memory"] == {"count": 2.0, "seconds_mean": pytest.approx(0.3), "lost_steps_mean": 0.5}
+    assert tiers["durable"] == {"count": 1.0, "seconds_mean": 3.0, "lost_steps_mean": 4.0}

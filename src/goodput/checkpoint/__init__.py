@@ -17,7 +17,7 @@ from goodput.checkpoint.layout import (
 )
 from goodput.checkpoint.manager import CheckpointManager, SaveResult
 from goodput.checkpoint.memory import MemoryStore, MemoryTier
-from goodput.checkpoint.memory_tier import MemoryCheckpointer, MemoryRestore
+from goodput.checkpoint.memory_tier import MemoryCheckpointer, MemoryRestore, list_memory_checkpoints
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
 from goodput.checkpoint.rng import capture_rng, restore_rng
 from goodput.checkpoint.state import LoaderState, TrainingState, check_shapes, tensor_shapes
@@ -48,6 +48,7 @@ __all__ = [
     "capture_rng",
     "check_shapes",
     "list_checkpoints",
+    "list_memory_checkpoints",
     "make_strategy",
     "restore_rng",
     "tensor_shapes",
