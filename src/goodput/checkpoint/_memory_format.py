@@ -13,9 +13,12 @@ live tensors in place (DTensor shards included), so restoring costs one copy aft
 from __future__ import annotations
 
 import json
+import os
 import struct
+import warnings
 import zlib
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +26,13 @@ import torch
 
 from goodput.errors import CheckpointCorrupt, StateMismatch
 
-__all__ = ["PartHeader", "Staging", "decode_part", "load_part", "write_part"]
+__all__ = ["PartHeader", "Staging", "checksums", "decode_part", "load_part", "write_part"]
 
 MAGIC = b"GPMEM001"
 _LEN = struct.Struct("<Q")
 _ALIGN = 64
 _CHUNK = 64 << 20
+CHECK_CHUNK = 16 << 20  # bytes per CRC-32, so a restore checks the chunks of a part in parallel
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -111,33 +115,74 @@ class Staging:
         return PartHeader(run, step, rank, world, skeleton, entries, offset)
 
 
-def write_part(path: str, header: PartHeader, buffer: torch.Tensor) -> tuple[int, int]:
-    """Write a staged part to ``path``; returns (file size, CRC-32 of the whole file).
+def write_part(path: str, header: PartHeader, buffer: torch.Tensor) -> tuple[int, list[int]]:
+    """Write a staged part to ``path``; returns (file size, CRC-32 of each ``CHECK_CHUNK`` of the file).
 
     Raises:
         OSError: the write failed (a full tmpfs raises ``ENOSPC``); a partial file may remain.
     """
     head = header.to_bytes()
     data = buffer[: header.data_bytes].numpy()
-    crc = zlib.crc32(head)
+    crcs = _Crcs()
     with open(path, "wb") as f:
         f.write(head)
+        crcs.add(memoryview(head))
         for start in range(0, header.data_bytes, _CHUNK):
             chunk = data[start : start + _CHUNK].data
             f.write(chunk)
-            crc = zlib.crc32(chunk, crc)
-    return len(head) + header.data_bytes, crc
+            crcs.add(chunk)
+    return len(head) + header.data_bytes, crcs.done()
 
 
-def decode_part(blob: memoryview, *, size: int, crc: int) -> tuple[PartHeader, memoryview]:
-    """Check a part's size and CRC-32 and parse its header; returns the header and the tensor bytes.
+class _Crcs:
+    """CRC-32 of each ``CHECK_CHUNK`` bytes of a stream fed in pieces of any size."""
+
+    def __init__(self) -> None:
+        self.crcs: list[int] = []
+        self._crc, self._filled = 0, 0
+
+    def add(self, piece: memoryview) -> None:
+        pos = 0
+        while pos < len(piece):
+            take = min(CHECK_CHUNK - self._filled, len(piece) - pos)
+            self._crc = zlib.crc32(piece[pos : pos + take], self._crc)
+            self._filled += take
+            pos += take
+            if self._filled == CHECK_CHUNK:
+                self.crcs.append(self._crc)
+                self._crc, self._filled = 0, 0
+
+    def done(self) -> list[int]:
+        return self.crcs + ([self._crc] if self._filled else [])
+
+
+def checksums(blob: memoryview) -> list[int]:
+    """CRC-32 of each ``CHECK_CHUNK`` of ``blob``, computed on several threads (zlib releases the GIL)."""
+    starts = range(0, len(blob), CHECK_CHUNK)
+    if len(starts) <= 1:
+        return [zlib.crc32(blob)] if len(blob) else []
+    return list(_checkers().map(lambda s: zlib.crc32(blob[s : s + CHECK_CHUNK]), starts))
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _checkers() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="goodput-crc")
+    return _POOL
+
+
+def decode_part(blob: memoryview, *, size: int, crc: list[int]) -> tuple[PartHeader, memoryview]:
+    """Check a part's size and CRC-32s and parse its header; returns the header and the tensor bytes.
 
     Raises:
         CheckpointCorrupt: wrong size (truncated), wrong checksum (a changed byte) or an unreadable header.
     """
     if len(blob) != size:
         raise CheckpointCorrupt(f"holds {len(blob)} bytes, its marker says {size} (truncated?)")
-    if zlib.crc32(blob) != crc:
+    if checksums(blob) != list(crc):
         raise CheckpointCorrupt("checksum mismatch (a byte changed after it was written)")
     if bytes(blob[: len(MAGIC)]) != MAGIC:
         raise CheckpointCorrupt("not a goodput memory-tier part")
@@ -149,6 +194,13 @@ def decode_part(blob: memoryview, *, size: int, crc: int) -> tuple[PartHeader, m
     except (ValueError, TypeError) as err:
         raise CheckpointCorrupt(f"unreadable header: {err}") from None
     return header, blob[start + length :]
+
+
+def _view(data: memoryview, offset: int, nbytes: int) -> torch.Tensor:
+    """A uint8 tensor over ``nbytes`` of ``data`` (no copy; only ever read, so a read-only mapping is fine)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        return torch.frombuffer(data, dtype=torch.uint8, count=nbytes, offset=offset)
 
 
 def _decode(node: Any, current: Any, data: memoryview, header: PartHeader, path: str) -> Any:
@@ -173,7 +225,7 @@ def _decode(node: Any, current: Any, data: memoryview, header: PartHeader, path:
         }
     if kind == "T":
         dtype_name, shape, offset, nbytes = header.tensors[value]
-        saved = torch.frombuffer(data, dtype=torch.uint8, count=nbytes, offset=offset) if nbytes else None
+        saved = _view(data, offset, nbytes) if nbytes else None
         if isinstance(current, torch.Tensor):
             target = _local(current)
             if list(target.shape) != list(shape) or str(target.dtype) != dtype_name:

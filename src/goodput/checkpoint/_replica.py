@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from goodput.checkpoint._memory_format import checksums
 from goodput.checkpoint.memory import MemoryStore
 from goodput.errors import CheckpointCorrupt
 from goodput.faults import fault_point
@@ -86,7 +86,7 @@ class ReplicaLink:
         with open(path, "wb") as f:
             f.write(blob.data)
         fault_point("memory_replicate", step)  # the replica is written, not marked
-        store.mark(step, rank, world, int(blob.size), zlib.crc32(blob.data), replica=True)
+        store.mark(step, rank, world, int(blob.size), checksums(memoryview(blob.data)), replica=True)
 
     # ---- at restore -------------------------------------------------------------------------------------------
     def send_part(self, store: MemoryStore, step: int, rank: int, *, world: int, dst: int) -> None:
@@ -95,7 +95,7 @@ class ReplicaLink:
             meta: dict[str, Any] = store.marker(step, rank, world, replica=True)
             blob = store.read(step, rank, replica=True)
         except (CheckpointCorrupt, OSError) as err:
-            meta, blob = {"error": f"the peer's replica is unreadable: {err}"}, bytearray()
+            meta, blob = {"error": f"the peer's replica is unreadable: {err}"}, memoryview(b"")
         self._send_blob(json.dumps(meta).encode(), dst)
         self._send_blob(blob, dst)
 
@@ -111,11 +111,16 @@ class ReplicaLink:
             raise CheckpointCorrupt(meta["error"])
         return meta, blob
 
-    def _send_blob(self, blob: bytes | bytearray, dst: int) -> None:
+    def _send_blob(self, blob: bytes | memoryview, dst: int) -> None:
         peer = self._global(dst)
         dist.send(torch.tensor([len(blob)], dtype=torch.int64), peer, group=self.group)
-        if blob:
-            dist.send(_bytes_tensor(blob), peer, group=self.group)
+        if len(blob):
+            data = (
+                torch.frombuffer(blob, dtype=torch.uint8)
+                if isinstance(blob, memoryview)
+                else _bytes_tensor(blob)
+            )
+            dist.send(data, peer, group=self.group)
 
     def _receive_blob(self, src: int) -> bytearray:
         peer = self._global(src)

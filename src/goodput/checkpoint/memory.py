@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import mmap
 import os
 import shutil
 import time
@@ -167,7 +168,9 @@ class MemoryStore:
         os.makedirs(folder, exist_ok=True)
         return folder
 
-    def mark(self, step: int, rank: int, world: int, size: int, crc: int, *, replica: bool = False) -> None:
+    def mark(
+        self, step: int, rank: int, world: int, size: int, crc: list[int], *, replica: bool = False
+    ) -> None:
         """Write the marker that makes a part count (after its bytes are written)."""
         marker = {"run": self.run_id, "step": step, "rank": rank, "world": world, "bytes": size, "crc32": crc}
         _write_json(self.part_path(step, rank, replica=replica)[: -len(".part")] + ".json", marker)
@@ -215,13 +218,15 @@ class MemoryStore:
                     out.append(int(text))
         return sorted(out)
 
-    def read(self, step: int, rank: int, *, replica: bool = False) -> bytearray:
+    def read(self, step: int, rank: int, *, replica: bool = False) -> memoryview:
+        """A part's bytes, mapped read-only rather than copied (a RAM folder's pages are mapped in place)."""
         path = self.part_path(step, rank, replica=replica)
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            blob = bytearray(size)
-            f.readinto(blob)
-        return blob
+            if size == 0:
+                return memoryview(b"")
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            return memoryview(mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ))
 
     # ---- retention -----------------------------------------------------------------------------------------
     def retain(self, committed: list[int], rank: int | None, *, replica: bool = False) -> None:

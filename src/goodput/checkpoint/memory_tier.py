@@ -259,7 +259,7 @@ class MemoryCheckpointer:
         return None
 
     def _load_step(self, step: int, holders: list[int]) -> tuple[str, str]:
-        blob: bytearray | None = None
+        blob: bytearray | memoryview | None = None
         marker: dict[str, Any] = {}
         try:
             for r, holder in enumerate(holders):
@@ -272,7 +272,10 @@ class MemoryCheckpointer:
             if blob is None:
                 marker = self.store.marker(step, self.rank, self.world_size)
                 blob = self.store.read(step, self.rank)
-            header, data = decode_part(memoryview(blob), size=int(marker["bytes"]), crc=int(marker["crc32"]))
+            header, data = decode_part(
+                memoryview(blob), size=int(marker["bytes"]), crc=[int(c) for c in marker["crc32"]]
+            )
+            blob = None  # the mapping lives as long as ``data`` does
             if header.run != self.store.run_id or header.rank != self.rank or header.step != step:
                 raise CheckpointCorrupt(f"holds step {header.step} of rank {header.rank} of run {header.run}")
             self.state.load_state_dict(load_part(header, data, self.state.state_dict()))
