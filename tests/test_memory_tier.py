@@ -290,3 +290,17 @@ def test_restores_are_tallied_by_tier_with_the_steps_each_failure_lost() -> None
     tiers = restores_by_tier(events)
     assert tiers["memory"] == {"count": 2.0, "seconds_mean": pytest.approx(0.3), "lost_steps_mean": 0.5}
     assert tiers["durable"] == {"count": 1.0, "seconds_mean": 3.0, "lost_steps_mean": 4.0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["flipped", "node_lost"])
+def test_a_damaged_or_lost_own_copy_is_taken_from_the_peer_replica(tmp_path: Path, damage: str) -> None:
+    from goodput.testing import run_ranks
+    from tests import _memory_ranks
+
+    results = run_ranks(_memory_ranks.peer_fallback, 2, str(tmp_path / "ck"), str(tmp_path / "shm"), damage)
+    for rank, result in enumerate(results):
+        assert result["step"] == 3 and result["diffs"] == [], (rank, result)
+        (restored,) = result["restored"]
+        assert restored["tier"] == "peer"
+        assert restored["source"] == ("peer" if rank == 1 else "memory")
