@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-size", default="256MiB", help="model + optimizer state per rank (256MiB)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--saves", type=int, default=4, help="memory-tier saves measured (default 4)")
-    parser.add_argument("--steps", type=int, default=80, help="steps of each lost-work loop (default 80)")
-    parser.add_argument("--step-ms", type=float, default=250.0, help="compute per step, ms (default 250)")
+    parser.add_argument("--steps", type=int, default=40, help="steps of each lost-work loop (default 40)")
+    parser.add_argument("--step-ms", type=float, default=1000.0, help="compute per step, ms (default 1000)")
     parser.add_argument("--mtbf", type=float, default=60.0, help="seconds between failures for auto (60)")
     parser.add_argument("--failures", type=int, default=200, help="failure times drawn over the loops (200)")
     parser.add_argument("--latency", type=float, default=0.03, help="proxy latency per request, s (0.03)")
@@ -69,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--state-size must be >= 1MiB, --saves >= 2, --steps >= 10, --nproc >= 1, --mtbf > 0"
         )
-    with tempfile.TemporaryDirectory(prefix="goodput-bench-recovery-") as tmp:
+    ram = "/dev/shm" if os.path.isdir("/dev/shm") else None  # the memory tier belongs on a RAM file system
+    with (
+        tempfile.TemporaryDirectory(prefix="goodput-bench-recovery-") as tmp,
+        tempfile.TemporaryDirectory(prefix="goodput-bench-recovery-", dir=ram) as shm,
+    ):
         out = os.path.join(tmp, "result.json")
         with S3Server(bucket=_BUCKET) as server:
             proxy, port = _start_proxy(server.s3_port, args.latency, bandwidth, 0)
@@ -82,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                     "state_bytes": state_bytes, "saves": args.saves, "steps": args.steps, "step_ms": args.step_ms,
                     "mtbf": args.mtbf, "failures": args.failures, "seed": args.seed, "out": out,
                     "root": f"s3://{_BUCKET}/run", "storage_options": options,
-                    "memory_folder": os.path.join(tmp, "shm"),
+                    "memory_folder": os.path.join(shm, "memory"),
                 }  # fmt: skip
                 code = _torchrun(config, args.nproc, quiet=args.json)
             finally:

@@ -147,6 +147,11 @@ class CheckpointManager:
         """The save policy in use (``AutoInterval.observe_mtbf`` feeds it observed failures)."""
         return self._policy
 
+    @property
+    def memory_policy(self) -> SavePolicy | None:
+        """The memory tier's save policy (None without a memory tier)."""
+        return self._memory_policy
+
     def add_listener(self, listener: Listener) -> None:
         """Also call ``listener(name, **fields)`` on every checkpoint event."""
         self._listeners.append(listener)

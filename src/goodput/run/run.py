@@ -263,6 +263,8 @@ class Run:
         mtbf = account(read_events(self.run_dir)).mtbf_seconds
         if mtbf is not None:
             manager.policy.observe_mtbf(mtbf)
+            if isinstance(manager.memory_policy, AutoInterval):
+                manager.memory_policy.observe_mtbf(mtbf)
 
     def _replace_lost_node(self, manager: CheckpointManager) -> None:
         """After a ``nodeloss`` fault, this node comes back as a fresh machine: its memory tier is emptied
