@@ -304,3 +304,22 @@ def test_a_damaged_or_lost_own_copy_is_taken_from_the_peer_replica(tmp_path: Pat
         (restored,) = result["restored"]
         assert restored["tier"] == "peer"
         assert restored["source"] == ("peer" if rank == 1 else "memory")
+
+
+def test_memory_stalls_count_as_stall_time_but_not_as_durable_saves() -> None:
+    from goodput.ledger import account
+    from tests._ledgers import Attempt
+
+    a = Attempt(0, process_start=0.0, start=0.0)
+    a.step(1, 1.0, 2.0).add("checkpoint_stall_start", 2.0, step=1, tier="memory")
+    a.add("checkpoint_stall_end", 2.25, step=1, tier="memory").step(2, 2.25, 3.25)
+    a.save(2, 3.25, 3.5, durable=4.0).step(3, 3.5, 4.5).add(
+        "checkpoint_stall_start", 4.5, step=3, tier="memory"
+    )
+    a.add("checkpoint_stall_end", 4.75, step=3, tier="memory").step(4, 4.75, 5.75).add(
+        "attempt_end", 5.75, status="ok"
+    )
+    acc = account(a.events)
+    assert acc.categories["checkpoint_stall"] == pytest.approx(0.25 + 0.25 + 0.25)
+    assert acc.ckpt_stall_seconds == pytest.approx(0.25)  # C is the durable tier's one save
+    assert len(acc.saves) == 1

@@ -281,7 +281,13 @@ class MemoryCheckpointer:
             self.state.load_state_dict(load_part(header, data, self.state.state_dict()))
         except StateMismatch as err:
             return ("mismatch", str(err))
-        except (CheckpointCorrupt, OSError, ValueError, KeyError, TypeError) as err:  # TypeError: a bad marker
+        except (
+            CheckpointCorrupt,
+            OSError,
+            ValueError,
+            KeyError,
+            TypeError,
+        ) as err:  # TypeError: a bad marker
             return ("damaged", f"{type(err).__name__}: {err}")
         return ("ok", "")
 
