@@ -95,7 +95,7 @@ class MemoryTier:
 
 
 def _write_json(path: str, value: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # nodes simulated on one machine share the run folder
     with open(tmp, "w") as f:
         json.dump(value, f)
     os.replace(tmp, path)
