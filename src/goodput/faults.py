@@ -9,10 +9,13 @@ A fault plan is a string, given on the command line (``--faults``) or in the env
     hang@phase=checkpoint_write    stop making progress inside a checkpoint write (the watchdog's job)
     slow@step=10,seconds=2         sleep 2 s at step 10 (a straggler)
     kill@mtbf=60s,seed=3           SIGKILL one rank at random, exponential times with a 60 s mean per attempt
+    nodeloss@step=40,node=1        lose node 1 at step 40: SIGKILL every rank on it, and its memory tier is
+                                   wiped before the next attempt (a replaced machine comes back with empty RAM)
 
 ``checkpoint_begin`` fires on a rank as it enters a save, before the strategy's collectives (a rank failing
-alone while its peers wait inside DCP). Actions: ``kill``, ``raise``, ``hang``, ``slow``. Keys: ``step``, ``rank``, ``phase`` (one of ``PHASES``),
-``mtbf`` (a duration), ``seed``, ``seconds`` (for ``slow``), ``attempt`` (fire only in that attempt).
+alone while its peers wait inside DCP). Actions: ``kill``, ``raise``, ``hang``, ``slow``, ``nodeloss``. Keys:
+``step``, ``rank``, ``phase`` (one of ``PHASES``), ``mtbf`` (a duration), ``seed``, ``seconds`` (for ``slow``),
+``attempt`` (fire only in that attempt), ``node`` (only on that node: torchrun's GROUP_RANK).
 
 A fault at a step or phase fires once per run and rank: before it acts it leaves a marker in
 ``<run_dir>/faults/``, so the restarted attempt that passes the same step again does not die again. Random
@@ -45,7 +48,7 @@ __all__ = [
 ]
 
 ENV_VAR = "GOODPUT_FAULTS"
-ACTIONS = ("kill", "raise", "hang", "slow")
+ACTIONS = ("kill", "raise", "hang", "slow", "nodeloss")
 PHASES = (
     "step",
     "checkpoint_begin",
@@ -54,8 +57,11 @@ PHASES = (
     "checkpoint_purge",
     "restore",
     "cache_download",
+    "memory_write",
+    "memory_replicate",
+    "memory_restore",
 )
-_KEYS = ("step", "rank", "phase", "mtbf", "seed", "seconds", "attempt")
+_KEYS = ("step", "rank", "phase", "mtbf", "seed", "seconds", "attempt", "node")
 
 
 class InjectedFault(GoodputError):
@@ -78,6 +84,7 @@ class Fault:
     seed: int = 0
     seconds: float = 1.0
     attempt: int | None = None
+    node: int | None = None
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -94,6 +101,8 @@ class Fault:
             raise ConfigError(f"fault step must be >= 0, got {self.step}")
         if self.seconds < 0:
             raise ConfigError(f"fault seconds must be >= 0, got {self.seconds}")
+        if self.action == "nodeloss" and (self.node is None or self.rank is not None):
+            raise ConfigError("a nodeloss fault names the node it loses (node=N) and no rank")
 
 
 def parse_faults(text: str) -> list[Fault]:
@@ -122,6 +131,7 @@ def parse_faults(text: str) -> list[Fault]:
                     seed=int(fields.get("seed", 0)),
                     seconds=_seconds(fields.get("seconds", "1")),
                     attempt=int(fields["attempt"]) if "attempt" in fields else None,
+                    node=int(fields["node"]) if "node" in fields else None,
                 )
             )
         except ValueError as err:
@@ -185,6 +195,7 @@ class FaultPlan:
         attempt: this attempt's number (torchrun's restart count).
         marker_dir: where fired faults are remembered across attempts; None remembers nothing.
         on_fire: called with (fault, where) just before a fault acts, e.g. to log it to the ledger.
+        node: this process's node (torchrun's GROUP_RANK; None reads it from the environment).
     """
 
     def __init__(
@@ -196,8 +207,10 @@ class FaultPlan:
         attempt: int = 0,
         marker_dir: str | None = None,
         on_fire: Callable[[Fault, str], None] | None = None,
+        node: int | None = None,
     ) -> None:
         self.rank = rank
+        self.node = int(os.environ.get("GROUP_RANK", "0")) if node is None else node
         self.attempt = attempt
         self._marker_dir = marker_dir
         self._on_fire = on_fire
@@ -206,7 +219,9 @@ class FaultPlan:
         self._faults = [
             (i, f)
             for i, f in enumerate(faults)
-            if (f.rank is None or f.rank == rank) and (f.attempt is None or f.attempt == attempt)
+            if (f.rank is None or f.rank == rank)
+            and (f.attempt is None or f.attempt == attempt)
+            and (f.node is None or f.node == self.node)
         ]
         self._deadlines = {
             i: self._random_deadline(f, world_size) for i, f in self._faults if f.mtbf is not None
@@ -262,7 +277,7 @@ class FaultPlan:
             os.close(fd)
         if self._on_fire is not None:
             self._on_fire(fault, where)
-        if fault.action == "kill":
+        if fault.action in ("kill", "nodeloss"):
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault.action == "raise":
             raise InjectedFault(f"injected fault: {fault.action} {where} on rank {self.rank}")

@@ -16,6 +16,8 @@ from goodput.checkpoint.layout import (
     list_checkpoints,
 )
 from goodput.checkpoint.manager import CheckpointManager, SaveResult
+from goodput.checkpoint.memory import MemoryStore, MemoryTier
+from goodput.checkpoint.memory_tier import MemoryCheckpointer, MemoryRestore, list_memory_checkpoints
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
 from goodput.checkpoint.rng import capture_rng, rank_seed, restore_rng, seed_new_rank
 from goodput.checkpoint.state import LoaderState, TrainingState, check_shapes, tensor_shapes
@@ -34,6 +36,10 @@ __all__ = [
     "FileEntry",
     "LoaderState",
     "Manifest",
+    "MemoryCheckpointer",
+    "MemoryRestore",
+    "MemoryStore",
+    "MemoryTier",
     "SaveContext",
     "SavePolicy",
     "SaveResult",
@@ -42,6 +48,7 @@ __all__ = [
     "capture_rng",
     "check_shapes",
     "list_checkpoints",
+    "list_memory_checkpoints",
     "make_strategy",
     "rank_seed",
     "restore_rng",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from goodput.checkpoint.memory import MemoryTier
 from goodput.checkpoint.strategy import STRATEGIES
 from goodput.errors import ConfigError
 from goodput.units import parse_duration
@@ -44,6 +45,7 @@ class CheckpointConfig:
         detect: seconds (or a duration) until a failure is noticed, for ``auto``.
         partial_grace: a partial folder whose save cannot be proven dead (another host) is removed at start-up
             only when older than this.
+        memory: a node-local RAM tier saved often and restored first (None: the durable tier only).
     """
 
     root: str
@@ -60,6 +62,7 @@ class CheckpointConfig:
     restart: str | float = 0.0
     detect: str | float = 0.0
     partial_grace: str | float = "1h"
+    memory: MemoryTier | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.root, str) or not self.root:
@@ -94,6 +97,8 @@ class CheckpointConfig:
             value = getattr(self, name)
             if (parse_duration(value, what=name) if isinstance(value, str) else float(value)) < 0:
                 raise ConfigError(f"{name} must not be negative, got {value!r}")
+        if self.memory is not None and not isinstance(self.memory, MemoryTier):
+            raise ConfigError(f"memory must be a MemoryTier or None, got {self.memory!r}")
         if self.async_checkpointer == "process" and self.strategy != "dcp_async":
             import warnings
 

@@ -21,8 +21,10 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import CheckpointException
 
 import goodput
+from goodput.checkpoint._memory_setup import open_memory_tier
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import CheckpointInfo, CheckpointLayout, FileEntry, Manifest
+from goodput.checkpoint.memory_tier import MemoryCheckpointer
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.strategy import Completion, SaveContext, make_strategy
@@ -127,6 +129,12 @@ class CheckpointManager:
         self.results: list[SaveResult] = []
         if self.rank == 0:
             self._layout.clean_partials(stale_after=config.seconds("partial_grace"))
+        self.memory: MemoryCheckpointer | None = None
+        self._memory_group: Any = None
+        self._memory_policy: SavePolicy | None = None
+        self._memory_due = False
+        if config.memory is not None:
+            self.memory, self._memory_policy = open_memory_tier(self, ranks)
         self._barrier()
 
     # ---- plumbing -------------------------------------------------------------------------------------------
@@ -150,6 +158,11 @@ class CheckpointManager:
     def policy(self) -> SavePolicy:
         """The save policy in use (``AutoInterval.observe_mtbf`` feeds it observed failures)."""
         return self._policy
+
+    @property
+    def memory_policy(self) -> SavePolicy | None:
+        """The memory tier's save policy (None without a memory tier)."""
+        return self._memory_policy
 
     def add_listener(self, listener: Listener) -> None:
         """Also call ``listener(name, **fields)`` on every checkpoint event."""
@@ -179,7 +192,24 @@ class CheckpointManager:
         """Whether the policy wants ``step`` saved; every rank gets rank 0's answer for time-based policies."""
         now = self._clock() if now is None else now
         due = self._policy.due(step, now)
+        if self._memory_policy is not None:  # one broadcast decides both tiers
+            memory = self._memory_policy.due(step, now)
+            if not (isinstance(self._policy, EverySteps) and isinstance(self._memory_policy, EverySteps)):
+                due, memory = self._bcast((due, memory))
+            self._memory_due = bool(memory) or bool(due)
+            return bool(due)
         return due if isinstance(self._policy, EverySteps) else bool(self._bcast(due))
+
+    def should_save_memory(self, step: int) -> bool:
+        """Whether the memory tier saves ``step`` (decided by the last ``should_save`` call, for that step)."""
+        return self.memory is not None and self._memory_due and step not in self.memory.committed[:1]
+
+    def save_memory(self, step: int) -> float:
+        """Save ``step`` to the memory tier (blocks only for the staging copy); returns the blocked seconds."""
+        self._check_open()
+        assert self.memory is not None and self._memory_policy is not None, "no memory tier configured"
+        self._memory_policy.saved(step, self._clock())
+        return self.memory.save(step)
 
     def maybe_save(self, step: int, now: float | None = None) -> SaveResult | None:
         """``save(step)`` when ``should_save(step, now)`` says so; None otherwise."""
@@ -414,14 +444,25 @@ class CheckpointManager:
         if error:
             raise StorageError(f"cannot list the checkpoints under {self._layout.root}: {error}")
         self._committed = {step for step, _ in candidates}
+        start = self._clock()
+        if self.memory is not None:  # memory first, unless the durable tier holds a newer step
+            found = self.memory.restore(at_least=candidates[0][0] if candidates else None)
+            if found is not None:
+                return self._restored(found.step, start, tier=found.tier, source=found.source)
         for step, url in candidates:
             if self._try_load(step, url):
                 fault_point("restore", step)  # loaded, not yet in use
-                self.state.step = step
                 self._last_step = step
-                self._policy.saved(step, self._clock())
-                return step
+                return self._restored(step, start, tier="durable", source="durable")
         return None
+
+    def _restored(self, step: int, start: float, *, tier: str, source: str) -> int:
+        self.state.step = step
+        self._policy.saved(step, self._clock())
+        if self._memory_policy is not None:
+            self._memory_policy.saved(step, self._clock())
+        self._emit("checkpoint_restored", step=step, tier=tier, source=source, seconds=self._clock() - start)
+        return step
 
     def _try_load(self, step: int, url: str) -> bool:
         verdict: tuple[str, Any] = ("ok", None)
@@ -475,7 +516,7 @@ class CheckpointManager:
         if self._closed:
             raise CheckpointError("this CheckpointManager is closed")
 
-    def close(self, step: int | None = None) -> None:
+    def close(self, step: int | None = None, *, finished: bool = True) -> None:
         """Save the final step, wait until the last save is durable and retention has finished; release
         buffers and groups.
 
@@ -483,6 +524,9 @@ class CheckpointManager:
             step: the run's final step: saved first unless it is already committed, so the end of the run is
                 not lost between two scheduled saves (every rank passes the same step). None saves nothing new
                 and warns when the newest step given to ``maybe_save``/``save`` has no checkpoint.
+
+        ``finished``: the run is over, so its memory-tier folder on this node is removed (False keeps it, e.g.
+        when the job stops to be resumed).
 
         Raises:
             SaveFailed: when the final save or the last one in flight failed (everything is released anyway).
@@ -507,12 +551,14 @@ class CheckpointManager:
                 )
         finally:
             self._closed = True
+            if self.memory is not None:
+                self.memory.close(finished=finished)
             if self._purge is not None:
                 self._purge.result()
             self._finisher.shutdown(wait=True)
             self._purger.shutdown(wait=True)
             self._strategy.close()
-            for group in (self._ctl, self._io):
+            for group in (self._ctl, self._io, self._memory_group):
                 if group is not None:
                     dist.destroy_process_group(group)
 
@@ -520,7 +566,7 @@ class CheckpointManager:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()  # no final save: after an exception the state may be half-way through a step
+        self.close(finished=exc[0] is None)  # no final save: after an exception the state may be mid-step
 
 
 def _raiser(err: BaseException) -> Completion:

@@ -88,6 +88,10 @@ class AutoInterval(EveryInterval):
         window: how many recent saves the stall/persist estimates are the median of.
         on_change: called with (new interval, reason) when the interval moves by more than 10% from the last
             value reported (the ledger records it as ``checkpoint_interval``).
+
+    ``failure_share`` (1 unless set): the share of the job's failures this tier recovers. With a memory tier
+    the durable tier recovers only the failures the memory tier cannot, so its optimum uses ``mtbf / share``
+    (two-level checkpointing, see ``goodput.planning.twolevel``).
     """
 
     def __init__(
@@ -111,6 +115,7 @@ class AutoInterval(EveryInterval):
         self._failures: list[float] = []
         self._on_change = on_change
         self._reported: float | None = None
+        self.failure_share = 1.0
 
     def measured(self, stall: float, persist: float) -> None:
         self._stalls.append(stall)
@@ -130,13 +135,14 @@ class AutoInterval(EveryInterval):
             return
         stall = statistics.median(self._stalls)
         persist = statistics.median(self._persists)
-        best = optimal_interval(stall, self.mtbf, restart=self.restart, persist=persist, detect=self.detect)
+        mtbf = self.mtbf / max(self.failure_share, 1e-9)
+        best = optimal_interval(stall, mtbf, restart=self.restart, persist=persist, detect=self.detect)
         new = min(max(best, persist), self.max_interval)
         if abs(new - self.interval) > 1e-9 * max(1.0, self.interval):
             log.info(
                 "checkpoint interval %.1fs -> %.1fs (%s: stall %.3fs, persist %.3fs, MTBF %.0fs; planner %.1fs,"
                 " bounds [%.1fs, %.1fs])",
-                self.interval, new, why, stall, persist, self.mtbf, best, persist, self.max_interval,
+                self.interval, new, why, stall, persist, mtbf, best, persist, self.max_interval,
             )  # fmt: skip
             self.interval = new
             if self._on_change is not None and (

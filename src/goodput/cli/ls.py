@@ -27,6 +27,10 @@ def register(sub: Any) -> None:
         "--checksums", action="store_true", help="also verify every file's sha256 (reads every byte)"
     )
     parser.add_argument(
+        "--memory-folder", default="/dev/shm/goodput", metavar="DIR",
+        help="where the run's memory tier lives on this machine (default /dev/shm/goodput)",
+    )  # fmt: skip
+    parser.add_argument(
         "--option",
         action="append",
         default=[],
@@ -66,6 +70,27 @@ def _when(wall_time: float | None) -> str:
     return datetime.datetime.fromtimestamp(wall_time, datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def _memory_rows(root: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from goodput.checkpoint.memory_tier import list_memory_checkpoints
+
+    try:
+        return list_memory_checkpoints(root, args.memory_folder, _options(args.option))
+    except OSError:
+        return []
+
+
+def _print_memory(rows: list[dict[str, Any]], folder: str) -> None:
+    if not rows:
+        return
+    print(f"memory tier on this machine ({folder}):")
+    for r in rows:
+        missing = f", unmarked parts of ranks {r['unmarked']} (incomplete)" if r["unmarked"] else ""
+        print(
+            f"  node {r['node']}  step {r['step']:<6} {r['kind']:<8} ranks {r['ranks']}  {_size(r['bytes'])}{missing}"
+        )
+    print()
+
+
 def _run(args: argparse.Namespace) -> int:
     from goodput.checkpoint.layout import list_checkpoints
 
@@ -76,9 +101,13 @@ def _run(args: argparse.Namespace) -> int:
         rows = list_checkpoints(root, storage_options=_options(args.option), checksums=args.checksums)
     except (OSError, ValueError, ImportError) as err:
         raise ConfigError(f"cannot list {root!r}: {type(err).__name__}: {err}") from None
+    memory = _memory_rows(root, args)
     if args.json:
-        print(json.dumps({"root": root, "checkpoints": [r.to_dict() for r in rows]}, indent=1))
+        print(
+            json.dumps({"root": root, "checkpoints": [r.to_dict() for r in rows], "memory": memory}, indent=1)
+        )
         return 0
+    _print_memory(memory, args.memory_folder)
     if not rows:
         print(f"no checkpoints under {root}")
         return 0

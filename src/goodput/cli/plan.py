@@ -14,6 +14,8 @@ from typing import Any
 
 from goodput.cli._paths import check_output_file
 from goodput.cli._plan_plot import short_duration
+from goodput.cli._plan_twolevel import add_arguments as add_two_level_arguments
+from goodput.cli._plan_twolevel import two_level_lines, two_level_section
 from goodput.errors import ConfigError
 from goodput.planning import (
     PlanInputs,
@@ -104,6 +106,7 @@ def register(sub: Any) -> None:
         "--simulate", type=int, metavar="RUNS", help="add a Monte Carlo check of RUNS jobs per row"
     )
     out.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo runs (default 0)")
+    add_two_level_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -328,6 +331,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         check_output_file(args.plot, "--plot")
     plan = build_plan(inputs, intervals, simulate=args.simulate, seed=args.seed)
+    two_level = two_level_section(args, inputs, simulate=args.simulate, seed=args.seed)
+    if two_level is not None:
+        plan["two_level"] = two_level
     if args.plot:
         from goodput.cli._plan_plot import plot_plan
 
@@ -337,6 +343,8 @@ def run(args: argparse.Namespace) -> int:
         print()
     else:
         print(_table(plan, inputs))
+        if two_level is not None:
+            print("\n".join(two_level_lines(two_level)))
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0

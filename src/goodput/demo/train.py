@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from goodput.checkpoint import CheckpointConfig
+from goodput.checkpoint import CheckpointConfig, MemoryTier
 from goodput.data import CacheConfig, ResumableLoader, ShardedDataset
 from goodput.demo.augment import ByteNoise
 from goodput.demo.model import ModelConfig, TinyLM
@@ -70,6 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--every", default="auto", help="steps (int), a duration, or auto")
     p.add_argument("--mtbf", type=float, default=None, help="expected seconds between failures (for auto)")
     p.add_argument("--checkpoint-root", default=None, help="default: <run_dir>/checkpoints")
+    p.add_argument(
+        "--memory-every", default="auto", help="memory-tier saves: steps, a duration, auto, or off"
+    )
+    p.add_argument("--memory-folder", default="/dev/shm/goodput", help="the memory tier's RAM folder")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--hang-timeout", type=float, default=120.0)
@@ -92,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         strategy=args.strategy,
         every=every,
         keep_last=2,
+        memory=_memory_tier(args.memory_every, args.memory_folder),
         # the demo's failure rate, as the prior of the auto interval: one failure per mtbf seconds
         **({"gpus": 1, "afr": 365 * 86400 / args.mtbf} if args.mtbf else {}),
     )
@@ -162,6 +167,12 @@ def _rank0_attempt(run: Run) -> int:
 
         dist.broadcast_object_list(box, src=0)
     return int(box[0])
+
+
+def _memory_tier(every: str, folder: str) -> MemoryTier | None:
+    if every == "off":
+        return None
+    return MemoryTier(every=int(every) if every.isdigit() else every, folder=folder)
 
 
 def _loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:

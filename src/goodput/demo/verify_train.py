@@ -63,10 +63,13 @@ def train(
     nnodes: int = 1,
     node_rank: int | None = None,
     rdzv_endpoint: str | None = None,
+    memory_every: str = "off",
+    memory_folder: str | None = None,
 ) -> int:
     """Run the demo training under torchrun (``goodput launch``); returns its exit status.
 
     With ``nnodes > 1`` this launches one node of the job (call it once per node, concurrently).
+    ``memory_every``: the memory tier's cadence (``"off"``: none); its folder defaults to ``<run_dir>/shm``.
     """
     script = (
         TRAIN_SCRIPT,
@@ -78,6 +81,8 @@ def train(
         "--workers=1",  # worker-side augmentation
         "--no-progress",
         f"--hang-timeout={hang_timeout}",
+        f"--memory-every={memory_every}",
+        f"--memory-folder={memory_folder or os.path.join(run_dir, 'shm')}",
     )
     config = LaunchConfig(
         script=script,

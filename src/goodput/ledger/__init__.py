@@ -20,6 +20,7 @@ from goodput.ledger.accounting import (
 from goodput.ledger.exporters import MetricsExporter, MLflowExporter, TensorBoardExporter, available_exporters
 from goodput.ledger.ledger import Ledger, LedgerConfig, LedgerFile, ledger_files, read_events
 from goodput.ledger.report import Advice, MeasuredModel, Prediction, Report, build_report, load_report
+from goodput.ledger.tiers import restores_by_tier
 
 __all__ = [
     "CATEGORIES",
@@ -45,4 +46,5 @@ __all__ = [
     "ledger_files",
     "load_report",
     "read_events",
+    "restores_by_tier",
 ]

@@ -222,6 +222,7 @@ def _intervals(
     first_step = s.steps[0][0] if s.steps else (s.open_step[0] if s.open_step else a.end)
     out.append((a.begin, first_step, "init"))
     out.extend((lo, hi, "checkpoint_restore") for lo, hi in s.restores)
+    out.extend((lo, hi, "checkpoint_stall") for lo, hi in s.memory_stalls)
     for save in s.saves:
         if save[4]:
             out.append((save[1], a.end if save[2] is None else save[2], "checkpoint_stall"))

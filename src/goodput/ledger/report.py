@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from goodput import planning
@@ -86,6 +86,7 @@ class Report:
     accounting: Accounting
     prediction: Prediction
     advice: tuple[Advice, ...]
+    restores_by_tier: dict[str, dict[str, float]] = field(default_factory=dict)  # see ledger/tiers.py
 
     def to_dict(self) -> dict[str, Any]:
         """One JSON-able object: goodput, wall_seconds, categories, restarts, predicted_goodput, and more."""
@@ -101,6 +102,7 @@ class Report:
         out.update({k: v for k, v in acc.to_dict().items() if k not in out})
         out["prediction"] = asdict(self.prediction)
         out["advice"] = [asdict(a) for a in self.advice]
+        out["restores_by_tier"] = self.restores_by_tier
         return out
 
     def render(self) -> str:
@@ -166,12 +168,14 @@ def build_report(
         mtbf: an assumed MTBF in seconds, used only while no failure has been observed.
         rank: whose time axis to use (None: the lowest rank present); every rank's events count.
     """
+    events = list(events)
     acc = account(events, rank=rank)
     model, source, estimated = _model(acc, mtbf)
     prediction = _prediction(acc, model, source, estimated)
     from goodput.ledger.advice import advise
+    from goodput.ledger.tiers import restores_by_tier
 
-    return Report(run_dir, acc, prediction, tuple(advise(acc, model, prediction)))
+    return Report(run_dir, acc, prediction, tuple(advise(acc, model, prediction)), restores_by_tier(events))
 
 
 def load_report(

@@ -118,6 +118,9 @@ class Spans:
         self.restored_step: int | None = None
         self.has_restore = False
         self.saves: list[list[Any]] = []  # [step, start, stall_end, durable, has_stall]
+        # memory-tier saves: stall time, but not durable saves (C, W and the interval are the durable tier's)
+        self.memory_stalls: list[tuple[float, float]] = []
+        self._memory_open: float | None = None
         self.durable: list[tuple[float, int]] = []
         self.detect: list[tuple[float, float]] = []
         self.status: str | None = None
@@ -145,6 +148,12 @@ class Spans:
                 self.restores.append((a.begin if restore_open is None else restore_open, t))
                 restore_open = None
                 self.restored_step = None if step is None else int(step)
+            elif name == "checkpoint_stall_start" and event.get("tier") == "memory":
+                self._memory_open = t
+            elif name == "checkpoint_stall_end" and event.get("tier") == "memory":
+                if self._memory_open is not None:
+                    self.memory_stalls.append((self._memory_open, t))
+                self._memory_open = None
             elif name == "checkpoint_stall_start":
                 self.saves.append([step, t, None, None, True])
             elif name == "checkpoint_stall_end":

@@ -84,6 +84,11 @@ def _figures(report: Report) -> list[str]:
         f"  {'R restart':<28}{restart} (downtime + init + restore)",
         f"  {'D failure detection':<28}{_dur(acc.detect_seconds)}",
         f"  {'checkpoint interval':<28}{interval}",
+        *[
+            f"  {'restores from ' + tier:<28}{int(t['count'])}, {_dur(t['seconds_mean'])} each, "
+            f"{t['lost_steps_mean']:.1f} steps lost per failure"
+            for tier, t in report.restores_by_tier.items()
+        ],
     ]
 
 

@@ -21,21 +21,33 @@ from goodput.planning.model import (
     young_interval,
 )
 from goodput.planning.simulation import SimulationResult, simulate_goodput
+from goodput.planning.twolevel import (
+    TwoLevelPlan,
+    durable_share,
+    goodput_two_level,
+    plan_two_level,
+    simulate_two_level,
+)
 
 __all__ = [
     "PlanInputs",
     "SimulationResult",
+    "TwoLevelPlan",
     "daily_waste",
     "daly_expected_time",
     "daly_interval",
+    "durable_share",
     "failure_probability",
     "goodput_daly",
     "goodput_first_order",
+    "goodput_two_level",
     "lost_work_per_failure",
     "mtbf_from_rate",
     "mtbf_seconds",
     "optimal_interval",
+    "plan_two_level",
     "simulate_goodput",
+    "simulate_two_level",
     "waste_per_failure",
     "young_interval",
 ]

@@ -108,6 +108,7 @@ class Run:
         self._plan_text = faults if faults is not None else os.environ.get("GOODPUT_FAULTS", "")
         check_plan(parse_faults(self._plan_text), world_size=self.info.world_size, total_steps=total_steps)
         self._arm_faults()
+        self._node_loss_planned = any(f.action == "nodeloss" for f in parse_faults(self._plan_text))
         limit = crash_loop if crash_loop is not None else int(os.environ.get("GOODPUT_CRASH_LOOP", "3"))
         self._crash = CrashLoopDetector(run_dir, self.attempt, limit=limit) if self.info.rank == 0 else None
         if self._crash is not None:
@@ -161,6 +162,8 @@ class Run:
         with self._phase("restore"):
             step = self._warm_recover(state) if self._warm is not None else None
             if step is None:
+                if self._node_loss_planned:
+                    self._replace_lost_node(self._manager)
                 step = self._manager.restore_latest()
         self.ledger.restore_end(step)
         parts = {
@@ -246,7 +249,11 @@ class Run:
         self.faults.check(phase="step", step=self.step)
         if self._preempt.should_stop(self.step):
             stop_preempted(self, self._preempt.requested or "a signal")
-        if manager.should_save(self.step):
+        durable = manager.should_save(self.step)
+        if manager.should_save_memory(self.step):
+            with self._phase("checkpoint_save"):
+                manager.save_memory(self.step)
+        if durable:
             self.save()
 
     def save(self) -> None:
@@ -400,13 +407,35 @@ class Run:
         mtbf = account(read_events(self.run_dir, rank=None)).mtbf_seconds
         if mtbf is not None:
             manager.policy.observe_mtbf(mtbf)
+            if isinstance(manager.memory_policy, AutoInterval):
+                manager.memory_policy.observe_mtbf(mtbf)
+
+    def _replace_lost_node(self, manager: CheckpointManager) -> None:
+        """After a ``nodeloss`` fault, this node comes back as a fresh machine: its memory tier is emptied
+        (by its local rank 0, between two barriers so no rank of the job reads it meanwhile)."""
+        import torch.distributed as dist
+
+        request = os.path.join(self.run_dir, "faults", f"lost-node-{self.faults.node}")
+        lost = os.path.exists(request)
+        if dist.is_initialized():
+            dist.barrier()
+        if lost and manager.memory is not None and self.info.local_rank == 0:
+            manager.memory.store.wipe_node()
+            os.remove(request)
+        if dist.is_initialized():
+            dist.barrier()
 
     def _phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         return self.watchdog.phase(name) if self.watchdog is not None else contextlib.nullcontext()
 
     def _fault_fired(self, fault: Fault, where: str) -> None:
         self.ledger.event("fault_injected", action=fault.action, where=where, step=self.step)
-        if fault.action in ("kill", "hang"):
+        if (
+            fault.action == "nodeloss"
+        ):  # the next attempt wipes this node's RAM tier, as a new machine has none
+            with open(os.path.join(self.run_dir, "faults", f"lost-node-{self.faults.node}"), "w"):
+                pass
+        if fault.action in ("kill", "hang", "nodeloss"):
             self.ledger.flush()  # the process is about to die or stop: keep the record
 
     def _hung(self, silent: float, phase: str | None) -> None:

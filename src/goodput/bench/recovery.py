@@ -1,0 +1,188 @@
+"""Recovery with the memory tier: save stall, restore time and lost work against floors and the durable tier.
+
+    goodput bench recovery                          # 256 MiB of model + AdamW state per rank, 2 ranks
+    goodput bench recovery --state-size 64MiB --steps 40 --no-node-loss --json     # a quick run
+
+It starts itself under torchrun (2 ranks, gloo) beside a real S3 server (SeaweedFS on 127.0.0.1) behind
+goodput's fault proxy with ``bench cache``'s default latency (30 ms a request) and bandwidth (16 MB/s a
+connection), which holds the durable tier. Measured in one run:
+
+- the blocking part of a memory-tier save, and the time to load the newest memory checkpoint into the live
+  state, against a copy of the same bytes into preallocated buffers (the memcpy floor);
+- restoring the same step from the durable tier (dcp_async on S3) against restoring it from memory;
+- steps re-done per failure: the same loop (fixed step time, ``auto`` cadences, the planner fed ``--mtbf``) with
+  the memory tier and without it, and the same failure times drawn over it; a failure re-does every step after
+  the newest step committed (memory or durable) at that moment;
+- a node loss on a two-agent job (``--nnodes 2`` on this machine): the tier it restored from and whether the
+  resumed run is bitwise identical to an uninterrupted one (``goodput verify-resume``'s comparison).
+
+Read ratios, not absolute times: the machine may be shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+_GOALS = {
+    "memory_stall_over_memcpy_floor": "<= 1.5",
+    "memory_restore_over_memcpy_floor": "<= 2",
+    "durable_restore_over_memory_restore": ">= 10",
+    "lost_steps_per_failure": "<= 2",
+    "durable_only_over_memory_lost_steps": "(the ratio)",
+}
+_BUCKET = "goodput-bench-recovery"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-size", default="256MiB", help="model + optimizer state per rank (256MiB)")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    parser.add_argument("--saves", type=int, default=4, help="memory-tier saves measured (default 4)")
+    parser.add_argument("--steps", type=int, default=40, help="steps of each lost-work loop (default 40)")
+    parser.add_argument("--step-ms", type=float, default=1000.0, help="compute per step, ms (default 1000)")
+    parser.add_argument("--mtbf", type=float, default=60.0, help="seconds between failures for auto (60)")
+    parser.add_argument("--failures", type=int, default=200, help="failure times drawn over the loops (200)")
+    parser.add_argument("--latency", type=float, default=0.03, help="proxy latency per request, s (0.03)")
+    parser.add_argument("--bandwidth", default="16MB", help="proxy cap per connection per second (16MB)")
+    parser.add_argument("--no-node-loss", action="store_true", help="skip the two-agent node-loss run")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the failure times (0)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the S3 server and proxy, measure under torchrun, run the node loss, print ratios."""
+    from goodput.bench._cache_run import _start_proxy
+    from goodput.errors import ConfigError
+    from goodput.testing import S3Server
+    from goodput.units import parse_bytes
+
+    state_bytes = parse_bytes(args.state_size, what="--state-size")
+    bandwidth = parse_bytes(args.bandwidth, what="--bandwidth")
+    if state_bytes < (1 << 20) or args.saves < 2 or args.steps < 10 or args.nproc < 1 or args.mtbf <= 0:
+        raise ConfigError(
+            "--state-size must be >= 1MiB, --saves >= 2, --steps >= 10, --nproc >= 1, --mtbf > 0"
+        )
+    ram = "/dev/shm" if os.path.isdir("/dev/shm") else None  # the memory tier belongs on a RAM file system
+    with (
+        tempfile.TemporaryDirectory(prefix="goodput-bench-recovery-") as tmp,
+        tempfile.TemporaryDirectory(prefix="goodput-bench-recovery-", dir=ram) as shm,
+    ):
+        out = os.path.join(tmp, "result.json")
+        with S3Server(bucket=_BUCKET) as server:
+            proxy, port = _start_proxy(server.s3_port, args.latency, bandwidth, 0)
+            try:
+                options = server.storage_options()
+                options["client_kwargs"] = dict(
+                    options["client_kwargs"], endpoint_url=f"http://127.0.0.1:{port}"
+                )
+                config = {
+                    "state_bytes": state_bytes, "saves": args.saves, "steps": args.steps, "step_ms": args.step_ms,
+                    "mtbf": args.mtbf, "failures": args.failures, "seed": args.seed, "out": out,
+                    "root": f"s3://{_BUCKET}/run", "storage_options": options,
+                    "memory_folder": os.path.join(shm, "memory"),
+                }  # fmt: skip
+                code = _torchrun(config, args.nproc, quiet=args.json)
+            finally:
+                proxy.kill()
+                proxy.wait()
+        if code != 0 or not os.path.exists(out):
+            print(f"goodput bench recovery: the measurement failed (exit {code})", file=sys.stderr)
+            return 1
+        with open(out, encoding="utf-8") as f:
+            result: dict[str, Any] = json.load(f)
+        result["setup"] = {"latency_s": args.latency, "bandwidth_bps": bandwidth, "step_ms": args.step_ms,
+                           "mtbf_s": args.mtbf, "steps": args.steps}  # fmt: skip
+        result["node_loss"] = None if args.no_node_loss else _node_loss(tmp)
+    result["ratios"] = _ratios(result)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        _print(result)
+    return 0
+
+
+def _torchrun(config: dict[str, Any], nproc: int, *, quiet: bool) -> int:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    cmd += ["-m", "goodput.bench._recovery_worker", json.dumps(config)]
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL if quiet else None).returncode
+
+
+def _node_loss(work: str) -> dict[str, Any]:
+    """A two-agent demo job that loses node 1 at step 21, against the same job uninterrupted."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from goodput.demo.verify_train import prepare_data, train
+    from goodput.ledger import read_events
+    from goodput.run.verify import first_difference, read_run
+    from goodput.testing import free_port
+
+    data = prepare_data(work)
+    common: dict[str, Any] = {"data": data, "nproc": 1, "steps": 40, "every": 8, "strategy": "dcp_async",
+                              "seed": 0, "memory_every": "2"}  # fmt: skip
+    clean = os.path.join(work, "node-loss-reference")
+    lost = os.path.join(work, "node-loss")
+    runs = {clean: "", lost: "nodeloss@step=21,node=1"}
+    for run_dir, plan in runs.items():
+        endpoint = f"127.0.0.1:{free_port()}"
+        node: dict[str, Any] = {
+            "nnodes": 2,
+            "rdzv_endpoint": endpoint,
+            "max_restarts": 2 if plan else 0,
+            "faults": plan,
+        }
+        with ThreadPoolExecutor(2) as pool:
+            statuses = [f.result() for f in [pool.submit(train, run_dir, **common, **node) for _ in range(2)]]
+        if statuses != [0, 0]:
+            return {"error": f"the {'node-loss' if plan else 'reference'} job exited {statuses}"}
+    restores = [e for e in read_events(lost) if e["event"] == "checkpoint_restored"]
+    difference = first_difference(read_run(clean), read_run(lost))
+    return {
+        "restored_from": restores[-1]["tier"] if restores else None,
+        "restored_step": restores[-1]["step"] if restores else None,
+        "bitwise_identical": difference is None,
+        "difference": difference,
+    }
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    return (
+        float(a) / float(b) if isinstance(a, int | float) and isinstance(b, int | float) and b > 0 else None
+    )
+
+
+def _ratios(r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "memory_stall_over_memcpy_floor": _ratio(r["memory_stall_s"], r["memcpy_floor_s"]),
+        "memory_restore_over_memcpy_floor": _ratio(r["memory_restore_s"], r["memcpy_floor_s"]),
+        "durable_restore_over_memory_restore": _ratio(r["durable_restore_s"], r["memory_restore_s"]),
+        "lost_steps_per_failure": r["lost_steps_per_failure"],
+        "lost_steps_per_failure_durable_only": r["lost_steps_per_failure_durable_only"],
+        "durable_only_over_memory_lost_steps": _ratio(
+            r["lost_steps_per_failure_durable_only"], r["lost_steps_per_failure"]
+        ),
+        "node_loss": r["node_loss"],
+    }
+
+
+def _print(r: dict[str, Any]) -> None:
+    print(f"state {r['state_bytes_per_rank'] / 2**20:.0f} MiB per rank x {r['world_size']} ranks; durable tier on"
+          f" SeaweedFS behind the fault proxy ({r['setup']['latency_s'] * 1000:.0f} ms,"
+          f" {r['setup']['bandwidth_bps'] / 1e6:.0f} MB/s a connection)")  # fmt: skip
+    print(f"memcpy floor {r['memcpy_floor_s']:.3f}s  memory stall {r['memory_stall_s']:.3f}s  memory restore"
+          f" {r['memory_restore_s']:.3f}s  durable restore {r['durable_restore_s']:.2f}s")  # fmt: skip
+    for key, value in r["ratios"].items():
+        if key == "node_loss":
+            continue
+        shown = "n/a" if value is None else f"{value:.2f}"
+        print(f"  {key:<40}{shown:>8}   goal {_GOALS.get(key, '')}")
+    print(
+        f"  node_loss  {json.dumps(r['ratios']['node_loss'])}   goal restored_from 'peer', bitwise_identical true"
+    )
