@@ -96,12 +96,13 @@ class CheckpointManager:
         self.rank = dist.get_rank(self._ctl) if self._dist else 0
         self.world_size = dist.get_world_size(self._ctl) if self._dist else 1
         self._checksums = config.checksums(self._layout.local)
+        self._algorithm = config.checksum_algorithm(self._layout.local)
         self._ctx = SaveContext(
             self._layout,
             self.rank,
             self.world_size,
             self._io,
-            {"async_checkpointer": config.async_checkpointer},
+            {"async_checkpointer": config.async_checkpointer, "checksum": self._algorithm},
         )
         self._strategy = make_strategy(config.strategy, self._ctx)
         self._policy = self._make_policy()
@@ -113,6 +114,7 @@ class CheckpointManager:
         self._purge: Future[None] | None = None
         self._closed = False
         self.results: list[SaveResult] = []
+        self._restore_parts: dict[str, float] = {}
         if self.rank == 0:
             self._layout.clean_partials(stale_after=config.seconds("partial_grace"))
         self._barrier()
@@ -239,7 +241,8 @@ class CheckpointManager:
             names = completion()
             if stall is not None:
                 fault_point("async_upload", step)  # uploaded in the background, not committed
-            mine = ("ok", self._layout.rank_files(folder, names, checksum=self._checksums))
+            # names map to the checksums computed while writing (no read-back); others are read back
+            mine = ("ok", self._layout.rank_files(folder, names, checksum=self._algorithm or False))
         except _FAILURES as err:
             mine = ("error", f"rank {self.rank}: {_describe(err)}")
         parts = self._gather(mine)
@@ -368,6 +371,7 @@ class CheckpointManager:
         """
         self._check_open()
         self.wait()
+        started = self._clock()
         listing: tuple[list[tuple[int, str]], str] = ([], "")
         if self.rank == 0:
             try:
@@ -382,8 +386,12 @@ class CheckpointManager:
         if error:
             raise StorageError(f"cannot list the checkpoints under {self._layout.root}: {error}")
         self._committed = {step for step, _ in candidates}
+        self._restore_parts = {"find": self._clock() - started}
         for step, url in candidates:
             if self._try_load(step, url):
+                self._emit(
+                    "restore_parts", step=step, **{f"{k}_seconds": v for k, v in self._restore_parts.items()}
+                )
                 fault_point("restore", step)  # loaded, not yet in use
                 self.state.step = step
                 self._policy.saved(step, self._clock())
@@ -392,9 +400,10 @@ class CheckpointManager:
 
     def _try_load(self, step: int, url: str) -> bool:
         verdict: tuple[str, Any] = ("ok", None)
+        started = self._clock()
         if self.rank == 0:
             try:
-                verdict = ("ok", self._layout.verify(url, checksums=self._checksums))
+                verdict = ("ok", self._verify(url))
             except CheckpointCorrupt as err:
                 verdict = ("corrupt", str(err))
             except Exception as err:  # storage trouble, not a bad checkpoint: stop rather than fall back
@@ -412,12 +421,26 @@ class CheckpointManager:
                 " (per-rank RNG and data positions cannot be mapped)"
             )
         mine: tuple[str, str] = ("ok", "")
+        verified = self._clock()
+        strategy = make_strategy(manifest.strategy, self._ctx)
+        # strategies that verify while reading get the manifest's entries (one pass over the bytes)
+        self._ctx.options["expected"] = manifest.files if self._checksums else None
         try:
-            make_strategy(manifest.strategy, self._ctx).load(self.state, url, self._ctx)
+            strategy.load(self.state, url, self._ctx)
         except StateMismatch as err:
             mine = ("mismatch", str(err))
         except _FAILURES as err:
             mine = ("error", f"rank {self.rank}: {_describe(err)}")
+        finally:
+            self._ctx.options.pop("expected", None)
+        parts: dict[str, float] = dict(getattr(strategy, "last_load_seconds", None) or {})
+        if not parts:
+            parts = {"load": self._clock() - verified}
+        self._restore_parts = {
+            "find": self._restore_parts.get("find", 0.0),
+            "verify": verified - started,
+            **parts,
+        }
         outcomes = self._all_gather(mine)  # every rank learns every rank's outcome: no rank is left waiting
         mismatches = [detail for status, detail in outcomes if status == "mismatch"]
         if mismatches:
@@ -430,6 +453,14 @@ class CheckpointManager:
             return False
         log.info("restored step %d from %s", step, url)
         return True
+
+    def _verify(self, url: str) -> Manifest:
+        """Rank 0's check before loading: sizes always; checksums here only for strategies that do not check
+        them while reading (DCP's strategies verify each file as they read it)."""
+        manifest = self._layout.verify(url, checksums=False)
+        if self._checksums and not getattr(_strategy_class(manifest.strategy), "verifies_on_read", False):
+            manifest = self._layout.verify(url, checksums=True)
+        return manifest
 
     def _all_gather(self, mine: Any) -> list[Any]:
         if not self._dist:
@@ -469,6 +500,18 @@ class CheckpointManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _strategy_class(name: str) -> type | None:
+    if name == "torch_save":
+        from goodput.checkpoint.torch_save import TorchSaveStrategy
+
+        return TorchSaveStrategy
+    if name in ("dcp", "dcp_async"):
+        from goodput.checkpoint.dcp import DcpStrategy
+
+        return DcpStrategy
+    return None
 
 
 def _raiser(err: BaseException) -> Completion:
