@@ -57,6 +57,10 @@ if TYPE_CHECKING:
     from goodput.checkpoint.dcp_async import (
         DcpAsyncStrategy,
     )
+    from goodput.checkpoint.hashing import HashingFileSystem, VerifyingFileSystem
+    from goodput.checkpoint.layout import CHECKSUM_ALGORITHMS, new_hasher
+    from goodput.checkpoint.policy import StepSchedule
+    from goodput.checkpoint.staging import Stager
     from goodput.checkpoint.torch_save import (
         TorchSaveStrategy,
     )
@@ -219,6 +223,12 @@ _LAZY = {
     "SafeLoadPlanner": "goodput.checkpoint.dcp",
     "safe_unpickle_metadata": "goodput.checkpoint.dcp",
     "DcpAsyncStrategy": "goodput.checkpoint.dcp_async",
+    "HashingFileSystem": "goodput.checkpoint.hashing",
+    "VerifyingFileSystem": "goodput.checkpoint.hashing",
+    "CHECKSUM_ALGORITHMS": "goodput.checkpoint.layout",
+    "new_hasher": "goodput.checkpoint.layout",
+    "StepSchedule": "goodput.checkpoint.policy",
+    "Stager": "goodput.checkpoint.staging",
     "TorchSaveStrategy": "goodput.checkpoint.torch_save",
     "CrashLoopDetector": "goodput.run.crashloop",
     "BatchPlan": "goodput.data",
@@ -302,6 +312,7 @@ _LAZY = {
 
 __all__ = [
     "CATEGORIES",
+    "CHECKSUM_ALGORITHMS",
     "EXIT_CRASH_LOOP",
     "EXIT_FATAL",
     "EXIT_HANG",
@@ -339,6 +350,7 @@ __all__ = [
     "FingerprintMismatch",
     "FolderDataset",
     "GoodputError",
+    "HashingFileSystem",
     "InjectedFault",
     "LaunchConfig",
     "Ledger",
@@ -369,12 +381,15 @@ __all__ = [
     "ShardWriter",
     "ShardedDataset",
     "SimulationResult",
+    "Stager",
     "StateMismatch",
+    "StepSchedule",
     "StepStats",
     "StorageError",
     "TensorBoardExporter",
     "TorchSaveStrategy",
     "TrainingState",
+    "VerifyingFileSystem",
     "Watchdog",
     "__version__",
     "account",
@@ -405,6 +420,7 @@ __all__ = [
     "make_strategy",
     "mtbf_from_rate",
     "mtbf_seconds",
+    "new_hasher",
     "optimal_interval",
     "parse_bytes",
     "parse_duration",

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint import CheckpointException
 import goodput
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import CheckpointInfo, CheckpointLayout, FileEntry, Manifest
-from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
+from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy, StepSchedule
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.strategy import Completion, SaveContext, make_strategy
 from goodput.errors import CheckpointCorrupt, CheckpointError, SaveFailed, StateMismatch, StorageError
@@ -106,6 +106,10 @@ class CheckpointManager:
         )
         self._strategy = make_strategy(config.strategy, self._ctx)
         self._policy = self._make_policy()
+        # time-based policies across ranks: rank 0 turns the interval into step numbers (one broadcast per save)
+        self._schedule = (
+            StepSchedule(self._policy) if self._dist and isinstance(self._policy, EveryInterval) else None
+        )
         self._token = self._bcast(uuid.uuid4().hex[:12] if self.rank == 0 else None)
         self._committed: set[int] = set()
         self._inflight: Future[SaveResult] | None = None
@@ -137,6 +141,11 @@ class CheckpointManager:
         )
 
     @property
+    def decisions(self) -> int:
+        """How many times the ranks asked rank 0 whether to save (time-based policies across ranks)."""
+        return self._schedule.decisions if self._schedule is not None else 0
+
+    @property
     def policy(self) -> SavePolicy:
         """The save policy in use (``AutoInterval.observe_mtbf`` feeds it observed failures)."""
         return self._policy
@@ -166,10 +175,21 @@ class CheckpointManager:
 
     # ---- saving ---------------------------------------------------------------------------------------------
     def should_save(self, step: int, now: float | None = None) -> bool:
-        """Whether the policy wants ``step`` saved; every rank gets rank 0's answer for time-based policies."""
-        now = self._clock() if now is None else now
-        due = self._policy.due(step, now)
-        return due if isinstance(self._policy, EverySteps) else bool(self._bcast(due))
+        """Whether the policy wants ``step`` saved; every rank gets the same answer.
+
+        Step-based policies need no communication. Time-based ones (across ranks) ask rank 0 only at decision
+        steps: at each, rank 0 answers and names the next decision step from its measured step time, so there is
+        about one broadcast per save, not one per step.
+        """
+        schedule = self._schedule
+        if schedule is None:
+            return self._policy.due(step, self._clock() if now is None else now)
+        if schedule.pending(step):
+            return False
+        decision = schedule.decide(step, self._clock() if now is None else now) if self.rank == 0 else None
+        due, next_decision = self._bcast(decision)
+        schedule.agreed(next_decision)
+        return bool(due)
 
     def maybe_save(self, step: int, now: float | None = None) -> SaveResult | None:
         """``save(step)`` when ``should_save(step, now)`` says so; None otherwise."""
@@ -395,6 +415,8 @@ class CheckpointManager:
                 fault_point("restore", step)  # loaded, not yet in use
                 self.state.step = step
                 self._policy.saved(step, self._clock())
+                if self._schedule is not None:
+                    self._schedule.reset()
                 return step
         return None
 
