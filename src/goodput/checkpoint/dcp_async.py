@@ -65,6 +65,8 @@ class DcpAsyncStrategy:
         if checkpointer not in ("thread", "process"):
             raise ValueError(f"checkpointer must be 'thread' or 'process', not {checkpointer!r}")
         self._process = checkpointer == "process"
+        # the thread checkpointer only stages in save(); the manager creates the folder in the background
+        self.writes_later = not self._process
         self._key = f"goodput-{uuid.uuid4().hex}"
         self.stager = Stager()
         self._dcp_stager: Any = None

@@ -276,19 +276,21 @@ class CheckpointLayout:
     def final_dir(self, step: int) -> str:
         return self.join(f"step-{step}")
 
+    def folder_for(self, step: int, token: str) -> str:
+        """The folder ``begin(step, token)`` creates (known ahead, without any I/O)."""
+        return self.join(f"step-{step}.partial-{token}") if self.local else self.final_dir(step)
+
     def begin(self, step: int, token: str) -> str:
         """Create the folder a save of ``step`` writes into (with a lease); returns its path or URL.
 
         Never reuses a folder: a leftover local partial of the same token is removed first; on object stores a
         leftover uncommitted ``step-N/`` is removed (DCP would otherwise mix new shards with old ones).
         """
+        folder = self.folder_for(step, token)
+        self._remove_tree(folder)
         if self.local:
-            folder = self.join(f"step-{step}.partial-{token}")
-            self._remove_tree(folder)
             os.makedirs(folder)
         else:
-            folder = self.final_dir(step)
-            self._remove_tree(folder)
             self.fs.makedirs(folder, exist_ok=True)
         _IN_FLIGHT.add(folder)
         lease = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}

@@ -217,16 +217,9 @@ class CheckpointManager:
         self._emit("checkpoint_stall", phase="start", step=step)
         start = self._clock()
         self.state.step = step
-        begun: tuple[str, str, bool] = ("", "", False)
-        if self.rank == 0:
-            try:
-                if self._layout.is_committed(step):
-                    begun = (self._layout.final_dir(step), "", True)
-                else:
-                    begun = (self._layout.begin(step, self._token), "", False)
-            except Exception as err:  # every rank waits for rank 0's word: always send one
-                begun = ("", f"creating the step folder: {type(err).__name__}: {err}", False)
-        folder, error, exists = self._bcast(begun)
+        if getattr(self._strategy, "writes_later", False):
+            return self._save_staged(step, start)
+        folder, error, exists = self._begin(step, self._ctl)
         if exists:  # committed by an earlier run that this manager did not restore: never overwrite it
             self._committed.add(step)
             self._emit("checkpoint_stall", phase="end", step=step, seconds=self._clock() - start)
@@ -248,6 +241,43 @@ class CheckpointManager:
             self._inflight = self._finisher.submit(self._finish, step, folder, completion, start, stall)
             return SaveResult(step, self.config.strategy, stall)
         return self._finish(step, folder, completion, start, None)
+
+    def _begin(self, step: int, group: Any) -> tuple[str, str, bool]:
+        """Rank 0 creates the step folder with its lease (or finds the step committed); every rank learns
+        (folder, error, already committed)."""
+        begun: tuple[str, str, bool] = ("", "", False)
+        if self.rank == 0:
+            try:
+                if self._layout.is_committed(step):
+                    begun = (self._layout.final_dir(step), "", True)
+                else:
+                    begun = (self._layout.begin(step, self._token), "", False)
+            except Exception as err:  # every rank waits for rank 0's word: always send one
+                begun = ("", f"creating the step folder: {type(err).__name__}: {err}", False)
+        folder, error, exists = self._bcast(begun, group)
+        return folder, error, exists
+
+    def _save_staged(self, step: int, start: float) -> SaveResult:
+        """An asynchronous save whose strategy only stages now and writes when its completion runs: the step
+        folder, its lease and the already-committed check run in the background, before the write."""
+        folder = self._layout.folder_for(step, self._token)
+        completion: Completion
+        try:
+            completion = self._strategy.save(self.state, folder, self._ctx)
+        except _FAILURES as err:
+            completion = _raiser(err)
+        fault_point("checkpoint_write", step)  # staged, not written
+        stall = self._clock() - start
+        self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
+        self._inflight = self._finisher.submit(self._begin_and_finish, step, completion, start, stall)
+        return SaveResult(step, self.config.strategy, stall)
+
+    def _begin_and_finish(self, step: int, completion: Completion, start: float, stall: float) -> SaveResult:
+        folder, error, exists = self._begin(step, self._io)
+        if exists:  # committed by an earlier run that this manager did not restore: never overwrite it
+            self._committed.add(step)
+            return SaveResult(step, self.config.strategy, stall, 0.0, folder, None, skipped=True)
+        return self._finish(step, folder, _raiser(OSError(error)) if error else completion, start, stall)
 
     def _finish(
         self, step: int, folder: str, completion: Completion, start: float, stall: float | None
