@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     )
     from goodput.checkpoint.hashing import HashingFileSystem, VerifyingFileSystem
     from goodput.checkpoint.layout import CHECKSUM_ALGORITHMS, new_hasher
+    from goodput.checkpoint.objectstore import ConcurrentObjectFileSystem, read_object
     from goodput.checkpoint.policy import StepSchedule
     from goodput.checkpoint.staging import Stager
     from goodput.checkpoint.torch_save import (
@@ -228,6 +229,8 @@ _LAZY = {
     "CHECKSUM_ALGORITHMS": "goodput.checkpoint.layout",
     "new_hasher": "goodput.checkpoint.layout",
     "StepSchedule": "goodput.checkpoint.policy",
+    "ConcurrentObjectFileSystem": "goodput.checkpoint.objectstore",
+    "read_object": "goodput.checkpoint.objectstore",
     "Stager": "goodput.checkpoint.staging",
     "TorchSaveStrategy": "goodput.checkpoint.torch_save",
     "CrashLoopDetector": "goodput.run.crashloop",
@@ -332,6 +335,7 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointLayout",
     "CheckpointManager",
+    "ConcurrentObjectFileSystem",
     "ConfigError",
     "CrashLoop",
     "CrashLoopDetector",
@@ -429,6 +433,7 @@ __all__ = [
     "rank_batch_count",
     "rank_batch_range",
     "read_events",
+    "read_object",
     "read_run",
     "restore_rng",
     "safe_unpickle_metadata",

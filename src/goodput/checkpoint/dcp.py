@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.planner import ReadItem
 
 from goodput.checkpoint.hashing import HashingFileSystem, VerifyingFileSystem
+from goodput.checkpoint.objectstore import ConcurrentObjectFileSystem
 from goodput.checkpoint.state import TrainingState, check_shapes, tensor_shapes
 from goodput.checkpoint.strategy import Completion, SaveContext
 from goodput.errors import CheckpointCorrupt
@@ -137,17 +138,18 @@ def make_reader(folder: str, ctx: SaveContext) -> Any:
         fsspec_reader, _ = _fsspec_classes()
         safe = type("_SafeFsspecReader", (_SafeMetadataMixin, fsspec_reader), {})
         reader = safe(folder, **ctx.layout.storage_options)
-    expected = ctx.options.get("expected")
-    if expected:
+    expected = ctx.options.get("expected") or {}
+    if expected or not ctx.layout.local:
         reader.fs = VerifyingFileSystem(reader.fs, expected, local=ctx.layout.local)
     return reader
 
 
-def make_writer(folder: str, ctx: SaveContext, *, hash_while_writing: bool = True) -> Any:
+def make_writer(folder: str, ctx: SaveContext, *, in_process: bool = True) -> Any:
     """A DCP storage writer: fsync'ed local files, or fsspec objects (closing each one uploads it).
 
     With ``ctx.options["checksum"]`` set, every file's checksum is computed while it is written
-    (``writer.fs.digests``), so the manifest needs no read-back.
+    (``writer.fs.digests``), so the manifest needs no read-back. ``in_process=False``: the writer is pickled
+    to DCP's helper process, so it gets neither wrapper (the manager then reads the checksums back).
     """
     if ctx.layout.local:
         writer: Any = FileSystemWriter(folder, sync_files=True, overwrite=False)
@@ -157,8 +159,10 @@ def make_writer(folder: str, ctx: SaveContext, *, hash_while_writing: bool = Tru
         # store comes from closing each object (which uploads it) and the manager's size check before the
         # commit marker.
         writer = fsspec_writer(folder, sync_files=False, overwrite=False, **ctx.layout.storage_options)
+        if in_process:  # each file goes up as one concurrent multipart upload when it is closed
+            writer.fs = ConcurrentObjectFileSystem(writer.fs)
     algorithm = ctx.options.get("checksum")
-    if algorithm and hash_while_writing:
+    if algorithm and in_process:
         writer.fs = HashingFileSystem(writer.fs, algorithm)
     return writer
 

@@ -102,7 +102,7 @@ class DcpAsyncStrategy:
                     use_non_blocking_copy=cuda,
                 )
             )
-        writer = make_writer(folder, ctx, hash_while_writing=False)  # pickled to the helper process
+        writer = make_writer(folder, ctx, in_process=False)  # pickled to the helper process
         future: Any = dcp.async_save(
             state.state_dict(),
             storage_writer=writer,
