@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from goodput.bench._checkpoint_io import restore_cost, run_step_overhead, s3_cost
 from goodput.bench.checkpoint import RssSampler, median, ratio
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
 
@@ -50,9 +51,14 @@ def build_state(
 
 
 class Loop:
-    """A training-like step: fixed compute, a gradient-sized all-reduce, and an in-place weight change."""
+    """A training-like step: fixed compute, a gradient-sized all-reduce, and an in-place weight change.
 
-    def __init__(self, model: torch.nn.Module, step_ms: float) -> None:
+    ``idle=True``: the step's compute is a sleep of the same length, as a host waiting for its GPU (no CPU work).
+    """
+
+    def __init__(self, model: torch.nn.Module, step_ms: float, *, idle: bool = False) -> None:
+        self.idle = idle
+        self.step_s = step_ms / 1000
         self.params = [p.detach().to_local() for p in model.parameters()]  # type: ignore[attr-defined]
         self.a = torch.randn(256, 256)
         self.sync = torch.zeros(1024)
@@ -66,8 +72,11 @@ class Loop:
         self.i = 0
 
     def step(self) -> None:
-        for _ in range(self.iters):
-            self.a @ self.a
+        if self.idle:
+            time.sleep(self.step_s)
+        else:
+            for _ in range(self.iters):
+                self.a @ self.a
         dist.all_reduce(self.sync)
         with torch.no_grad():
             self.params[self.i % len(self.params)].add_(1e-6)
@@ -134,13 +143,19 @@ class Floors:
 
 
 def measure(
-    name: str, state: TrainingState, loop: Loop, floors: Floors, cfg: dict[str, Any], sampler: RssSampler
+    name: str,
+    state: TrainingState,
+    loop: Loop,
+    floors: Floors,
+    cfg: dict[str, Any],
+    sampler: RssSampler,
+    tag: str = "",
 ) -> dict[str, Any]:
     """Saves of one strategy, each paired with a window without a save and with the floors measured just
     before it (the machine is shared: pairing keeps load drift out of the differences)."""
     strategy, checkpointer = ("dcp_async", "process") if name == "dcp_async_process" else (name, "thread")
     config = CheckpointConfig(
-        root=os.path.join(cfg["root"], name),
+        root=os.path.join(cfg["root"], name + tag),
         strategy=strategy,
         every=10**9,
         keep_last=1,
@@ -209,6 +224,9 @@ def staging_memory(
 
 
 def main(cfg: dict[str, Any]) -> None:
+    s3_options = os.environ.pop("GOODPUT_BENCH_S3_OPTIONS", "")  # credentials travel outside argv
+    if s3_options:
+        cfg["s3_options"] = json.loads(s3_options)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     os.makedirs(cfg["root"], exist_ok=True)
@@ -225,7 +243,22 @@ def main(cfg: dict[str, Any]) -> None:
     }
     no_staging: dict[str, Any] = {"extra_after_each_save_bytes": []}
     staging = staging_memory(state, loop, cfg, sampler) if cfg["staging_saves"] > 0 else no_staging
+    idle = {}
+    if cfg["idle_host"]:
+        idle_loop = Loop(model, step_s * 1000, idle=True)
+        for name in ("torch_save", "dcp_async"):
+            idle[name] = measure(name, state, idle_loop, floors, cfg, sampler, tag="-idle")
     sampler.stop()
+    restore = restore_cost(
+        CheckpointConfig(
+            root=os.path.join(cfg["root"], "dcp_async"),
+            strategy="dcp_async",
+            verify_checksums=cfg["checksums"] == "on",
+        ),
+        state,
+    )
+    s3 = s3_cost(state, local, cfg) if cfg.get("s3_root") else {}
+    run_cost = run_step_overhead(os.path.join(cfg["root"], "run"))  # last: Run.close ends the group
     extra = staging["extra_after_each_save_bytes"]
     ts, da, dc = strategies.get("torch_save", {}), strategies.get("dcp_async", {}), strategies.get("dcp", {})
     result = {
@@ -240,6 +273,10 @@ def main(cfg: dict[str, Any]) -> None:
             "raw_write_s": median(dc.get("per_save", {}).get("raw_write", [])),
         },
         "strategies": strategies,
+        "idle_host": {k: {"stall_s": v["stall_s"], "lost_s": v["lost_s"]} for k, v in idle.items()},
+        "restore": restore,
+        "s3": s3,
+        "run": run_cost,
         "staging": staging,
         "ratios": {
             "torch_save_stall_over_async_stall": ratio(ts.get("stall_s"), da.get("stall_s")),
@@ -248,13 +285,18 @@ def main(cfg: dict[str, Any]) -> None:
             "dcp_write_over_raw_write": dc.get("raw_write_over_durable"),
             "staging_memory_over_state_bytes": ratio(max(extra) if extra else None, float(local_bytes)),
             "staging_memory_last_over_second": ratio(extra[-1], extra[1]) if len(extra) > 1 else None,
+            "torch_save_lost_over_async_lost_idle_host": ratio(
+                idle.get("torch_save", {}).get("lost_s"), idle.get("dcp_async", {}).get("lost_s")
+            ),
+            "restore_over_read_floor": restore["ratio"],
+            "s3_write_over_raw_put": s3.get("write_ratio"),
+            "s3_restore_over_raw_get": s3.get("restore_ratio"),
+            "run_step_overhead_over_10ms": run_cost["ratio"],
         },
     }
     if rank == 0:
         with open(cfg["out"], "w", encoding="utf-8") as f:
             json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
