@@ -183,3 +183,25 @@ def test_every_rank_saves_at_the_same_step_time_based_and_auto(tmp_path: Path) -
         assert saved[0] == saved[1] and len(saved[0]) >= 2, (every, saved)
         # one question to rank 0 per save (plus the first steps, while the step time is measured), not per step
         assert results[0]["decisions"] == results[1]["decisions"] <= 3 * len(saved[0]) + 3 < 120, results
+
+
+def test_restore_parts_reach_the_ledger_and_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from goodput.run.run import Run
+
+    for attempt in (1, 2):
+        config = CheckpointConfig(root=str(tmp_path / "ckpt"), strategy="dcp", every=2)
+        run = Run(
+            str(tmp_path), checkpoint=config, total_steps=4 * attempt, progress=False, hang_timeout=None
+        )
+        run.restore(model=torch.nn.Linear(4, 2))
+        for _ in run.batches(list(range(8))):
+            run.step_done()
+        run.close()
+    assert main(["report", str(tmp_path), "--json"]) == 0
+    assert [p["step"] for p in json.loads(capsys.readouterr().out)["info"]["restore_parts"]] == [4]
+    assert main(["report", str(tmp_path)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "restore of step" in x)
+    assert line.split(":")[0].strip() == "restore of step 4"
+    assert all(f"{part} " in line for part in ("find", "verify", "read", "load", "position"))

@@ -371,6 +371,8 @@ def _info(spans: list[Spans]) -> dict[str, Any]:
                 info["interval_changes"].append(fields)
             elif name in ("checkpoint_config", "state_registered"):
                 info[name] = fields
+            elif name == "restore_parts":  # the checkpoint manager's split of a restore (one per restore)
+                info.setdefault("restore_parts", []).append(fields)
             else:
                 tally = info["custom"].setdefault(str(name), {"count": 0, "seconds": 0.0})
                 tally["count"] += 1
