@@ -58,7 +58,7 @@ class Loop:
 
     def __init__(self, model: torch.nn.Module, step_ms: float, *, idle: bool = False) -> None:
         self.idle = idle
-        self.step_s = step_ms / 1000
+        self.step_s = step_ms / 1000  # the nominal step (the measured one is longer: all-reduce, load)
         self.params = [p.detach().to_local() for p in model.parameters()]  # type: ignore[attr-defined]
         self.a = torch.randn(256, 256)
         self.sync = torch.zeros(1024)
@@ -168,17 +168,22 @@ def measure(
     rows: dict[str, list[float]] = {
         k: [] for k in ("stall", "lost", "durable", "bytes", "memcpy", "raw_write")
     }
+    steps = cfg["window"]
     for i in range(cfg["saves"] + 1):  # the first save (buffer allocation, helper start) is a warm-up
         memcpy = floors.memcpy()
         raw_write = floors.raw_write() if name == "dcp" else float("nan")
-        without = timed(lambda: loop.window(cfg["window"]), 1)
+        without = timed(lambda n=steps: loop.window(n), 1)
         dist.barrier()
         t0 = time.perf_counter()
         first = manager.save(i + 1)
-        loop.window(cfg["window"])
+        loop.window(steps)
         final = manager.wait() or first
         with_save = across_ranks_max(time.perf_counter() - t0)
         if i == 0:
+            # the window must outlast an asynchronous save's background work, or "lost" would count the wait
+            # for it at the window's end (training waits for nothing until the next save, an interval later)
+            durable = across_ranks_max(final.persist_seconds or 0.0)
+            steps = min(cfg["max_window"], max(cfg["window"], math.ceil(1.5 * durable / loop.step_s)))
             continue
         rows["stall"].append(across_ranks_max(first.stall_seconds))
         rows["lost"].append(with_save - without)
@@ -189,6 +194,7 @@ def measure(
     peak = across_ranks_max(float(sampler.peak - rss_before))
     manager.close()
     return {
+        "window_steps": steps,
         "stall_s": median(rows["stall"]),
         "lost_s": median(rows["lost"]),
         "durable_s": median(rows["durable"]),
@@ -273,7 +279,10 @@ def main(cfg: dict[str, Any]) -> None:
             "raw_write_s": median(dc.get("per_save", {}).get("raw_write", [])),
         },
         "strategies": strategies,
-        "idle_host": {k: {"stall_s": v["stall_s"], "lost_s": v["lost_s"]} for k, v in idle.items()},
+        "idle_host": {
+            k: {"stall_s": v["stall_s"], "lost_s": v["lost_s"], "window_steps": v["window_steps"]}
+            for k, v in idle.items()
+        },
         "restore": restore,
         "s3": s3,
         "run": run_cost,

@@ -48,7 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--step-ms", type=float, default=100.0, help="fixed compute per step, ms (default 100)"
     )
-    parser.add_argument("--window", type=int, default=20, help="steps per measured window (default 20)")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=20,
+        help="least steps per measured window (default 20; longer when an "
+        "async save's background work would outlast it)",
+    )
+    parser.add_argument("--max-window", type=int, default=200, help="most steps per measured window (200)")
     parser.add_argument(
         "--strategies", default="torch_save,dcp,dcp_async", help="comma list; dcp_async_process adds the "
         "process-based async checkpointer"

@@ -6,8 +6,8 @@ one seam covers both the local ``FileSystemWriter`` and the ``FsspecWriter`` (S3
 
 - ``HashingFileSystem`` hashes every byte as it goes into a file; DCP writes each file sequentially (no seeks),
   so the hash of the writes is the hash of the file. The save's manifest records it: no read-back.
-- ``VerifyingFileSystem`` reads each file the manifest names once (one read into memory for local files, one
-  concurrent GET for objects), checks its checksum, and serves DCP's reads of that file from the verified bytes; a mismatch raises
+- ``VerifyingFileSystem`` reads each file the manifest names once (an ``mmap`` for local files, one concurrent
+  GET for objects), checks its checksum, and serves DCP's reads of that file from the verified bytes; a mismatch raises
   ``CheckpointCorrupt`` naming the file before any of its bytes reach the training state.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import mmap
 import os
 import threading
 import time
@@ -184,16 +185,15 @@ class VerifyingFileSystem:
 
     @staticmethod
     def _map(path: str, stack: contextlib.ExitStack) -> Any:
-        """The whole file in memory: one sequential read into a buffer (the read floor's own operation)."""
-        with open(path, "rb", buffering=0) as f:
+        """The file's bytes, mapped (page-cache pages, no copy; a fresh buffer would cost a page fault per
+        page, measured at ~10x a read from the page cache on the benchmark machine)."""
+        with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            buffer = bytearray(size)
-            view = memoryview(buffer)
-            done = 0
-            while done < size:
-                n = f.readinto(view[done:])
-                if not n:
-                    raise CheckpointCorrupt(f"{path}: ended after {done} of {size} bytes")
-                done += n
-            view.release()
-        return buffer
+            if size == 0:
+                return b""
+            try:
+                mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as err:
+                raise CheckpointCorrupt(f"{path}: cannot be mapped for reading ({err})") from None
+        stack.callback(mapped.close)
+        return mapped
