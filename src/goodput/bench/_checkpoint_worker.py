@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import json
 import math
@@ -172,7 +173,7 @@ def measure(
     for i in range(cfg["saves"] + 1):  # the first save (buffer allocation, helper start) is a warm-up
         memcpy = floors.memcpy()
         raw_write = floors.raw_write() if name == "dcp" else float("nan")
-        without = timed(lambda n=steps: loop.window(n), 1)
+        without = timed(functools.partial(loop.window, steps), 1)
         dist.barrier()
         t0 = time.perf_counter()
         first = manager.save(i + 1)
