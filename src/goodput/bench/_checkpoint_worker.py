@@ -230,6 +230,35 @@ def staging_memory(
     return {"extra_after_each_save_bytes": extra}
 
 
+def beyond_strategies(
+    model: torch.nn.Module,
+    state: TrainingState,
+    local: list[torch.Tensor],
+    floors: Floors,
+    cfg: dict[str, Any],
+    sampler: RssSampler,
+    step_s: float,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The idle-host windows, restore, S3 and Run's per-step cost (the last ends the process group)."""
+    idle = {}
+    if cfg["idle_host"]:
+        idle_loop = Loop(model, step_s * 1000, idle=True)
+        for name in ("torch_save", "dcp_async"):
+            idle[name] = measure(name, state, idle_loop, floors, cfg, sampler, tag="-idle")
+    sampler.stop()
+    restore = restore_cost(
+        CheckpointConfig(
+            root=os.path.join(cfg["root"], "dcp_async"),
+            strategy="dcp_async",
+            verify_checksums=cfg["checksums"] == "on",
+        ),
+        state,
+    )
+    s3 = s3_cost(state, local, cfg) if cfg.get("s3_root") else {}
+    run_cost = run_step_overhead(os.path.join(cfg["root"], "run"))  # last: Run.close ends the group
+    return idle, restore, s3, run_cost
+
+
 def main(cfg: dict[str, Any]) -> None:
     s3_options = os.environ.pop("GOODPUT_BENCH_S3_OPTIONS", "")  # credentials travel outside argv
     if s3_options:
@@ -250,22 +279,7 @@ def main(cfg: dict[str, Any]) -> None:
     }
     no_staging: dict[str, Any] = {"extra_after_each_save_bytes": []}
     staging = staging_memory(state, loop, cfg, sampler) if cfg["staging_saves"] > 0 else no_staging
-    idle = {}
-    if cfg["idle_host"]:
-        idle_loop = Loop(model, step_s * 1000, idle=True)
-        for name in ("torch_save", "dcp_async"):
-            idle[name] = measure(name, state, idle_loop, floors, cfg, sampler, tag="-idle")
-    sampler.stop()
-    restore = restore_cost(
-        CheckpointConfig(
-            root=os.path.join(cfg["root"], "dcp_async"),
-            strategy="dcp_async",
-            verify_checksums=cfg["checksums"] == "on",
-        ),
-        state,
-    )
-    s3 = s3_cost(state, local, cfg) if cfg.get("s3_root") else {}
-    run_cost = run_step_overhead(os.path.join(cfg["root"], "run"))  # last: Run.close ends the group
+    idle, restore, s3, run_cost = beyond_strategies(model, state, local, floors, cfg, sampler, step_s)
     extra = staging["extra_after_each_save_bytes"]
     ts, da, dc = strategies.get("torch_save", {}), strategies.get("dcp_async", {}), strategies.get("dcp", {})
     result = {
