@@ -243,7 +243,7 @@ def beyond_strategies(
     idle = {}
     if cfg["idle_host"]:
         idle_loop = Loop(model, step_s * 1000, idle=True)
-        for name in ("torch_save", "dcp_async"):
+        for name in ("torch_save", "dcp_async", "dcp_async_process"):
             idle[name] = measure(name, state, idle_loop, floors, cfg, sampler, tag="-idle")
     sampler.stop()
     restore = restore_cost(
@@ -311,6 +311,9 @@ def main(cfg: dict[str, Any]) -> None:
             "staging_memory_last_over_second": ratio(extra[-1], extra[1]) if len(extra) > 1 else None,
             "torch_save_lost_over_async_lost_idle_host": ratio(
                 idle.get("torch_save", {}).get("lost_s"), idle.get("dcp_async", {}).get("lost_s")
+            ),
+            "torch_save_lost_over_async_process_lost_idle_host": ratio(
+                idle.get("torch_save", {}).get("lost_s"), idle.get("dcp_async_process", {}).get("lost_s")
             ),
             "restore_over_read_floor": restore["ratio"],
             "s3_write_over_raw_put": s3.get("write_ratio"),

@@ -30,6 +30,7 @@ _GOALS = {
     "async_stall_over_memcpy_floor": "<= 1.3",
     "torch_save_lost_over_async_lost": "report (CPU-bound step)",
     "torch_save_lost_over_async_lost_idle_host": ">= 5",
+    "torch_save_lost_over_async_process_lost_idle_host": "report (process checkpointer)",
     "dcp_write_over_raw_write": ">= 0.8",
     "restore_over_read_floor": "<= 1.5",
     "s3_write_over_raw_put": ">= 0.8",
