@@ -19,6 +19,11 @@ def test_bench_checkpoint_json_has_every_ratio(capsys: pytest.CaptureFixture[str
         "torch_save_stall_over_async_stall",
         "async_stall_over_memcpy_floor",
         "dcp_write_over_raw_write",
+        "torch_save_lost_over_async_lost_idle_host",
+        "restore_over_read_floor",
+        "s3_write_over_raw_put",
+        "s3_restore_over_raw_get",
+        "run_step_overhead_over_10ms",
     ):
         assert isinstance(result["ratios"][key], float) and result["ratios"][key] > 0, key
     # differences of loop time and of resident memory: measured, but on a 4 MiB state they can be noise
@@ -26,6 +31,8 @@ def test_bench_checkpoint_json_has_every_ratio(capsys: pytest.CaptureFixture[str
     assert isinstance(result["ratios"]["staging_memory_over_state_bytes"], float)
     assert set(result["strategies"]) == {"torch_save", "dcp", "dcp_async"}
     assert result["world_size"] == 2
+    assert result["restore"]["bytes_per_rank"] > 0 and result["s3"]["bytes_per_rank"] > 0
+    assert {"find", "verify", "read", "load", "position"} <= set(result["restore"]["parts_s"])
     for numbers in result["strategies"].values():
         assert numbers["bytes"] > 0 and numbers["durable_s"] >= numbers["stall_s"] > 0
 

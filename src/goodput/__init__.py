@@ -64,6 +64,11 @@ if TYPE_CHECKING:
     from goodput.checkpoint.dcp_async import (
         DcpAsyncStrategy,
     )
+    from goodput.checkpoint.hashing import HashingFileSystem, VerifyingFileSystem
+    from goodput.checkpoint.layout import CHECKSUM_ALGORITHMS, new_hasher
+    from goodput.checkpoint.objectstore import ConcurrentObjectFileSystem, read_object
+    from goodput.checkpoint.policy import StepSchedule
+    from goodput.checkpoint.staging import Stager
     from goodput.checkpoint.torch_save import (
         TorchSaveStrategy,
     )
@@ -285,6 +290,14 @@ _LAZY = {
     "SafeLoadPlanner": "goodput.checkpoint.dcp",
     "safe_unpickle_metadata": "goodput.checkpoint.dcp",
     "DcpAsyncStrategy": "goodput.checkpoint.dcp_async",
+    "HashingFileSystem": "goodput.checkpoint.hashing",
+    "VerifyingFileSystem": "goodput.checkpoint.hashing",
+    "CHECKSUM_ALGORITHMS": "goodput.checkpoint.layout",
+    "new_hasher": "goodput.checkpoint.layout",
+    "StepSchedule": "goodput.checkpoint.policy",
+    "ConcurrentObjectFileSystem": "goodput.checkpoint.objectstore",
+    "read_object": "goodput.checkpoint.objectstore",
+    "Stager": "goodput.checkpoint.staging",
     "TorchSaveStrategy": "goodput.checkpoint.torch_save",
     "CrashLoopDetector": "goodput.run.crashloop",
     "BatchPlan": "goodput.data",
@@ -399,6 +412,7 @@ _LAZY = {
 
 __all__ = [
     "CATEGORIES",
+    "CHECKSUM_ALGORITHMS",
     "EXIT_CRASH_LOOP",
     "EXIT_FATAL",
     "EXIT_HANG",
@@ -419,6 +433,7 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointLayout",
     "CheckpointManager",
+    "ConcurrentObjectFileSystem",
     "ConfigError",
     "CrashLoop",
     "CrashLoopDetector",
@@ -438,6 +453,7 @@ __all__ = [
     "FingerprintMismatch",
     "FolderDataset",
     "GoodputError",
+    "HashingFileSystem",
     "InjectedFault",
     "LaunchConfig",
     "Ledger",
@@ -474,15 +490,18 @@ __all__ = [
     "ShardWriter",
     "ShardedDataset",
     "SimulationResult",
+    "Stager",
     "StateMismatch",
     "StepRecord",
     "StepRecorder",
+    "StepSchedule",
     "StepStats",
     "StorageError",
     "TensorBoardExporter",
     "TorchSaveStrategy",
     "TrainingState",
     "TwoLevelPlan",
+    "VerifyingFileSystem",
     "WarmAgent",
     "WarmConfig",
     "WarmWorker",
@@ -525,6 +544,7 @@ __all__ = [
     "make_strategy",
     "mtbf_from_rate",
     "mtbf_seconds",
+    "new_hasher",
     "optimal_interval",
     "parse_bytes",
     "parse_duration",
@@ -535,6 +555,7 @@ __all__ = [
     "rank_batch_range",
     "rank_seed",
     "read_events",
+    "read_object",
     "read_records",
     "read_run",
     "restore_rng",

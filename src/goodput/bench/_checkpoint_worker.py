@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import json
 import math
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from goodput.bench._checkpoint_io import restore_cost, run_step_overhead, s3_cost
 from goodput.bench.checkpoint import RssSampler, median, ratio
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
 
@@ -50,9 +52,14 @@ def build_state(
 
 
 class Loop:
-    """A training-like step: fixed compute, a gradient-sized all-reduce, and an in-place weight change."""
+    """A training-like step: fixed compute, a gradient-sized all-reduce, and an in-place weight change.
 
-    def __init__(self, model: torch.nn.Module, step_ms: float) -> None:
+    ``idle=True``: the step's compute is a sleep of the same length, as a host waiting for its GPU (no CPU work).
+    """
+
+    def __init__(self, model: torch.nn.Module, step_ms: float, *, idle: bool = False) -> None:
+        self.idle = idle
+        self.step_s = step_ms / 1000  # the nominal step (the measured one is longer: all-reduce, load)
         self.params = [p.detach().to_local() for p in model.parameters()]  # type: ignore[attr-defined]
         self.a = torch.randn(256, 256)
         self.sync = torch.zeros(1024)
@@ -66,8 +73,11 @@ class Loop:
         self.i = 0
 
     def step(self) -> None:
-        for _ in range(self.iters):
-            self.a @ self.a
+        if self.idle:
+            time.sleep(self.step_s)
+        else:
+            for _ in range(self.iters):
+                self.a @ self.a
         dist.all_reduce(self.sync)
         with torch.no_grad():
             self.params[self.i % len(self.params)].add_(1e-6)
@@ -134,13 +144,19 @@ class Floors:
 
 
 def measure(
-    name: str, state: TrainingState, loop: Loop, floors: Floors, cfg: dict[str, Any], sampler: RssSampler
+    name: str,
+    state: TrainingState,
+    loop: Loop,
+    floors: Floors,
+    cfg: dict[str, Any],
+    sampler: RssSampler,
+    tag: str = "",
 ) -> dict[str, Any]:
     """Saves of one strategy, each paired with a window without a save and with the floors measured just
     before it (the machine is shared: pairing keeps load drift out of the differences)."""
     strategy, checkpointer = ("dcp_async", "process") if name == "dcp_async_process" else (name, "thread")
     config = CheckpointConfig(
-        root=os.path.join(cfg["root"], name),
+        root=os.path.join(cfg["root"], name + tag),
         strategy=strategy,
         every=10**9,
         keep_last=1,
@@ -153,17 +169,22 @@ def measure(
     rows: dict[str, list[float]] = {
         k: [] for k in ("stall", "lost", "durable", "bytes", "memcpy", "raw_write")
     }
+    steps = cfg["window"]
     for i in range(cfg["saves"] + 1):  # the first save (buffer allocation, helper start) is a warm-up
         memcpy = floors.memcpy()
         raw_write = floors.raw_write() if name == "dcp" else float("nan")
-        without = timed(lambda: loop.window(cfg["window"]), 1)
+        without = timed(functools.partial(loop.window, steps), 1)
         dist.barrier()
         t0 = time.perf_counter()
         first = manager.save(i + 1)
-        loop.window(cfg["window"])
+        loop.window(steps)
         final = manager.wait() or first
         with_save = across_ranks_max(time.perf_counter() - t0)
         if i == 0:
+            # the window must outlast an asynchronous save's background work, or "lost" would count the wait
+            # for it at the window's end (training waits for nothing until the next save, an interval later)
+            durable = across_ranks_max(final.persist_seconds or 0.0)
+            steps = min(cfg["max_window"], max(cfg["window"], math.ceil(1.5 * durable / loop.step_s)))
             continue
         rows["stall"].append(across_ranks_max(first.stall_seconds))
         rows["lost"].append(with_save - without)
@@ -174,6 +195,7 @@ def measure(
     peak = across_ranks_max(float(sampler.peak - rss_before))
     manager.close()
     return {
+        "window_steps": steps,
         "stall_s": median(rows["stall"]),
         "lost_s": median(rows["lost"]),
         "durable_s": median(rows["durable"]),
@@ -208,7 +230,39 @@ def staging_memory(
     return {"extra_after_each_save_bytes": extra}
 
 
+def beyond_strategies(
+    model: torch.nn.Module,
+    state: TrainingState,
+    local: list[torch.Tensor],
+    floors: Floors,
+    cfg: dict[str, Any],
+    sampler: RssSampler,
+    step_s: float,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The idle-host windows, restore, S3 and Run's per-step cost (the last ends the process group)."""
+    idle = {}
+    if cfg["idle_host"]:
+        idle_loop = Loop(model, step_s * 1000, idle=True)
+        for name in ("torch_save", "dcp_async", "dcp_async_process"):
+            idle[name] = measure(name, state, idle_loop, floors, cfg, sampler, tag="-idle")
+    sampler.stop()
+    restore = restore_cost(
+        CheckpointConfig(
+            root=os.path.join(cfg["root"], "dcp_async"),
+            strategy="dcp_async",
+            verify_checksums=cfg["checksums"] == "on",
+        ),
+        state,
+    )
+    s3 = s3_cost(state, local, cfg) if cfg.get("s3_root") else {}
+    run_cost = run_step_overhead(os.path.join(cfg["root"], "run"))  # last: Run.close ends the group
+    return idle, restore, s3, run_cost
+
+
 def main(cfg: dict[str, Any]) -> None:
+    s3_options = os.environ.pop("GOODPUT_BENCH_S3_OPTIONS", "")  # credentials travel outside argv
+    if s3_options:
+        cfg["s3_options"] = json.loads(s3_options)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     os.makedirs(cfg["root"], exist_ok=True)
@@ -225,7 +279,7 @@ def main(cfg: dict[str, Any]) -> None:
     }
     no_staging: dict[str, Any] = {"extra_after_each_save_bytes": []}
     staging = staging_memory(state, loop, cfg, sampler) if cfg["staging_saves"] > 0 else no_staging
-    sampler.stop()
+    idle, restore, s3, run_cost = beyond_strategies(model, state, local, floors, cfg, sampler, step_s)
     extra = staging["extra_after_each_save_bytes"]
     ts, da, dc = strategies.get("torch_save", {}), strategies.get("dcp_async", {}), strategies.get("dcp", {})
     result = {
@@ -240,6 +294,13 @@ def main(cfg: dict[str, Any]) -> None:
             "raw_write_s": median(dc.get("per_save", {}).get("raw_write", [])),
         },
         "strategies": strategies,
+        "idle_host": {
+            k: {"stall_s": v["stall_s"], "lost_s": v["lost_s"], "window_steps": v["window_steps"]}
+            for k, v in idle.items()
+        },
+        "restore": restore,
+        "s3": s3,
+        "run": run_cost,
         "staging": staging,
         "ratios": {
             "torch_save_stall_over_async_stall": ratio(ts.get("stall_s"), da.get("stall_s")),
@@ -248,13 +309,21 @@ def main(cfg: dict[str, Any]) -> None:
             "dcp_write_over_raw_write": dc.get("raw_write_over_durable"),
             "staging_memory_over_state_bytes": ratio(max(extra) if extra else None, float(local_bytes)),
             "staging_memory_last_over_second": ratio(extra[-1], extra[1]) if len(extra) > 1 else None,
+            "torch_save_lost_over_async_lost_idle_host": ratio(
+                idle.get("torch_save", {}).get("lost_s"), idle.get("dcp_async", {}).get("lost_s")
+            ),
+            "torch_save_lost_over_async_process_lost_idle_host": ratio(
+                idle.get("torch_save", {}).get("lost_s"), idle.get("dcp_async_process", {}).get("lost_s")
+            ),
+            "restore_over_read_floor": restore["ratio"],
+            "s3_write_over_raw_put": s3.get("write_ratio"),
+            "s3_restore_over_raw_get": s3.get("restore_ratio"),
+            "run_step_overhead_over_10ms": run_cost["ratio"],
         },
     }
     if rank == 0:
         with open(cfg["out"], "w", encoding="utf-8") as f:
             json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

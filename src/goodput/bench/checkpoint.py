@@ -13,6 +13,7 @@ of the same bytes. Ratios compare them; read ratios, not absolute times (the mac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -27,8 +28,14 @@ __all__ = ["add_arguments", "run"]
 _GOALS = {
     "torch_save_stall_over_async_stall": ">= 25",
     "async_stall_over_memcpy_floor": "<= 1.3",
-    "torch_save_lost_over_async_lost": ">= 5",
+    "torch_save_lost_over_async_lost": "report (CPU-bound step)",
+    "torch_save_lost_over_async_lost_idle_host": ">= 5",
+    "torch_save_lost_over_async_process_lost_idle_host": "report (process checkpointer)",
     "dcp_write_over_raw_write": ">= 0.8",
+    "restore_over_read_floor": "<= 1.5",
+    "s3_write_over_raw_put": ">= 0.8",
+    "s3_restore_over_raw_get": ">= 0.8",
+    "run_step_overhead_over_10ms": "<= 0.01",
     "staging_memory_over_state_bytes": "<= 1.1 (flat)",
 }
 
@@ -42,12 +49,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--step-ms", type=float, default=100.0, help="fixed compute per step, ms (default 100)"
     )
-    parser.add_argument("--window", type=int, default=20, help="steps per measured window (default 20)")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=20,
+        help="least steps per measured window (default 20; longer when an "
+        "async save's background work would outlast it)",
+    )
+    parser.add_argument("--max-window", type=int, default=200, help="most steps per measured window (200)")
     parser.add_argument(
         "--strategies", default="torch_save,dcp,dcp_async", help="comma list; dcp_async_process adds the "
         "process-based async checkpointer"
     )  # fmt: skip
-    parser.add_argument("--checksums", choices=("on", "off"), default="on", help="sha256 of every file (on)")
+    parser.add_argument(
+        "--checksums",
+        choices=("on", "off"),
+        default="on",
+        help="xxh3_128 of every file, computed while writing (on)",
+    )
+    parser.add_argument(
+        "--no-idle-host", action="store_true", help="skip the idle-host (sleeping step) windows"
+    )
+    parser.add_argument(
+        "--no-s3", action="store_true", help="skip the S3 (SeaweedFS on 127.0.0.1) measurements"
+    )
     parser.add_argument("--root", default=None, help="where to write (default: a temporary folder)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -61,15 +86,24 @@ def run(args: argparse.Namespace) -> int:
     state_bytes = parse_bytes(args.state_size, what="--state-size")
     if state_bytes < (1 << 20) or args.saves < 2 or args.window < 2 or args.nproc < 1:
         raise ConfigError("--state-size must be >= 1MiB, --saves and --window >= 2, --nproc >= 1")
-    with tempfile.TemporaryDirectory(prefix="goodput-bench-ckpt-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="goodput-bench-ckpt-") as tmp, contextlib.ExitStack() as stack:
         out = os.path.join(tmp, "result.json")
         config = {
             **vars(args),
             "state_bytes": state_bytes,
             "root": args.root or os.path.join(tmp, "ckpt"),
             "out": out,
+            "idle_host": not args.no_idle_host,
         }
         config.pop("handler", None)
+        env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONWARNINGS": "ignore"}
+        if not args.no_s3:
+            from goodput.testing import S3Server
+
+            os.makedirs(os.path.join(tmp, "s3"))
+            server = stack.enter_context(S3Server(bucket="goodput-bench", data_dir=os.path.join(tmp, "s3")))
+            config["s3_root"] = f"s3://{server.bucket}/bench"
+            env["GOODPUT_BENCH_S3_OPTIONS"] = json.dumps(server.storage_options())
         cmd = [
             sys.executable,
             "-m",
@@ -78,7 +112,6 @@ def run(args: argparse.Namespace) -> int:
             f"--nproc-per-node={args.nproc}",
         ]
         cmd += ["-m", "goodput.bench._checkpoint_worker", json.dumps(config)]
-        env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONWARNINGS": "ignore"}
         done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL if args.json else None)
         if done.returncode != 0 or not os.path.exists(out):
             print(
@@ -108,6 +141,21 @@ def _print(result: dict[str, Any]) -> None:
         )
     floors = result["floors"]
     print(f"floors: memcpy {floors['memcpy_s']:.3f}s, raw write+fsync {floors['raw_write_s']:.2f}s")
+    for name, part in result.get("idle_host", {}).items():
+        print(f"idle host {name:<10} stall {part['stall_s']:.3f}s, lost/save {part['lost_s']:.3f}s")
+    restore = result.get("restore") or {}
+    if restore:
+        parts = ", ".join(f"{k} {v:.3f}s" for k, v in restore["parts_s"].items())
+        print(f"restore {restore['restore_s']:.3f}s vs raw read {restore['read_floor_s']:.3f}s ({parts})")
+    s3 = result.get("s3") or {}
+    if s3:
+        print(
+            f"S3 ({s3['part_bytes'] >> 20} MiB parts, {s3['concurrency']} at once): durable save {s3['durable_s']:.2f}s"
+            f" vs raw put {s3['raw_put_s']:.2f}s; restore {s3['restore_s']:.2f}s vs raw get {s3['raw_get_s']:.2f}s"
+        )
+    run = result.get("run") or {}
+    if run:
+        print(f"Run per step: {run['per_step_s'] * 1e6:.1f} us ({run['save_decisions']} save decisions)")
     for key, value in result["ratios"].items():
         shown = "n/a" if value is None else f"{value:.2f}"
         print(f"  {key:<36}{shown:>8}   goal {_GOALS.get(key, '')}")

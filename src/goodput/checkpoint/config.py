@@ -34,8 +34,9 @@ class CheckpointConfig:
             (the planner's optimum from the measured save cost and the failure rate).
         keep_last: how many of the newest committed checkpoints to keep (>= 1).
         keep_every: also keep every checkpoint whose step is a multiple of this (None: none extra).
-        verify_checksums: check every file's sha256 on restore (and record it on save). None: on for local
-            folders, off for remote URLs (where it means downloading every byte twice).
+        verify_checksums: record every file's checksum on save (computed while it is written) and check it on
+            restore (while it is read). None: on for local folders, off for remote URLs.
+        checksum: the checksum's algorithm: ``"xxh3_128"`` (xxHash, memory speed; the default) or ``"sha256"``.
         storage_options: fsspec options for remote roots (endpoint, credentials); never logged.
         async_checkpointer: for ``dcp_async``: ``"thread"`` or ``"process"``.
         max_interval: ``auto`` never waits longer than this between saves.
@@ -54,6 +55,7 @@ class CheckpointConfig:
     keep_last: int = 3
     keep_every: int | None = None
     verify_checksums: bool | None = None
+    checksum: str = "xxh3_128"
     storage_options: dict[str, Any] = field(default_factory=dict)
     async_checkpointer: str = "thread"
     max_interval: str | float = "1h"
@@ -83,6 +85,8 @@ class CheckpointConfig:
             )
         if self.keep_every is not None and (not isinstance(self.keep_every, int) or self.keep_every < 1):
             raise ConfigError(f"keep_every must be None or an int >= 1, got {self.keep_every!r}")
+        if self.checksum not in ("xxh3_128", "sha256"):
+            raise ConfigError(f"checksum must be 'xxh3_128' or 'sha256', got {self.checksum!r}")
         if self.async_checkpointer not in ("thread", "process"):
             raise ConfigError(
                 f"async_checkpointer must be 'thread' or 'process', got {self.async_checkpointer!r}"
@@ -123,3 +127,7 @@ class CheckpointConfig:
 
     def checksums(self, local: bool) -> bool:
         return local if self.verify_checksums is None else self.verify_checksums
+
+    def checksum_algorithm(self, local: bool) -> str | None:
+        """The algorithm saves record and restores check (None: checksums off)."""
+        return self.checksum if self.checksums(local) else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import time
 from typing import Any
 
 import torch
@@ -20,6 +21,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
+from goodput.checkpoint.hashing import HashingFileSystem, VerifyingFileSystem
+from goodput.checkpoint.objectstore import ConcurrentObjectFileSystem
 from goodput.checkpoint.state import TrainingState, check_shapes, tensor_shapes
 from goodput.checkpoint.strategy import Completion, SaveContext
 from goodput.errors import CheckpointCorrupt
@@ -124,22 +127,50 @@ def single_process() -> bool:
 
 
 def make_reader(folder: str, ctx: SaveContext) -> Any:
-    """A DCP storage reader for ``folder`` whose ``.metadata`` is read through the restricted unpickler."""
+    """A DCP storage reader for ``folder`` whose ``.metadata`` is read through the restricted unpickler.
+
+    When ``ctx.options["expected"]`` holds the manifest's entries, every file is checked against its checksum as
+    it is read (``VerifyingFileSystem``): one pass over the bytes verifies and loads them.
+    """
     if ctx.layout.local:
-        return _SafeFileSystemReader(folder)
-    fsspec_reader, _ = _fsspec_classes()
-    safe = type("_SafeFsspecReader", (_SafeMetadataMixin, fsspec_reader), {})
-    return safe(folder, **ctx.layout.storage_options)
+        reader: Any = _SafeFileSystemReader(folder)
+    else:
+        fsspec_reader, _ = _fsspec_classes()
+        safe = type("_SafeFsspecReader", (_SafeMetadataMixin, fsspec_reader), {})
+        reader = safe(folder, **ctx.layout.storage_options)
+    expected = ctx.options.get("expected") or {}
+    if expected or not ctx.layout.local:
+        reader.fs = VerifyingFileSystem(reader.fs, expected, local=ctx.layout.local)
+    return reader
 
 
-def make_writer(folder: str, ctx: SaveContext) -> Any:
-    """A DCP storage writer: fsync'ed local files, or fsspec objects (closing each one uploads it)."""
+def make_writer(folder: str, ctx: SaveContext, *, in_process: bool = True) -> Any:
+    """A DCP storage writer: fsync'ed local files, or fsspec objects (closing each one uploads it).
+
+    With ``ctx.options["checksum"]`` set, every file's checksum is computed while it is written
+    (``writer.fs.digests``), so the manifest needs no read-back. ``in_process=False``: the writer is pickled
+    to DCP's helper process, so it gets neither wrapper (the manager then reads the checksums back).
+    """
     if ctx.layout.local:
-        return FileSystemWriter(folder, sync_files=True, overwrite=False)
-    _, fsspec_writer = _fsspec_classes()
-    # sync_files would make DCP call a machine-wide os.sync() for every object; durability on an object store
-    # comes from closing each object (which uploads it) and the manager's size check before the commit marker.
-    return fsspec_writer(folder, sync_files=False, overwrite=False, **ctx.layout.storage_options)
+        writer: Any = FileSystemWriter(folder, sync_files=True, overwrite=False)
+    else:
+        _, fsspec_writer = _fsspec_classes()
+        # sync_files would make DCP call a machine-wide os.sync() for every object; durability on an object
+        # store comes from closing each object (which uploads it) and the manager's size check before the
+        # commit marker.
+        writer = fsspec_writer(folder, sync_files=False, overwrite=False, **ctx.layout.storage_options)
+        if in_process:  # each file goes up as one concurrent multipart upload when it is closed
+            writer.fs = ConcurrentObjectFileSystem(writer.fs)
+    algorithm = ctx.options.get("checksum")
+    if algorithm and in_process:
+        writer.fs = HashingFileSystem(writer.fs, algorithm)
+    return writer
+
+
+def written_files(writer: Any, metadata: Metadata, rank: int) -> dict[str, str | None]:
+    """This rank's files of a finished DCP save, each with the checksum computed while writing it (or None)."""
+    digests: dict[str, str] = getattr(writer.fs, "digests", {})
+    return {name: digests.get(name) for name in files_of_rank(metadata, rank)}
 
 
 def read_dcp_metadata(folder: str, ctx: SaveContext) -> Metadata:
@@ -160,8 +191,14 @@ def files_of_rank(metadata: Metadata, rank: int) -> list[str]:
     return sorted(names)
 
 
-def load_dcp(state: TrainingState, folder: str, ctx: SaveContext) -> None:
-    """Read a DCP checkpoint into ``state``, refusing one whose tensors do not fit (StateMismatch)."""
+def load_dcp(state: TrainingState, folder: str, ctx: SaveContext) -> dict[str, float]:
+    """Read a DCP checkpoint into ``state``, refusing one whose tensors do not fit (StateMismatch).
+
+    Returns the seconds of the restore's parts on this rank: ``read`` (reading and checking the bytes),
+    ``load`` (DCP planning, deserialising and copying into the live state) and ``position`` (RNG and data-loader
+    position).
+    """
+    start = time.perf_counter()
     reader = make_reader(folder, ctx)
     metadata = reader.read_metadata()
     target = state.load_target(metadata.state_dict_metadata.keys())  # any world size: see TrainingState
@@ -179,7 +216,18 @@ def load_dcp(state: TrainingState, folder: str, ctx: SaveContext) -> None:
         process_group=ctx.group,
         no_dist=single_process(),
     )
-    state.load_state_dict(target)
+    read = float(getattr(reader.fs, "read_seconds", 0.0))
+    rank_key = next((k for k in target if k.startswith("rank") and k[4:].isdigit()), None)
+    if rank_key is None:
+        state.load_state_dict(target)
+        loaded = end = time.perf_counter()
+    else:  # the same as state.load_state_dict(target), with the RNG/loader position timed on its own
+        rank_entry = target.pop(rank_key)
+        state._load_shared(target, full=False)
+        loaded = time.perf_counter()
+        state.load_rank_state(rank_entry)
+        end = time.perf_counter()
+    return {"read": read, "load": loaded - start - read, "position": end - loaded}
 
 
 class DcpStrategy:
@@ -187,16 +235,19 @@ class DcpStrategy:
 
     name = "dcp"
     is_async = False
+    verifies_on_read = True
+
+    def __init__(self) -> None:
+        self.last_load_seconds: dict[str, float] = {}
 
     def save(self, state: TrainingState, folder: str, ctx: SaveContext) -> Completion:
-        metadata = dcp.save(
-            state.state_dict(), storage_writer=make_writer(folder, ctx), process_group=ctx.group
-        )
-        names = files_of_rank(metadata, ctx.rank)
+        writer = make_writer(folder, ctx)
+        metadata = dcp.save(state.state_dict(), storage_writer=writer, process_group=ctx.group)
+        names = written_files(writer, metadata, ctx.rank)
         return lambda: names
 
     def load(self, state: TrainingState, folder: str, ctx: SaveContext) -> None:
-        load_dcp(state, folder, ctx)
+        self.last_load_seconds = load_dcp(state, folder, ctx)
 
     def close(self) -> None:
         pass

@@ -30,13 +30,22 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from goodput.errors import CheckpointCorrupt
 
-__all__ = ["MANIFEST_NAME", "CheckpointInfo", "CheckpointLayout", "FileEntry", "Manifest", "list_checkpoints"]
+__all__ = [
+    "CHECKSUM_ALGORITHMS",
+    "MANIFEST_NAME",
+    "CheckpointInfo",
+    "CheckpointLayout",
+    "FileEntry",
+    "Manifest",
+    "list_checkpoints",
+    "new_hasher",
+]
 
 MANIFEST_NAME = "goodput-manifest.json"
 _LEASE_NAME = "goodput-lease.json"
@@ -50,12 +59,47 @@ _IN_FLIGHT: set[str] = set()  # folders this process is writing (a lease naming 
 log = logging.getLogger(__name__)
 
 
+# Checksums a manifest may record. xxh3_128 (xxHash) runs at memory speed and is what saves record by default;
+# sha256 stays available (and old manifests that carry only ``sha256`` still verify).
+CHECKSUM_ALGORITHMS = ("xxh3_128", "sha256")
+
+
+class _Hasher(Protocol):
+    def update(self, data: Any, /) -> None: ...
+    def hexdigest(self) -> str: ...
+
+
+def new_hasher(algorithm: str) -> _Hasher:
+    """A fresh incremental hasher for ``algorithm`` (one of :data:`CHECKSUM_ALGORITHMS`)."""
+    if algorithm == "xxh3_128":
+        import xxhash
+
+        return xxhash.xxh3_128()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise ValueError(
+        f"unknown checksum algorithm {algorithm!r}; choose one of {', '.join(CHECKSUM_ALGORITHMS)}"
+    )
+
+
 @dataclass(frozen=True)
 class FileEntry:
-    """One file of a checkpoint as the manifest records it."""
+    """One file of a checkpoint as the manifest records it.
+
+    ``checksum`` is ``"<algorithm>:<hex>"`` (computed while the file was written); ``sha256`` is the field older
+    manifests carry (and what ``algorithm="sha256"`` reads back).
+    """
 
     size: int
     sha256: str | None = None
+    checksum: str | None = None
+
+    def expected(self) -> tuple[str, str] | None:
+        """(algorithm, hex digest) to verify this file against, or None when the manifest records none."""
+        if self.checksum is not None:
+            algorithm, _, digest = self.checksum.partition(":")
+            return algorithm, digest
+        return ("sha256", self.sha256) if self.sha256 is not None else None
 
 
 @dataclass(frozen=True)
@@ -85,7 +129,10 @@ class Manifest:
             raise ValueError(
                 f"unknown manifest format {raw.get('format_version') if isinstance(raw, dict) else raw!r}"
             )
-        files = {str(name): FileEntry(int(e["size"]), e.get("sha256")) for name, e in raw["files"].items()}
+        files = {
+            str(name): FileEntry(int(e["size"]), e.get("sha256"), e.get("checksum"))
+            for name, e in raw["files"].items()
+        }
         return cls(
             step=int(raw["step"]),
             strategy=str(raw["strategy"]),
@@ -202,21 +249,41 @@ class CheckpointLayout:
             return None
         return int(st.f_bavail * st.f_frsize)
 
-    def digest(self, path: str, *, checksum: bool) -> FileEntry:
-        """Size (and sha256 when ``checksum``) of one written file, read back from storage."""
-        size = self._size(path)
-        if not checksum:
-            return FileEntry(size)
-        h = hashlib.sha256()
+    def hash_file(self, path: str, algorithm: str) -> str:
+        """The hex digest of one stored file (reads every byte)."""
+        h = new_hasher(algorithm)
         opener = open(path, "rb") if self.local else self.fs.open(path, "rb")  # noqa: SIM115
         with opener as f:
             while chunk := f.read(_CHUNK):
                 h.update(chunk)
-        return FileEntry(size, h.hexdigest())
+        return h.hexdigest()
+
+    def digest(self, path: str, *, checksum: bool | str, known: str | None = None) -> FileEntry:
+        """Size and checksum of one written file.
+
+        ``checksum``: False (size only), True (sha256, read back) or an algorithm name. ``known``: the
+        ``"<algorithm>:<hex>"`` computed while the file was written; then nothing is read back.
+        """
+        size = self._size(path)
+        if not checksum:
+            return FileEntry(size)
+        if known is not None:
+            return FileEntry(size, checksum=known)
+        algorithm = "sha256" if checksum is True else str(checksum)
+        digest = self.hash_file(path, algorithm)
+        return (
+            FileEntry(size, digest)
+            if algorithm == "sha256"
+            else FileEntry(size, checksum=f"{algorithm}:{digest}")
+        )
 
     # ---- saving ----------------------------------------------------------------------------------------
     def final_dir(self, step: int) -> str:
         return self.join(f"step-{step}")
+
+    def folder_for(self, step: int, token: str) -> str:
+        """The folder ``begin(step, token)`` creates (known ahead, without any I/O)."""
+        return self.join(f"step-{step}.partial-{token}") if self.local else self.final_dir(step)
 
     def begin(self, step: int, token: str) -> str:
         """Create the folder a save of ``step`` writes into (with a lease); returns its path or URL.
@@ -224,9 +291,9 @@ class CheckpointLayout:
         Never reuses a folder: a leftover local partial of the same token is removed first; on object stores a
         leftover uncommitted ``step-N/`` is removed (DCP would otherwise mix new shards with old ones).
         """
+        folder = self.folder_for(step, token)
+        self._remove_tree(folder)
         if self.local:
-            folder = self.join(f"step-{step}.partial-{token}")
-            self._remove_tree(folder)
             os.makedirs(folder)
         else:
             folder = self.final_dir(step)
@@ -252,9 +319,18 @@ class CheckpointLayout:
     def path_in(self, folder: str, name: str) -> str:
         return os.path.join(folder, name) if self.local else f"{folder}/{name}"
 
-    def rank_files(self, folder: str, names: Iterable[str], *, checksum: bool) -> dict[str, FileEntry]:
-        """Sizes/checksums of the named files in ``folder`` (each rank describes the files it wrote)."""
-        return {name: self.digest(self.path_in(folder, name), checksum=checksum) for name in names}
+    def rank_files(
+        self, folder: str, names: Iterable[str] | Mapping[str, str | None], *, checksum: bool | str
+    ) -> dict[str, FileEntry]:
+        """Sizes/checksums of the named files in ``folder`` (each rank describes the files it wrote).
+
+        ``names`` may map each name to the ``"<algorithm>:<hex>"`` computed while writing it (no read-back).
+        """
+        known = dict(names) if isinstance(names, Mapping) else dict.fromkeys(names)
+        return {
+            name: self.digest(self.path_in(folder, name), checksum=checksum, known=digest)
+            for name, digest in known.items()
+        }
 
     def list_files(self, folder: str) -> list[str]:
         return self._names(folder)
@@ -325,12 +401,9 @@ class CheckpointLayout:
             size = self._size(path)
             if size != entry.size:
                 raise CheckpointCorrupt(f"{path}: {size} bytes, the manifest says {entry.size}")
-            if checksums and entry.sha256 is not None:
-                actual = self.digest(path, checksum=True).sha256
-                if actual != entry.sha256:
-                    raise CheckpointCorrupt(
-                        f"{path}: sha256 {actual} differs from the manifest's {entry.sha256}"
-                    )
+            expected = entry.expected() if checksums else None
+            if expected is not None:
+                check_digest(path, expected, self.hash_file(path, expected[0]))
         return manifest
 
     def scan(self, *, checksums: bool = False) -> list[CheckpointInfo]:
@@ -429,7 +502,7 @@ def list_checkpoints(
     Args:
         root: a local folder or an fsspec URL.
         storage_options: fsspec options (credentials, endpoint) for remote roots.
-        checksums: also verify every file's sha256 (reads every byte).
+        checksums: also verify every file's checksum (reads every byte).
     """
     return CheckpointLayout(root, storage_options).scan(checksums=checksums)
 
@@ -440,6 +513,13 @@ def _written_by_goodput(name: str, names: list[str]) -> bool:
     if _PARTIAL_DIR.match(name) or _TRASH_DIR.match(name):
         return True
     return MANIFEST_NAME in names or _LEASE_NAME in names
+
+
+def check_digest(path: str, expected: tuple[str, str], actual: str) -> None:
+    """Raise CheckpointCorrupt naming ``path`` when ``actual`` is not the manifest's digest."""
+    algorithm, digest = expected
+    if actual != digest:
+        raise CheckpointCorrupt(f"{path}: {algorithm} {actual} differs from the manifest's {digest}")
 
 
 def _fsync_dir(path: str) -> None:

@@ -25,7 +25,7 @@ from goodput.checkpoint._memory_setup import open_memory_tier
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import CheckpointInfo, CheckpointLayout, FileEntry, Manifest
 from goodput.checkpoint.memory_tier import MemoryCheckpointer
-from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
+from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy, StepSchedule
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.strategy import Completion, SaveContext, make_strategy
 from goodput.errors import CheckpointCorrupt, CheckpointError, SaveFailed, StateMismatch, StorageError
@@ -109,15 +109,20 @@ class CheckpointManager:
         self.rank = dist.get_rank(self._ctl) if self._dist else 0
         self.world_size = dist.get_world_size(self._ctl) if self._dist else 1
         self._checksums = config.checksums(self._layout.local)
+        self._algorithm = config.checksum_algorithm(self._layout.local)
         self._ctx = SaveContext(
             self._layout,
             self.rank,
             self.world_size,
             self._io,
-            {"async_checkpointer": config.async_checkpointer},
+            {"async_checkpointer": config.async_checkpointer, "checksum": self._algorithm},
         )
         self._strategy = make_strategy(config.strategy, self._ctx)
         self._policy = self._make_policy()
+        # time-based policies across ranks: rank 0 turns the interval into step numbers (one broadcast per save)
+        self._schedule = (
+            StepSchedule(self._policy) if self._dist and isinstance(self._policy, EveryInterval) else None
+        )
         self._token = self._bcast(uuid.uuid4().hex[:12] if self.rank == 0 else None)
         self._committed: set[int] = set()
         self._last_step: int | None = None  # the newest step given to maybe_save/save, for close()'s check
@@ -127,14 +132,18 @@ class CheckpointManager:
         self._purge: Future[None] | None = None
         self._closed = False
         self.results: list[SaveResult] = []
+        self._restore_parts: dict[str, float] = {}
         if self.rank == 0:
             self._layout.clean_partials(stale_after=config.seconds("partial_grace"))
         self.memory: MemoryCheckpointer | None = None
         self._memory_group: Any = None
         self._memory_policy: SavePolicy | None = None
         self._memory_due = False
+        self._memory_schedule: StepSchedule | None = None
         if config.memory is not None:
             self.memory, self._memory_policy = open_memory_tier(self, ranks)
+            if self._dist and isinstance(self._memory_policy, EveryInterval):
+                self._memory_schedule = StepSchedule(self._memory_policy)
         self._barrier()
 
     # ---- plumbing -------------------------------------------------------------------------------------------
@@ -153,6 +162,11 @@ class CheckpointManager:
                 "checkpoint_interval", interval_seconds=interval, reason=why
             ),
         )
+
+    @property
+    def decisions(self) -> int:
+        """How many times the ranks asked rank 0 whether to save (time-based policies across ranks)."""
+        return self._schedule.decisions if self._schedule is not None else 0
 
     @property
     def policy(self) -> SavePolicy:
@@ -189,16 +203,29 @@ class CheckpointManager:
 
     # ---- saving ---------------------------------------------------------------------------------------------
     def should_save(self, step: int, now: float | None = None) -> bool:
-        """Whether the policy wants ``step`` saved; every rank gets rank 0's answer for time-based policies."""
+        """Whether the policy wants ``step`` saved; every rank gets the same answer.
+
+        Step-based policies need no communication. Time-based ones (across ranks) ask rank 0 only at decision
+        steps: at each, rank 0 answers and names the next decision step from its measured step time, so there is
+        about one broadcast per save, not one per step. The memory tier, when configured, is decided the same
+        way by a schedule of its own, and also saves whenever the durable tier does.
+        """
         now = self._clock() if now is None else now
-        due = self._policy.due(step, now)
-        if self._memory_policy is not None:  # one broadcast decides both tiers
-            memory = self._memory_policy.due(step, now)
-            if not (isinstance(self._policy, EverySteps) and isinstance(self._memory_policy, EverySteps)):
-                due, memory = self._bcast((due, memory))
-            self._memory_due = bool(memory) or bool(due)
-            return bool(due)
-        return due if isinstance(self._policy, EverySteps) else bool(self._bcast(due))
+        due = self._decide(self._policy, self._schedule, step, now)
+        if self._memory_policy is not None:
+            memory = self._decide(self._memory_policy, self._memory_schedule, step, now)
+            self._memory_due = memory or due
+        return due
+
+    def _decide(self, policy: SavePolicy, schedule: StepSchedule | None, step: int, now: float) -> bool:
+        if schedule is None:
+            return bool(policy.due(step, now))
+        if schedule.pending(step):
+            return False
+        decision = schedule.decide(step, now) if self.rank == 0 else None
+        due, next_decision = self._bcast(decision)
+        schedule.agreed(next_decision)
+        return bool(due)
 
     def should_save_memory(self, step: int) -> bool:
         """Whether the memory tier saves ``step`` (decided by the last ``should_save`` call, for that step)."""
@@ -240,16 +267,9 @@ class CheckpointManager:
         self._emit("checkpoint_stall", phase="start", step=step)
         start = self._clock()
         self.state.step = step
-        begun: tuple[str, str, bool] = ("", "", False)
-        if self.rank == 0:
-            try:
-                if self._layout.is_committed(step):
-                    begun = (self._layout.final_dir(step), "", True)
-                else:
-                    begun = (self._layout.begin(step, self._token), "", False)
-            except Exception as err:  # every rank waits for rank 0's word: always send one
-                begun = ("", f"creating the step folder: {type(err).__name__}: {err}", False)
-        folder, error, exists = self._bcast(begun)
+        if getattr(self._strategy, "writes_later", False):
+            return self._save_staged(step, start)
+        folder, error, exists = self._begin(step, self._ctl)
         if exists:  # committed by an earlier run that this manager did not restore: never overwrite it
             self._committed.add(step)
             self._emit("checkpoint_stall", phase="end", step=step, seconds=self._clock() - start)
@@ -289,6 +309,43 @@ class CheckpointManager:
             "ending this attempt so that the job restarts (the previous checkpoint is untouched)"
         )
 
+    def _begin(self, step: int, group: Any) -> tuple[str, str, bool]:
+        """Rank 0 creates the step folder with its lease (or finds the step committed); every rank learns
+        (folder, error, already committed)."""
+        begun: tuple[str, str, bool] = ("", "", False)
+        if self.rank == 0:
+            try:
+                if self._layout.is_committed(step):
+                    begun = (self._layout.final_dir(step), "", True)
+                else:
+                    begun = (self._layout.begin(step, self._token), "", False)
+            except Exception as err:  # every rank waits for rank 0's word: always send one
+                begun = ("", f"creating the step folder: {type(err).__name__}: {err}", False)
+        folder, error, exists = self._bcast(begun, group)
+        return folder, error, exists
+
+    def _save_staged(self, step: int, start: float) -> SaveResult:
+        """An asynchronous save whose strategy only stages now and writes when its completion runs: the step
+        folder, its lease and the already-committed check run in the background, before the write."""
+        folder = self._layout.folder_for(step, self._token)
+        completion: Completion
+        try:
+            completion = self._strategy.save(self.state, folder, self._ctx)
+        except _FAILURES as err:
+            completion = _raiser(err)
+        fault_point("checkpoint_write", step)  # staged, not written
+        stall = self._clock() - start
+        self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
+        self._inflight = self._finisher.submit(self._begin_and_finish, step, completion, start, stall)
+        return SaveResult(step, self.config.strategy, stall)
+
+    def _begin_and_finish(self, step: int, completion: Completion, start: float, stall: float) -> SaveResult:
+        folder, error, exists = self._begin(step, self._io)
+        if exists:  # committed by an earlier run that this manager did not restore: never overwrite it
+            self._committed.add(step)
+            return SaveResult(step, self.config.strategy, stall, 0.0, folder, None, skipped=True)
+        return self._finish(step, folder, _raiser(OSError(error)) if error else completion, start, stall)
+
     def _finish(
         self, step: int, folder: str, completion: Completion, start: float, stall: float | None
     ) -> SaveResult:
@@ -301,7 +358,8 @@ class CheckpointManager:
             names = completion()
             if stall is not None:
                 fault_point("async_upload", step)  # uploaded in the background, not committed
-            mine = ("ok", self._layout.rank_files(folder, names, checksum=self._checksums))
+            # names map to the checksums computed while writing (no read-back); others are read back
+            mine = ("ok", self._layout.rank_files(folder, names, checksum=self._algorithm or False))
         except _FAILURES as err:
             mine = ("error", f"rank {self.rank}: {_describe(err)}")
         parts = self._gather(mine)
@@ -430,6 +488,7 @@ class CheckpointManager:
         self._check_open()
         _quiet_single_process()
         self.wait()
+        started = self._clock()
         listing: tuple[list[tuple[int, str]], str] = ([], "")
         if self.rank == 0:
             try:
@@ -444,6 +503,7 @@ class CheckpointManager:
         if error:
             raise StorageError(f"cannot list the checkpoints under {self._layout.root}: {error}")
         self._committed = {step for step, _ in candidates}
+        self._restore_parts = {"find": self._clock() - started}
         start = self._clock()
         if self.memory is not None:  # memory first, unless the durable tier holds a newer step
             found = self.memory.restore(at_least=candidates[0][0] if candidates else None)
@@ -451,6 +511,9 @@ class CheckpointManager:
                 return self._restored(found.step, start, tier=found.tier, source=found.source)
         for step, url in candidates:
             if self._try_load(step, url):
+                self._emit(
+                    "restore_parts", step=step, **{f"{k}_seconds": v for k, v in self._restore_parts.items()}
+                )
                 fault_point("restore", step)  # loaded, not yet in use
                 self._last_step = step
                 return self._restored(step, start, tier="durable", source="durable")
@@ -461,14 +524,18 @@ class CheckpointManager:
         self._policy.saved(step, self._clock())
         if self._memory_policy is not None:
             self._memory_policy.saved(step, self._clock())
+        for schedule in (self._schedule, self._memory_schedule):
+            if schedule is not None:
+                schedule.reset()
         self._emit("checkpoint_restored", step=step, tier=tier, source=source, seconds=self._clock() - start)
         return step
 
     def _try_load(self, step: int, url: str) -> bool:
         verdict: tuple[str, Any] = ("ok", None)
+        started = self._clock()
         if self.rank == 0:
             try:
-                verdict = ("ok", self._layout.verify(url, checksums=self._checksums))
+                verdict = ("ok", self._verify(url))
             except CheckpointCorrupt as err:
                 verdict = ("corrupt", str(err))
             except Exception as err:  # storage trouble, not a bad checkpoint: stop rather than fall back
@@ -485,12 +552,26 @@ class CheckpointManager:
                 "restoring step %d saved by %d ranks onto %d", step, manifest.world_size, self.world_size
             )
         mine: tuple[str, str] = ("ok", "")
+        verified = self._clock()
+        strategy = make_strategy(manifest.strategy, self._ctx)
+        # strategies that verify while reading get the manifest's entries (one pass over the bytes)
+        self._ctx.options["expected"] = manifest.files if self._checksums else None
         try:
-            make_strategy(manifest.strategy, self._ctx).load(self.state, url, self._ctx)
+            strategy.load(self.state, url, self._ctx)
         except StateMismatch as err:
             mine = ("mismatch", str(err))
         except _FAILURES as err:
             mine = ("error", f"rank {self.rank}: {_describe(err)}")
+        finally:
+            self._ctx.options.pop("expected", None)
+        parts: dict[str, float] = dict(getattr(strategy, "last_load_seconds", None) or {})
+        if not parts:
+            parts = {"load": self._clock() - verified}
+        self._restore_parts = {
+            "find": self._restore_parts.get("find", 0.0),
+            "verify": verified - started,
+            **parts,
+        }
         outcomes = self._all_gather(mine)  # every rank learns every rank's outcome: no rank is left waiting
         mismatches = [detail for status, detail in outcomes if status == "mismatch"]
         if mismatches:
@@ -503,6 +584,14 @@ class CheckpointManager:
             return False
         log.info("restored step %d from %s", step, url)
         return True
+
+    def _verify(self, url: str) -> Manifest:
+        """Rank 0's check before loading: sizes always; checksums here only for strategies that do not check
+        them while reading (DCP's strategies verify each file as they read it)."""
+        manifest = self._layout.verify(url, checksums=False)
+        if self._checksums and not getattr(_strategy_class(manifest.strategy), "verifies_on_read", False):
+            manifest = self._layout.verify(url, checksums=True)
+        return manifest
 
     def _all_gather(self, mine: Any) -> list[Any]:
         if not self._dist:
@@ -567,6 +656,18 @@ class CheckpointManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close(finished=exc[0] is None)  # no final save: after an exception the state may be mid-step
+
+
+def _strategy_class(name: str) -> type | None:
+    if name == "torch_save":
+        from goodput.checkpoint.torch_save import TorchSaveStrategy
+
+        return TorchSaveStrategy
+    if name in ("dcp", "dcp_async"):
+        from goodput.checkpoint.dcp import DcpStrategy
+
+        return DcpStrategy
+    return None
 
 
 def _raiser(err: BaseException) -> Completion:

@@ -10,12 +10,13 @@ durable) and above by the user's maximum. Every change of the interval is logged
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["AutoInterval", "EveryInterval", "EverySteps", "SavePolicy"]
+__all__ = ["AutoInterval", "EveryInterval", "EverySteps", "SavePolicy", "StepSchedule"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,11 @@ class EveryInterval:
     def saved(self, step: int, now: float) -> None:
         self._last_time = now
         self._last_step = step
+
+    @property
+    def last_time(self) -> float | None:
+        """When the last save started (or the first step was seen); None before that."""
+        return self._last_time
 
     def measured(self, stall: float, persist: float) -> None:
         pass
@@ -150,3 +156,50 @@ class AutoInterval(EveryInterval):
             ):
                 self._reported = new
                 self._on_change(new, why)
+
+
+class StepSchedule:
+    """Turns a time-based policy into step numbers, so ranks agree on when to save without a collective per step.
+
+    Every rank must save at the same step, but each rank's clock says something slightly different. Instead of
+    asking rank 0 at every step, the ranks ask it only at *decision steps*: there rank 0 says whether to save now
+    and, from the step time it measured since the previous decision, at which step to decide next (the step at
+    which the interval will have passed). One broadcast per decision: about one per save, plus one while the step
+    time is first being measured. ``decide`` runs on rank 0 only; the other ranks just keep ``next_decision``.
+
+    Args:
+        policy: a time-based policy (``EveryInterval`` or ``AutoInterval``): its ``interval`` and last save time.
+    """
+
+    def __init__(self, policy: EveryInterval) -> None:
+        self.policy = policy
+        self.next_decision: int | None = None  # None: decide at the next step asked about
+        self.decisions = 0
+        self._mark: tuple[int, float] | None = None
+
+    def pending(self, step: int) -> bool:
+        """Whether ``step`` is before the next decision step (then it is not saved and nothing is asked)."""
+        return self.next_decision is not None and step < self.next_decision
+
+    def decide(self, step: int, now: float) -> tuple[bool, int]:
+        """(save now?, the next decision step) for ``step`` at ``now`` (rank 0)."""
+        due = self.policy.due(step, now)
+        per_step = None
+        if self._mark is not None and step > self._mark[0]:
+            per_step = (now - self._mark[1]) / (step - self._mark[0])
+        self._mark = (step, now)
+        last = self.policy.last_time
+        remaining = self.policy.interval if due or last is None else self.policy.interval - (now - last)
+        # while the step time is not known yet, decide again at the next step
+        ahead = max(1, math.ceil(remaining / per_step)) if per_step is not None and per_step > 0 else 1
+        return due, step + ahead
+
+    def agreed(self, next_decision: int) -> None:
+        """Every rank records the next decision step rank 0 chose."""
+        self.next_decision = next_decision
+        self.decisions += 1
+
+    def reset(self) -> None:
+        """Forget the schedule (after a restore): decide at the next step asked about."""
+        self.next_decision = None
+        self._mark = None

@@ -18,8 +18,9 @@ __all__ = ["STRATEGIES", "SaveContext", "SaveStrategy", "make_strategy"]
 
 STRATEGIES = ("torch_save", "dcp", "dcp_async")
 
-# Blocks until this rank's part of a save is written; returns the names of the files this rank wrote.
-Completion = Callable[[], list[str]]
+# Blocks until this rank's part of a save is written; returns the names of the files this rank wrote, or a
+# mapping of each name to the "<algorithm>:<hex>" checksum computed while writing it (None: not computed).
+Completion = Callable[[], list[str] | dict[str, str | None]]
 
 
 @dataclass

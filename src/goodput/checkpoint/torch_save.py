@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from goodput.checkpoint.layout import new_hasher
 from goodput.checkpoint.state import TrainingState, check_shapes, tensor_shapes
 from goodput.checkpoint.strategy import Completion, SaveContext
 from goodput.errors import CheckpointCorrupt
@@ -26,15 +27,19 @@ class _WriteErrors(io.RawIOBase):
     """A pass-through file that remembers the OSError of a failed write (torch.save replaces it with an
     opaque "unexpected pos" RuntimeError, hiding e.g. "No space left on device")."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, algorithm: str | None = None) -> None:
         super().__init__()
         self.raw = raw
         self.error: OSError | None = None
+        self.hasher = new_hasher(algorithm) if algorithm else None
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
+        if self.hasher is not None:
+            view = memoryview(data)
+            self.hasher.update(view if view.format == "B" and view.ndim == 1 else view.cast("B"))
         try:
             return int(self.raw.write(data))
         except OSError as err:
@@ -45,8 +50,9 @@ class _WriteErrors(io.RawIOBase):
         self.raw.flush()
 
 
-def _save_reporting_os_errors(obj: Any, raw: Any) -> None:
-    sink = _WriteErrors(raw)
+def _save_reporting_os_errors(obj: Any, raw: Any, algorithm: str | None = None) -> str | None:
+    """torch.save ``obj`` into ``raw``; returns ``"<algorithm>:<hex>"`` of the bytes written (None: no algorithm)."""
+    sink = _WriteErrors(raw, algorithm)
     try:
         torch.save(obj, sink)  # type: ignore[arg-type]  # a RawIOBase is a binary file
         sink.flush()
@@ -54,6 +60,7 @@ def _save_reporting_os_errors(obj: Any, raw: Any) -> None:
         if sink.error is not None:
             raise sink.error from None
         raise
+    return f"{algorithm}:{sink.hasher.hexdigest()}" if sink.hasher is not None else None
 
 
 class TorchSaveStrategy:
@@ -69,11 +76,11 @@ class TorchSaveStrategy:
         path = ctx.layout.path_in(folder, STATE_FILE)
         opener = open(path, "wb") if ctx.layout.local else ctx.layout.fs.open(path, "wb")  # noqa: SIM115
         with opener as f:
-            _save_reporting_os_errors(full, f)
+            digest = _save_reporting_os_errors(full, f, ctx.options.get("checksum"))
             if ctx.layout.local:
                 f.flush()
                 os.fsync(f.fileno())
-        return lambda: [STATE_FILE]
+        return lambda: {STATE_FILE: digest}
 
     def load(self, state: TrainingState, folder: str, ctx: SaveContext) -> None:
         path = ctx.layout.path_in(folder, STATE_FILE)

@@ -379,6 +379,8 @@ def _info(spans: list[Spans]) -> dict[str, Any]:
                 info[name] = fields
             elif name in ("warm_restart", "warm_first_step"):  # a warm restart's parts, as this rank saw them
                 info.setdefault(name, []).append(fields)
+            elif name == "restore_parts":  # the checkpoint manager's split of a restore (one per restore)
+                info.setdefault("restore_parts", []).append(fields)
             else:
                 tally = info["custom"].setdefault(str(name), {"count": 0, "seconds": 0.0})
                 tally["count"] += 1

@@ -114,6 +114,15 @@ def _steps(report: Report) -> list[str]:
             f" ({last.get('reason', 'no reason given')})"
         )
     lines += _warm_lines(acc.info, acc.restarts)
+    restores = acc.info.get("restore_parts", [])
+    if restores:  # the last restore, split into its parts
+        last = restores[-1]
+        parts = ", ".join(
+            f"{name} {fd(float(last[f'{name}_seconds']))}"
+            for name in ("find", "verify", "read", "load", "position")
+            if isinstance(last.get(f"{name}_seconds"), int | float)
+        )
+        lines.append(f"  restore of step {last.get('step')}: {parts}")
     custom = acc.info.get("custom", {})
     if custom:
         tallies = ", ".join(f"{k} x{v['count']} ({fd(v['seconds'])})" for k, v in sorted(custom.items()))

@@ -1,0 +1,199 @@
+"""Checksums computed while DCP writes and reads, so that neither a save nor a restore reads the bytes twice.
+
+DCP's storage writers and readers open every file through ``self.fs.create_stream(path, mode)``. Wrapping that
+one seam covers both the local ``FileSystemWriter`` and the ``FsspecWriter`` (S3), and every file DCP writes
+(``__<rank>_<n>.distcp`` shards and ``.metadata``, written as ``.metadata.tmp`` and renamed):
+
+- ``HashingFileSystem`` hashes every byte as it goes into a file; DCP writes each file sequentially (no seeks),
+  so the hash of the writes is the hash of the file. The save's manifest records it: no read-back.
+- ``VerifyingFileSystem`` reads each file the manifest names once (an ``mmap`` for local files, one concurrent
+  GET for objects), checks its checksum, and serves DCP's reads of that file from the verified bytes; a mismatch raises
+  ``CheckpointCorrupt`` naming the file before any of its bytes reach the training state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import mmap
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from goodput.checkpoint.layout import FileEntry, check_digest, new_hasher
+from goodput.checkpoint.objectstore import read_object
+from goodput.errors import CheckpointCorrupt
+
+__all__ = ["HashingFileSystem", "VerifyingFileSystem"]
+
+
+def _name(path: Any) -> str:
+    """The file name a manifest records for ``path`` (DCP writes ``.metadata`` as ``.metadata.tmp``)."""
+    return str(path).rstrip("/").rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1].removesuffix(".tmp")
+
+
+class _HashingWriter(io.RawIOBase):
+    """Passes writes through to ``raw`` and hashes them on the way."""
+
+    def __init__(self, raw: Any, algorithm: str) -> None:
+        super().__init__()
+        self.raw = raw
+        self.hasher = new_hasher(algorithm)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        self.hasher.update(view)
+        written = self.raw.write(view)
+        return len(view) if written is None else int(written)
+
+    def tell(self) -> int:
+        return int(self.raw.tell())
+
+    def fileno(self) -> int:
+        return int(self.raw.fileno())
+
+    def flush(self) -> None:
+        if not getattr(self.raw, "closed", False):
+            self.raw.flush()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        super().close()  # flushes through to raw
+        self.raw.close()
+
+
+class HashingFileSystem:
+    """A DCP ``FileSystem`` that records ``"<algorithm>:<hex>"`` of every file written through it."""
+
+    def __init__(self, inner: Any, algorithm: str) -> None:
+        self._inner = inner
+        self.algorithm = algorithm
+        self.digests: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    @contextlib.contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        with self._inner.create_stream(path, mode) as stream:
+            if "w" not in mode:
+                yield stream
+                return
+            writer = _HashingWriter(stream, self.algorithm)
+            yield writer
+        with self._lock:
+            self.digests[_name(path)] = f"{self.algorithm}:{writer.hasher.hexdigest()}"
+
+
+class _BufferReader(io.RawIOBase):
+    """A seekable read-only file over bytes already in memory (no copy until a read asks for them)."""
+
+    def __init__(self, buffer: Any) -> None:
+        super().__init__()
+        self._view = memoryview(buffer)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        n = max(0, min(len(out), len(self._view) - self._pos))
+        out[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        data = bytes(self._view[self._pos : end])
+        self._pos = max(self._pos, end)
+        return data
+
+    def close(self) -> None:
+        self._view.release()
+        super().close()
+
+
+class VerifyingFileSystem:
+    """A DCP ``FileSystem`` whose reads of the files in ``expected`` are checked against their checksums.
+
+    On object stores (``local=False``) every file is fetched whole, concurrently, checked or not.
+
+    Attributes:
+        read_seconds: time spent reading and hashing files (the restore's ``read`` part).
+        read_bytes: bytes read through it.
+    """
+
+    def __init__(self, inner: Any, expected: Mapping[str, FileEntry], *, local: bool) -> None:
+        self._inner = inner
+        self._expected = dict(expected)
+        self._local = local
+        self.read_seconds = 0.0
+        self.read_bytes = 0
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    @contextlib.contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        entry = self._expected.get(_name(path))
+        expected = entry.expected() if entry is not None else None
+        if "r" not in mode or (expected is None and self._local):
+            with self._inner.create_stream(path, mode) as stream:
+                yield stream
+            return
+        start = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            if self._local:
+                buffer: Any = self._map(str(path), stack)
+            else:  # one whole-object fetch (concurrent ranged GETs) instead of DCP's seek-and-read per item
+                buffer = read_object(self._inner.fs, str(path))
+            if expected is not None:
+                hasher = new_hasher(expected[0])
+                hasher.update(buffer)
+                check_digest(str(path), expected, hasher.hexdigest())
+            with self._lock:
+                self.read_seconds += time.perf_counter() - start
+                self.read_bytes += len(buffer)
+            reader = stack.enter_context(_BufferReader(buffer))
+            yield reader
+
+    @staticmethod
+    def _map(path: str, stack: contextlib.ExitStack) -> Any:
+        """The file's bytes, mapped (page-cache pages, no copy; a fresh buffer would cost a page fault per
+        page, measured at ~10x a read from the page cache on the benchmark machine)."""
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return b""
+            try:
+                mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as err:
+                raise CheckpointCorrupt(f"{path}: cannot be mapped for reading ({err})") from None
+        stack.callback(mapped.close)
+        return mapped
