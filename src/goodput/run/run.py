@@ -357,8 +357,11 @@ class Run:
         if self._progress is not None:
             self._progress.close()
             self._progress = None
+        self._preempt.close()  # its group belongs to the dead generation
         with self._phase("restore"):
             self._warm_next = self._warm.leave()
+        # Every rank of the new generation makes the watch's group at the same point as a spare does in __init__.
+        self._preempt = PreemptionWatch(rank=self.info.rank, world_size=self.info.world_size)
         self.ledger = Ledger(self.run_dir, rank=self.info.rank, began=self._warm.joined_wall)
         self.attempt = self.ledger.attempt
         self._closed = False
