@@ -3,10 +3,14 @@ placeholders (a bucket URL, ``storage_options={...}``, the user's model and step
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import goodput as gp
@@ -114,3 +118,61 @@ def test_the_cache_snippet_reads_a_sharded_dataset(tmp_path: Path) -> None:
     exec(compile(code, "README.md (cache)", "exec"), namespace)
     train = namespace["train"]
     assert [train[i] for i in range(10)] == [bytes([i]) * 4 for i in range(10)]
+
+
+_LOOP_HEADER = """
+import os
+import torch
+import goodput as gp
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+
+
+class MyModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.drop(self.layer(x))
+
+
+dataset = [torch.full((4,), float(i)) / 256 for i in range(256)]
+"""
+
+
+def _loop_script(tmp_path: Path) -> str:
+    """The README's resilient loop as a script: only the user's model, dataset and run length filled in."""
+    code = _substitute(_python_block("run = gp.Run(total_steps="), {"total_steps=10_000": "total_steps=12"})
+    script = tmp_path / "train.py"
+    script.write_text(_LOOP_HEADER + code)
+    return str(script)
+
+
+def _committed(run_dir: Path) -> list[int]:
+    return [r.step for r in list_checkpoints(str(run_dir / "checkpoints")) if r.status == "committed"]
+
+
+@pytest.mark.slow
+def test_the_resilient_loop_runs_as_written(tmp_path: Path) -> None:
+    """The README loop: `python train.py` as one rank, and `goodput launch --nproc 2` through a SIGKILL, each
+    ends with the last step saved; the launched run restarted and resumed from a checkpoint."""
+    script = _loop_script(tmp_path)
+    single = tmp_path / "debug"
+    env = {**os.environ, "GOODPUT_RUN_DIR": str(single)}
+    done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert max(_committed(single)) == 12
+
+    launched = tmp_path / "drill"
+    done = subprocess.run(
+        [sys.executable, "-m", "goodput", "launch", "--nproc", "2", "--max-restarts", "3",
+         "--faults", "kill@step=7,rank=1", "--run-dir", str(launched), "--", script],
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert max(_committed(launched)) == 12
+    restored = [e for e in gp.read_events(str(launched), rank=0) if e["event"] == "checkpoint_restored"]
+    assert restored and restored[-1]["step"] >= 1, "the restarted attempt did not resume from a checkpoint"
