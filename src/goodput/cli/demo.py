@@ -13,6 +13,7 @@ _EPILOG = """examples:
   goodput demo                                  # ~3 minutes on 2 CPU cores
   goodput demo --mtbf 20s --steps 800           # harsher failures, longer run
   goodput demo --strategy torch_save            # compare with the blocking baseline
+  goodput demo --restart warm                   # survivors keep their processes, a hot spare replaces
   goodput demo --data-url s3://bucket/corpus    # data on S3 (credentials from AWS_* variables)
   goodput report runs/demo-...                  # read a finished run again"""
 
@@ -22,9 +23,10 @@ def register(sub: Any) -> None:
         "demo",
         help="the main job: train a small LM through random SIGKILLs, then report goodput",
         description="Trains a byte-level transformer LM on Python's standard-library source with 2 ranks "
-        "under torchrun, reading sharded data through the local cache, saving async checkpoints at the "
-        "planner's interval, while random SIGKILLs hit the ranks; torchrun restarts them and goodput resumes "
-        "exactly. Prints the goodput report and writes the timeline and loss plots.",
+        "under torchrun, reading sharded data through the local cache, saving memory-tier checkpoints to "
+        "/dev/shm and async durable checkpoints, each at the planner's interval, while random SIGKILLs hit the "
+        "ranks; torchrun (or, with --restart warm, goodput's warm-restart agent) restarts them and goodput "
+        "resumes exactly. Prints the goodput report and writes the timeline and loss plots.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -38,6 +40,13 @@ def register(sub: Any) -> None:
     parser.add_argument("--data-url", default=None, help="where the shards live (default: in the run folder)")
     parser.add_argument("--max-restarts", type=int, default=30, help="torchrun's restart budget (default 30)")
     parser.add_argument("--seed", type=int, default=0, help="seed of training and of the fault schedule")
+    parser.add_argument(
+        "--restart",
+        choices=("cold", "warm"),
+        default="cold",
+        help="cold: torchrun restarts every rank (default); warm: survivors keep their process and a hot spare "
+        "takes the failed rank (goodput launch --restart warm)",
+    )
     parser.set_defaults(handler=_run)
 
 
@@ -59,5 +68,6 @@ def _run(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         seed=args.seed,
         faults=not args.no_faults,
+        restart=args.restart,
     )
     return run_demo(config)

@@ -37,6 +37,7 @@ class DemoConfig:
     seed: int = 0
     faults: bool = True
     batch_size: int = 16
+    restart: str = "cold"
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -47,6 +48,8 @@ class DemoConfig:
             raise ConfigError(f"--mtbf must be > 0, got {self.mtbf}")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if self.restart not in ("cold", "warm"):
+            raise ConfigError(f"--restart must be cold or warm, got {self.restart!r}")
 
 
 def run_demo(config: DemoConfig) -> int:
@@ -75,15 +78,19 @@ def run_demo(config: DemoConfig) -> int:
         f"--seed={config.seed}",
         f"--batch-size={config.batch_size}",
     )
-    status = launch_job(
-        LaunchConfig(
-            script=script,
-            nproc=config.nproc,
-            max_restarts=config.max_restarts,
-            run_dir=config.run_dir,
-            faults=faults,
-        )
+    launch = LaunchConfig(
+        script=script,
+        nproc=config.nproc,
+        max_restarts=config.max_restarts,
+        run_dir=config.run_dir,
+        faults=faults,
     )
+    if config.restart == "warm":
+        from goodput.run.agent import WarmConfig, launch_warm
+
+        status = launch_warm(launch, WarmConfig(spares=1))
+    else:
+        status = launch_job(launch)
     print(f"demo: training finished with exit status {status} after {time.monotonic() - started:.0f}s")
     _summarise(config)
     return status

@@ -107,6 +107,21 @@ def main(argv: list[str] | None = None) -> None:
         hang_timeout=args.hang_timeout,
         progress=not args.no_progress,
     )
+    cache = CacheConfig(
+        folder=args.cache_dir or os.path.join(run_dir, "cache"),
+        budget_bytes=args.cache_budget,
+        prefetch_bytes=min(args.cache_budget, 8 << 20),
+    )
+    shards = ShardedDataset(args.data, decode=decode, cache=cache)
+    dataset: Any = ByteNoise(shards, args.augment) if args.augment > 0 else shards
+    # Under `goodput launch --restart warm` the training is re-entered in this process after a peer fails
+    # (the dataset and its cache are kept); otherwise it runs once.
+    run.warm(lambda r: _train(r, args, dataset, run_dir))
+    dataset.close()  # stop the cache's prefetch threads before the interpreter exits
+
+
+def _train(run: Run, args: argparse.Namespace, dataset: Any, run_dir: str) -> None:
+    """One entry of the training: builds the model, optimizer and loader, restores, trains, closes."""
     torch.manual_seed(args.seed)
     inner = TinyLM(ModelConfig(dropout=args.dropout))
     model: torch.nn.Module = inner
@@ -117,13 +132,6 @@ def main(argv: list[str] | None = None) -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / args.steps)
     )
-    cache = CacheConfig(
-        folder=args.cache_dir or os.path.join(run_dir, "cache"),
-        budget_bytes=args.cache_budget,
-        prefetch_bytes=min(args.cache_budget, 8 << 20),
-    )
-    shards = ShardedDataset(args.data, decode=decode, cache=cache)
-    dataset: Any = ByteNoise(shards, args.augment) if args.augment > 0 else shards
     loader = ResumableLoader(
         dataset,
         batch_size=args.batch_size,
@@ -148,7 +156,6 @@ def main(argv: list[str] | None = None) -> None:
             samples_log.write(json.dumps(record) + "\n")
             run.step_done(loss=float(loss.detach()))
     run.close()
-    dataset.close()  # stop the cache's prefetch threads before the interpreter exits
     if run.info.rank == 0:
         final = {
             "step": run.step,
