@@ -6,6 +6,8 @@ node loss, from the peer node's replica)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -91,3 +93,18 @@ def test_a_lost_node_restores_from_its_peer_replica(
         restores
     )  # node 1's RAM is gone: its part came from node 0
     assert restores[0] in ((8, "memory"), (10, "memory")), restores
+
+
+def test_verify_resume_with_the_memory_tier_and_a_node_loss(tmp_path: os.PathLike[str]) -> None:
+    """The command CI runs for the issue's guarantee: two agents, node 1 lost (its RAM wiped), its rank restored
+    from node 0's replica, and the run bitwise identical to an uninterrupted one."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "goodput", "verify-resume", "--memory", "2", "--node-loss", "--kills", "0",
+         "--steps", "12", "--every", "4", "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "nodeloss@step=" in proc.stdout and "IDENTICAL" in proc.stdout, proc.stdout
+    restores = _restores(os.path.join(tmp_path, "interrupted"))
+    assert restores and restores[-1][1] == "peer", restores
+    assert "restores from peer 1" in proc.stdout

@@ -26,8 +26,15 @@ a digest of every piece of the final state: model and optimizer tensors, schedul
 and data position. The first differing step and piece of final state are named, with the usual causes to
 check. The script must be deterministic: seed random, numpy and torch at its start, use
 torch.use_deterministic_algorithms(True) and a fixed thread count. --steps, --every and --strategy apply to
-the built-in training only.
+the built-in training only, as are --memory and --node-loss.
   goodput verify-resume --nproc 2 --kills 3 -- train.py --lr 1e-3
+
+the built-in training keeps the memory tier on (like 'goodput demo'; --memory off for the durable tier alone)
+and then also kills inside memory-tier writes and restores. --node-loss runs the interrupted job as two torchrun
+agents on this machine (--nnodes 2, c10d rendezvous on 127.0.0.1, --nproc split between them) and loses node 1
+at a random step: every process of it killed and its memory tier wiped, so its ranks restore from the replica
+on node 0 ('peer'). The uninterrupted run is one agent of --nproc ranks (the split changes nothing it computes).
+  goodput verify-resume --memory 2 --node-loss --kills 2
 
 the workers' output (tracebacks of ranks that outlive a kill) goes to output.log in each run folder
 (uninterrupted/ and interrupted/ under --work-dir), not to the terminal.
@@ -49,6 +56,16 @@ def register(sub: Any) -> None:
         "--every", type=int, default=None, help="built-in training: save every N steps (default 5)"
     )
     parser.add_argument("--strategy", default=None, help="built-in training: torch_save, dcp or dcp_async")
+    parser.add_argument(
+        "--memory",
+        default=None,
+        help="built-in training: memory-tier saves every N steps, auto, or off (default auto)",
+    )
+    parser.add_argument(
+        "--node-loss",
+        action="store_true",
+        help="built-in training: two agents (--nnodes 2 on this machine); node 1 is lost at a random step",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule and of training")
     parser.add_argument("--work-dir", default=None, help="where both runs go (default: a temporary folder)")
     parser.add_argument(
@@ -61,7 +78,7 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from goodput.demo.verify_train import fault_plan, prepare_data, train
+    from goodput.demo.verify_train import fault_plan, prepare_data, train, train_two_nodes
     from goodput.errors import ConfigError
     from goodput.run.verify import first_difference, read_run
     from goodput.run.verify_script import run_captured
@@ -71,13 +88,19 @@ def _run(args: argparse.Namespace) -> int:
         return _run_script(args, script)
     args.steps, args.every = args.steps or 60, args.every or 5
     args.strategy = args.strategy or "dcp_async"
+    memory = _memory_every(args.memory)
     if args.steps < 2 * args.every or args.kills < 0 or args.nproc < 1:
         raise ConfigError("need --steps >= 2 x --every, --kills >= 0 and --nproc >= 1")
+    if args.node_loss and (args.nproc < 2 or args.nproc % 2):
+        raise ConfigError(f"--node-loss splits --nproc between two nodes: it must be even, got {args.nproc}")
     work = args.work_dir or tempfile.mkdtemp(prefix="goodput-verify-")
     os.makedirs(work, exist_ok=True)
     data = prepare_data(work)
-    plan = fault_plan(args.kills, steps=args.steps, every=args.every, nproc=args.nproc, seed=args.seed)
-    print(f"goodput verify-resume: {args.nproc} ranks, {args.steps} steps, {args.strategy}, in {work}")
+    plan = fault_plan(args.kills, steps=args.steps, every=args.every, nproc=args.nproc, seed=args.seed,
+                      memory=memory != "off", node_loss=args.node_loss)  # fmt: skip
+    nodes = ", 2 nodes" if args.node_loss else ""
+    print(f"goodput verify-resume: {args.nproc} ranks{nodes}, {args.steps} steps, {args.strategy},"
+          f" memory tier {memory}, in {work}")  # fmt: skip
     print(f"faults: {plan}")
     common = {
         "data": data,
@@ -86,10 +109,13 @@ def _run(args: argparse.Namespace) -> int:
         "every": args.every,
         "strategy": args.strategy,
         "seed": args.seed,
+        "memory_every": memory,
     }
-    for name, faults, restarts in (("uninterrupted", "", 0), ("interrupted", plan, args.kills + 2)):
+    faulty = args.kills + 2 + int(args.node_loss)
+    for name, faults, restarts in (("uninterrupted", "", 0), ("interrupted", plan, faulty)):
         run_dir = os.path.join(work, name)
-        launch = functools.partial(train, run_dir, faults=faults, max_restarts=restarts, **common)
+        job = train_two_nodes if args.node_loss and faults else train
+        launch = functools.partial(job, run_dir, faults=faults, max_restarts=restarts, **common)
         if not run_captured(launch, run_dir, name, _stderr, records=False):
             return 1
     difference = first_difference(
@@ -100,15 +126,40 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     restarts = len(os.listdir(os.path.join(work, "interrupted", "attempts"))) - 1
     what = "final model, optimizer and every step's samples and random draws"
-    print(f"IDENTICAL: {what} match after {restarts} restarts")
+    print(f"IDENTICAL: {what} match after {restarts} restarts{_restored_from(work)}")
     return 0
+
+
+def _memory_every(value: str | None) -> str:
+    """``--memory`` checked: ``auto`` (the default), ``off`` or a number of steps >= 1."""
+    from goodput.errors import ConfigError
+
+    value = "auto" if value is None else value.strip().lower()
+    if value in ("auto", "off") or (value.isdigit() and int(value) >= 1):
+        return value
+    raise ConfigError(f"--memory takes a number of steps >= 1, auto or off, got {value!r}")
+
+
+def _restored_from(work: str) -> str:
+    """`` (restores from memory 2, peer 1)``: the tier each restore of the interrupted run came from."""
+    from goodput.ledger import read_events
+
+    tiers: dict[int, str] = {}
+    for event in read_events(os.path.join(work, "interrupted"), rank=None):
+        if event["event"] == "checkpoint_restored":
+            tiers[int(event["attempt"])] = str(event.get("tier", "durable"))
+    counts = {tier: list(tiers.values()).count(tier) for tier in sorted(set(tiers.values()))}
+    return f" (restores from {', '.join(f'{t} {n}' for t, n in counts.items())})" if counts else ""
 
 
 def _run_script(args: argparse.Namespace, script: list[str]) -> int:
     from goodput.errors import ConfigError
     from goodput.run.verify_script import verify_resume
 
-    demo_only = [f"--{name}" for name in ("steps", "every", "strategy") if getattr(args, name) is not None]
+    demo_only = [
+        f"--{name}" for name in ("steps", "every", "strategy", "memory") if getattr(args, name) is not None
+    ]
+    demo_only += ["--node-loss"] * args.node_loss
     if demo_only:
         raise ConfigError(
             f"{', '.join(demo_only)} apply to the built-in training only; your script sets its own"

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
 from goodput.demo.main import TRAIN_SCRIPT
+from goodput.errors import ConfigError
 from goodput.run.launch import LaunchConfig, launch_job
 
-__all__ = ["fault_plan", "prepare_data", "train"]
+__all__ = ["fault_plan", "prepare_data", "train", "train_two_nodes"]
 
 
 CORPUS_BYTES = 512 * 2**10
@@ -26,18 +30,32 @@ def prepare_data(work: str) -> str:
     return url
 
 
-def fault_plan(kills: int, *, steps: int, every: int, nproc: int, seed: int) -> str:
+def fault_plan(
+    kills: int,
+    *,
+    steps: int,
+    every: int,
+    nproc: int,
+    seed: int,
+    memory: bool = False,
+    node_loss: bool = False,
+) -> str:
     """``kills`` SIGKILLs at seeded random points: plain steps, and inside checkpoint writes, async uploads,
-    purges and restores (one each, when there are enough kills)."""
+    purges and restores (one each, when there are enough kills); with ``memory``, first inside memory-tier
+    writes and restores (and, with ``node_loss``, replication). ``node_loss`` adds the loss of node 1 (every
+    process of it killed, its memory tier wiped) at a random step after the first durable save."""
     rng = np.random.default_rng(seed)
     phases = ["checkpoint_write", "async_upload", "restore", "checkpoint_purge"]
+    if memory:
+        phases = ["memory_write", "checkpoint_write", "memory_restore", *(["memory_replicate"] * node_loss),
+                  "async_upload", "restore", "checkpoint_purge"]  # fmt: skip
     faults = []
     for n in range(kills):
         rank = int(rng.integers(nproc))
         if n % 2 == 1 and phases:
             phase = phases.pop(0)
-            if phase == "restore":
-                faults.append(f"kill@phase=restore,rank={rank},attempt={n}")
+            if phase in ("restore", "memory_restore"):
+                faults.append(f"kill@phase={phase},rank={rank},attempt={n}")
                 continue
             step = int(rng.integers(every, steps - every))
             if phase == "checkpoint_purge":
@@ -45,7 +63,27 @@ def fault_plan(kills: int, *, steps: int, every: int, nproc: int, seed: int) -> 
             faults.append(f"kill@phase={phase},step={step},rank={rank}")
         else:
             faults.append(f"kill@step={int(rng.integers(1, steps))},rank={rank}")
+    if node_loss:
+        faults.append(f"nodeloss@step={int(rng.integers(every + 1, steps))},node=1")
     return "; ".join(faults)
+
+
+def _local_port() -> int:
+    """A free TCP port on 127.0.0.1 (for the two agents' c10d rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def train_two_nodes(run_dir: str, *, nproc: int, **settings: Any) -> int:
+    """:func:`train` as a job of two torchrun agents on this machine (``--nnodes 2``, c10d rendezvous on
+    127.0.0.1), ``nproc // 2`` ranks each; returns the first non-zero exit status of the two, else 0."""
+    if nproc < 2 or nproc % 2:
+        raise ConfigError(f"two nodes need an even number of ranks (--nproc), got {nproc}")
+    node: dict[str, Any] = {"nproc": nproc // 2, "nnodes": 2, "rdzv_endpoint": f"127.0.0.1:{_local_port()}"}
+    with ThreadPoolExecutor(2, thread_name_prefix="goodput-node") as pool:
+        statuses = [f.result() for f in [pool.submit(train, run_dir, **node, **settings) for _ in range(2)]]
+    return next((s for s in statuses if s != 0), 0)
 
 
 def train(
