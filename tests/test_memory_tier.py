@@ -119,11 +119,17 @@ def _damage(kind: str, folder: Path) -> str:
         blob[len(blob) // 2] ^= 0x01
         part.write_bytes(bytes(blob))
         return "checksum mismatch"
+    if kind == "old_format":  # a part of an older goodput: its marker holds CRC-32s
+        fields = json.loads(marker.read_text())
+        fields["crc32"] = [0]
+        del fields["xxh3_64"]
+        marker.write_text(json.dumps(fields))
+        return "older goodput"
     marker.unlink()
     return "never completed"
 
 
-@pytest.mark.parametrize("kind", ["truncated", "flipped", "no_marker"])
+@pytest.mark.parametrize("kind", ["truncated", "flipped", "no_marker", "old_format"])
 def test_a_damaged_part_is_skipped_with_a_warning(
     tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:

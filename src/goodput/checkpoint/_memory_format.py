@@ -6,33 +6,33 @@ by its index) and each tensor's dtype, shape and offset. Reading a part can buil
 
 Saving is split like the durable tier's async strategy: :class:`Staging` copies every tensor into one reused
 buffer (the only part that blocks training), and :func:`write_part` writes header and buffer to a file in the
-background, computing a CRC-32 of the bytes on the way. :func:`load_part` copies the tensor bytes back into the
-live tensors in place (DTensor shards included), so restoring costs one copy after the read and the check.
+background, hashing the bytes on the way (xxh3-64: ~10x faster than zlib's CRC-32, a third of a memcpy).
+:func:`decode_part` checks the whole part's hash over the mapped bytes before any byte reaches the training
+state (a restore is all or nothing), then :func:`load_part` copies the tensor bytes into the live tensors in
+place (DTensor shards included): a restore costs one hash pass and one copy, with no read.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import struct
 import warnings
-import zlib
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import xxhash
 
 from goodput.errors import CheckpointCorrupt, StateMismatch
 
-__all__ = ["PartHeader", "Staging", "checksums", "decode_part", "load_part", "write_part"]
+__all__ = ["CHECKSUM", "PartHeader", "Staging", "checksum", "decode_part", "load_part", "write_part"]
 
 MAGIC = b"GPMEM001"
 _LEN = struct.Struct("<Q")
 _ALIGN = 64
 _CHUNK = 64 << 20
-CHECK_CHUNK = 16 << 20  # bytes per CRC-32, so a restore checks the chunks of a part in parallel
+CHECKSUM = "xxh3_64"  # the marker's key for a part's hash (older parts' markers hold "crc32" and are refused)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -115,74 +115,38 @@ class Staging:
         return PartHeader(run, step, rank, world, skeleton, entries, offset)
 
 
-def write_part(path: str, header: PartHeader, buffer: torch.Tensor) -> tuple[int, list[int]]:
-    """Write a staged part to ``path``; returns (file size, CRC-32 of each ``CHECK_CHUNK`` of the file).
+def write_part(path: str, header: PartHeader, buffer: torch.Tensor) -> tuple[int, str]:
+    """Write a staged part to ``path``; returns (file size, xxh3-64 hex digest of the file).
 
     Raises:
         OSError: the write failed (a full tmpfs raises ``ENOSPC``); a partial file may remain.
     """
     head = header.to_bytes()
     data = buffer[: header.data_bytes].numpy()
-    crcs = _Crcs()
+    hasher = xxhash.xxh3_64(head)
     with open(path, "wb") as f:
         f.write(head)
-        crcs.add(memoryview(head))
         for start in range(0, header.data_bytes, _CHUNK):
             chunk = data[start : start + _CHUNK].data
             f.write(chunk)
-            crcs.add(chunk)
-    return len(head) + header.data_bytes, crcs.done()
+            hasher.update(chunk)
+    return len(head) + header.data_bytes, hasher.hexdigest()
 
 
-class _Crcs:
-    """CRC-32 of each ``CHECK_CHUNK`` bytes of a stream fed in pieces of any size."""
-
-    def __init__(self) -> None:
-        self.crcs: list[int] = []
-        self._crc, self._filled = 0, 0
-
-    def add(self, piece: memoryview) -> None:
-        pos = 0
-        while pos < len(piece):
-            take = min(CHECK_CHUNK - self._filled, len(piece) - pos)
-            self._crc = zlib.crc32(piece[pos : pos + take], self._crc)
-            self._filled += take
-            pos += take
-            if self._filled == CHECK_CHUNK:
-                self.crcs.append(self._crc)
-                self._crc, self._filled = 0, 0
-
-    def done(self) -> list[int]:
-        return self.crcs + ([self._crc] if self._filled else [])
+def checksum(blob: memoryview | bytes) -> str:
+    """The xxh3-64 hex digest of a whole part (what its marker records)."""
+    return str(xxhash.xxh3_64_hexdigest(blob))
 
 
-def checksums(blob: memoryview) -> list[int]:
-    """CRC-32 of each ``CHECK_CHUNK`` of ``blob``, computed on several threads (zlib releases the GIL)."""
-    starts = range(0, len(blob), CHECK_CHUNK)
-    if len(starts) <= 1:
-        return [zlib.crc32(blob)] if len(blob) else []
-    return list(_checkers().map(lambda s: zlib.crc32(blob[s : s + CHECK_CHUNK]), starts))
-
-
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _checkers() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="goodput-crc")
-    return _POOL
-
-
-def decode_part(blob: memoryview, *, size: int, crc: list[int]) -> tuple[PartHeader, memoryview]:
-    """Check a part's size and CRC-32s and parse its header; returns the header and the tensor bytes.
+def decode_part(blob: memoryview, *, size: int, digest: str) -> tuple[PartHeader, memoryview]:
+    """Check a part's size and xxh3-64 digest and parse its header; returns the header and the tensor bytes.
 
     Raises:
         CheckpointCorrupt: wrong size (truncated), wrong checksum (a changed byte) or an unreadable header.
     """
     if len(blob) != size:
         raise CheckpointCorrupt(f"holds {len(blob)} bytes, its marker says {size} (truncated?)")
-    if checksums(blob) != list(crc):
+    if checksum(blob) != digest:
         raise CheckpointCorrupt("checksum mismatch (a byte changed after it was written)")
     if bytes(blob[: len(MAGIC)]) != MAGIC:
         raise CheckpointCorrupt("not a goodput memory-tier part")

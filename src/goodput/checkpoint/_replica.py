@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from goodput.checkpoint._memory_format import checksums
+from goodput.checkpoint._memory_format import checksum
 from goodput.checkpoint.memory import MemoryStore
 from goodput.errors import CheckpointCorrupt
 from goodput.faults import fault_point
@@ -86,7 +86,7 @@ class ReplicaLink:
         with open(path, "wb") as f:
             f.write(blob.data)
         fault_point("memory_replicate", step)  # the replica is written, not marked
-        store.mark(step, rank, world, int(blob.size), checksums(memoryview(blob.data)), replica=True)
+        store.mark(step, rank, world, int(blob.size), checksum(blob.data), replica=True)
 
     # ---- at restore -------------------------------------------------------------------------------------------
     def send_part(self, store: MemoryStore, step: int, rank: int, *, world: int, dst: int) -> None:

@@ -4,7 +4,7 @@ A node's folder is ``<folder>/<run id>/node-<n>/``; it lives on a RAM file syste
 so it outlives the training processes but not the machine. Inside it::
 
     step-<N>/rank-<r>.part      rank r's complete state (see memory_format)
-    step-<N>/rank-<r>.json      its marker: run id, step, rank, world size, size, CRC-32; written last
+    step-<N>/rank-<r>.json      its marker: run id, step, rank, world size, size, xxh3-64; written last
     replicas/step-<N>/...       the same files of a peer node's ranks (replication for node loss)
 
 A part counts only with its marker, and only when size and checksum match: a truncated part, a changed byte
@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from goodput.checkpoint._memory_format import CHECKSUM
 from goodput.errors import CheckpointCorrupt, ConfigError
 from goodput.units import parse_duration
 
@@ -169,10 +170,11 @@ class MemoryStore:
         return folder
 
     def mark(
-        self, step: int, rank: int, world: int, size: int, crc: list[int], *, replica: bool = False
+        self, step: int, rank: int, world: int, size: int, digest: str, *, replica: bool = False
     ) -> None:
         """Write the marker that makes a part count (after its bytes are written)."""
-        marker = {"run": self.run_id, "step": step, "rank": rank, "world": world, "bytes": size, "crc32": crc}
+        marker = {"run": self.run_id, "step": step, "rank": rank, "world": world, "bytes": size,
+                  CHECKSUM: digest}  # fmt: skip
         _write_json(self.part_path(step, rank, replica=replica)[: -len(".part")] + ".json", marker)
 
     # ---- reading -------------------------------------------------------------------------------------------
@@ -188,7 +190,8 @@ class MemoryStore:
         """The marker of rank's part at step, checked against this run.
 
         Raises:
-            CheckpointCorrupt: no marker (the part was never completed), or one of another run or world size.
+            CheckpointCorrupt: no marker (the part was never completed), one of another run or world size, or
+                one of an older goodput's format.
         """
         path = self.part_path(step, rank, replica=replica)[: -len(".part")] + ".json"
         try:
@@ -200,6 +203,8 @@ class MemoryStore:
             raise CheckpointCorrupt(f"{path} is unreadable: {err}") from None
         if marker.get("run") != self.run_id:
             raise CheckpointCorrupt(f"{path} belongs to another run ({marker.get('run')!r})")
+        if CHECKSUM not in marker:  # a part of an older goodput (CRC-32 markers): not read, never trusted
+            raise CheckpointCorrupt(f"{path} was written by an older goodput (no {CHECKSUM} checksum)")
         if marker.get("step") != step or marker.get("rank") != rank or marker.get("world") != world:
             raise CheckpointCorrupt(f"{path} describes step {marker.get('step')} rank {marker.get('rank')}"
                                     f" of {marker.get('world')} ranks")  # fmt: skip

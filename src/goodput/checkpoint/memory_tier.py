@@ -7,7 +7,7 @@ steps that retention keeps). That collective runs in the background thread only:
 
 Restore: every rank lists the parts it can serve (its own parts; local rank 0 also the replicas its node holds),
 one all-gather agrees on the newest step for which every rank's part exists somewhere, parts held only by a
-peer are sent to their rank, each rank checks size and CRC and loads. A damaged part is skipped with a warning
+peer are sent to their rank, each rank checks size and checksum and loads. A damaged part is skipped with a warning
 and the agreement is made again without it; with no agreed step the caller falls back to the durable tier.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from goodput.checkpoint._memory_format import Staging, decode_part, load_part, write_part
+from goodput.checkpoint._memory_format import CHECKSUM, Staging, decode_part, load_part, write_part
 from goodput.checkpoint._replica import ReplicaLink
 from goodput.checkpoint.memory import MemoryStore, MemoryTier
 from goodput.checkpoint.state import TrainingState
@@ -177,12 +177,12 @@ class MemoryCheckpointer:
             os.remove(marker)  # an earlier attempt's part of this step: never let its marker vouch for ours
         path = self.store.part_path(step, self.rank)
         try:
-            size, crc = write_part(path, header, self._staging.buffer)
+            size, digest = write_part(path, header, self._staging.buffer)
         except OSError:
             _remove(path)  # free the space a partial part holds
             raise
         fault_point("memory_write", step)  # written, not marked
-        self.store.mark(step, self.rank, self.world_size, size, crc)
+        self.store.mark(step, self.rank, self.world_size, size, digest)
 
     def _describe_write_error(self, err: OSError) -> str:
         if err.errno == errno.ENOSPC:
@@ -214,7 +214,7 @@ class MemoryCheckpointer:
         return {"own": own, "replicas": replicas}
 
     def _plausible(self, step: int, rank: int, *, replica: bool) -> bool:
-        """Marker present, of this run, and the part's size matches (the CRC is checked when loading)."""
+        """Marker present, of this run, and the part's size matches (the checksum is checked when loading)."""
         try:
             marker = self.store.marker(step, rank, self.world_size, replica=replica)
             size = os.path.getsize(self.store.part_path(step, rank, replica=replica))
@@ -274,7 +274,7 @@ class MemoryCheckpointer:
                 marker = self.store.marker(step, self.rank, self.world_size)
                 blob = self.store.read(step, self.rank)
             header, data = decode_part(
-                memoryview(blob), size=int(marker["bytes"]), crc=[int(c) for c in marker["crc32"]]
+                memoryview(blob), size=int(marker["bytes"]), digest=str(marker[CHECKSUM])
             )
             blob = None  # the mapping lives as long as ``data`` does
             if header.run != self.store.run_id or header.rank != self.rank or header.step != step:
