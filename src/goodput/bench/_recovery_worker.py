@@ -159,7 +159,19 @@ def _loop(cfg: dict[str, Any], state: TrainingState, name: str, memory: bool) ->
     commits = [
         (t - begin, int(f["step"])) for t, n, f in events.rows if n in ("memory_saved", "checkpoint_durable")
     ]
-    return {"step_ends": step_ends, "commits": commits}
+    picked = [
+        f["interval_seconds"]
+        for _, n, f in events.rows
+        if n == "checkpoint_interval" and f.get("tier") == "memory"
+    ]
+    saved = [f for _, n, f in events.rows if n == "memory_saved"]
+    return {
+        "step_ends": step_ends,
+        "commits": commits,
+        "memory_interval_s": picked[-1] if picked else None,  # what auto picked last
+        "memory_stall_s": statistics.median(f["stall_seconds"] for f in saved) if saved else None,
+        "memory_persist_s": statistics.median(f["persist_seconds"] for f in saved) if saved else None,
+    }
 
 
 def _lost_steps(timeline: dict[str, Any], failures: list[float]) -> float:
@@ -196,6 +208,9 @@ def main() -> None:
             "lost_steps_per_failure_durable_only": _lost_steps(durable_only, failures),
             "commits_with_memory": len(with_memory["commits"]),
             "commits_durable_only": len(durable_only["commits"]),
+            "auto_memory": {  # what the memory tier's auto cadence saw and picked in the lost-work loop
+                key: with_memory[key] for key in ("memory_interval_s", "memory_stall_s", "memory_persist_s")
+            },
         }
         with open(cfg["out"], "w", encoding="utf-8") as f:
             json.dump(result, f)

@@ -178,6 +178,9 @@ def _print(r: dict[str, Any]) -> None:
           f" {r['setup']['bandwidth_bps'] / 1e6:.0f} MB/s a connection)")  # fmt: skip
     print(f"memcpy floor {r['memcpy_floor_s']:.3f}s  memory stall {r['memory_stall_s']:.3f}s  memory restore"
           f" {r['memory_restore_s']:.3f}s  durable restore {r['durable_restore_s']:.2f}s")  # fmt: skip
+    auto = r.get("auto_memory") or {}
+    print("memory tier at auto in the lost-work loop: " + ", ".join(
+        f"{k.removeprefix('memory_')} {'n/a' if v is None else f'{v:.3f}s'}" for k, v in auto.items()))  # fmt: skip
     for key, value in r["ratios"].items():
         if key == "node_loss":
             continue
