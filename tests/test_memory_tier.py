@@ -98,6 +98,13 @@ def test_round_trip_is_exact_and_recorded_by_tier(tmp_path: Path) -> None:
     _train(first, parts, range(1, 6))
     expected = _snapshot(parts)
     first.close(finished=False)  # the job died: the memory folder stays
+    (run_folder,) = os.listdir(tmp_path / "shm")
+    # keep=2 steps; the part retention dropped is the spare that saves 4 and 5 overwrote in place
+    assert sorted(os.listdir(tmp_path / "shm" / run_folder / "node-0")) == [
+        "spare-rank-0.part",
+        "step-4",
+        "step-5",
+    ]
     fresh = _parts(seed=1)
     events: list[Any] = []
     second = _manager(tmp_path / "ck", tmp_path / "shm", events=events, **_kw(fresh))

@@ -6,6 +6,8 @@ so it outlives the training processes but not the machine. Inside it::
     step-<N>/rank-<r>.part      rank r's complete state (see memory_format)
     step-<N>/rank-<r>.json      its marker: run id, step, rank, world size, size, xxh3-64; written last
     replicas/step-<N>/...       the same files of a peer node's ranks (replication for node loss)
+    spare-rank-<r>.part         rank r's newest part dropped by retention, kept to be overwritten by its next
+                                save (its RAM pages stay allocated: no page faults while writing; never read)
 
 A part counts only with its marker, and only when size and checksum match: a truncated part, a changed byte
 or a missing marker is skipped with a warning. The run id comes from the durable root, so a later run never
@@ -131,6 +133,14 @@ class MemoryStore:
     def part_path(self, step: int, rank: int, *, replica: bool = False) -> str:
         return os.path.join(self.step_dir(step, replica=replica), f"rank-{rank}.part")
 
+    def spare_path(self, rank: int) -> str:
+        return os.path.join(self.node_dir, f"spare-rank-{rank}.part")
+
+    def recycle(self, rank: int, path: str) -> None:
+        """Move rank's spare part (if any) to ``path``, to be overwritten in place by the next write."""
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self.spare_path(rank), path)
+
     # ---- start-up and end ------------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Create this run's node folder (with its owner file) and remove other runs' stale folders."""
@@ -237,7 +247,8 @@ class MemoryStore:
     def retain(self, committed: list[int], rank: int | None, *, replica: bool = False) -> None:
         """Remove ``rank``'s parts (None: every part) of steps older than the newest ``keep`` committed ones.
 
-        ``committed``: steps every rank completed, newest first. The newest committed step is always kept.
+        ``committed``: steps every rank completed, newest first. The newest committed step is always kept. One
+        removed own part per rank is kept as its spare (see the module docstring): ``keep + 1`` parts per rank.
         """
         kept = set(committed[: self.tier.keep])
         if not kept:
@@ -250,8 +261,13 @@ class MemoryStore:
             if rank is None:
                 shutil.rmtree(folder, ignore_errors=True)
                 continue
-            for suffix in (".json", ".part"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(folder, f"rank-{rank}{suffix}"))
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, f"rank-{rank}.json"))  # first: the part no longer counts
+            part = os.path.join(folder, f"rank-{rank}.part")
+            with contextlib.suppress(FileNotFoundError):
+                if replica or os.path.exists(self.spare_path(rank)):
+                    os.remove(part)
+                else:
+                    os.replace(part, self.spare_path(rank))
             with contextlib.suppress(OSError):
                 os.rmdir(folder)  # the last rank to leave removes the step folder

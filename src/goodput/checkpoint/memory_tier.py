@@ -176,6 +176,8 @@ class MemoryCheckpointer:
         if os.path.exists(marker):
             os.remove(marker)  # an earlier attempt's part of this step: never let its marker vouch for ours
         path = self.store.part_path(step, self.rank)
+        if not os.path.exists(path):
+            self.store.recycle(self.rank, path)
         try:
             size, digest = write_part(path, header, self._staging.buffer)
         except OSError:
