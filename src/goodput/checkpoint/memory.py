@@ -48,7 +48,8 @@ class MemoryTier:
         replicas: 1 copies each node's parts to the next node's memory tier (survives the loss of one node);
             0 keeps them local only.
         keep: memory checkpoints kept per node (>= 2: a rank may be one save ahead of another when a job
-            dies, and the newest step every rank holds must survive).
+            dies, and the newest step every rank holds must survive). Each rank also keeps one spare part (the
+            last one retention dropped) for its next save to overwrite in place: RAM use is ``keep + 1`` parts.
         folder: the RAM folder (tmpfs) under which each run keeps its own folder.
         stale_after: another run's folder older than this is removed at start-up (its run is dead).
         node_loss_share: for ``auto``: the share of failures that lose a node's RAM. The memory tier recovers
