@@ -108,3 +108,18 @@ def test_verify_resume_with_the_memory_tier_and_a_node_loss(tmp_path: os.PathLik
     restores = _restores(os.path.join(tmp_path, "interrupted"))
     assert restores and restores[-1][1] == "peer", restores
     assert "restores from peer 1" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "names"),
+    [
+        (["--memory", "0"], "--memory"),
+        (["--node-loss", "--nproc", "3"], "--nproc"),
+        (["--node-loss", "--", "x.py"], "--node-loss"),
+    ],
+)
+def test_verify_resume_rejects_bad_memory_and_node_loss_flags(flags: list[str], names: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "goodput", "verify-resume", *flags], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and names in proc.stderr, proc.stderr

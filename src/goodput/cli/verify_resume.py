@@ -162,7 +162,8 @@ def _run_script(args: argparse.Namespace, script: list[str]) -> int:
     demo_only += ["--node-loss"] * args.node_loss
     if demo_only:
         raise ConfigError(
-            f"{', '.join(demo_only)} apply to the built-in training only; your script sets its own"
+            f"{', '.join(demo_only)} appl{'y' if len(demo_only) > 1 else 'ies'} to the built-in training only;"
+            " your script sets its own"
         )
     return verify_resume(script, nproc=args.nproc, kills=args.kills, seed=args.seed, work_dir=args.work_dir)
 
