@@ -29,6 +29,10 @@ torch.use_deterministic_algorithms(True) and a fixed thread count. --steps, --ev
 the built-in training only.
   goodput verify-resume --nproc 2 --kills 3 -- train.py --lr 1e-3
 
+--restart warm runs both under the warm-restart agent (goodput launch --restart warm, one hot spare): the
+survivors of a kill keep their process and recover live from a replica. A script that wants that hands its
+training function to run.warm (docs/warm-restarts.md); one that does not still passes, restarted cold.
+
 the workers' output (tracebacks of ranks that outlive a kill) goes to output.log in each run folder
 (uninterrupted/ and interrupted/ under --work-dir), not to the terminal.
 exit status: 0 identical, 1 different or a run failed (the first difference is printed), 2 bad arguments."""
@@ -50,6 +54,13 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--strategy", default=None, help="built-in training: torch_save, dcp or dcp_async")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule and of training")
+    parser.add_argument(
+        "--restart",
+        choices=("cold", "warm"),
+        default="cold",
+        help="how the runs restart: cold (torchrun restarts the group; default) or warm (goodput launch "
+        "--restart warm: survivors keep their process, a hot spare takes the dead rank)",
+    )
     parser.add_argument("--work-dir", default=None, help="where both runs go (default: a temporary folder)")
     parser.add_argument(
         "script",
@@ -77,7 +88,10 @@ def _run(args: argparse.Namespace) -> int:
     os.makedirs(work, exist_ok=True)
     data = prepare_data(work)
     plan = fault_plan(args.kills, steps=args.steps, every=args.every, nproc=args.nproc, seed=args.seed)
-    print(f"goodput verify-resume: {args.nproc} ranks, {args.steps} steps, {args.strategy}, in {work}")
+    print(
+        f"goodput verify-resume: {args.nproc} ranks, {args.steps} steps, {args.strategy}, "
+        f"{args.restart} restarts, in {work}"
+    )
     print(f"faults: {plan}")
     common = {
         "data": data,
@@ -86,6 +100,7 @@ def _run(args: argparse.Namespace) -> int:
         "every": args.every,
         "strategy": args.strategy,
         "seed": args.seed,
+        "restart": args.restart,
     }
     for name, faults, restarts in (("uninterrupted", "", 0), ("interrupted", plan, args.kills + 2)):
         run_dir = os.path.join(work, name)
@@ -98,9 +113,8 @@ def _run(args: argparse.Namespace) -> int:
     if difference is not None:
         print(f"DIFFERENT: {difference}")
         return 1
-    restarts = len(os.listdir(os.path.join(work, "interrupted", "attempts"))) - 1
     what = "final model, optimizer and every step's samples and random draws"
-    print(f"IDENTICAL: {what} match after {restarts} restarts")
+    print(f"IDENTICAL: {what} match after {_restarts(os.path.join(work, 'interrupted'))}")
     return 0
 
 
@@ -113,7 +127,29 @@ def _run_script(args: argparse.Namespace, script: list[str]) -> int:
         raise ConfigError(
             f"{', '.join(demo_only)} apply to the built-in training only; your script sets its own"
         )
-    return verify_resume(script, nproc=args.nproc, kills=args.kills, seed=args.seed, work_dir=args.work_dir)
+    return verify_resume(
+        script,
+        nproc=args.nproc,
+        kills=args.kills,
+        seed=args.seed,
+        work_dir=args.work_dir,
+        restart=args.restart,
+    )
+
+
+def _restarts(run_dir: str) -> str:
+    """How the interrupted run restarted: "N restarts", or "N restarts (W warm, C cold)" under the warm agent."""
+    import json
+
+    from goodput.run.agent import AGENT_LOG
+
+    log = os.path.join(run_dir, AGENT_LOG)
+    if not os.path.exists(log):
+        return f"{len(os.listdir(os.path.join(run_dir, 'attempts'))) - 1} restarts"
+    with open(log) as f:
+        events = [json.loads(line)["event"] for line in f if line.strip()]
+    warm, cold = events.count("warm_restart"), events.count("cold_restart")
+    return f"{warm + cold} restarts ({warm} warm, {cold} cold)"
 
 
 def _stderr(line: str) -> None:
