@@ -51,6 +51,7 @@ from goodput.run.warm import (
     SPARE_ENV,
     STORE_ENV,
 )
+from goodput.run.warm_record import record_folder, remove_folder
 
 __all__ = ["WarmAgent", "WarmConfig", "launch_warm"]
 
@@ -203,13 +204,13 @@ class WarmAgent:
         A spare imports torch and the script's imports: started together with the first workers it competes
         with them for the CPU and lengthens the job's first init (measured on 2 busy cores: three processes
         importing at once instead of two). So the first spares start once every worker of this node has
-        finished a step (its ``rec/<rank>`` record exists), or after ``first_spare_delay`` seconds at most; a
+        finished a step (its ``stepped/<rank>`` key exists), or after ``first_spare_delay`` seconds at most; a
         failure before that starts the rank's replacement cold.
         """
         if self._spares_started:
             return True
         if time.monotonic() - self._started >= self.warm.first_spare_delay or self.store.check(
-            [f"rec/{rank}" for rank in self.ranks]
+            [f"stepped/{rank}" for rank in self.ranks]
         ):
             self._spares_started = True
         return self._spares_started
@@ -233,6 +234,7 @@ class WarmAgent:
             status = self._monitor()
         finally:
             self._stop(list(self.workers.values()) + self.spares)
+            remove_folder(record_folder(self.address, self.prefix))
         if status == 0 and self.nnodes > 1:
             # One agent hosts the rendezvous store: keep it up until every node's workers are done.
             # (The host's agent may leave as soon as the count is full: a closed store then means "all done".)
