@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from goodput.run.warm_record import RecordFiles, record_folder, remove_folder
+from goodput.run._warm_record import RecordFiles, record_folder, remove_folder
 
 
 def test_the_newest_record_survives_a_new_writer_and_a_torn_write(tmp_path: os.PathLike[str]) -> None:

@@ -40,6 +40,7 @@ import time
 from typing import Any
 
 from goodput.errors import ConfigError
+from goodput.run._warm_record import record_folder, remove_folder
 from goodput.run.crashloop import CRASH_LOOP_FILE
 from goodput.run.launch import EXIT_CRASH_LOOP, LaunchConfig
 from goodput.run.warm import (
@@ -51,7 +52,6 @@ from goodput.run.warm import (
     SPARE_ENV,
     STORE_ENV,
 )
-from goodput.run.warm_record import record_folder, remove_folder
 
 __all__ = ["WarmAgent", "WarmConfig", "launch_warm"]
 

@@ -16,7 +16,7 @@ agent's TCP store, which outlives every worker. The protocol, in store keys:
 * ``stepped/<rank>``    set once, at a rank's first completed step (the agent starts the first spares then).
 
 Each rank's RNG state after its last completed step is written at every ``step_done`` to a node-local RAM file
-(:mod:`goodput.run.warm_record`), outside the process, so a replacement (a spare of the same node) can take over
+(:mod:`goodput.run._warm_record`), outside the process, so a replacement (a spare of the same node) can take over
 its dead predecessor's random streams exactly.
 
 Live recovery (``kind == "warm"``): every rank of the new group says which step it holds (a survivor: its last
@@ -24,7 +24,7 @@ completed step; the replacement: none). The group adopts the highest; the lowest
 model, optimizer, scheduler, scaler, loader position and step to every rank, which load them into the
 objects the re-entered training function built. With DDP every rank contributed its gradients to any step one
 survivor completed, so adopting it loses no work: at most the failed step is redone. Every rank then restores
-its RNG from its record (:mod:`goodput.run.warm_record`). Sharded models (FSDP/DTensor parameters) hold no full replica, so they fall back
+its RNG from its record (:mod:`goodput.run._warm_record`). Sharded models (FSDP/DTensor parameters) hold no full replica, so they fall back
 to the newest checkpoint.
 """
 
@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from goodput.run.warm_record import RecordFiles, record_folder
+from goodput.run._warm_record import RecordFiles, record_folder
 
 __all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
 
