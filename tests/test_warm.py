@@ -224,3 +224,29 @@ def test_sharded_model_restarts_warm_from_the_newest_checkpoint(
         if e["event"] == "restore_end" and e["attempt"] == 1
     ]
     assert restored == [10, 10]  # the save at step 20 never happened: the kill came first
+
+
+@pytest.mark.slow
+def test_verify_resume_under_warm_restarts_passes_and_says_how_it_restarted(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """``goodput verify-resume --restart warm``: the built-in training killed three times (one kill inside a
+    checkpoint write) restarts warm each time and still ends bit for bit like the uninterrupted run."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "goodput",
+        "verify-resume",
+        "--restart",
+        "warm",
+        "--steps",
+        "24",
+        "--every",
+        "4",
+    ]
+    cmd += ["--kills", "3", "--seed", "2", "--work-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "IDENTICAL" in proc.stdout and "after 3 restarts (3 warm, 0 cold)" in proc.stdout, proc.stdout
+    events = _agent(os.path.join(str(tmp_path), "interrupted"))
+    assert [e["event"] for e in events].count("warm_restart_done") == 3

@@ -13,7 +13,7 @@ _EPILOG = """examples:
   goodput demo                                  # ~3 minutes on 2 CPU cores
   goodput demo --mtbf 20s --steps 800           # harsher failures, longer run
   goodput demo --strategy torch_save            # compare with the blocking baseline
-  goodput demo --restart warm                   # survivors keep their processes, a hot spare replaces
+  goodput demo --restart cold                   # torchrun restarts every rank (the baseline)
   goodput demo --data-url s3://bucket/corpus    # data on S3 (credentials from AWS_* variables)
   goodput report runs/demo-...                  # read a finished run again"""
 
@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
         description="Trains a byte-level transformer LM on Python's standard-library source with 2 ranks "
         "under torchrun, reading sharded data through the local cache, saving memory-tier checkpoints to "
         "/dev/shm and async durable checkpoints, each at the planner's interval, while random SIGKILLs hit the "
-        "ranks; torchrun (or, with --restart warm, goodput's warm-restart agent) restarts them and goodput "
+        "ranks; goodput's warm-restart agent (or, with --restart cold, torchrun) restarts them and goodput "
         "resumes exactly. Prints the goodput report and writes the timeline and loss plots.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -43,9 +43,9 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--restart",
         choices=("cold", "warm"),
-        default="cold",
-        help="cold: torchrun restarts every rank (default); warm: survivors keep their process and a hot spare "
-        "takes the failed rank (goodput launch --restart warm)",
+        default="warm",
+        help="warm: survivors keep their process and a hot spare takes the failed rank (goodput launch "
+        "--restart warm; default); cold: torchrun restarts every rank",
     )
     parser.set_defaults(handler=_run)
 

@@ -35,6 +35,9 @@ agents on this machine (--nnodes 2, c10d rendezvous on 127.0.0.1, --nproc split 
 at a random step: every process of it killed and its memory tier wiped, so its ranks restore from the replica
 on node 0 ('peer'). The uninterrupted run is one agent of --nproc ranks (the split changes nothing it computes).
   goodput verify-resume --memory 2 --node-loss --kills 2
+--restart warm runs both under the warm-restart agent (goodput launch --restart warm, one hot spare): the
+survivors of a kill keep their process and recover live from a replica. A script that wants that hands its
+training function to run.warm (docs/warm-restarts.md); one that does not still passes, restarted cold.
 
 the workers' output (tracebacks of ranks that outlive a kill) goes to output.log in each run folder
 (uninterrupted/ and interrupted/ under --work-dir), not to the terminal.
@@ -67,6 +70,13 @@ def register(sub: Any) -> None:
         help="built-in training: two agents (--nnodes 2 on this machine); node 1 is lost at a random step",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault schedule and of training")
+    parser.add_argument(
+        "--restart",
+        choices=("cold", "warm"),
+        default="cold",
+        help="how the runs restart: cold (torchrun restarts the group; default) or warm (goodput launch "
+        "--restart warm: survivors keep their process, a hot spare takes the dead rank)",
+    )
     parser.add_argument("--work-dir", default=None, help="where both runs go (default: a temporary folder)")
     parser.add_argument(
         "script",
@@ -93,6 +103,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("need --steps >= 2 x --every, --kills >= 0 and --nproc >= 1")
     if args.node_loss and (args.nproc < 2 or args.nproc % 2):
         raise ConfigError(f"--node-loss splits --nproc between two nodes: it must be even, got {args.nproc}")
+    if args.node_loss and args.restart == "warm":
+        raise ConfigError("--node-loss runs two torchrun agents (cold restarts): drop --restart warm")
     work = args.work_dir or tempfile.mkdtemp(prefix="goodput-verify-")
     os.makedirs(work, exist_ok=True)
     data = prepare_data(work)
@@ -100,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
                       memory=memory != "off", node_loss=args.node_loss)  # fmt: skip
     nodes = ", 2 nodes" if args.node_loss else ""
     print(f"goodput verify-resume: {args.nproc} ranks{nodes}, {args.steps} steps, {args.strategy},"
-          f" memory tier {memory}, in {work}")  # fmt: skip
+          f" memory tier {memory}, {args.restart} restarts, in {work}")  # fmt: skip
     print(f"faults: {plan}")
     common = {
         "data": data,
@@ -110,6 +122,7 @@ def _run(args: argparse.Namespace) -> int:
         "strategy": args.strategy,
         "seed": args.seed,
         "memory_every": memory,
+        "restart": args.restart,
     }
     faulty = args.kills + 2 + int(args.node_loss)
     for name, faults, restarts in (("uninterrupted", "", 0), ("interrupted", plan, faulty)):
@@ -124,9 +137,10 @@ def _run(args: argparse.Namespace) -> int:
     if difference is not None:
         print(f"DIFFERENT: {difference}")
         return 1
-    restarts = len(os.listdir(os.path.join(work, "interrupted", "attempts"))) - 1
     what = "final model, optimizer and every step's samples and random draws"
-    print(f"IDENTICAL: {what} match after {restarts} restarts{_restored_from(work)}")
+    print(
+        f"IDENTICAL: {what} match after {_restarts(os.path.join(work, 'interrupted'))}{_restored_from(work)}"
+    )
     return 0
 
 
@@ -165,7 +179,29 @@ def _run_script(args: argparse.Namespace, script: list[str]) -> int:
             f"{', '.join(demo_only)} appl{'y' if len(demo_only) > 1 else 'ies'} to the built-in training only;"
             " your script sets its own"
         )
-    return verify_resume(script, nproc=args.nproc, kills=args.kills, seed=args.seed, work_dir=args.work_dir)
+    return verify_resume(
+        script,
+        nproc=args.nproc,
+        kills=args.kills,
+        seed=args.seed,
+        work_dir=args.work_dir,
+        restart=args.restart,
+    )
+
+
+def _restarts(run_dir: str) -> str:
+    """How the interrupted run restarted: "N restarts", or "N restarts (W warm, C cold)" under the warm agent."""
+    import json
+
+    from goodput.run.agent import AGENT_LOG
+
+    log = os.path.join(run_dir, AGENT_LOG)
+    if not os.path.exists(log):
+        return f"{len(os.listdir(os.path.join(run_dir, 'attempts'))) - 1} restarts"
+    with open(log) as f:
+        events = [json.loads(line)["event"] for line in f if line.strip()]
+    warm, cold = events.count("warm_restart"), events.count("cold_restart")
+    return f"{warm + cold} restarts ({warm} warm, {cold} cold)"
 
 
 def _stderr(line: str) -> None:

@@ -116,12 +116,18 @@ def main(argv: list[str] | None = None) -> None:
     dataset: Any = ByteNoise(shards, args.augment) if args.augment > 0 else shards
     # Under `goodput launch --restart warm` the training is re-entered in this process after a peer fails
     # (the dataset and its cache are kept); otherwise it runs once.
-    run.warm(lambda r: _train(r, args, dataset, run_dir))
+    kept: dict[str, Any] = {}  # the loader built by the first entry, kept (with its workers) by the others
+    run.warm(lambda r: _train(r, args, dataset, run_dir, kept))
     dataset.close()  # stop the cache's prefetch threads before the interpreter exits
 
 
-def _train(run: Run, args: argparse.Namespace, dataset: Any, run_dir: str) -> None:
-    """One entry of the training: builds the model, optimizer and loader, restores, trains, closes."""
+def _train(run: Run, args: argparse.Namespace, dataset: Any, run_dir: str, kept: dict[str, Any]) -> None:
+    """One entry of the training: builds the model and optimizer, restores, trains, closes.
+
+    The loader is built once per process: a survivor of a warm restart keeps its rank, so it keeps the loader
+    and its persistent worker processes, and only the position is put back (to the start, then whatever the
+    restore finds), instead of forking new workers and waiting for their first batches.
+    """
     torch.manual_seed(args.seed)
     inner = TinyLM(ModelConfig(dropout=args.dropout))
     model: torch.nn.Module = inner
@@ -132,14 +138,7 @@ def _train(run: Run, args: argparse.Namespace, dataset: Any, run_dir: str) -> No
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / args.steps)
     )
-    loader = ResumableLoader(
-        dataset,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        num_workers=args.workers,
-        collate_fn=collate,
-        drop_last=True,
-    )
+    loader = _loader(args, dataset, kept)
     run.restore(model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
     os.makedirs(os.path.join(run_dir, "samples"), exist_ok=True)
     log_path = os.path.join(run_dir, "samples", f"rank-{run.info.rank}.jsonl")
@@ -164,6 +163,24 @@ def _train(run: Run, args: argparse.Namespace, dataset: Any, run_dir: str) -> No
         }
         with open(os.path.join(run_dir, "final.json"), "w") as f:
             json.dump(final, f)
+
+
+def _loader(args: argparse.Namespace, dataset: Any, kept: dict[str, Any]) -> ResumableLoader:
+    """This process's loader, at the start of the data (a kept one is rewound; the restore moves it on)."""
+    if "loader" not in kept:
+        kept["loader"] = ResumableLoader(
+            dataset,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            num_workers=args.workers,
+            persistent_workers=args.workers > 0,
+            collate_fn=collate,
+            drop_last=True,
+        )
+        kept["start"] = kept["loader"].state_dict()
+    loader: ResumableLoader = kept["loader"]
+    loader.load_state_dict(kept["start"])
+    return loader
 
 
 def _rank0_attempt(run: Run) -> int:

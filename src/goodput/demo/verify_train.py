@@ -103,11 +103,13 @@ def train(
     rdzv_endpoint: str | None = None,
     memory_every: str = "off",
     memory_folder: str | None = None,
+    restart: str = "cold",
 ) -> int:
     """Run the demo training under torchrun (``goodput launch``); returns its exit status.
 
     With ``nnodes > 1`` this launches one node of the job (call it once per node, concurrently).
     ``memory_every``: the memory tier's cadence (``"off"``: none); its folder defaults to ``<run_dir>/shm``.
+    ``restart``: ``"cold"`` (torchrun restarts the group) or ``"warm"`` (the warm-restart agent, one spare).
     """
     script = (
         TRAIN_SCRIPT,
@@ -134,4 +136,8 @@ def train(
         faults=faults,
         crash_loop=4,
     )
+    if restart == "warm":
+        from goodput.run.agent import WarmConfig, launch_warm
+
+        return launch_warm(config, WarmConfig(spares=1))
     return launch_job(config)

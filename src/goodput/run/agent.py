@@ -40,6 +40,7 @@ import time
 from typing import Any
 
 from goodput.errors import ConfigError
+from goodput.run._warm_record import record_folder, remove_folder
 from goodput.run.crashloop import CRASH_LOOP_FILE
 from goodput.run.launch import EXIT_CRASH_LOOP, LaunchConfig
 from goodput.run.warm import (
@@ -67,11 +68,14 @@ class WarmConfig:
         pg_timeout: seconds a collective may wait before it fails. A survivor blocked in a collective with a
             hung peer leaves it after this long, so keep it shorter than the script's ``Run(hang_timeout=)``:
             the hung rank's own watchdog then ends it and a spare takes its place.
+        first_spare_delay: at most this many seconds from the start before the first spares are started (they
+            start as soon as every worker has finished its first step; 0: at once, with the workers).
     """
 
     spares: int = 1
     reform_timeout: float = 30.0
     pg_timeout: float = 30.0
+    first_spare_delay: float = 120.0
 
     def __post_init__(self) -> None:
         if self.spares < 0:
@@ -127,6 +131,8 @@ class WarmAgent:
         )
         self._done: set[int] = set()
         self._log_path = os.path.join(launch.run_dir, AGENT_LOG) if launch.run_dir else None
+        self._started = time.monotonic()
+        self._spares_started = warm.first_spare_delay <= 0
 
     # ---- processes ---------------------------------------------------------------------------------------
     def _env(self, **extra: str) -> dict[str, str]:
@@ -180,6 +186,8 @@ class WarmAgent:
         self.spares.append(slot)
 
     def _fill_spares(self) -> None:
+        if not self._spares_due():
+            return
         alive = []
         for slot in self.spares:
             if slot.ctx.wait(0) is None:
@@ -189,6 +197,23 @@ class WarmAgent:
         self.spares = alive
         while len(self.spares) < self.warm.spares:
             self._start_spare()
+
+    def _spares_due(self) -> bool:
+        """Whether to start spares yet: not while the first workers are still starting.
+
+        A spare imports torch and the script's imports: started together with the first workers it competes
+        with them for the CPU and lengthens the job's first init (measured on 2 busy cores: three processes
+        importing at once instead of two). So the first spares start once every worker of this node has
+        finished a step (its ``stepped/<rank>`` key exists), or after ``first_spare_delay`` seconds at most; a
+        failure before that starts the rank's replacement cold.
+        """
+        if self._spares_started:
+            return True
+        if time.monotonic() - self._started >= self.warm.first_spare_delay or self.store.check(
+            [f"stepped/{rank}" for rank in self.ranks]
+        ):
+            self._spares_started = True
+        return self._spares_started
 
     def _publish(self, kind: str, **fields: Any) -> None:
         info = {"kind": kind, "gen": self.gen, **fields}
@@ -209,6 +234,7 @@ class WarmAgent:
             status = self._monitor()
         finally:
             self._stop(list(self.workers.values()) + self.spares)
+            remove_folder(record_folder(self.address, self.prefix))
         if status == 0 and self.nnodes > 1:
             # One agent hosts the rendezvous store: keep it up until every node's workers are done.
             # (The host's agent may leave as soon as the count is full: a closed store then means "all done".)

@@ -364,6 +364,9 @@ class Run:
         self._preempt = PreemptionWatch(rank=self.info.rank, world_size=self.info.world_size)
         self.ledger = Ledger(self.run_dir, rank=self.info.rank, began=self._warm.joined_wall)
         self.attempt = self.ledger.attempt
+        if self._records is not None:  # verify-resume: the steps redone from here belong to the new attempt
+            self._records.close()
+            self._records = StepRecorder.from_env(self.run_dir, rank=self.info.rank, attempt=self.attempt)
         self._closed = False
         self._arm_faults()
 

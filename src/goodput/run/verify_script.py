@@ -92,8 +92,11 @@ def verify_resume(
     seed: int,
     work_dir: str | None,
     say: Callable[[str], None] = print,
+    restart: str = "cold",
 ) -> int:
     """Run ``script`` uninterrupted and with ``kills`` SIGKILLs; 0 when identical, 1 with the difference.
+
+    ``restart="warm"`` runs both under the warm-restart agent (``goodput launch --restart warm``, one spare).
 
     Raises:
         ConfigError: the script is missing, a flag is out of range, or the script does not use ``Run``.
@@ -104,13 +107,17 @@ def verify_resume(
     for folder in (clean_dir, killed_dir):
         if os.path.exists(folder):
             raise ConfigError(f"{folder} already exists (an earlier verify?): choose an empty --work-dir")
-    say(f"goodput verify-resume: {' '.join(script)}, {nproc} ranks, in {work}")
+    say(f"goodput verify-resume: {' '.join(script)}, {nproc} ranks, {restart} restarts, in {work}")
 
     def launch(run_dir: str, faults: str, restarts: int) -> Callable[[], int]:
         config = LaunchConfig(
             script=tuple(script), nproc=nproc, max_restarts=restarts, run_dir=run_dir, faults=faults,
             crash_loop=restarts + 1, rdzv_id="goodput-verify",
         )  # fmt: skip
+        if restart == "warm":
+            from goodput.run.agent import WarmConfig, launch_warm
+
+            return lambda: launch_warm(config, WarmConfig(spares=1))
         return lambda: launch_job(config)
 
     if not run_captured(launch(clean_dir, "", 0), clean_dir, "uninterrupted", say):
@@ -120,7 +127,10 @@ def verify_resume(
     saves, async_saves = _saves(clean_dir)
     plan = kill_plan(kills, steps=steps, saves=saves, nproc=nproc, seed=seed, async_saves=async_saves)
     say(f"uninterrupted: {steps} steps, saved at {_steps_text(saves)}; faults: {plan or 'none'}")
-    if not run_captured(launch(killed_dir, plan, kills + 2), killed_dir, "interrupted", say):
+    # Under the warm agent a script that does not hand its training to run.warm loses its survivor too: each
+    # kill is then a warm restart and the cold one that follows it.
+    budget = 2 * kills + 2 if restart == "warm" else kills + 2
+    if not run_captured(launch(killed_dir, plan, budget), killed_dir, "interrupted", say):
         return 1
     return _verdict(reference, _records(killed_dir, script), killed_dir, say)
 

@@ -13,16 +13,18 @@ agent's TCP store, which outlives every worker. The protocol, in store keys:
   worked (else, after a timeout, it restarts the whole group cold).
 * ``spare/<k>/ready``, ``spare/<k>/assign``: a spare announces itself, then waits inside ``Run()`` (torch and the
   script's imports already loaded) until the agent hands it a rank and a generation.
-* ``rec/<rank>``        JSON ``{"step", "rng"}`` written at every ``step_done``: each rank's RNG state after its
-  last completed step, kept outside the process so a replacement can take over its dead predecessor's
-  random streams exactly.
+* ``stepped/<rank>``    set once, at a rank's first completed step (the agent starts the first spares then).
+
+Each rank's RNG state after its last completed step is written at every ``step_done`` to a node-local RAM file
+(:mod:`goodput.run._warm_record`), outside the process, so a replacement (a spare of the same node) can take over
+its dead predecessor's random streams exactly.
 
 Live recovery (``kind == "warm"``): every rank of the new group says which step it holds (a survivor: its last
 completed step; the replacement: none). The group adopts the highest; the lowest rank holding it broadcasts
 model, optimizer, scheduler, scaler, loader position and step to every rank, which load them into the
 objects the re-entered training function built. With DDP every rank contributed its gradients to any step one
 survivor completed, so adopting it loses no work: at most the failed step is redone. Every rank then restores
-its RNG from ``rec/<rank>``. Sharded models (FSDP/DTensor parameters) hold no full replica, so they fall back
+its RNG from its record (:mod:`goodput.run._warm_record`). Sharded models (FSDP/DTensor parameters) hold no full replica, so they fall back
 to the newest checkpoint.
 """
 
@@ -38,6 +40,8 @@ import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from goodput.run._warm_record import RecordFiles, record_folder
 
 __all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
 
@@ -118,6 +122,8 @@ class WarmWorker:
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.info: dict[str, Any] = {}
+        self._rng_records = RecordFiles(record_folder(os.environ[STORE_ENV], prefix), self.rank)
+        self._stepped = False
         self.joined_wall = 0.0
         self._last_loader: Any = None
         self._failed_wall: float | None = None
@@ -184,7 +190,10 @@ class WarmWorker:
     def step_committed(self, step: int, loader: Any) -> None:
         """Record this rank's position after a completed step: the loader's in memory, the RNG in the store."""
         self._last_loader = loader.state_dict() if loader is not None else None
-        self.store.set(f"rec/{self.rank}", json.dumps({"step": step, "rng": _capture_rng()}))
+        self._rng_records.write(step, {"step": step, "rng": _capture_rng()})
+        if not self._stepped:
+            self.store.set(f"stepped/{self.rank}", str(step))
+            self._stepped = True
 
     # ---- leaving a failed generation -----------------------------------------------------------------------
     def snapshot(self, step: int, state: Any) -> Snapshot | None:
@@ -265,11 +274,11 @@ class WarmWorker:
         return best
 
     def _restore_rng(self, step: int) -> None:
-        key = f"rec/{self.rank}"
-        if self.store.check([key]):
+        record = self._rng_records.read()
+        if record is not None:
             # A record of an older step (the dead rank died between its backward and step_done) is the best
             # the job still has: documented as the one case where a replacement's randomness may differ.
-            self._pending_rng = json.loads(self.store.get(key))["rng"]
+            self._pending_rng = record["rng"]
 
     def apply_rng(self) -> None:
         """Put this rank's RNG back to its record, once, right after the loader's iterator is made.

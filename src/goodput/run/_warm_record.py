@@ -1,0 +1,100 @@
+"""Each rank's RNG record under warm restarts, kept in a node-local RAM file instead of the agent's store.
+
+After every completed step a rank writes its RNG state so that, if it dies, its replacement (a spare on the
+same node: spares are per node) continues its random streams exactly. Writing it to the agent's TCP store cost
+a round trip to another process per step: on 2 busy cores (load 10-15) the gap between two steps grew from
+~3 ms (cold) to ~9 ms (warm), about 2% of the demo's wall time. A ``pwrite`` to a file in ``/dev/shm`` needs
+no other process to run.
+
+Two slots per rank, written alternately, each ``step, length, crc32`` then the JSON: a write torn by a kill in
+the middle of the system call (the kernel may stop a write between pages on SIGKILL) fails its checksum, and
+the reader takes the other slot (one step older: the documented case where a replacement's randomness may
+differ). The folder is named after the job's store address, so the workers and spares of one job on one node
+share it and no two jobs do; the agent removes it at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+import zlib
+from typing import Any
+
+__all__ = ["RecordFiles", "record_folder", "remove_folder"]
+
+_HEADER = struct.Struct("<qQI")  # step, length, crc32
+
+
+def record_folder(store_address: str, prefix: str) -> str:
+    """This job's record folder on this node (``/dev/shm`` when it exists, else the temporary folder)."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    digest = hashlib.sha256(f"{store_address}|{prefix}".encode()).hexdigest()[:16]
+    return os.path.join(base, f"goodput-warm-{os.getuid()}-{digest}")
+
+
+def remove_folder(folder: str) -> None:
+    """Remove a job's record folder (the agent, at the job's end)."""
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+class RecordFiles:
+    """One rank's RNG records: ``write`` after each step, ``read`` by whoever holds the rank next."""
+
+    def __init__(self, folder: str, rank: int) -> None:
+        self.folder = folder
+        self.rank = rank
+        self._fds: list[int] = []
+        self._next = 0
+
+    def _paths(self) -> list[str]:
+        return [os.path.join(self.folder, f"rank-{self.rank}.{slot}") for slot in (0, 1)]
+
+    def write(self, step: int, record: dict[str, Any]) -> None:
+        """Write ``record`` as ``step``'s (one ``pwrite`` into the slot not holding the newest)."""
+        if not self._fds:
+            os.makedirs(self.folder, exist_ok=True)
+            self._fds = [os.open(path, os.O_RDWR | os.O_CREAT, 0o600) for path in self._paths()]
+            newest = self._newest()
+            self._next = 0 if newest is None else 1 - newest[0]
+        data = json.dumps(record).encode()
+        os.pwrite(self._fds[self._next], _HEADER.pack(step, len(data), zlib.crc32(data)) + data, 0)
+        self._next = 1 - self._next
+
+    def read(self) -> dict[str, Any] | None:
+        """The newest intact record (None: none written)."""
+        newest = self._newest()
+        return None if newest is None else newest[1]
+
+    def _newest(self) -> tuple[int, dict[str, Any]] | None:
+        best: tuple[int, int, dict[str, Any]] | None = None
+        for slot, path in enumerate(self._paths()):
+            found = _read_slot(path)
+            if found is not None and (best is None or found[0] > best[0]):
+                best = (found[0], slot, found[1])
+        return None if best is None else (best[1], best[2])
+
+    def close(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = []
+
+
+def _read_slot(path: str) -> tuple[int, dict[str, Any]] | None:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    if len(raw) < _HEADER.size:
+        return None
+    step, length, crc = _HEADER.unpack_from(raw)
+    data = raw[_HEADER.size : _HEADER.size + length]
+    if len(data) != length or zlib.crc32(data) != crc:
+        return None  # torn by a kill mid-write
+    return step, json.loads(data)
