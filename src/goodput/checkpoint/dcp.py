@@ -224,10 +224,10 @@ def load_dcp(state: TrainingState, folder: str, ctx: SaveContext) -> dict[str, f
         state.load_state_dict(target)
         loaded = end = time.perf_counter()
     else:  # the same as state.load_state_dict(target), with the RNG/loader position timed on its own
-        rank_entry = target.pop(rank_key)
+        rank_entry = {rank_key: target.pop(rank_key)}
         state._load_shared(target, full=False)
         loaded = time.perf_counter()
-        state.load_rank_state(rank_entry)
+        state._load_rank_entry(rank_entry)  # a rank the saving run did not have: rank 0's position, seeded RNG
         end = time.perf_counter()
     return {"read": read, "load": loaded - start - read, "position": end - loaded}
 
