@@ -227,7 +227,9 @@ def load_dcp(state: TrainingState, folder: str, ctx: SaveContext) -> dict[str, f
         rank_entry = {rank_key: target.pop(rank_key)}
         state._load_shared(target, full=False)
         loaded = time.perf_counter()
-        state._load_rank_entry(rank_entry)  # a rank the saving run did not have: rank 0's position, seeded RNG
+        state._load_rank_entry(
+            rank_entry
+        )  # a rank the saving run did not have: rank 0's position, seeded RNG
         end = time.perf_counter()
     return {"read": read, "load": loaded - start - read, "position": end - loaded}
 
