@@ -97,6 +97,7 @@ def s3_cost(
     )  # fmt: skip
     manager = CheckpointManager(config, state)
     puts, durables, gets, restores = [], [], [], []
+    parts: list[dict[str, float]] = []
     for i in range(saves + 1):  # the first of each is a warm-up (connections, buffers)
         dist.barrier()
         t0 = time.perf_counter()
@@ -117,10 +118,11 @@ def s3_cost(
         got = read_object(fs, raw_path)
         get = _max(time.perf_counter() - t0)
         assert len(got) == len(payload)
-        seconds, _parts = _timed_restore(config, state)
+        seconds, split = _timed_restore(config, state)
         if i:
             gets.append(get)
             restores.append(seconds)
+            parts.append(split)
     return {
         "bytes_per_rank": len(payload),
         "part_bytes": PART_BYTES,
@@ -129,6 +131,7 @@ def s3_cost(
         "durable_s": _median(durables),
         "raw_get_s": _median(gets),
         "restore_s": _median(restores),
+        "restore_parts_s": {k: _median([p.get(k, 0.0) for p in parts]) for k in parts[0]} if parts else {},
         "write_ratio": _median([p / d for p, d in zip(puts, durables, strict=True)]),
         "restore_ratio": _median([g / r for g, r in zip(gets, restores, strict=True)]),
     }

@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
+from goodput.checkpoint._direct_read import DirectReadMixin
 from goodput.checkpoint.hashing import HashingFileSystem, VerifyingFileSystem
 from goodput.checkpoint.objectstore import ConcurrentObjectFileSystem
 from goodput.checkpoint.state import TrainingState, check_shapes, tensor_shapes
@@ -92,7 +93,7 @@ class _SafeMetadataMixin:
         return metadata
 
 
-class _SafeFileSystemReader(_SafeMetadataMixin, FileSystemReader):
+class _SafeFileSystemReader(DirectReadMixin, _SafeMetadataMixin, FileSystemReader):
     pass
 
 
@@ -130,17 +131,18 @@ def make_reader(folder: str, ctx: SaveContext) -> Any:
     """A DCP storage reader for ``folder`` whose ``.metadata`` is read through the restricted unpickler.
 
     When ``ctx.options["expected"]`` holds the manifest's entries, every file is checked against its checksum as
-    it is read (``VerifyingFileSystem``): one pass over the bytes verifies and loads them.
+    it is read (``VerifyingFileSystem``): one pass over the bytes verifies and loads them. Tensors are copied from
+    those bytes straight into the state's own tensors (``DirectReadMixin``), with no tensor allocated per item.
     """
     if ctx.layout.local:
         reader: Any = _SafeFileSystemReader(folder)
     else:
         fsspec_reader, _ = _fsspec_classes()
-        safe = type("_SafeFsspecReader", (_SafeMetadataMixin, fsspec_reader), {})
+        safe = type("_SafeFsspecReader", (DirectReadMixin, _SafeMetadataMixin, fsspec_reader), {})
         reader = safe(folder, **ctx.layout.storage_options)
-    expected = ctx.options.get("expected") or {}
-    if expected or not ctx.layout.local:
-        reader.fs = VerifyingFileSystem(reader.fs, expected, local=ctx.layout.local)
+    # every file is served from bytes held whole (mapped or fetched), so tensors are copied straight into the
+    # live state (DirectReadMixin); the files named in ``expected`` are checked first
+    reader.fs = VerifyingFileSystem(reader.fs, ctx.options.get("expected") or {}, local=ctx.layout.local)
     return reader
 
 

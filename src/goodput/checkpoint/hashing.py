@@ -6,9 +6,10 @@ one seam covers both the local ``FileSystemWriter`` and the ``FsspecWriter`` (S3
 
 - ``HashingFileSystem`` hashes every byte as it goes into a file; DCP writes each file sequentially (no seeks),
   so the hash of the writes is the hash of the file. The save's manifest records it: no read-back.
-- ``VerifyingFileSystem`` reads each file the manifest names once (an ``mmap`` for local files, one concurrent
-  GET for objects), checks its checksum, and serves DCP's reads of that file from the verified bytes; a mismatch raises
-  ``CheckpointCorrupt`` naming the file before any of its bytes reach the training state.
+- ``VerifyingFileSystem`` reads each file once (an ``mmap`` for local files, one concurrent GET for objects),
+  checks its checksum when the manifest names one, and serves DCP's reads of that file from those bytes (also as
+  ``stream.view``, for ``DirectReadMixin``); a mismatch raises ``CheckpointCorrupt`` naming the file before any
+  of its bytes reach the training state.
 """
 
 from __future__ import annotations
@@ -104,6 +105,11 @@ class _BufferReader(io.RawIOBase):
         self._view = memoryview(buffer)
         self._pos = 0
 
+    @property
+    def view(self) -> memoryview:
+        """All the bytes, in place (for readers that copy items straight into their destination)."""
+        return self._view
+
     def readable(self) -> bool:
         return True
 
@@ -139,7 +145,8 @@ class _BufferReader(io.RawIOBase):
 class VerifyingFileSystem:
     """A DCP ``FileSystem`` whose reads of the files in ``expected`` are checked against their checksums.
 
-    On object stores (``local=False``) every file is fetched whole, concurrently, checked or not.
+    Every file is read whole, checked or not: mapped when local, fetched with concurrent ranged GETs from an
+    object store (``local=False``).
 
     Attributes:
         read_seconds: time spent reading and hashing files (the restore's ``read`` part).
@@ -163,7 +170,7 @@ class VerifyingFileSystem:
     def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
         entry = self._expected.get(_name(path))
         expected = entry.expected() if entry is not None else None
-        if "r" not in mode or (expected is None and self._local):
+        if "r" not in mode:
             with self._inner.create_stream(path, mode) as stream:
                 yield stream
             return

@@ -1,0 +1,191 @@
+"""The restore path of ``CheckpointManager``: find the newest valid checkpoint, verify it, load it into the live
+state on every rank, and time the restore's parts (find, verify, read, load, position) for the ledger.
+
+A mixin of ``CheckpointManager`` (see ``manager.py``), kept apart so each file holds one part of the manager.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from goodput.checkpoint._saving import _FAILURES, _describe, _quiet_single_process
+from goodput.checkpoint.layout import CheckpointLayout, Manifest
+from goodput.checkpoint.memory_tier import MemoryCheckpointer
+from goodput.checkpoint.policy import SavePolicy, StepSchedule
+from goodput.checkpoint.state import TrainingState
+from goodput.checkpoint.strategy import SaveContext, make_strategy
+from goodput.errors import CheckpointCorrupt, StateMismatch, StorageError
+from goodput.faults import fault_point
+
+__all__: list[str] = []
+
+log = logging.getLogger("goodput.checkpoint.manager")  # the manager's logger, as before the split
+
+
+class _RestorePath:
+    """``CheckpointManager``'s restore path (see the class; the attributes below are set by its ``__init__``)."""
+
+    state: TrainingState
+    rank: int
+    world_size: int
+    memory: MemoryCheckpointer | None
+    _clock: Callable[[], float]
+    _layout: CheckpointLayout
+    _dist: bool
+    _ctl: Any
+    _ctx: SaveContext
+    _policy: SavePolicy
+    _memory_policy: SavePolicy | None
+    _schedule: StepSchedule | None
+    _memory_schedule: StepSchedule | None
+    _checksums: bool
+    _committed: set[int]
+    _last_step: int | None
+    _restore_parts: dict[str, float]
+
+    if TYPE_CHECKING:  # provided by CheckpointManager / the other parts
+
+        def _emit(self, name: str, **fields: Any) -> None: ...
+        def _bcast(self, value: Any, group: Any = None) -> Any: ...
+        def _check_open(self) -> None: ...
+        def wait(self) -> Any: ...
+
+    def restore_latest(self) -> int | None:
+        """Load the newest valid checkpoint into the state; returns its step, or None when there is none.
+
+        A checkpoint that fails verification or loading is skipped with a warning naming the file, and the
+        next older one is tried.
+
+        Raises:
+            StateMismatch: the newest valid checkpoint does not fit the model/optimizer (names key and shapes).
+        """
+        self._check_open()
+        _quiet_single_process()
+        self.wait()
+        started = self._clock()
+        listing: tuple[list[tuple[int, str]], str] = ([], "")
+        if self.rank == 0:
+            try:
+                rows = self._layout.scan()
+                listing = ([(r.step, r.url) for r in rows if r.status == "committed"], "")
+            except Exception as err:  # every rank waits for rank 0's word: always send one
+                listing = ([], f"{type(err).__name__}: {err}")
+            for row in rows if not listing[1] else []:
+                if row.status == "corrupt":
+                    log.warning("skipping checkpoint step %d: %s", row.step, row.reason)
+        candidates, error = self._bcast(listing)
+        if error:
+            raise StorageError(f"cannot list the checkpoints under {self._layout.root}: {error}")
+        self._committed = {step for step, _ in candidates}
+        self._restore_parts = {"find": self._clock() - started}
+        start = self._clock()
+        if self.memory is not None:  # memory first, unless the durable tier holds a newer step
+            found = self.memory.restore(at_least=candidates[0][0] if candidates else None)
+            if found is not None:
+                return self._restored(found.step, start, tier=found.tier, source=found.source)
+        for step, url in candidates:
+            if self._try_load(step, url):
+                self._emit(
+                    "restore_parts", step=step, **{f"{k}_seconds": v for k, v in self._restore_parts.items()}
+                )
+                fault_point("restore", step)  # loaded, not yet in use
+                self._last_step = step
+                return self._restored(step, start, tier="durable", source="durable")
+        return None
+
+    def _restored(self, step: int, start: float, *, tier: str, source: str) -> int:
+        self.state.step = step
+        self._policy.saved(step, self._clock())
+        if self._memory_policy is not None:
+            self._memory_policy.saved(step, self._clock())
+        for schedule in (self._schedule, self._memory_schedule):
+            if schedule is not None:
+                schedule.reset()
+        self._emit("checkpoint_restored", step=step, tier=tier, source=source, seconds=self._clock() - start)
+        return step
+
+    def _try_load(self, step: int, url: str) -> bool:
+        verdict: tuple[str, Any] = ("ok", None)
+        started = self._clock()
+        if self.rank == 0:
+            try:
+                verdict = ("ok", self._verify(url))
+            except CheckpointCorrupt as err:
+                verdict = ("corrupt", str(err))
+            except Exception as err:  # storage trouble, not a bad checkpoint: stop rather than fall back
+                verdict = ("unreachable", f"{type(err).__name__}: {err}")
+        verdict = self._bcast(verdict)
+        if verdict[0] == "unreachable":
+            raise StorageError(f"cannot verify {url}: {verdict[1]}")
+        if verdict[0] != "ok":
+            log.warning("skipping checkpoint step %d: %s", step, verdict[1])
+            return False
+        manifest: Manifest = verdict[1]
+        if manifest.world_size != self.world_size:  # resharded by the strategy; see TrainingState
+            log.info(
+                "restoring step %d saved by %d ranks onto %d", step, manifest.world_size, self.world_size
+            )
+        mine: tuple[str, str] = ("ok", "")
+        verified = self._clock()
+        strategy = make_strategy(manifest.strategy, self._ctx)
+        # strategies that verify while reading get the manifest's entries (one pass over the bytes)
+        self._ctx.options["expected"] = manifest.files if self._checksums else None
+        try:
+            strategy.load(self.state, url, self._ctx)
+        except StateMismatch as err:
+            mine = ("mismatch", str(err))
+        except _FAILURES as err:
+            mine = ("error", f"rank {self.rank}: {_describe(err)}")
+        finally:
+            self._ctx.options.pop("expected", None)
+        parts: dict[str, float] = dict(getattr(strategy, "last_load_seconds", None) or {})
+        if not parts:
+            parts = {"load": self._clock() - verified}
+        self._restore_parts = {
+            "find": self._restore_parts.get("find", 0.0),
+            "verify": verified - started,
+            **parts,
+        }
+        outcomes = self._all_gather(mine)  # every rank learns every rank's outcome: no rank is left waiting
+        mismatches = [detail for status, detail in outcomes if status == "mismatch"]
+        if mismatches:
+            raise StateMismatch(f"{url}: {mismatches[0]}")
+        failures = [detail for status, detail in outcomes if status != "ok"]
+        if failures:
+            log.warning(
+                "skipping checkpoint step %d (%s): loading failed: %s", step, url, "; ".join(failures)
+            )
+            return False
+        log.info("restored step %d from %s", step, url)
+        return True
+
+    def _verify(self, url: str) -> Manifest:
+        """Rank 0's check before loading: sizes always; checksums here only for strategies that do not check
+        them while reading (DCP's strategies verify each file as they read it)."""
+        manifest = self._layout.verify(url, checksums=False)
+        if self._checksums and not getattr(_strategy_class(manifest.strategy), "verifies_on_read", False):
+            manifest = self._layout.verify(url, checksums=True)
+        return manifest
+
+    def _all_gather(self, mine: Any) -> list[Any]:
+        if not self._dist:
+            return [mine]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, mine, group=self._ctl)
+        return out
+
+
+def _strategy_class(name: str) -> type | None:
+    if name == "torch_save":
+        from goodput.checkpoint.torch_save import TorchSaveStrategy
+
+        return TorchSaveStrategy
+    if name in ("dcp", "dcp_async"):
+        from goodput.checkpoint.dcp import DcpStrategy
+
+        return DcpStrategy
+    return None
