@@ -149,4 +149,6 @@ def _warm_lines(info: dict[str, Any], restarts: int) -> list[str]:
     ]
     parts.append(("first step", firsts))
     shown = ", ".join(f"{label} {fd(sum(v) / len(v))}" for label, v in parts if v)
-    return [f"  restarts: {len(warm)} warm, {max(0, restarts - len(warm))} cold; warm parts (mean): {shown}"]
+    # every rank of a generation records its own warm_restart: count generations, not events
+    count = len({e.get("generation", i) for i, e in enumerate(warm)})
+    return [f"  restarts: {count} warm, {max(0, restarts - count)} cold; warm parts (mean): {shown}"]
