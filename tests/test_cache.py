@@ -128,6 +128,27 @@ def test_prefetch_downloads_in_plan_order_and_protects_the_window(tmp_path, s3_s
     assert cache.metrics()["hits"] >= 2 and cache.metrics()["prefetch_lead_seconds"] > 0
 
 
+def test_a_prefetch_inside_the_running_plan_keeps_it(tmp_path, s3_server, s3_url, proxy) -> None:
+    # the loader asks for each upcoming batch's files at every step: that must not restart the plan (a restart
+    # would move the asked-for file to the front and cost the training loop a thread join per step)
+    plan = list(upload(s3_server, s3_url, 6, 100 * KB).items())
+    cache = _cache(tmp_path, s3_server, proxy, prefetch_bytes=2 * 100 * KB + 20, prefetch_workers=1)
+    cache.prefetch([u for u, _ in plan])
+    running = cache._prefetcher._thread
+    for url, _ in reversed(plan):
+        cache.prefetch([url])
+    assert cache._prefetcher._thread is running
+    for url, data in plan:
+        assert cache.read(url) == data
+    cache.prefetch([plan[0][0]])  # the plan may have ended: its files are in the cache, nothing to start
+    others = list(upload(s3_server, s3_url + "-other", 1, 100 * KB, seed=1).items())
+    cache.prefetch([others[0][0]])  # a file outside it starts a new plan
+    assert cache.read(others[0][0]) == others[0][1]
+    cache.close()
+    order = [r.path for r in proxy.records() if r.method == "GET"]
+    assert order[:6] == sorted(order[:6]) and len(order) == 7  # plan order, one download each
+
+
 def test_bad_checksum_is_never_served(tmp_path, s3_server, s3_url) -> None:
     ((url, data),) = upload(s3_server, s3_url, 1, 10 * KB).items()
     cache = _cache(tmp_path, s3_server, attempts=2)

@@ -9,6 +9,7 @@ so readers in other processes (DataLoader workers) advance the window too.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -35,15 +36,34 @@ class Prefetcher:
         self._cache = cache
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._planned: frozenset[str] = frozenset()  # the URLs of the running (or last) plan
 
     def start(self, plan: Sequence[tuple[str, RemoteInfo | None]]) -> None:
-        """Replace the running plan (if any) with ``plan``: (url, expected info) in reading order."""
+        """Replace the running plan (if any) with ``plan``: (url, expected info) in reading order.
+
+        A plan that adds nothing keeps the one there is: every URL in it is part of the running plan, or of
+        a finished one and still in the cache. The loader asks for each batch's files as it delivers the
+        batch before, so this is the common case, and restarting a plan (joining its thread and pool, then
+        pinning its window again) would cost milliseconds on the training loop's path at every step.
+        """
+        urls = frozenset(url for url, _ in plan)
+        if urls <= self._planned and self._covers(urls):
+            return
         self.stop()
+        self._planned = urls
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(list(plan), self._stop), name="goodput-prefetch", daemon=True
         )
         self._thread.start()
+
+    def _covers(self, urls: frozenset[str]) -> bool:
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            return True
+        # a file in the cache's folder is complete (downloads are renamed into place); if it is evicted before
+        # it is read, the read downloads it: the prefetch only buys lead time
+        return all(os.path.exists(self._cache._local(self._cache.key(url))) for url in urls)
 
     def stop(self) -> None:
         """Stop the plan; downloads in flight finish (or give up at their next retry)."""
@@ -51,6 +71,7 @@ class Prefetcher:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._planned = frozenset()
 
     def _run(self, plan: list[tuple[str, RemoteInfo | None]], stop: threading.Event) -> None:
         config = self._cache.config

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,8 @@ class BatchPlan:
     count: int
     generation: int
     seeded: bool
+    # a few batches' indices, computed once: the loader's prefetch asks for a batch ahead of the DataLoader
+    _memo: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def remaining(self) -> int:
@@ -49,10 +51,17 @@ class BatchPlan:
 
     def indices(self, step: int) -> np.ndarray:
         """Dataset indices of this rank's batch ``step``, in order."""
+        known = self._memo.pop(step, None)
+        if known is not None:
+            return known
         lo, hi = rank_batch_range(
             self.start, step, self.world_size, self.rank, self.batch_size, self.remaining
         )
-        return self.order.at(np.arange(lo, hi))
+        idx = self.order.at(np.arange(lo, hi))
+        if len(self._memo) >= 16:
+            self._memo.clear()
+        self._memo[step] = idx
+        return idx
 
     def keys(self, step: int) -> list[Any]:
         """What the DataLoader fetches for batch ``step``: indices, or (index, seed) pairs when seeded."""
