@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
+from goodput.checkpoint._state_cache import StateDictCache
 from goodput.checkpoint.rng import capture_rng, restore_rng, seed_new_rank
 from goodput.errors import StateMismatch
 
@@ -79,6 +80,9 @@ class TrainingState(Stateful):
         self.scaler = scaler
         self.loader = loader
         self.extras: dict[str, Any] = dict(extras or {})
+        self._sharded_form = (
+            StateDictCache()
+        )  # model and optimizer, DCP's sharded form, cheap after the first
         self.step = 0
         self.samples_seen = 0
         self.tokens_seen = 0
@@ -176,7 +180,9 @@ class TrainingState(Stateful):
 
         sd: dict[str, Any] = {}
         options = StateDictOptions(full_state_dict=full, cpu_offload=full)
-        if self.model is not None and self.optimizer is not None:
+        if self.model is not None and self.optimizer is not None and not full:
+            sd["model"], sd["optim"] = self._sharded_form.get(self.model, self.optimizer)
+        elif self.model is not None and self.optimizer is not None:
             sd["model"], sd["optim"] = get_state_dict(self.model, self.optimizer, options=options)
         elif self.model is not None:
             sd["model"] = get_model_state_dict(self.model, options=options)
