@@ -8,6 +8,8 @@ traffic never interleaves with training collectives or with each other.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import logging
 import time
 import uuid
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import CheckpointException
 
@@ -184,12 +187,22 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
     def _decide(self, policy: SavePolicy, schedule: StepSchedule | None, step: int, now: float) -> bool:
         if schedule is None:
             return bool(policy.due(step, now))
-        if schedule.pending(step):
-            return False
-        decision = schedule.decide(step, now) if self.rank == 0 else None
-        due, next_decision = self._bcast(decision)
-        schedule.agreed(next_decision)
-        return bool(due)
+        due = False
+        if schedule.in_flight is not None and schedule.in_flight[0] <= step:
+            _, work, answer = schedule.in_flight  # sent at the step before, by now long arrived
+            schedule.in_flight = None
+            work.wait()
+            due = bool(answer[0])
+            schedule.agreed(int(answer[1]))
+        if not schedule.pending(
+            step
+        ):  # a decision step: rank 0 decides the next step, sent in the background
+            decision = schedule.decide(step + 1, now) if self.rank == 0 else (False, 0)
+            answer = torch.tensor([int(decision[0]), decision[1]], dtype=torch.int64)
+            src = dist.get_global_rank(self._ctl, 0)
+            work = dist.broadcast(answer, src=src, group=self._ctl, async_op=True)
+            schedule.in_flight = (step + 1, work, answer)
+        return due
 
     def should_save_memory(self, step: int) -> bool:
         """Whether the memory tier saves ``step`` (decided by the last ``should_save`` call, for that step)."""
@@ -308,6 +321,12 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
             self._finisher.shutdown(wait=True)
             self._purger.shutdown(wait=True)
             self._strategy.close()
+            for schedule in (self._schedule, self._memory_schedule):
+                if schedule is not None and schedule.in_flight is not None:
+                    # every rank sent it at the same step; a dead peer's cannot arrive: do not wait long
+                    with contextlib.suppress(Exception):
+                        schedule.in_flight[1].wait(timeout=datetime.timedelta(seconds=10))
+                    schedule.in_flight = None
             for group in (self._ctl, self._io, self._memory_group):
                 if group is not None:
                     dist.destroy_process_group(group)

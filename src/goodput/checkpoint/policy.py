@@ -14,7 +14,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["AutoInterval", "EveryInterval", "EverySteps", "SavePolicy", "StepSchedule"]
 
@@ -162,10 +162,13 @@ class StepSchedule:
     """Turns a time-based policy into step numbers, so ranks agree on when to save without a collective per step.
 
     Every rank must save at the same step, but each rank's clock says something slightly different. Instead of
-    asking rank 0 at every step, the ranks ask it only at *decision steps*: there rank 0 says whether to save now
-    and, from the step time it measured since the previous decision, at which step to decide next (the step at
-    which the interval will have passed). One broadcast per decision: about one per save, plus one while the step
-    time is first being measured. ``decide`` runs on rank 0 only; the other ranks just keep ``next_decision``.
+    asking rank 0 at every step, the ranks ask it only at *decision steps*: there rank 0 says whether the *next*
+    step is saved and, from the step time it measured since the previous decision, at which step to decide
+    next (one step before the one at which the interval will have passed). The answer travels while the next
+    step trains (a non-blocking broadcast, read at that step), so no rank waits for the others at a decision:
+    a blocking one made each rank wait for the slowest, milliseconds per save on busy cores. One broadcast per
+    decision: about one per save, plus one per step while the step time is first being measured.
+    ``decide`` runs on rank 0 only; the other ranks just keep ``next_decision``.
 
     Args:
         policy: a time-based policy (``EveryInterval`` or ``AutoInterval``): its ``interval`` and last save time.
@@ -175,24 +178,27 @@ class StepSchedule:
         self.policy = policy
         self.next_decision: int | None = None  # None: decide at the next step asked about
         self.decisions = 0
+        self.in_flight: tuple[int, Any, Any] | None = None  # (step it is for, work, answer) of the broadcast
         self._mark: tuple[int, float] | None = None
+        self._per_step: float | None = None
 
     def pending(self, step: int) -> bool:
-        """Whether ``step`` is before the next decision step (then it is not saved and nothing is asked)."""
+        """Whether ``step`` is before the next decision step (then nothing is asked at it)."""
         return self.next_decision is not None and step < self.next_decision
 
     def decide(self, step: int, now: float) -> tuple[bool, int]:
-        """(save now?, the next decision step) for ``step`` at ``now`` (rank 0)."""
-        due = self.policy.due(step, now)
-        per_step = None
+        """(save ``step``?, the next decision step), asked one step before ``step`` at ``now`` (rank 0)."""
         if self._mark is not None and step > self._mark[0]:
-            per_step = (now - self._mark[1]) / (step - self._mark[0])
+            self._per_step = (now - self._mark[1]) / (step - self._mark[0])
         self._mark = (step, now)
+        per_step = self._per_step
+        at = now + (per_step or 0.0)  # when ``step`` ends, about
+        due = self.policy.due(step, at)
         last = self.policy.last_time
-        remaining = self.policy.interval if due or last is None else self.policy.interval - (now - last)
+        remaining = self.policy.interval if due or last is None else self.policy.interval - (at - last)
         # while the step time is not known yet, decide again at the next step
         ahead = max(1, math.ceil(remaining / per_step)) if per_step is not None and per_step > 0 else 1
-        return due, step + ahead
+        return due, step + ahead - 1
 
     def agreed(self, next_decision: int) -> None:
         """Every rank records the next decision step rank 0 chose."""
@@ -202,4 +208,6 @@ class StepSchedule:
     def reset(self) -> None:
         """Forget the schedule (after a restore): decide at the next step asked about."""
         self.next_decision = None
+        self.in_flight = None
         self._mark = None
+        self._per_step = None

@@ -189,7 +189,8 @@ class WarmWorker:
     # ---- every step ----------------------------------------------------------------------------------------
     def step_committed(self, step: int, loader: Any) -> None:
         """Record this rank's position after a completed step: the loader's in memory, the RNG in the store."""
-        self._last_loader = loader.state_dict() if loader is not None else None
+        # a plain iterable (a list of batches) has no position to hand on
+        self._last_loader = loader.state_dict() if hasattr(loader, "state_dict") else None
         self._rng_records.write(step, {"step": step, "rng": _capture_rng()})
         if not self._stepped:
             self.store.set(f"stepped/{self.rank}", str(step))
