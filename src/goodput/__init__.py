@@ -126,6 +126,7 @@ if TYPE_CHECKING:
         LedgerConfig,
         LedgerFile,
         ledger_files,
+        live_recovered_share,
         read_events,
         restores_by_tier,
     )
@@ -256,6 +257,7 @@ _LAZY = {
     "CheckpointLayout": "goodput.checkpoint",
     "CheckpointManager": "goodput.checkpoint",
     "restores_by_tier": "goodput.ledger",
+    "live_recovered_share": "goodput.ledger",
     "TwoLevelPlan": "goodput.planning",
     "durable_share": "goodput.planning",
     "goodput_two_level": "goodput.planning",
@@ -538,6 +540,7 @@ __all__ = [
     "ledger_files",
     "list_checkpoints",
     "list_memory_checkpoints",
+    "live_recovered_share",
     "load_report",
     "loader_seed",
     "lost_work_per_failure",

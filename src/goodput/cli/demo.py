@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--run-dir", default=None, help="run folder (default: a new folder under ./runs/)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("--steps", type=int, default=1600, help="training steps (default 1600)")
+    parser.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
     parser.add_argument("--mtbf", default="40s", help="mean time between injected SIGKILLs (default 40s)")
     parser.add_argument("--no-faults", action="store_true", help="inject no failures")
     parser.add_argument("--strategy", default="dcp_async", help="torch_save, dcp or dcp_async (default)")

@@ -28,7 +28,7 @@ class DemoConfig:
 
     run_dir: str
     nproc: int = 2
-    steps: int = 1600
+    steps: int = 2000
     mtbf: float = 40.0
     strategy: str = "dcp_async"
     every: str = "auto"

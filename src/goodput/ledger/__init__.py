@@ -20,7 +20,7 @@ from goodput.ledger.accounting import (
 from goodput.ledger.exporters import MetricsExporter, MLflowExporter, TensorBoardExporter, available_exporters
 from goodput.ledger.ledger import Ledger, LedgerConfig, LedgerFile, ledger_files, read_events
 from goodput.ledger.report import Advice, MeasuredModel, Prediction, Report, build_report, load_report
-from goodput.ledger.tiers import restores_by_tier
+from goodput.ledger.tiers import live_recovered_share, restores_by_tier
 
 __all__ = [
     "CATEGORIES",
@@ -44,6 +44,7 @@ __all__ = [
     "build_report",
     "goodput_over_time",
     "ledger_files",
+    "live_recovered_share",
     "load_report",
     "read_events",
     "restores_by_tier",

@@ -3,6 +3,9 @@ long each took, and the steps each failure lost (redone after it).
 
 Reads the ``checkpoint_restored`` events the checkpoint manager records (``tier``: ``memory``, ``peer`` or
 ``durable``; ``seconds``; ``step``) and, for lost work, the newest step the attempt before each restore finished.
+A warm restart's live recovery (the replacement rank takes the state from a surviving replica, no checkpoint
+read: ``warm_restart`` events with a ``restored_step``) counts as a restore from ``replica``, once per
+generation, taking the slowest rank's ``restore_seconds``.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["restores_by_tier"]
+__all__ = ["live_recovered_share", "restores_by_tier"]
 
 
 def restores_by_tier(events: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
@@ -18,6 +21,7 @@ def restores_by_tier(events: Iterable[Mapping[str, Any]]) -> dict[str, dict[str,
     attempt whose predecessor finished no step are not counted there). Empty when no restore was recorded."""
     last_step: dict[int, int] = {}
     restores: list[tuple[int, str, float, int]] = []
+    live: dict[int, tuple[int, float, int]] = {}  # generation -> (attempt, seconds, step)
     for e in events:
         attempt = int(e.get("attempt", 0))
         if e.get("event") == "step_end" and e.get("step") is not None:
@@ -26,6 +30,12 @@ def restores_by_tier(events: Iterable[Mapping[str, Any]]) -> dict[str, dict[str,
             restores.append(
                 (attempt, str(e.get("tier")), float(e.get("seconds") or 0.0), int(e.get("step") or 0))
             )
+        elif e.get("event") == "warm_restart" and e.get("restored_step") is not None:
+            key = int(e.get("generation", attempt))
+            seconds = float(e.get("restore_seconds") or 0.0)
+            known = live.get(key)
+            live[key] = (attempt, max(seconds, known[1] if known else 0.0), int(e["restored_step"]))
+    restores += [(a, "replica", seconds, step) for a, seconds, step in live.values()]
     out: dict[str, dict[str, float]] = {}
     for tier in sorted({r[1] for r in restores}):
         rows = [r for r in restores if r[1] == tier]
@@ -36,3 +46,11 @@ def restores_by_tier(events: Iterable[Mapping[str, Any]]) -> dict[str, dict[str,
             "lost_steps_mean": sum(lost) / len(lost) if lost else 0.0,
         }
     return out
+
+
+def live_recovered_share(events: Iterable[Mapping[str, Any]], failures: int) -> float:
+    """The share of failures a warm restart recovered live (from a surviving replica, no checkpoint read),
+    counted as if one more failure had not been: 0 before any, then 1/2, 2/3, ... while every one is live.
+    The memory tier's ``auto`` interval plans only for the rest."""
+    live = restores_by_tier(events).get("replica", {}).get("count", 0.0)
+    return min(live, failures) / (failures + 1)

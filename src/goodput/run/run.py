@@ -33,6 +33,7 @@ from goodput.faults import Fault, FaultPlan, check_plan, fault_point, install_fa
 from goodput.ledger.accounting import account
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger, read_events
+from goodput.ledger.tiers import live_recovered_share
 from goodput.run._cachestats import CacheStatsRecorder
 from goodput.run._launchdir import install_error_report, register_pid
 from goodput.run._runhooks import already_complete, resolve_run_dir, single_process_group, stop_preempted
@@ -410,11 +411,16 @@ class Run:
         """Feed the failure rate observed by earlier attempts of this run to the ``auto`` interval."""
         if not isinstance(manager.policy, AutoInterval) or self.attempt == 0 or self.info.rank != 0:
             return  # rank 0 decides time-based saves for every rank
-        mtbf = account(read_events(self.run_dir, rank=None)).mtbf_seconds
-        if mtbf is not None:
-            manager.policy.observe_mtbf(mtbf)
+        events = read_events(self.run_dir, rank=None)
+        acc = account(events)
+        if acc.mtbf_seconds is not None:
+            manager.policy.observe_mtbf(acc.mtbf_seconds)
             if isinstance(manager.memory_policy, AutoInterval):
-                manager.memory_policy.observe_mtbf(mtbf)
+                manager.memory_policy.observe_mtbf(acc.mtbf_seconds)
+                # A failure recovered live from a surviving replica (warm restarts, replicated state) read no
+                # checkpoint: the memory tier plans only for the others, as the run's own record counts them.
+                not_live = 1.0 - live_recovered_share(events, acc.failures)
+                manager.memory_policy.failure_share *= not_live  # a new manager's: the planned share
 
     def _replace_lost_node(self, manager: CheckpointManager) -> None:
         """After a ``nodeloss`` fault, this node comes back as a fresh machine: its memory tier is emptied
