@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 # How often the window checks for reads by other processes while it is full. The readers live in other
 # processes and write only to the shared index, so this is a poll, not a wait on an event.
 _POLL_SECONDS = 0.01
+_RECHECK_SECONDS = 1.0  # how long a file seen in the cache's folder is taken as still there
 
 
 class Prefetcher:
@@ -37,6 +38,7 @@ class Prefetcher:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._planned: frozenset[str] = frozenset()  # the URLs of the running (or last) plan
+        self._present: dict[str, float] = {}  # url -> when its file was last seen in the cache's folder
 
     def start(self, plan: Sequence[tuple[str, RemoteInfo | None]]) -> None:
         """Replace the running plan (if any) with ``plan``: (url, expected info) in reading order.
@@ -61,9 +63,17 @@ class Prefetcher:
         thread = self._thread
         if thread is not None and thread.is_alive():
             return True
-        # a file in the cache's folder is complete (downloads are renamed into place); if it is evicted before
-        # it is read, the read downloads it: the prefetch only buys lead time
-        return all(os.path.exists(self._cache._local(self._cache.key(url))) for url in urls)
+        # A file in the cache's folder is complete (downloads are renamed into place); one seen there less than
+        # a second ago is taken as still there (a stat per file per batch was a tenth of a millisecond). If it
+        # is evicted before it is read, the read downloads it: the prefetch only buys lead time.
+        now = time.monotonic()
+        for url in urls:
+            if now - self._present.get(url, -_RECHECK_SECONDS) < _RECHECK_SECONDS:
+                continue
+            if not os.path.exists(self._cache._local(self._cache.key(url))):
+                return False
+            self._present[url] = now
+        return True
 
     def stop(self) -> None:
         """Stop the plan; downloads in flight finish (or give up at their next retry)."""
@@ -72,6 +82,7 @@ class Prefetcher:
             self._thread.join()
             self._thread = None
         self._planned = frozenset()
+        self._present = {}
 
     def _run(self, plan: list[tuple[str, RemoteInfo | None]], stop: threading.Event) -> None:
         config = self._cache.config

@@ -27,6 +27,7 @@ from goodput.errors import ConfigError, FingerprintMismatch
 __all__ = ["BatchPlan", "ResumableSampler"]
 
 STATE_FORMAT = 1
+_BLOCK = 32  # batches whose indices ``BatchPlan.indices`` works out together
 _KEYS = ("format", "seed", "epoch", "consumed", "world_size", "fingerprint")
 
 
@@ -42,7 +43,7 @@ class BatchPlan:
     count: int
     generation: int
     seeded: bool
-    # a few batches' indices, computed once: the loader's prefetch asks for a batch ahead of the DataLoader
+    # batches' indices worked out a block at a time (see ``indices``)
     _memo: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -50,18 +51,28 @@ class BatchPlan:
         return self.order.size - self.start
 
     def indices(self, step: int) -> np.ndarray:
-        """Dataset indices of this rank's batch ``step``, in order."""
-        known = self._memo.pop(step, None)
+        """Dataset indices of this rank's batch ``step``, in order (read-only)."""
+        known = self._memo.get(step)
         if known is not None:
             return known
-        lo, hi = rank_batch_range(
-            self.start, step, self.world_size, self.rank, self.batch_size, self.remaining
-        )
-        idx = self.order.at(np.arange(lo, hi))
-        if len(self._memo) >= 16:
+        # The order is a keyed permutation evaluated with numpy: for a 16-sample batch its fixed cost per
+        # call is most of the work, so a block of batches is worked out at once (the loader's prefetch and
+        # the DataLoader's sampler each ask for every batch, a few steps apart).
+        if len(self._memo) > 4 * _BLOCK:
             self._memo.clear()
-        self._memo[step] = idx
-        return idx
+        steps = range(step, max(step + 1, min(step + _BLOCK, self.count)))
+        bounds = [
+            rank_batch_range(self.start, s, self.world_size, self.rank, self.batch_size, self.remaining)
+            for s in steps
+        ]
+        positions = np.concatenate([np.arange(lo, hi) for lo, hi in bounds])
+        every = self.order.at(positions)
+        every.setflags(write=False)
+        cut = 0
+        for s, (lo, hi) in zip(steps, bounds, strict=True):
+            self._memo[s] = every[cut : cut + hi - lo]
+            cut += hi - lo
+        return self._memo[step]
 
     def keys(self, step: int) -> list[Any]:
         """What the DataLoader fetches for batch ``step``: indices, or (index, seed) pairs when seeded."""
