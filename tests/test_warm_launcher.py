@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,11 +17,10 @@ from pathlib import Path
 import pytest
 
 import goodput.bench
-from goodput.checkpoint import list_checkpoints
 from goodput.ledger import read_events
 from goodput.run._warm_record import record_folder
-from goodput.run.launch import EXIT_CRASH_LOOP, EXIT_FATAL, EXIT_PREEMPTED
-from tests._launching import launch_lines, processes_with, start_launch
+from goodput.run.launch import EXIT_CRASH_LOOP, EXIT_FATAL
+from tests._launching import launch_lines, processes_with, sigterm_saves_once, start_launch
 
 SCRIPT = os.path.join(os.path.dirname(goodput.bench.__file__), "_restart_train.py")
 
@@ -75,19 +73,8 @@ def test_sigterm_to_a_warm_launcher_saves_once_leaves_no_process_and_the_relaunc
     args = ("--steps", "600", "--every", "1000", "--strategy", "dcp_async")
     proc = start_launch(*_warm(run_dir, *args, "--step-seconds", "0.05"))
     _wait_training_with_a_spare(run_dir, proc)
-    os.kill(proc.pid, signal.SIGTERM)  # the launcher alone, as a scheduler or container runtime does
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
-    lines = launch_lines(err)
-    assert len(lines) == 1 and "preempted by SIGTERM" in lines[0] and "resume with" in lines[0], err[-2000:]
-    assert "Traceback" not in err
-    step = int(re.search(r"saved step (\d+)", lines[0]).group(1))  # type: ignore[union-attr]
-    assert processes_with(run_dir) == []  # the agent, both workers and the spare: nothing outlives it
+    step = sigterm_saves_once(proc, run_dir)  # the agent, both workers and the spare: none outlives it
     assert _no_records_left(run_dir)
-    committed = [
-        r.step for r in list_checkpoints(os.path.join(run_dir, "checkpoints")) if r.status == "committed"
-    ]
-    assert committed == [step]
     preempted = [e for e in read_events(run_dir, rank=None) if e["event"] == "preempted"]
     assert sorted((e["rank"], e["step"]) for e in preempted) == [(0, step), (1, step)]
 
