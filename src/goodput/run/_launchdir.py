@@ -8,7 +8,8 @@ small files there, and the launcher, which watches the folder while torchrun run
     FATAL             "rank R: Type: message" of an error a restart cannot fix: stop, exit EXIT_FATAL
     PREEMPTED         JSON {step, url, run_dir} of the checkpoint saved after a preemption signal (rank 0)
     pids/rank-R       the pid of rank R's process, written once its preemption handler is installed
-    logs/             torchrun's ``--log-dir``: each worker's ``error.json`` (torch's error-file mechanism)
+    logs/             torchrun's ``--log-dir`` (or the warm agent's, a folder a process): each worker's
+                      ``error.json`` (torch's error-file mechanism; goodput's own name the global rank)
 
 The launch id (``$GOODPUT_LAUNCH_ID``) names the launch in crash-loop records, so attempts of earlier launches
 do not count against this one.
