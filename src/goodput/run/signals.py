@@ -99,9 +99,9 @@ class PreemptionWatch:
             self._previous = signal.signal(self.signum, self._on_signal)
             self._installed = True
         self._group: Any = None
+        self._pending: tuple[Any, Any] | None = None  # (work, tensor) of the all-reduce started last step
         self.join_group()
         self._next_check = 1
-        self._pending: tuple[Any, Any] | None = None  # (work, tensor) of the all-reduce started last step
         self._mark: tuple[int, float] = (0, clock())
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -160,6 +160,7 @@ class PreemptionWatch:
     def leave_group(self) -> None:
         """Release the group, keeping the signal handler and any request: a warm restart drops the group with
         its generation and joins the next one's, and a signal meanwhile must neither kill nor be forgotten."""
+        self._pending = None  # a check in flight on the old group is abandoned with it
         if self._group is not None:
             import torch.distributed as dist
 
