@@ -19,15 +19,11 @@ This agent keeps torch.distributed.elastic's parts and changes that one decision
 Every decision is appended to ``RUN_DIR/warm/agent.jsonl`` (one JSON object a line), and each worker's ledger
 records the restart's parts as seen by that rank.
 
-The launcher around it. ``launch_warm`` runs the agent as a process of its own under the same supervisor as
-torchrun's (``goodput.run._supervise``), so everything ``goodput launch`` promises holds under warm restarts too:
-the launch folder (each process's torch error file lands in its ``logs/``), preemption (the launcher forwards
-the signal to every rank, the ranks agree on a step and save once, exit 75), the crash-loop verdict (each
-generation is an attempt: a rank-0 survivor checks the count when it joins the next generation, exit 3, quoting
-the failing rank's last error), errors a restart cannot fix (a worker's own ``ConfigError``/``StateMismatch``/
-``FingerprintMismatch`` is reported as ``FATAL`` before it exits, so no spare is handed it: exit 78), and no
-process left behind (the launcher is a child subreaper and ends the agent, its workers and its spares). An
-elastic node count (``--nnodes MIN:MAX``) is refused: generations here keep the world size fixed.
+The launcher around it: ``launch_warm`` runs the agent as a process under torchrun's supervisor
+(``goodput.run._supervise``), so a warm launch keeps every promise of a cold one: preemption (exit 75), the
+crash-loop verdict (each generation is an attempt; exit 3), errors a restart cannot fix (a worker reports its
+own as ``FATAL`` before it exits, so no spare is handed it; exit 78), and no process left behind. An elastic
+``--nnodes MIN:MAX`` is refused: a generation keeps the world size.
 
 Several nodes: each node runs an agent (``--nnodes N --rdzv-endpoint HOST:PORT``); the agents meet through
 elastic's c10d rendezvous and share its store. Generations are numbered by a store counter; the agent that
@@ -53,7 +49,6 @@ from goodput.errors import ConfigError
 from goodput.run._launchdir import LOGS_DIR, launch_dir
 from goodput.run._warm_record import record_folder, remove_folder
 from goodput.run.launch import LaunchConfig
-from goodput.run.signals import parse_signal
 from goodput.run.warm import (
     GEN_ENV,
     PG_TIMEOUT_ENV,
@@ -495,23 +490,9 @@ def launch_warm(launch: LaunchConfig, warm: WarmConfig) -> int:
     if launch.run_dir is not None:
         os.makedirs(launch.run_dir, exist_ok=True)
     spec = json.dumps({"launch": dataclasses.asdict(launch), "warm": dataclasses.asdict(warm)})
-    supervisor = Supervisor(launch, command=[sys.executable, "-m", "goodput.run.agent", spec])
+    supervisor = Supervisor(launch, command=[sys.executable, "-m", "goodput.run._agent_main", spec])
     try:
         return supervisor.run()
     finally:
         if supervisor.folder:  # the agent removes it, unless the launcher had to kill it first
             remove_folder(record_folder("", "", launch=os.path.basename(supervisor.folder)))
-
-
-def _main(argv: list[str]) -> int:
-    """The agent process (``python -m goodput.run.agent SPEC``, started by ``launch_warm``)."""
-    spec = json.loads(argv[0])
-    launch = LaunchConfig(**{**spec["launch"], "script": tuple(spec["launch"]["script"])})
-    # The preemption signal is the workers' business (the launcher forwards it to them); one sent to every
-    # process of the job must not end the agent. A handler, unlike SIG_IGN, is not inherited by the workers.
-    signal.signal(parse_signal(launch.preempt_signal), lambda signum, frame: None)
-    return WarmAgent(launch, WarmConfig(**spec["warm"])).run()
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
