@@ -142,6 +142,26 @@ def test_a_rank_that_fails_at_the_same_step_every_time_is_a_crash_loop_under_war
 
 
 @pytest.mark.slow
+def test_warm_restarts_that_make_progress_are_no_crash_loop_whichever_rank_fails(tmp_path: Path) -> None:
+    """Rank 1 fails twice, then rank 0: the process that takes rank 0 counts the generations rank 0 survived,
+    each of which made progress (a surviving rank 0 records its attempts too), so the job completes."""
+    run_dir = str(tmp_path / "run")
+    faults = "kill@step=5,rank=1; kill@step=10,rank=1; kill@step=15,rank=0"
+    args = _warm(
+        run_dir,
+        "--steps",
+        "24",
+        launch_args=("--max-restarts", "10", "--crash-loop", "2", "--faults", faults),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "goodput", "launch", *args], capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _agent_events(run_dir).count("warm_restart") == 3
+    assert '"step": 24' in Path(run_dir, "final.json").read_text()
+
+
+@pytest.mark.slow
 def test_a_config_error_on_one_rank_stops_a_warm_job_at_once(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     args = _warm(run_dir, "--steps", "40", "--fatal-at-step", "5", launch_args=("--max-restarts", "20"))
