@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
+
+from goodput.checkpoint import list_checkpoints
+from goodput.run.launch import EXIT_PREEMPTED
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 WORKER = os.path.join(SCRIPTS, "run_worker.py")
@@ -56,3 +61,22 @@ def processes_with(run_dir: str) -> list[int]:
 def launch_lines(stderr: str) -> list[str]:
     """The launcher's own lines in its stderr."""
     return [line for line in stderr.splitlines() if line.startswith("goodput launch:")]
+
+
+def sigterm_saves_once(proc: subprocess.Popen[str], run_dir: str) -> int:
+    """SIGTERM the launcher alone (as a scheduler or a container runtime does) and check the promise: exit 75,
+    one line saying where it saved and how to resume, no traceback, no process of the job left, and the one
+    committed checkpoint at the saved step. Returns that step."""
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
+    lines = launch_lines(err)
+    assert len(lines) == 1 and "preempted by SIGTERM" in lines[0] and "resume with" in lines[0], err[-2000:]
+    assert "Traceback" not in err
+    step = int(re.search(r"saved step (\d+)", lines[0]).group(1))  # type: ignore[union-attr]
+    assert processes_with(run_dir) == []  # nothing of the job outlives the launcher
+    committed = [
+        r.step for r in list_checkpoints(os.path.join(run_dir, "checkpoints")) if r.status == "committed"
+    ]
+    assert committed == [step]
+    return step

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,7 +16,15 @@ from goodput.checkpoint import list_checkpoints
 from goodput.ledger import read_events
 from goodput.run.launch import EXIT_PREEMPTED
 from goodput.run.signals import PreemptionWatch
-from tests._launching import SCRIPTS, WORKER, launch_lines, processes_with, start_launch, wait_for_file
+from tests._launching import (
+    SCRIPTS,
+    WORKER,
+    launch_lines,
+    processes_with,
+    sigterm_saves_once,
+    start_launch,
+    wait_for_file,
+)
 
 
 def _preempted(run_dir: str) -> list[dict]:
@@ -42,18 +49,7 @@ def test_sigterm_to_the_launcher_alone_saves_once_then_the_relaunch_resumes(tmp_
     args = ("--nproc", "2", "--run-dir", run_dir, "--", WORKER, "--steps", "200", "--step-seconds", "0.05")
     proc = start_launch(*args, "--strategy", "dcp_async")
     wait_for_file(os.path.join(run_dir, "training"), proc)
-    os.kill(proc.pid, signal.SIGTERM)  # the launcher alone, as a scheduler or container runtime does
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
-    lines = launch_lines(err)
-    assert len(lines) == 1 and "preempted by SIGTERM" in lines[0] and "resume with" in lines[0], err[-2000:]
-    assert "Traceback" not in err
-    step = int(re.search(r"saved step (\d+)", lines[0]).group(1))  # type: ignore[union-attr]
-    assert processes_with(run_dir) == []  # nothing of the job outlives the launcher
-    committed = [
-        r.step for r in list_checkpoints(os.path.join(run_dir, "checkpoints")) if r.status == "committed"
-    ]
-    assert committed == [step]
+    step = sigterm_saves_once(proc, run_dir)
     assert sorted((e["rank"], e["step"]) for e in _preempted(run_dir)) == [(0, step), (1, step)]
 
     again = subprocess.run(

@@ -22,6 +22,7 @@ import torch
 
 from goodput.checkpoint import CheckpointConfig
 from goodput.data import ResumableLoader
+from goodput.errors import ConfigError
 from goodput.run import Run
 
 
@@ -67,6 +68,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2 instead of DDP")
     p.add_argument("--hang-timeout", type=float, default=60.0)
+    p.add_argument("--fail-at-step", type=int, default=0, help="rank 1 raises before this step, every time")
+    p.add_argument("--fatal-at-step", type=int, default=0, help="rank 1 raises ConfigError before this step")
     return p.parse_args(argv)
 
 
@@ -110,6 +113,7 @@ def _train(run: Run, args: argparse.Namespace, dataset: _Samples) -> None:
     path = os.path.join(run.run_dir, "samples", f"rank-{run.info.rank}.jsonl")
     with open(path, "a", buffering=1) as log:
         for ids, x in run.batches(loader):
+            _broken(run, args)
             loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
             loss.backward()
             opt.step()
@@ -128,6 +132,16 @@ def _train(run: Run, args: argparse.Namespace, dataset: _Samples) -> None:
         }
         with open(os.path.join(run.run_dir, "final.json"), "w") as f:
             json.dump(final, f)
+
+
+def _broken(run: Run, args: argparse.Namespace) -> None:
+    """The tests' failures that a restart does not cure: a crash loop, an error a restart cannot fix."""
+    if run.info.rank != 1:
+        return
+    if run.step + 1 == args.fail_at_step:
+        raise RuntimeError(f"bad batch at step {args.fail_at_step}")
+    if run.step + 1 == args.fatal_at_step:
+        raise ConfigError(f"--fatal-at-step {args.fatal_at_step}: a configuration no restart can fix")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,12 @@ Preemption: the first SIGTERM, SIGINT (Ctrl-C) or --preempt-signal makes every r
 saves one durable checkpoint within --grace seconds, prints where, and exits 75; run the same command to
 resume. A second signal stops everything at once. No process of the job outlives goodput launch.
 
+Warm restarts (--restart warm; the script calls run.warm(train_fn)): a failed rank is replaced by a hot spare
+while the survivors keep their processes. Preemption, the crash-loop count (each warm generation is an
+attempt), the errors that stop at once and the exit codes below are the same; spares are ended with the job.
+It needs a fixed node count: --nnodes MIN:MAX is refused (exit 2); use --nnodes N, or --restart cold for an
+elastic job.
+
 exit status: the script's; 3 when consecutive attempts of this launch made no progress (a crash loop; a new
 launch starts a new count); 75 after a preemption save (a scheduler may requeue); 78 when a rank raised an
 error a restart cannot fix (ConfigError, StateMismatch); 2 for a mistake in the command line.
@@ -36,7 +42,9 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--nproc", type=int, default=1, help="worker processes per node (default 1)")
-    parser.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX (default 1)")
+    parser.add_argument(
+        "--nnodes", default="1", help="number of nodes, or MIN:MAX (elastic: --restart cold only; default 1)"
+    )
     parser.add_argument("--node-rank", type=int, default=None, help="this node's rank (static multi-node)")
     parser.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the c10d rendezvous (multi-node)")
     parser.add_argument("--rdzv-id", default="goodput", help="job id shared by every node")

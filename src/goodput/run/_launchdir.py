@@ -8,7 +8,8 @@ small files there, and the launcher, which watches the folder while torchrun run
     FATAL             "rank R: Type: message" of an error a restart cannot fix: stop, exit EXIT_FATAL
     PREEMPTED         JSON {step, url, run_dir} of the checkpoint saved after a preemption signal (rank 0)
     pids/rank-R       the pid of rank R's process, written once its preemption handler is installed
-    logs/             torchrun's ``--log-dir``: each worker's ``error.json`` (torch's error-file mechanism)
+    logs/             torchrun's ``--log-dir`` (or the warm agent's, a folder a process): each worker's
+                      ``error.json`` (torch's error-file mechanism; goodput's own name the global rank)
 
 The launch id (``$GOODPUT_LAUNCH_ID``) names the launch in crash-loop records, so attempts of earlier launches
 do not count against this one.
@@ -41,6 +42,7 @@ __all__ = [
     "launch_id",
     "read_marker",
     "register_pid",
+    "report_failure",
     "write_marker",
 ]
 
@@ -116,13 +118,7 @@ def install_error_report(rank: int) -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], err: BaseException, tb: TracebackType | None) -> None:
-        line = f"{kind.__name__}: {err}".splitlines()[0] if str(err) else kind.__name__
-        with contextlib.suppress(Exception):
-            if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
-                _record_error_file(line, "".join(traceback.format_exception(kind, err, tb)))
-        if isinstance(err, FATAL_ERRORS):
-            with contextlib.suppress(OSError):
-                write_marker(FATAL_FILE, f"rank {rank}: {line}", exclusive=True)
+        line = report_failure(rank, err)
         if isinstance(err, (*FATAL_ERRORS, CrashLoop)):
             if launch_dir() is None:  # under goodput launch, the launcher prints the one line
                 # sys.__stderr__: torch's own excepthook (init_process_group's) captures sys.stderr around ours.
@@ -134,6 +130,22 @@ def install_error_report(rank: int) -> None:
     sys.excepthook = hook
 
 
+def report_failure(rank: int, err: BaseException) -> str:
+    """Report the error that ends this process (the excepthook's, or a warm-restart worker's own failure):
+    to torch's error file, and, for an error a restart cannot fix, as the launch's ``FATAL``. Returns its
+    one line (``Type: message``)."""
+    kind = type(err)
+    line = f"{kind.__name__}: {err}".splitlines()[0] if str(err) else kind.__name__
+    with contextlib.suppress(Exception):
+        if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
+            callstack = "".join(traceback.format_exception(kind, err, err.__traceback__))
+            _record_error_file(line, callstack, rank)
+    if isinstance(err, FATAL_ERRORS):
+        with contextlib.suppress(OSError):
+            write_marker(FATAL_FILE, f"rank {rank}: {line}", exclusive=True)
+    return line
+
+
 def _exit_now(code: int) -> None:
     """Exit with ``code`` from an excepthook (which cannot set the status): finish atexit work (the ledger's
     last flush) first."""
@@ -141,16 +153,12 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _record_error_file(message: str, callstack: str) -> None:
+def _record_error_file(message: str, callstack: str, rank: int) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or os.path.exists(path):  # a script's own @record wrote it already
         return
-    data = {
-        "message": {
-            "message": message,
-            "extraInfo": {"py_callstack": callstack, "timestamp": str(int(time.time()))},
-        }
-    }
+    info = {"py_callstack": callstack, "timestamp": str(int(time.time())), "goodput_rank": str(rank)}
+    data = {"message": {"message": message, "extraInfo": info}}
     with open(path, "w") as f:
         json.dump(data, f)
 
@@ -169,7 +177,12 @@ def last_error(folder: str) -> str | None:
         except (OSError, ValueError, KeyError, TypeError):
             continue
         text = message["message"] if isinstance(message, dict) else str(message)
+        extra = message.get("extraInfo") if isinstance(message, dict) else None
+        # goodput's own error files name the global rank (a warm-restart agent starts every process as its
+        # own local rank 0); torch's name the local rank by their folder.
+        rank = extra.get("goodput_rank") if isinstance(extra, dict) else None
+        who = f"rank {rank}" if rank is not None else f"local rank {os.path.basename(root)}"
         lines = [ln for ln in str(text).splitlines() if ln.strip()]
         if lines and (newest is None or stamp >= newest[0]):
-            newest = (stamp, f"local rank {os.path.basename(root)}: {lines[0].strip()}")
+            newest = (stamp, f"{who}: {lines[0].strip()}")
     return None if newest is None else newest[1]

@@ -1,7 +1,8 @@
 """The launcher's supervision of one torchrun: its launch folder, signals, verdicts, and the final line.
 
-``Supervisor.run`` starts torchrun in a session of its own and polls it (every 0.1 s) until it exits, acting on
-what the workers report in the launch folder (see ``goodput.run._launchdir``) and on signals:
+``Supervisor.run`` starts torchrun (or, under ``--restart warm``, the warm-restart agent of
+``goodput.run.agent``, which takes torchrun's place) in a session of its own and polls it (every 0.1 s) until it
+exits, acting on what the workers report in the launch folder (see ``goodput.run._launchdir``) and on signals:
 
 * ``CRASH_LOOP`` or ``FATAL``: end the job at once, print the verdict and the failing rank's last error, and
   return ``EXIT_CRASH_LOOP`` or ``EXIT_FATAL``;
@@ -9,9 +10,9 @@ what the workers report in the launch folder (see ``goodput.run._launchdir``) an
   ``grace`` seconds to save, then print where it saved and return ``EXIT_PREEMPTED`` (or, with no save in time,
   end everything and return 128 + the signal); a second signal ends everything at once.
 
-Ending the job: torchrun is killed first (so it neither restarts workers nor prints a traceback), then every
-remaining process of the job gets SIGTERM and, after a few seconds, SIGKILL. The launcher is a child subreaper,
-so workers whose torchrun died are still its descendants; it remembers the job's processes (torchrun's
+Ending the job: torchrun is frozen first (so it neither restarts workers nor prints a traceback), then every
+other process of the job gets SIGTERM and, after a few seconds, SIGKILL; then torchrun is killed. The launcher
+is a child subreaper, so workers whose torchrun died are still its descendants; it remembers the job's processes (torchrun's
 descendants, read every poll) and ends only those, so several launches in one process (tests) stay apart.
 """
 
@@ -58,10 +59,17 @@ _AFTER_SAVE = 15.0  # seconds the workers get to exit once the preemption checkp
 
 
 class Supervisor:
-    """Runs and watches one torchrun for a :class:`LaunchConfig`."""
+    """Runs and watches one torchrun for a :class:`LaunchConfig`.
 
-    def __init__(self, config: LaunchConfig) -> None:
+    Args:
+        config: the launch.
+        command: the command to run and watch instead of torchrun (the warm-restart agent's); it finds the
+            launch folder in ``$GOODPUT_LAUNCH_DIR`` like every worker.
+    """
+
+    def __init__(self, config: LaunchConfig, command: list[str] | None = None) -> None:
         self.config = config
+        self.command = command
         self.preempt_signal = parse_signal(config.preempt_signal)
         self._signals: list[int] = []
         self._forwarded: set[tuple[str, int]] = set()
@@ -79,9 +87,8 @@ class Supervisor:
         proc: subprocess.Popen[bytes] | None = None
         try:
             log_dir = os.path.join(self.folder, LOGS_DIR)
-            proc = subprocess.Popen(
-                torchrun_command(self.config, log_dir=log_dir), env=self._env(), start_new_session=True
-            )
+            command = self.command or torchrun_command(self.config, log_dir=log_dir)
+            proc = subprocess.Popen(command, env=self._env(), start_new_session=True)
             return self._supervise(proc)
         finally:
             self._end_job(proc)
@@ -187,12 +194,24 @@ class Supervisor:
         return status
 
     def _end_job(self, proc: subprocess.Popen[bytes] | None) -> None:
-        """Kill torchrun, then end every remaining process of the job (SIGTERM, then SIGKILL)."""
+        """Freeze torchrun, end every other process of the job (SIGTERM, then SIGKILL), then kill torchrun.
+
+        Frozen (SIGSTOP), torchrun restarts no worker, and the warm agent's store, which its workers wait on,
+        stays open: a worker sees no closed connection (and prints no traceback) before its SIGTERM."""
         if proc is not None and proc.poll() is None:
             self._family.update(descendants(proc.pid))
             with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait()
+                os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            self._end_family()
+        finally:
+            if proc is not None and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()
+                self._alive()  # reap its dead children, now re-parented to this process
+
+    def _end_family(self) -> None:
         left = self._alive()
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pid in left:
@@ -216,11 +235,21 @@ class Supervisor:
             with contextlib.suppress(ChildProcessError):
                 if os.waitpid(pid, os.WNOHANG)[0] == pid:
                     continue  # an orphan of the job that just ended: reaped
-            alive.append(pid)
+            if not _zombie(pid):  # (a dead child of the frozen torchrun is reaped once torchrun is killed)
+                alive.append(pid)
         return alive
 
     def _say(self, text: str) -> None:
         print(f"goodput launch: {text}", file=sys.stderr, flush=True)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie, or gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _name(signum: int) -> str:

@@ -9,8 +9,9 @@ no other process to run.
 Two slots per rank, written alternately, each ``step, length, crc32`` then the JSON: a write torn by a kill in
 the middle of the system call (the kernel may stop a write between pages on SIGKILL) fails its checksum, and
 the reader takes the other slot (one step older: the documented case where a replacement's randomness may
-differ). The folder is named after the job's store address, so the workers and spares of one job on one node
-share it and no two jobs do; the agent removes it at the end.
+differ). The folder is named after the launch (or the job's store address), so the workers and spares of one job
+on one node share it and no two jobs do; the agent removes it at the end, and ``launch_warm`` again after the
+launcher ended the job (it may have had to kill the agent).
 """
 
 from __future__ import annotations
@@ -25,15 +26,24 @@ import tempfile
 import zlib
 from typing import Any
 
+from goodput.run._launchdir import LAUNCH_ID_ENV
+
 __all__ = ["RecordFiles", "record_folder", "remove_folder"]
 
 _HEADER = struct.Struct("<qQI")  # step, length, crc32
 
 
-def record_folder(store_address: str, prefix: str) -> str:
-    """This job's record folder on this node (``/dev/shm`` when it exists, else the temporary folder)."""
+def record_folder(store_address: str, prefix: str, launch: str | None = None) -> str:
+    """This job's record folder on this node (``/dev/shm`` when it exists, else the temporary folder).
+
+    Named after the launch (``launch``, else ``$GOODPUT_LAUNCH_ID``, which ``goodput launch`` gives its agent
+    and every worker and spare of the node), so the launcher can remove it even after it had to kill the agent;
+    without one, after the job's store.
+    """
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    digest = hashlib.sha256(f"{store_address}|{prefix}".encode()).hexdigest()[:16]
+    launch = launch if launch is not None else os.environ.get(LAUNCH_ID_ENV, "")
+    key = f"launch|{launch}" if launch else f"{store_address}|{prefix}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return os.path.join(base, f"goodput-warm-{os.getuid()}-{digest}")
 
 

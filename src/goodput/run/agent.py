@@ -19,6 +19,12 @@ This agent keeps torch.distributed.elastic's parts and changes that one decision
 Every decision is appended to ``RUN_DIR/warm/agent.jsonl`` (one JSON object a line), and each worker's ledger
 records the restart's parts as seen by that rank.
 
+The launcher around it: ``launch_warm`` runs the agent as a process under torchrun's supervisor
+(``goodput.run._supervise``), so a warm launch keeps every promise of a cold one: preemption (exit 75), the
+crash-loop verdict (each generation is an attempt; exit 3), errors a restart cannot fix (a worker reports its
+own as ``FATAL`` before it exits, so no spare is handed it; exit 78), and no process left behind. An elastic
+``--nnodes MIN:MAX`` is refused: a generation keeps the world size.
+
 Several nodes: each node runs an agent (``--nnodes N --rdzv-endpoint HOST:PORT``); the agents meet through
 elastic's c10d rendezvous and share its store. Generations are numbered by a store counter; the agent that
 sees a failure claims the next generation of the current one (a compare-and-set, so two nodes failing at
@@ -40,9 +46,9 @@ import time
 from typing import Any
 
 from goodput.errors import ConfigError
+from goodput.run._launchdir import LOGS_DIR, launch_dir
 from goodput.run._warm_record import record_folder, remove_folder
-from goodput.run.crashloop import CRASH_LOOP_FILE
-from goodput.run.launch import EXIT_CRASH_LOOP, LaunchConfig
+from goodput.run.launch import LaunchConfig
 from goodput.run.warm import (
     GEN_ENV,
     PG_TIMEOUT_ENV,
@@ -98,8 +104,7 @@ class WarmAgent:
     def __init__(self, launch: LaunchConfig, warm: WarmConfig) -> None:
         import torch.distributed as dist
 
-        if not launch.nnodes.isdigit():
-            raise ConfigError(f"--restart warm needs a fixed --nnodes, got {launch.nnodes!r}")
+        check_warm(launch)
         self.launch = launch
         self.warm = warm
         self.nproc = launch.nproc
@@ -157,12 +162,15 @@ class WarmAgent:
     def _spawn(self, name: str, env: dict[str, str]) -> _Slot:
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 
+        # torch's error file of each process goes to the launch folder, where the launcher quotes the last one.
+        folder = launch_dir()
+        logs = os.path.join(folder, LOGS_DIR, name) if folder else os.devnull
         ctx = start_processes(
             name=name,
             entrypoint=sys.executable,
             args={0: ("-u", *self.launch.script)},
             envs={0: env},
-            logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
+            logs_specs=DefaultLogsSpecs(log_dir=logs),
         )
         return _Slot(ctx=ctx, pid=ctx.pids()[0])
 
@@ -246,13 +254,10 @@ class WarmAgent:
         return status
 
     def _monitor(self) -> int:
-        marker = os.path.join(self.launch.run_dir, CRASH_LOOP_FILE) if self.launch.run_dir else None
+        # The crash-loop and fatal-error verdicts, and preemption, are the launcher's (goodput.run._supervise),
+        # which ends this agent with its workers; this loop only restarts failed workers.
         while True:
             time.sleep(self.launch.monitor_interval)
-            if marker is not None and os.path.exists(marker):
-                with open(marker) as f:
-                    print(f"goodput launch: crash loop: {f.read().strip()}", file=sys.stderr)
-                return EXIT_CRASH_LOOP
             self._follow()
             failed = self._poll_workers()
             if not failed:
@@ -291,20 +296,30 @@ class WarmAgent:
         return failed
 
     def _cold_reason(self) -> str | None:
+        # A warm restart that recovered since the last poll is done: a failure right after it (a rank that
+        # fails at the same step every time) is a new failure, to restart warm again, not one during it.
+        self._confirm_recovered()
         if self._pending is not None or self._unrecovered():
             return "a failure during a warm restart"
         if self._done:
             return "a worker had already finished"
         return None
 
-    def _check_pending(self) -> None:
+    def _confirm_recovered(self) -> bool:
+        """Whether the pending warm restart (if any) has recovered on every rank; it is then done."""
         if self._pending is None:
+            return False
+        gen = self._pending[0]
+        if self.store.add(f"gen/{gen}/recovered", 0) < self.world_size:
+            return False
+        self._record("warm_restart_done", gen=gen)
+        self._pending = None
+        return True
+
+    def _check_pending(self) -> None:
+        if self._pending is None or self._confirm_recovered():
             return
-        gen, deadline = self._pending
-        if self.store.add(f"gen/{gen}/recovered", 0) >= self.world_size:
-            self._record("warm_restart_done", gen=gen)
-            self._pending = None
-        elif time.monotonic() > deadline:
+        if time.monotonic() > self._pending[1]:
             self.restarts += 1
             self._cold_restart(
                 [], time.time(), f"warm restart not recovered within {self.warm.reform_timeout}s"
@@ -449,14 +464,35 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def check_warm(launch: LaunchConfig) -> None:
+    """Refuse what warm restarts do not support, in one line.
+
+    Raises:
+        ConfigError: for an elastic node count (``--nnodes MIN:MAX``).
+    """
+    if not launch.nnodes.isdigit():
+        raise ConfigError(
+            f"--restart warm needs a fixed node count, got --nnodes {launch.nnodes}: pass --nnodes N (the same "
+            "on every node), or use --restart cold for an elastic MIN:MAX"
+        )
+
+
 def launch_warm(launch: LaunchConfig, warm: WarmConfig) -> int:
-    """Run ``launch``'s script under the warm-restart agent; returns the job's exit status."""
+    """Run ``launch``'s script under the warm-restart agent; returns the job's exit status.
+
+    The agent runs as a child of ``goodput launch``'s supervisor, in torchrun's place, so a warm launch keeps
+    every promise of a cold one: the launch folder, preemption with one agreed save (``EXIT_PREEMPTED``), the
+    crash-loop and fatal-error verdicts (``EXIT_CRASH_LOOP``, ``EXIT_FATAL``) and no process left behind.
+    """
+    from goodput.run._supervise import Supervisor
+
+    check_warm(launch)
     if launch.run_dir is not None:
         os.makedirs(launch.run_dir, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(launch.run_dir, CRASH_LOOP_FILE))
-    agent = WarmAgent(launch, warm)
+    spec = json.dumps({"launch": dataclasses.asdict(launch), "warm": dataclasses.asdict(warm)})
+    supervisor = Supervisor(launch, command=[sys.executable, "-m", "goodput.run._agent_main", spec])
     try:
-        return agent.run()
-    except KeyboardInterrupt:
-        return 130
+        return supervisor.run()
+    finally:
+        if supervisor.folder:  # the agent removes it, unless the launcher had to kill it first
+            remove_folder(record_folder("", "", launch=os.path.basename(supervisor.folder)))

@@ -35,7 +35,7 @@ from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.ledger.tiers import live_recovered_share
 from goodput.run._cachestats import CacheStatsRecorder
-from goodput.run._launchdir import install_error_report, register_pid
+from goodput.run._launchdir import FATAL_ERRORS, install_error_report, register_pid, report_failure
 from goodput.run._runhooks import already_complete, resolve_run_dir, single_process_group, stop_preempted
 from goodput.run.crashloop import CrashLoopDetector
 from goodput.run.progress import Progress
@@ -339,10 +339,15 @@ class Run:
         """This rank's own failure under warm restarts: record it and exit now, so a spare takes the rank.
 
         Exiting at once (not through the interpreter's shutdown, which may wait on the process group) lets the
-        survivors' collectives fail promptly.
+        survivors' collectives fail promptly. The error is reported as the excepthook does (torch's error file;
+        ``FATAL`` for an error a restart cannot fix, which the launcher prints in one line and stops the job on).
         """
-        traceback.print_exception(err)
-        self.ledger.failure_detected(f"exception on this rank: {type(err).__name__}: {err}"[:300])
+        line = report_failure(self.info.rank, err)
+        if not isinstance(err, FATAL_ERRORS):
+            traceback.print_exception(err)
+        self.ledger.failure_detected(f"exception on this rank: {line}"[:300])
+        if self._crash is not None:
+            self._crash.close()
         self.ledger.close("failed")
         sys.stderr.flush()
         os._exit(1)
@@ -358,13 +363,17 @@ class Run:
         if self._progress is not None:
             self._progress.close()
             self._progress = None
-        self._preempt.close()  # its group belongs to the dead generation
+        self._preempt.leave_group()  # its group belongs to the dead generation; a preemption request stays
         with self._phase("restore"):
             self._warm_next = self._warm.leave()
         # Every rank of the new generation makes the watch's group at the same point as a spare does in __init__.
-        self._preempt = PreemptionWatch(rank=self.info.rank, world_size=self.info.world_size)
+        self._preempt.join_group()
         self.ledger = Ledger(self.run_dir, rank=self.info.rank, began=self._warm.joined_wall)
         self.attempt = self.ledger.attempt
+        if self._crash is not None:  # each generation is an attempt of the crash-loop count, as in __init__
+            self._crash.close()
+            self._crash = CrashLoopDetector(self.run_dir, self.attempt, limit=self._crash.limit)
+            self._crash.check()
         if self._records is not None:  # verify-resume: the steps redone from here belong to the new attempt
             self._records.close()
             self._records = StepRecorder.from_env(self.run_dir, rank=self.info.rank, attempt=self.attempt)

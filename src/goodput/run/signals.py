@@ -99,12 +99,9 @@ class PreemptionWatch:
             self._previous = signal.signal(self.signum, self._on_signal)
             self._installed = True
         self._group: Any = None
-        if world_size > 1:
-            import torch.distributed as dist
-
-            self._group = dist.new_group(backend="gloo")
-        self._next_check = 1
         self._pending: tuple[Any, Any] | None = None  # (work, tensor) of the all-reduce started last step
+        self.join_group()
+        self._next_check = 1
         self._mark: tuple[int, float] = (0, clock())
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -152,18 +149,32 @@ class PreemptionWatch:
         work = dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
         return work, both
 
-    def close(self) -> None:
-        """Give the signal back to its previous handler and release the group."""
-        if self._installed:
-            with contextlib.suppress(ValueError, TypeError):
-                signal.signal(self.signum, self._previous)
-            self._installed = False
+    def join_group(self) -> None:
+        """Make the group the ranks agree on (a collective over the current default group)."""
+        self.leave_group()
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")
+
+    def leave_group(self) -> None:
+        """Release the group, keeping the signal handler and any request: a warm restart drops the group with
+        its generation and joins the next one's, and a signal meanwhile must neither kill nor be forgotten."""
+        self._pending = None  # a check in flight on the old group is abandoned with it
         if self._group is not None:
             import torch.distributed as dist
 
             with contextlib.suppress(Exception):
                 dist.destroy_process_group(self._group)
             self._group = None
+
+    def close(self) -> None:
+        """Give the signal back to its previous handler and release the group."""
+        if self._installed:
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(self.signum, self._previous)
+            self._installed = False
+        self.leave_group()
 
 
 # ---- the launcher's side ------------------------------------------------------------------------------------

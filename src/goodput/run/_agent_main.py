@@ -1,0 +1,29 @@
+"""The warm-restart agent's process: ``python -m goodput.run._agent_main SPEC``, started by ``launch_warm``.
+
+SPEC is the JSON of the launch's ``LaunchConfig`` and ``WarmConfig``. The process runs where torchrun runs in a
+cold launch, under ``goodput launch``'s supervisor, and exits with the job's status.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+from goodput.run.agent import WarmAgent, WarmConfig
+from goodput.run.launch import LaunchConfig
+from goodput.run.signals import parse_signal
+
+
+def main(argv: list[str]) -> int:
+    """Run the agent for the launch in ``argv[0]``; returns the job's exit status."""
+    spec = json.loads(argv[0])
+    launch = LaunchConfig(**{**spec["launch"], "script": tuple(spec["launch"]["script"])})
+    # The preemption signal is the workers' business (the launcher forwards it to them); one sent to every
+    # process of the job must not end the agent. A handler, unlike SIG_IGN, is not inherited by the workers.
+    signal.signal(parse_signal(launch.preempt_signal), lambda signum, frame: None)
+    return WarmAgent(launch, WarmConfig(**spec["warm"])).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
