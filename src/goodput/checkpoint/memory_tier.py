@@ -118,6 +118,9 @@ class MemoryCheckpointer:
         self._inflight: Future[None] | None = None
         self.committed: list[int] = []  # steps every rank completed, newest first
         self.overwritten = False  # a restore wrote a damaged part's bytes into the live state (see restore)
+        self.last_parts: dict[
+            str, float
+        ] = {}  # the last restore's seconds: agree, load, check (all ranks' word)
         self._failing = False
         if rank == 0 and tier.replicas and topology.node_count < 2:
             log.info(
@@ -247,18 +250,24 @@ class MemoryCheckpointer:
             StateMismatch: the newest agreed step does not fit this run's model or optimizer.
         """
         self.wait()
+        begin = self._clock()
         inventories = self._all_gather(self.inventory())
         bad: set[tuple[int, int, int]] = set()  # (rank, step, holder) found damaged
         floor = -1 if at_least is None else at_least
         self.overwritten = False
+        self.last_parts = {"agree": self._clock() - begin, "load": 0.0, "check": 0.0}
         while (choice := _agree(inventories, self.world_size, bad, floor)) is not None:
             step, holders = choice
             # One pass (read into the live tensors, check the hash at the end) when another checkpoint can be
             # loaded over a part found damaged; else check first and copy after (nothing to fall back to).
             tried = bad | {(r, step, h) for r, h in enumerate(holders)}
             in_place = at_least is not None or _agree(inventories, self.world_size, tried, floor) is not None
+            loading = self._clock()
             outcome = self._load_step(step, holders, in_place=in_place)
+            loaded = self._clock()
             outcomes = self._all_gather(outcome)
+            self.last_parts["load"] += loaded - loading
+            self.last_parts["check"] += self._clock() - loaded
             mismatches = [d for status, d in outcomes if status == "mismatch"]
             if mismatches:
                 raise StateMismatch(f"memory-tier step {step}: {mismatches[0]}")
