@@ -120,7 +120,10 @@ def _costs(cfg: dict[str, Any], state: TrainingState) -> dict[str, Any]:
     parts: list[dict[str, float]] = []
     # The memory restore is timed 3 times (median, like the floor: one sub-second sample on a shared machine
     # is mostly noise); the durable one once (it takes tens of seconds).
+    floors: list[float] = []
     for tier_name, memory, last in [*[("memory", tier, n == 2) for n in range(3)], ("durable", None, True)]:
+        if tier_name == "memory":  # the floor again at this moment: the box may be busier than at the start
+            floors.append(_memcpy_floor(state, repeats=1)[0])
         for t in _tensors(state):
             t.zero_()
         events = _Events()
@@ -140,6 +143,7 @@ def _costs(cfg: dict[str, Any], state: TrainingState) -> dict[str, Any]:
         "durable_save_s": durable_save,
         "memory_restore_s": statistics.median(restores["memory"]),
         "memory_restores_s": restores["memory"],
+        "memcpy_floor_at_restore_s": statistics.median(floors),  # each measured just before a memory restore
         "memory_restore_parts_s": {k: statistics.median(p[k] for p in parts) for k in parts[0]}
         if parts
         else {},
