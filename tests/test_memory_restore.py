@@ -126,3 +126,25 @@ def test_the_memory_schedule_saves_at_the_step_nearest_the_interval(nearest: boo
     saved = _saved_steps(StepSchedule(EveryInterval(4.3), nearest=nearest), 1.0, 40)
     gaps = {b - a for a, b in itertools.pairwise(saved)}
     assert gaps == {gap}, saved
+
+
+@pytest.mark.parametrize("damage", [b'"T":', b"[16,8]"])
+def test_a_damaged_header_is_skipped_before_any_byte_is_loaded(tmp_path: Path, damage: bytes) -> None:
+    parts = _parts()
+    first = _manager(tmp_path / "ck", tmp_path / "shm", **_kw(parts))
+    first.restore_latest()
+    _train(first, parts, range(1, 4))
+    at_3 = _snapshot(parts)
+    _train(first, parts, range(4, 5))
+    first.close(finished=False)
+    part = _node(tmp_path / "shm") / "step-4" / "rank-0.part"
+    blob = part.read_bytes()
+    # a broken structure, or a shape that is consistent but wrong (16x8 read as 8x16: another model's shape)
+    changed = blob.replace(damage, b'"X":' if damage == b'"T":' else b"[8,16]", 1)
+    assert changed != blob
+    part.write_bytes(changed)
+    fresh = _parts(seed=1)
+    second = _manager(tmp_path / "ck", tmp_path / "shm", **_kw(fresh))
+    assert second.restore_latest() == 3  # skipped as damaged, not taken for a model mismatch
+    _equal(at_3, _snapshot(fresh))
+    second.close()

@@ -156,7 +156,15 @@ def read_part_into(
         if (header.run, header.step, header.rank) != expect:
             raise CheckpointCorrupt(f"holds step {header.step} of rank {header.rank} of run {header.run}")
         plan = _Plan(header)
-        out = plan.build(header.skeleton, current, "")
+        try:
+            out = plan.build(header.skeleton, current, "")
+        except StateMismatch:  # nothing written yet: a damaged header must not pass for another model
+            reader.skip_to(size)
+            if reader.hasher.hexdigest() != digest:
+                raise CheckpointCorrupt("checksum mismatch (a byte changed after it was written)") from None
+            raise
+        except (IndexError, KeyError, ValueError, TypeError, AttributeError, StopIteration) as err:
+            raise CheckpointCorrupt(f"unreadable header: {type(err).__name__}: {err}") from None
         if not isinstance(out, dict):
             raise CheckpointCorrupt("its state is not a dict")
         base = reader.pos
