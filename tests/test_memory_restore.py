@@ -88,6 +88,12 @@ def test_a_damaged_part_read_in_place_with_no_checkpoint_left_to_load_stops_the_
     with pytest.raises(CheckpointCorrupt, match="restart the job"):
         second.restore_latest()
     second.close(finished=False)
+    fresh = _parts(seed=2)
+    before = _snapshot(fresh)
+    again = _manager(tmp_path / "ck", tmp_path / "shm", every=3, **_kw(fresh))
+    assert again.restore_latest() is None  # the restarted job starts from the beginning, not a crash loop
+    _equal(before, _snapshot(fresh))
+    again.close(finished=False)
 
 
 def test_a_part_of_another_model_is_refused_before_any_byte_is_loaded(tmp_path: Path) -> None:

@@ -98,7 +98,7 @@ class _RestorePath:
         if self.memory is not None and self.memory.overwritten:
             raise CheckpointCorrupt(
                 "a damaged memory-tier part was read into the live state and no other checkpoint could be"
-                " loaded over it; restart the job (it will start from the beginning)"
+                " loaded over it; restart the job (the damaged part is discarded: it starts from the beginning)"
             )
         return None
 

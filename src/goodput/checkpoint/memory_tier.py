@@ -297,13 +297,18 @@ class MemoryCheckpointer:
                     marker, blob = self.link.receive_part(src=holder)
             if blob is None and in_place:
                 marker = self.store.marker(step, self.rank, self.world_size)
-                loaded = read_part_into(
-                    self.store.part_path(step, self.rank),
-                    size=int(marker["bytes"]),
-                    digest=str(marker[CHECKSUM]),
-                    current=self.state.state_dict(),
-                    expect=(self.store.run_id, step, self.rank),
-                )
+                path = self.store.part_path(step, self.rank)
+                try:
+                    loaded = read_part_into(
+                        path,
+                        size=int(marker["bytes"]),
+                        digest=str(marker[CHECKSUM]),
+                        current=self.state.state_dict(),
+                        expect=(self.store.run_id, step, self.rank),
+                    )
+                except CheckpointCorrupt:
+                    _remove(path[: -len(".part")] + ".json")  # damaged: never tried (or read in place) again
+                    raise
                 self.state.load_state_dict(loaded)
                 return ("ok", "")
             if blob is None:
