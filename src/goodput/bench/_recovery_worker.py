@@ -58,12 +58,13 @@ def _tensors(state: TrainingState) -> list[torch.Tensor]:
 
 
 def _memcpy_floor(state: TrainingState, repeats: int = 3) -> tuple[float, int]:
-    """A copy of the same bytes into preallocated buffers (median seconds, bytes)."""
+    """A copy of the same bytes into preallocated buffers (median seconds, bytes), on every rank at once."""
     tensors = _tensors(state)
     total = sum(t.numel() * t.element_size() for t in tensors)
     buffer = torch.empty(total, dtype=torch.uint8)
     times = []
     for _ in range(repeats + 1):
+        dist.barrier()  # every rank copies at once, as every rank saves and restores at once
         start, offset = time.perf_counter(), 0
         for t in tensors:
             n = t.numel() * t.element_size()
@@ -116,9 +117,13 @@ def _costs(cfg: dict[str, Any], state: TrainingState) -> dict[str, Any]:
     manager.close(finished=False)
     expected = _fingerprint(state)
     restores: dict[str, list[float]] = {"memory": [], "durable": []}
+    parts: list[dict[str, float]] = []
     # The memory restore is timed 3 times (median, like the floor: one sub-second sample on a shared machine
     # is mostly noise); the durable one once (it takes tens of seconds).
+    floors: list[float] = []
     for tier_name, memory, last in [*[("memory", tier, n == 2) for n in range(3)], ("durable", None, True)]:
+        if tier_name == "memory":  # the floor again at this moment: the box may be busier than at the start
+            floors.append(_memcpy_floor(state, repeats=1)[0])
         for t in _tensors(state):
             t.zero_()
         events = _Events()
@@ -129,6 +134,8 @@ def _costs(cfg: dict[str, Any], state: TrainingState) -> dict[str, Any]:
         if _fingerprint(state) != expected:
             raise RuntimeError(f"the {tier_name} restore did not bring back the saved state")
         restores[tier_name].append(float(restored["seconds"]))
+        if tier_name == "memory" and again.memory is not None:
+            parts.append(dict(again.memory.last_parts))
         again.close(finished=last)
     return {
         "memory_stall_s": statistics.median(stalls[1:]),  # the first save allocates the staging buffer
@@ -136,6 +143,10 @@ def _costs(cfg: dict[str, Any], state: TrainingState) -> dict[str, Any]:
         "durable_save_s": durable_save,
         "memory_restore_s": statistics.median(restores["memory"]),
         "memory_restores_s": restores["memory"],
+        "memcpy_floor_at_restore_s": statistics.median(floors),  # each measured just before a memory restore
+        "memory_restore_parts_s": {k: statistics.median(p[k] for p in parts) for k in parts[0]}
+        if parts
+        else {},
         "durable_restore_s": restores["durable"][0],
     }
 

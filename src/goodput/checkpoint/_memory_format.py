@@ -32,7 +32,8 @@ __all__ = ["CHECKSUM", "PartHeader", "Staging", "checksum", "decode_part", "load
 MAGIC = b"GPMEM001"
 _LEN = struct.Struct("<Q")
 _ALIGN = 64
-_CHUNK = 64 << 20
+_CHUNK = 1 << 20  # written then hashed while still in the CPU cache
+_BIG = 64 << 10  # tensors from this size get a destination that copies fastest (see _unaliased)
 CHECKSUM = "xxh3_64"  # the marker's key for a part's hash (older parts' markers hold "crc32" and are refused)
 
 
@@ -99,14 +100,19 @@ class Staging:
         """Copy every tensor of ``state_dict`` into the buffer; returns the header describing the copy."""
         tensors: list[torch.Tensor] = []
         skeleton = _encode(state_dict, tensors)
+        sizes = [t.numel() * t.element_size() for t in tensors]
+        bound = sum(n + 2 * _ALIGN for n in sizes)
+        if self.buffer.numel() < bound:
+            self.buffer = torch.empty(bound, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
         entries: list[tuple[str, list[int], int, int]] = []
-        offset = 0
-        for t in tensors:
-            nbytes = t.numel() * t.element_size()
+        offset, base = 0, self.buffer.data_ptr()
+        for t, nbytes in zip(tensors, sizes, strict=True):
+            offset += -offset % _ALIGN
+            if nbytes >= _BIG and t.device.type == "cpu":
+                offset += _unaliased(base + offset, t.data_ptr())
             entries.append((str(t.dtype), list(t.shape), offset, nbytes))
-            offset += nbytes + (-nbytes % _ALIGN)
-        if self.buffer.numel() < offset:
-            self.buffer = torch.empty(offset, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+            offset += nbytes
+        offset += -offset % _ALIGN
         for t, (_, _, start, nbytes) in zip(tensors, entries, strict=True):
             if nbytes:
                 flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
@@ -114,6 +120,16 @@ class Staging:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         return PartHeader(run, step, rank, world, skeleton, entries, offset)
+
+
+def _unaliased(dst: int, src: int) -> int:
+    """Bytes (0-63) to move ``dst`` so that it sits 16 bytes past ``src`` modulo 64.
+
+    Measured on this project's x86 box with torch 2.13's CPU copy: 288 MiB copied between addresses that agree
+    modulo 32 take ~1.3x as long as between addresses 16 bytes apart (the bench's memcpy floor is usually
+    mutually misaligned by accident, after 4-byte step counters); 16 keeps every dtype's alignment.
+    """
+    return (src + 16 - dst) % _ALIGN
 
 
 def write_part(path: str, header: PartHeader, buffer: torch.Tensor) -> tuple[int, str]:

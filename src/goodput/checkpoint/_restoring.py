@@ -95,6 +95,11 @@ class _RestorePath:
                 fault_point("restore", step)  # loaded, not yet in use
                 self._last_step = step
                 return self._restored(step, start, tier="durable", source="durable")
+        if self.memory is not None and self.memory.overwritten:
+            raise CheckpointCorrupt(
+                "a damaged memory-tier part was read into the live state and no other checkpoint could be"
+                " loaded over it; restart the job (the damaged part is discarded: it starts from the beginning)"
+            )
         return None
 
     def _restored(self, step: int, start: float, *, tier: str, source: str) -> int:

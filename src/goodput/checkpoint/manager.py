@@ -110,7 +110,7 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         if config.memory is not None:
             self.memory, self._memory_policy = open_memory_tier(self, ranks)
             if self._dist and isinstance(self._memory_policy, EveryInterval):
-                self._memory_schedule = StepSchedule(self._memory_policy)
+                self._memory_schedule = StepSchedule(self._memory_policy, nearest=True)
         self._barrier()
 
     # ---- plumbing -------------------------------------------------------------------------------------------

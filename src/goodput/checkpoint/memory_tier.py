@@ -9,6 +9,8 @@ Restore: every rank lists the parts it can serve (its own parts; local rank 0 al
 one all-gather agrees on the newest step for which every rank's part exists somewhere, parts held only by a
 peer are sent to their rank, each rank checks size and checksum and loads. A damaged part is skipped with a warning
 and the agreement is made again without it; with no agreed step the caller falls back to the durable tier.
+When another checkpoint could be loaded over it, an own part is read in one pass straight into the live tensors
+and its hash checked at the end (``_memory_read``); else it is checked whole before a byte is loaded.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import torch.distributed as dist
 
 from goodput.checkpoint._memory_format import CHECKSUM, Staging, decode_part, load_part, write_part
+from goodput.checkpoint._memory_read import read_part_into
 from goodput.checkpoint._replica import ReplicaLink
 from goodput.checkpoint.memory import MemoryStore, MemoryTier
 from goodput.checkpoint.state import TrainingState
@@ -114,6 +117,10 @@ class MemoryCheckpointer:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-memory")
         self._inflight: Future[None] | None = None
         self.committed: list[int] = []  # steps every rank completed, newest first
+        self.overwritten = False  # a restore wrote a damaged part's bytes into the live state (see restore)
+        self.last_parts: dict[
+            str, float
+        ] = {}  # the last restore's seconds: agree, load, check (all ranks' word)
         self._failing = False
         if rank == 0 and tier.replicas and topology.node_count < 2:
             log.info(
@@ -122,10 +129,14 @@ class MemoryCheckpointer:
 
     # ---- saving ---------------------------------------------------------------------------------------------
     def save(self, step: int) -> float:
-        """Stage the state of ``step`` and write it in the background; returns the seconds training blocked."""
-        self.wait()
+        """Stage the state of ``step`` and write it in the background; returns the seconds training blocked.
+
+        A previous save still being written is waited for first, and that wait counts as stall (the planner
+        must see it: it means saves come faster than they can be written).
+        """
         self._emit("checkpoint_stall", phase="start", step=step, tier="memory")
         start = self._clock()
+        self.wait()
         self.state.step = step
         header = self._staging.stage(
             self.state.state_dict(), run=self.store.run_id, step=step, rank=self.rank, world=self.world_size
@@ -239,13 +250,24 @@ class MemoryCheckpointer:
             StateMismatch: the newest agreed step does not fit this run's model or optimizer.
         """
         self.wait()
+        begin = self._clock()
         inventories = self._all_gather(self.inventory())
         bad: set[tuple[int, int, int]] = set()  # (rank, step, holder) found damaged
         floor = -1 if at_least is None else at_least
+        self.overwritten = False
+        self.last_parts = {"agree": self._clock() - begin, "load": 0.0, "check": 0.0}
         while (choice := _agree(inventories, self.world_size, bad, floor)) is not None:
             step, holders = choice
-            outcome = self._load_step(step, holders)
+            # One pass (read into the live tensors, check the hash at the end) when another checkpoint can be
+            # loaded over a part found damaged; else check first and copy after (nothing to fall back to).
+            tried = bad | {(r, step, h) for r, h in enumerate(holders)}
+            in_place = at_least is not None or _agree(inventories, self.world_size, tried, floor) is not None
+            loading = self._clock()
+            outcome = self._load_step(step, holders, in_place=in_place)
+            loaded = self._clock()
             outcomes = self._all_gather(outcome)
+            self.last_parts["load"] += loaded - loading
+            self.last_parts["check"] += self._clock() - loaded
             mismatches = [d for status, d in outcomes if status == "mismatch"]
             if mismatches:
                 raise StateMismatch(f"memory-tier step {step}: {mismatches[0]}")
@@ -256,12 +278,13 @@ class MemoryCheckpointer:
                 source = "peer" if holders[self.rank] != self.rank else "memory"
                 self.committed = [step]
                 return MemoryRestore(step, tier, source)
+            self.overwritten = self.overwritten or in_place  # some rank's live state may hold its bytes
             for r, detail in damaged:
                 log.warning("memory tier: skipping rank %d's part of step %d: %s", r, step, detail)
                 bad.add((r, step, holders[r]))
         return None
 
-    def _load_step(self, step: int, holders: list[int]) -> tuple[str, str]:
+    def _load_step(self, step: int, holders: list[int], *, in_place: bool) -> tuple[str, str]:
         blob: bytearray | memoryview | None = None
         marker: dict[str, Any] = {}
         try:
@@ -272,6 +295,22 @@ class MemoryCheckpointer:
                     self.link.send_part(self.store, step, r, world=self.world_size, dst=r)
                 elif r == self.rank:
                     marker, blob = self.link.receive_part(src=holder)
+            if blob is None and in_place:
+                marker = self.store.marker(step, self.rank, self.world_size)
+                path = self.store.part_path(step, self.rank)
+                try:
+                    loaded = read_part_into(
+                        path,
+                        size=int(marker["bytes"]),
+                        digest=str(marker[CHECKSUM]),
+                        current=self.state.state_dict(),
+                        expect=(self.store.run_id, step, self.rank),
+                    )
+                except CheckpointCorrupt:
+                    _remove(path[: -len(".part")] + ".json")  # damaged: never tried (or read in place) again
+                    raise
+                self.state.load_state_dict(loaded)
+                return ("ok", "")
             if blob is None:
                 marker = self.store.marker(step, self.rank, self.world_size)
                 blob = self.store.read(step, self.rank)

@@ -63,10 +63,14 @@ class EveryInterval:
         self._last_step: int | None = None
 
     def due(self, step: int, now: float) -> bool:
+        return self.due_within(step, now, 0.0)
+
+    def due_within(self, step: int, now: float, slack: float) -> bool:
+        """Whether at most ``slack`` seconds of the interval are left (``due`` is ``slack=0``)."""
         if self._last_time is None:
             self._last_time = now
             return False
-        return step != self._last_step and now - self._last_time >= self.interval
+        return step != self._last_step and now - self._last_time >= self.interval - slack
 
     def saved(self, step: int, now: float) -> None:
         self._last_time = now
@@ -172,10 +176,14 @@ class StepSchedule:
 
     Args:
         policy: a time-based policy (``EveryInterval`` or ``AutoInterval``): its ``interval`` and last save time.
+        nearest: save at the step whose end is nearest to the interval's end, not the first step after it
+            (the memory tier: its interval is a few steps, and rounding up would add half a step to every
+            interval, and to the work every failure loses).
     """
 
-    def __init__(self, policy: EveryInterval) -> None:
+    def __init__(self, policy: EveryInterval, *, nearest: bool = False) -> None:
         self.policy = policy
+        self.nearest = nearest
         self.next_decision: int | None = None  # None: decide at the next step asked about
         self.decisions = 0
         self.in_flight: tuple[int, Any, Any] | None = None  # (step it is for, work, answer) of the broadcast
@@ -193,12 +201,15 @@ class StepSchedule:
         self._mark = (step, now)
         per_step = self._per_step
         at = now + (per_step or 0.0)  # when ``step`` ends, about
-        due = self.policy.due(step, at)
+        slack = per_step / 2 if self.nearest and per_step is not None else 0.0
+        due = self.policy.due_within(step, at, slack)
         last = self.policy.last_time
         remaining = self.policy.interval if due or last is None else self.policy.interval - (at - last)
         # while the step time is not known yet, decide again at the next step
-        ahead = max(1, math.ceil(remaining / per_step)) if per_step is not None and per_step > 0 else 1
-        return due, step + ahead - 1
+        if per_step is None or per_step <= 0:
+            return due, step
+        steps = remaining / per_step
+        return due, step + max(1, round(steps) if self.nearest else math.ceil(steps)) - 1
 
     def agreed(self, next_decision: int) -> None:
         """Every rank records the next decision step rank 0 chose."""
