@@ -46,6 +46,7 @@ import time
 from typing import Any
 
 from goodput.errors import ConfigError
+from goodput.run._idle import can_return, make_idle, make_normal
 from goodput.run._launchdir import LOGS_DIR, launch_dir
 from goodput.run._warm_record import record_folder, remove_folder
 from goodput.run.launch import LaunchConfig
@@ -130,6 +131,7 @@ class WarmAgent:
         self.restarts = 0
         self.workers: dict[int, _Slot] = {}
         self.spares: list[_Slot] = []
+        self._idle_spares = can_return()  # spares wait under SCHED_IDLE when they can be put back
         self._next_spare = 0
         self._pending: tuple[int, float] | None = (
             None  # (generation, deadline) of an unconfirmed warm restart
@@ -190,6 +192,8 @@ class WarmAgent:
         self._next_spare += 1
         env = self._env(**{ROLE_ENV: "spare", SPARE_ENV: f"{self.node_rank}-{spare}"})
         slot = self._spawn(f"spare{spare}", env)
+        if self._idle_spares:
+            make_idle(slot.pid)  # its imports use only CPU time the ranks leave (goodput.run._idle)
         slot.spare = spare
         self.spares.append(slot)
 
@@ -395,6 +399,8 @@ class WarmAgent:
             "restart_count": self.cold_restarts,
         }
         ready = self.store.check([f"spare/{self.node_rank}-{spare.spare}/ready"])  # False: still importing
+        if self._idle_spares:
+            make_normal(spare.pid)
         self.store.set(f"spare/{self.node_rank}-{spare.spare}/assign", json.dumps(assign))
         self.workers[rank] = spare
         return {"rank": rank, "spare": spare.spare, "pid": spare.pid, "ready": ready}
