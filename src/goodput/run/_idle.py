@@ -6,8 +6,8 @@ the steps after each warm restart (when a new spare starts) took twice as long. 
 spare runs only when a core would otherwise idle; when it is handed a rank, the agent puts every thread of it
 back under the normal policy (a spare still importing then finishes at full speed).
 
-Leaving ``SCHED_IDLE`` needs privilege (root, ``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` that permits nice 0):
-without it, spares start at the normal policy, as before.
+Leaving ``SCHED_IDLE`` needs privilege: the agent uses it only as root or when ``RLIMIT_NICE`` permits nice 0;
+otherwise spares start at the normal policy, as before.
 """
 
 from __future__ import annotations
