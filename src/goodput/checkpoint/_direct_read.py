@@ -128,29 +128,36 @@ class DirectReadMixin:
         reads_whole = getattr(self.fs, "reads_whole", None)
         with contextlib.ExitStack() as stack:
             later: list[tuple[_Spans, list[ReadItem]]] = []
-            error: BaseException | None = None
             try:
-                for relative_path, reqs in per_file.items():
-                    infos = [self.storage_data[req.storage_index] for req in reqs]
-                    needed = sum(info.length for info in infos)
-                    if reads_whole is None or reads_whole(relative_path, needed, sizes[relative_path]):
-                        self._read_file(relative_path, reqs, planner)
-                        continue
-                    path = self.fs.concat_path(self.path, relative_path)
-                    wanted = [(info.offset, info.length) for info in infos]
-                    later.append((_Spans(self.fs.read_spans(path, wanted, stack)), reqs))
-                    self.part_files += 1
-                for name in getattr(self.fs, "unread_to_check", lambda _: [])(set(per_file)):
-                    with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb"):
-                        pass  # read whole and checked: another rank may have read part of it
-            except Exception as err:  # every rank must reach the agreement, or the others would wait for it
-                error = err
-            _agree(self.fs, error)
-            for spans, reqs in later:
-                self._serve(lambda info, spans=spans: spans.item(info.offset, info.length), reqs, planner)
+                error: BaseException | None = None
+                try:
+                    for relative_path, reqs in per_file.items():
+                        infos = [self.storage_data[req.storage_index] for req in reqs]
+                        needed = sum(info.length for info in infos)
+                        if reads_whole is None or reads_whole(relative_path, needed, sizes[relative_path]):
+                            self._read_file(relative_path, reqs, planner)
+                            continue
+                        path = self.fs.concat_path(self.path, relative_path)
+                        wanted = [(info.offset, info.length) for info in infos]
+                        later.append((_Spans(self.fs.read_spans(path, wanted, stack)), reqs))
+                        self.part_files += 1
+                    for name in getattr(self.fs, "unread_to_check", lambda _: [])(set(per_file)):
+                        with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb"):
+                            pass  # read whole and checked: another rank may have read part of it
+                except Exception as err:  # every rank must reach the agreement, or the others would wait
+                    error = err
+                _agree(self.fs, error)
+                self._serve_parts(later, planner)
+            finally:
+                later.clear()  # no view into a mapped file may outlive it
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+    def _serve_parts(self, later: list[tuple[_Spans, list[ReadItem]]], planner: LoadPlanner) -> None:
+        """The items read in part, once every rank's checks have passed."""
+        for spans, reqs in later:
+            self._serve(lambda info, spans=spans: spans.item(info.offset, info.length), reqs, planner)
 
     def _read_file(self, relative_path: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
         """One file read whole (and checked when the manifest names its checksum), its items served from it."""

@@ -40,7 +40,7 @@ __all__ = ["HashingFileSystem", "VerifyingFileSystem"]
 
 _RANK_FILE = re.compile(r"__(\d+)_")
 PART_SHARE = 4  # a rank needing at most 1/PART_SHARE of a file it does not check reads only those bytes
-SPAN_GAP = 1 << 20  # needed spans closer than this are fetched as one range
+SPAN_GAP = 64 << 10  # needed spans closer than this are fetched as one range
 
 
 def _name(path: Any) -> str:
@@ -290,5 +290,11 @@ class VerifyingFileSystem:
                 mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
             except (OSError, ValueError) as err:
                 raise CheckpointCorrupt(f"{path}: cannot be mapped for reading ({err})") from None
-        stack.callback(mapped.close)
+        stack.callback(_close_map, mapped)
         return mapped
+
+
+def _close_map(mapped: mmap.mmap) -> None:
+    """Unmap now, or, while a view of it is still alive (an error unwinding with it), when the last one goes."""
+    with contextlib.suppress(BufferError):
+        mapped.close()

@@ -456,6 +456,8 @@ class CheckpointLayout:
             names = self._names(folder)
             if MANIFEST_NAME in names or self._in_flight(folder, names, stale_after):
                 continue
+            if not names and not self.local:  # an emptied prefix some stores still list (SeaweedFS): no data
+                continue
             if not _written_by_goodput(name, names):
                 log.warning(
                     "leaving %s alone: it has no goodput lease or manifest, so goodput did not write it",
