@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import fsspec
 import pytest
@@ -100,3 +101,25 @@ def test_goodput_ls_on_an_s3_url_with_credentials_from_the_environment(
     rows = json.loads(out)["checkpoints"]
     assert [(r["step"], r["status"], r["strategy"]) for r in rows] == [(3, "committed", "dcp")]
     assert s3_server.secret_key not in out
+
+
+@pytest.mark.s3
+def test_s3_retention_leaves_nothing_to_warn_about(
+    s3_server: S3Server, s3_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # SeaweedFS keeps a removed step's folder as an empty marker object; the next manager's cleanup must not
+    # take it for a folder someone else wrote
+    options = s3_server.storage_options()
+    state = TrainingState(model=torch.nn.Linear(8, 8))
+    config = CheckpointConfig(root=s3_url, strategy="dcp", keep_last=1, storage_options=options)
+    manager = CheckpointManager(config, state)
+    for step in (1, 2, 3):
+        manager.save(step)
+        manager.wait()
+    manager.close()
+    with caplog.at_level(logging.WARNING, logger="goodput.checkpoint.layout"):
+        CheckpointManager(config, state).close()
+    assert not [r.getMessage() for r in caplog.records if "alone" in r.getMessage()]
+    assert [(r.step, r.status) for r in list_checkpoints(s3_url, storage_options=options)][:1] == [
+        (3, "committed")
+    ]

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     )
     from goodput.checkpoint.hashing import HashingFileSystem, VerifyingFileSystem
     from goodput.checkpoint.layout import CHECKSUM_ALGORITHMS, new_hasher
-    from goodput.checkpoint.objectstore import ConcurrentObjectFileSystem, read_object
+    from goodput.checkpoint.objectstore import ConcurrentObjectFileSystem, fetch_object, read_object
     from goodput.checkpoint.policy import StepSchedule
     from goodput.checkpoint.staging import Stager
     from goodput.checkpoint.torch_save import (
@@ -299,6 +299,7 @@ _LAZY = {
     "StepSchedule": "goodput.checkpoint.policy",
     "ConcurrentObjectFileSystem": "goodput.checkpoint.objectstore",
     "read_object": "goodput.checkpoint.objectstore",
+    "fetch_object": "goodput.checkpoint.objectstore",
     "Stager": "goodput.checkpoint.staging",
     "TorchSaveStrategy": "goodput.checkpoint.torch_save",
     "CrashLoopDetector": "goodput.run.crashloop",
@@ -525,6 +526,7 @@ __all__ = [
     "failure_probability",
     "fault_plan",
     "fault_point",
+    "fetch_object",
     "first_difference",
     "format_duration",
     "goodput_daly",

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
-from goodput.checkpoint.objectstore import CONCURRENCY, PART_BYTES, read_object
+from goodput.checkpoint.objectstore import CONCURRENCY, PART_BYTES
 
 
 def _max(value: float) -> float:
@@ -115,7 +115,7 @@ def s3_cost(
         fs.invalidate_cache()
         dist.barrier()
         t0 = time.perf_counter()
-        got = read_object(fs, raw_path)
+        got = fs.cat_file(raw_path, chunksize=PART_BYTES, max_concurrency=CONCURRENCY)  # s3fs's own
         get = _max(time.perf_counter() - t0)
         assert len(got) == len(payload)
         seconds, split = _timed_restore(config, state)

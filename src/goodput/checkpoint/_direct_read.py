@@ -16,15 +16,19 @@ stream transforms, a byte-swapped or unusual record) go through torch's own path
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import io
 import warnings
 from typing import IO, Any, cast
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from goodput.checkpoint.hashing import _BufferReader
+from goodput.errors import CheckpointCorrupt
 
 __all__ = ["DirectReadMixin"]
 
@@ -37,10 +41,10 @@ def _narrow(tensor: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:
     return tensor
 
 
-def _view_item(view: memoryview, offset: int, length: int) -> torch.Tensor | None:
-    """The tensor saved in ``view[offset:offset + length]`` (one ``torch.save`` archive), viewing the bytes in
-    place; None when the item is not a plain storage record that can be viewed."""
-    item = view[offset : offset + length]
+def _view_item(item: memoryview) -> torch.Tensor | None:
+    """The tensor saved in ``item`` (one ``torch.save`` archive), viewing the bytes in place; None when the item
+    is not a plain storage record that can be viewed."""
+    length = len(item)
     with _BufferReader(item) as pickled:  # no copy: torch reads only the zip directory and the pickle
         meta = torch.load(cast(IO[bytes], pickled), map_location="meta", weights_only=True)
     if not isinstance(meta, torch.Tensor) or meta.device.type != "meta" or meta.is_quantized:
@@ -59,16 +63,54 @@ def _view_item(view: memoryview, offset: int, length: int) -> torch.Tensor | Non
     return typed.as_strided(meta.size(), meta.stride(), meta.storage_offset())
 
 
+class _Spans:
+    """Byte ranges of one file, as ``(start, buffer)`` pairs, serving the items that lie inside them."""
+
+    def __init__(self, ranges: list[tuple[int, Any]]) -> None:
+        self._ranges = [(start, memoryview(buffer)) for start, buffer in ranges]
+
+    def item(self, offset: int, length: int) -> memoryview:
+        for start, view in self._ranges:
+            if start <= offset and offset + length <= start + len(view):
+                return view[offset - start : offset - start + length]
+        raise CheckpointCorrupt(f"bytes {offset}-{offset + length} were not read")  # a planning bug, not data
+
+
+def _agree(fs: Any, error: BaseException | None) -> None:
+    """Every rank learns whether every rank's checks passed; raises this rank's error or names another's.
+
+    Called by every rank inside DCP's read step (DCP runs ``read_data`` on every rank), so that no rank uses
+    bytes it read without checking them before the rank that checks their file has passed it.
+    """
+    world = int(getattr(fs, "world_size", 1))
+    if world > 1 and getattr(fs, "checks", False) and dist.is_available() and dist.is_initialized():
+        outcomes: list[Any] = [None] * world
+        mine = None if error is None else f"{type(error).__name__}: {error}"
+        dist.all_gather_object(outcomes, mine, group=getattr(fs, "group", None))
+        if error is None:
+            failed = [(rank, detail) for rank, detail in enumerate(outcomes) if detail]
+            if failed:
+                raise CheckpointCorrupt(f"rank {failed[0][0]} found the checkpoint bad: {failed[0][1]}")
+    if error is not None:
+        raise error
+
+
 class DirectReadMixin:
     """For a DCP ``FileSystemReader`` (local or fsspec) whose ``fs`` serves verified bytes (``stream.view``).
+
+    A file this rank needs much of (or checks) is read whole and checked, and its items are copied into the
+    state at once; from a file another rank checks, a rank needing little reads only its items' bytes
+    (``fs.read_spans``) and copies them after every rank's checks have passed (``_agree``).
 
     Attributes:
         direct_items: items copied straight from the file's bytes into their destination.
         torch_items: items read through torch's own per-item path instead.
+        part_files: files this rank read only in part.
     """
 
     direct_items = 0
     torch_items = 0
+    part_files = 0
     fs: Any
     path: Any
     storage_data: dict[Any, Any]
@@ -80,26 +122,74 @@ class DirectReadMixin:
             per_file.setdefault(self.storage_data[read_item.storage_index].relative_path, []).append(
                 read_item
             )
-        for relative_path, reqs in per_file.items():
-            with self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb") as stream:
-                view = getattr(stream, "view", None)
-                rest = [req for req in reqs if view is None or not self._read_direct(view, req, planner)]
-                self.direct_items += len(reqs) - len(rest)
-                if rest:
-                    self.torch_items += len(rest)
-                    self._read_through_torch(stream, rest, planner)
+        sizes: dict[str, int] = {}
+        for info in self.storage_data.values():
+            sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), info.offset + info.length)
+        reads_whole = getattr(self.fs, "reads_whole", None)
+        with contextlib.ExitStack() as stack:
+            later: list[tuple[_Spans, list[ReadItem]]] = []
+            try:
+                error: BaseException | None = None
+                try:
+                    for relative_path, reqs in per_file.items():
+                        infos = [self.storage_data[req.storage_index] for req in reqs]
+                        needed = sum(info.length for info in infos)
+                        if reads_whole is None or reads_whole(relative_path, needed, sizes[relative_path]):
+                            self._read_file(relative_path, reqs, planner)
+                            continue
+                        path = self.fs.concat_path(self.path, relative_path)
+                        wanted = [(info.offset, info.length) for info in infos]
+                        later.append((_Spans(self.fs.read_spans(path, wanted, stack)), reqs))
+                        self.part_files += 1
+                    for name in getattr(self.fs, "unread_to_check", lambda _: [])(set(per_file)):
+                        with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb"):
+                            pass  # read whole and checked: another rank may have read part of it
+                except Exception as err:  # every rank must reach the agreement, or the others would wait
+                    error = err
+                _agree(self.fs, error)
+                self._serve_parts(later, planner)
+            finally:
+                later.clear()  # no view into a mapped file may outlive it
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _read_direct(self, view: memoryview, req: ReadItem, planner: LoadPlanner) -> bool:
-        info = self.storage_data[req.storage_index]
+    def _serve_parts(self, later: list[tuple[_Spans, list[ReadItem]]], planner: LoadPlanner) -> None:
+        """The items read in part, once every rank's checks have passed."""
+        for spans, reqs in later:
+            self._serve(lambda info, spans=spans: spans.item(info.offset, info.length), reqs, planner)
+
+    def _read_file(self, relative_path: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
+        """One file read whole (and checked when the manifest names its checksum), its items served from it."""
+        with self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb") as stream:
+            view = getattr(stream, "view", None)
+            if view is None:  # a file system that does not hold the bytes: torch's own path
+                self.torch_items += len(reqs)
+                self._read_through_torch(stream, reqs, planner)
+                return
+            self._serve(lambda info: view[info.offset : info.offset + info.length], reqs, planner)
+
+    def _serve(self, item_of: Any, reqs: list[ReadItem], planner: LoadPlanner) -> None:
+        """Copy each requested item from its bytes (``item_of(storage info)``) into its destination."""
+        rest = []
+        for req in reqs:
+            info = self.storage_data[req.storage_index]
+            if not self._read_direct(item_of(info), info, req, planner):
+                rest.append(req)
+        self.direct_items += len(reqs) - len(rest)
+        self.torch_items += len(rest)
+        for req in rest:  # each through torch's path, over its own bytes
+            info = self.storage_data[req.storage_index]
+            with _BufferReader(item_of(info)) as item:
+                self._read_through_torch(item, [req], planner, at=dataclasses.replace(info, offset=0))
+
+    def _read_direct(self, item: memoryview, info: Any, req: ReadItem, planner: LoadPlanner) -> bool:
         if info.transform_descriptors:
             return False
         if req.type == LoadItemType.BYTE_IO:
-            planner.load_bytes(req, io.BytesIO(bytes(view[info.offset : info.offset + info.length])))
+            planner.load_bytes(req, io.BytesIO(bytes(item)))
             return True
-        source = _view_item(view, info.offset, info.length)
+        source = _view_item(item)
         if source is None:
             return False
         source = _narrow(source, req.storage_offsets, req.lengths)
@@ -110,10 +200,13 @@ class DirectReadMixin:
         planner.commit_tensor(req, target)
         return True
 
-    def _read_through_torch(self, stream: Any, reqs: list[ReadItem], planner: LoadPlanner) -> None:
-        """torch's own per-item path (fresh tensor, then a copy) for the items the direct path does not serve."""
+    def _read_through_torch(
+        self, stream: Any, reqs: list[ReadItem], planner: LoadPlanner, at: Any = None
+    ) -> None:
+        """torch's own per-item path (fresh tensor, then a copy) for the items the direct path does not serve
+        (``at``: the storage info to use instead of the item's own, for a stream holding only that item)."""
         for req in reqs:
-            info = self.storage_data[req.storage_index]
+            info = at if at is not None else self.storage_data[req.storage_index]
             piece = self.transforms.transform_load_stream(
                 req, info.transform_descriptors or (), self._slice(stream, info)
             )

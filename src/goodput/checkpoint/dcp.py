@@ -83,14 +83,18 @@ class _SafeMetadataMixin:
     load_id: Any
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checkpoint's metadata, read once per reader (``load_dcp`` reads it before ``dcp.load`` does)."""
         rank = kwargs.get("rank")
         name = METADATA_NAME if rank is None else f"__{rank}{METADATA_NAME}"
-        with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as f:
-            metadata = safe_unpickle_metadata(f.read())
-        storage_meta = metadata.storage_meta or StorageMeta()
-        storage_meta.load_id = self.load_id
-        metadata.storage_meta = storage_meta
-        return metadata
+        cache: dict[str, Metadata] = self.__dict__.setdefault("_goodput_metadata", {})
+        if name not in cache:
+            with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as f:
+                metadata = safe_unpickle_metadata(f.read())
+            storage_meta = metadata.storage_meta or StorageMeta()
+            storage_meta.load_id = self.load_id
+            metadata.storage_meta = storage_meta
+            cache[name] = metadata
+        return cache[name]
 
 
 class _SafeFileSystemReader(DirectReadMixin, _SafeMetadataMixin, FileSystemReader):
@@ -141,8 +145,16 @@ def make_reader(folder: str, ctx: SaveContext) -> Any:
         safe = type("_SafeFsspecReader", (DirectReadMixin, _SafeMetadataMixin, fsspec_reader), {})
         reader = safe(folder, **ctx.layout.storage_options)
     # every file is served from bytes held whole (mapped or fetched), so tensors are copied straight into the
-    # live state (DirectReadMixin); the files named in ``expected`` are checked first
-    reader.fs = VerifyingFileSystem(reader.fs, ctx.options.get("expected") or {}, local=ctx.layout.local)
+    # live state (DirectReadMixin); the files named in ``expected`` are checked first, each by one rank
+    distributed = not single_process()
+    reader.fs = VerifyingFileSystem(
+        reader.fs,
+        ctx.options.get("expected") or {},
+        local=ctx.layout.local,
+        rank=dist.get_rank(ctx.group) if distributed else 0,  # as DCP numbers the ranks of its group
+        world_size=dist.get_world_size(ctx.group) if distributed else 1,
+        group=ctx.group,
+    )
     return reader
 
 

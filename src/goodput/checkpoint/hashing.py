@@ -10,6 +10,14 @@ one seam covers both the local ``FileSystemWriter`` and the ``FsspecWriter`` (S3
   checks its checksum when the manifest names one, and serves DCP's reads of that file from those bytes (also as
   ``stream.view``, for ``DirectReadMixin``); a mismatch raises ``CheckpointCorrupt`` naming the file before any
   of its bytes reach the training state.
+
+Each rank's shard file is read whole and checked by one rank (rank ``r``'s files by rank ``r % world``, so by
+their writer when the world size is unchanged). A rank that needs only a small part of another rank's file (DCP
+puts each replicated item, e.g. the optimizer's ``param_groups`` and step counts, in one rank's file only) reads
+just those bytes (ranged GETs on an object store): fetching the whole file for them doubled the restore's
+download on 2 ranks (measured 3.4 s vs 1.9 s on SeaweedFS for 264 MiB per rank). Those bytes reach the state
+only after every rank has said its own checks passed (``DirectReadMixin``), so a corrupt file still stops the
+restore on every rank before any of its bytes are used.
 """
 
 from __future__ import annotations
@@ -18,16 +26,21 @@ import contextlib
 import io
 import mmap
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from goodput.checkpoint.layout import FileEntry, check_digest, new_hasher
-from goodput.checkpoint.objectstore import read_object
+from goodput.checkpoint.objectstore import fetch_object
 from goodput.errors import CheckpointCorrupt
 
 __all__ = ["HashingFileSystem", "VerifyingFileSystem"]
+
+_RANK_FILE = re.compile(r"__(\d+)_")
+PART_SHARE = 4  # a rank needing at most 1/PART_SHARE of a file it does not check reads only those bytes
+SPAN_GAP = 64 << 10  # needed spans closer than this are fetched as one range
 
 
 def _name(path: Any) -> str:
@@ -145,21 +158,90 @@ class _BufferReader(io.RawIOBase):
 class VerifyingFileSystem:
     """A DCP ``FileSystem`` whose reads of the files in ``expected`` are checked against their checksums.
 
-    Every file is read whole, checked or not: mapped when local, fetched with concurrent ranged GETs from an
-    object store (``local=False``).
+    ``create_stream`` reads a file whole, checked or not: mapped when local, fetched with concurrent ranged GETs
+    from an object store (``local=False``). ``read_spans`` reads only some byte ranges of a file, unchecked, for a
+    rank that another rank's check covers (see ``reads_whole``).
 
     Attributes:
         read_seconds: time spent reading and hashing files (the restore's ``read`` part).
         read_bytes: bytes read through it.
+        rank, world_size, group: this rank among the ranks restoring together (``group``: their process group,
+            None for the default one), for who checks which file.
     """
 
-    def __init__(self, inner: Any, expected: Mapping[str, FileEntry], *, local: bool) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        expected: Mapping[str, FileEntry],
+        *,
+        local: bool,
+        rank: int = 0,
+        world_size: int = 1,
+        group: Any = None,
+    ) -> None:
         self._inner = inner
         self._expected = dict(expected)
         self._local = local
+        self.rank, self.world_size, self.group = rank, world_size, group
         self.read_seconds = 0.0
         self.read_bytes = 0
         self._lock = threading.Lock()
+
+    @property
+    def checks(self) -> bool:
+        """Whether any file is checked (the manifest names checksums)."""
+        return bool(self._expected)
+
+    def checked_by(self, name: str) -> int | None:
+        """The rank that reads file ``name`` whole and checks it; None: whichever rank reads it checks it."""
+        match = _RANK_FILE.match(name)
+        if match is None or name not in self._expected:
+            return None
+        return int(match.group(1)) % max(1, self.world_size)
+
+    def reads_whole(self, name: str, needed: int, size: int) -> bool:
+        """Whether this rank reads file ``name`` (``size`` bytes) whole, rather than only the ``needed`` bytes:
+        whole when it needs much of it, or when no other rank's check covers it."""
+        if needed * PART_SHARE > size:
+            return True
+        if name not in self._expected:
+            return False  # nothing to check: read only what is needed
+        owner = self.checked_by(name)
+        return owner is None or owner == self.rank
+
+    def unread_to_check(self, names_read: set[str]) -> list[str]:
+        """The files this rank checks although it needs none of their bytes (after a change of world size), so
+        that every file a rank reads in part is checked whole by another."""
+        return sorted(n for n in self._expected if n not in names_read and self.checked_by(n) == self.rank)
+
+    def read_spans(
+        self, path: Any, spans: list[tuple[int, int]], stack: contextlib.ExitStack
+    ) -> list[tuple[int, Any]]:
+        """The bytes of the ``(offset, length)`` spans of a file, unchecked, as ``(start, buffer)`` ranges that
+        cover them (nearby spans merged; a local file is mapped whole, which reads only the pages touched)."""
+        start = time.perf_counter()
+        if self._local:
+            ranges: list[tuple[int, Any]] = [(0, self._map(str(path), stack))]
+            got = sum(length for _, length in spans)
+        else:
+            merged: list[list[int]] = []
+            for offset, length in sorted(spans):
+                if merged and offset <= merged[-1][1] + SPAN_GAP:
+                    merged[-1][1] = max(merged[-1][1], offset + length)
+                else:
+                    merged.append([offset, offset + length])
+            fs = self._inner.fs
+            starts, ends = [a for a, _ in merged], [b for _, b in merged]
+            blobs = fs.cat_ranges([str(path)] * len(merged), starts, ends, on_error="raise")
+            for a, b, blob in zip(starts, ends, blobs, strict=True):
+                if len(blob) != b - a:
+                    raise CheckpointCorrupt(f"{path}: bytes {a}-{b} are cut short ({len(blob)} of {b - a})")
+            ranges = list(zip(starts, blobs, strict=True))
+            got = sum(len(blob) for _, blob in ranges)
+        with self._lock:
+            self.read_seconds += time.perf_counter() - start
+            self.read_bytes += got
+        return ranges
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -176,13 +258,19 @@ class VerifyingFileSystem:
             return
         start = time.perf_counter()
         with contextlib.ExitStack() as stack:
+            hasher = new_hasher(expected[0]) if expected is not None else None
             if self._local:
                 buffer: Any = self._map(str(path), stack)
-            else:  # one whole-object fetch (concurrent ranged GETs) instead of DCP's seek-and-read per item
-                buffer = read_object(self._inner.fs, str(path))
-            if expected is not None:
-                hasher = new_hasher(expected[0])
-                hasher.update(buffer)
+                if hasher is not None:
+                    hasher.update(buffer)
+            else:  # one whole-object fetch (concurrent ranged GETs), hashed while later parts still download
+                buffer = fetch_object(
+                    self._inner.fs,
+                    str(path),
+                    size=entry.size if entry is not None else None,
+                    consume=hasher.update if hasher is not None else None,
+                )
+            if hasher is not None and expected is not None:
                 check_digest(str(path), expected, hasher.hexdigest())
             with self._lock:
                 self.read_seconds += time.perf_counter() - start
@@ -202,5 +290,11 @@ class VerifyingFileSystem:
                 mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
             except (OSError, ValueError) as err:
                 raise CheckpointCorrupt(f"{path}: cannot be mapped for reading ({err})") from None
-        stack.callback(mapped.close)
+        stack.callback(_close_map, mapped)
         return mapped
+
+
+def _close_map(mapped: mmap.mmap) -> None:
+    """Unmap now, or, while a view of it is still alive (an error unwinding with it), when the last one goes."""
+    with contextlib.suppress(BufferError):
+        mapped.close()

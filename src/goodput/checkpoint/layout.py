@@ -203,7 +203,10 @@ class CheckpointLayout:
             entries = self.fs.ls(folder, detail=False)
         except FileNotFoundError:
             return []
-        return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+        # some stores keep an emptied folder as a marker object ``folder/`` (SeaweedFS after a removal), which
+        # s3fs lists inside the folder itself: not one of its files
+        own = str(self.fs._strip_protocol(folder)).rstrip("/")
+        return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries if str(e).rstrip("/") != own)
 
     def _size(self, path: str) -> int:
         if self.local:
@@ -455,6 +458,8 @@ class CheckpointLayout:
                 continue
             names = self._names(folder)
             if MANIFEST_NAME in names or self._in_flight(folder, names, stale_after):
+                continue
+            if not names and not self.local:  # an emptied prefix some stores still list (SeaweedFS): no data
                 continue
             if not _written_by_goodput(name, names):
                 log.warning(

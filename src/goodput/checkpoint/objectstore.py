@@ -8,6 +8,11 @@ uploaded with ``fs.pipe_file(..., chunksize, max_concurrency)`` (a multipart upl
 (concurrent ranged GETs). Both are s3fs's own calls; other fsspec backends that do not take these arguments
 fall back to their plain ``pipe_file``/``cat_file``.
 
+``fetch_object`` is the restore's fetch: the same ranged GETs, ``concurrency`` in flight, each part copied into
+one buffer and handed on in order (to the checksum) while the later parts are still on the wire. s3fs's
+``cat_file`` gathers a batch of parts, copies them into a buffer, and then copies that buffer once more into
+``bytes``; hashing after it would be a third pass over the bytes, none of them overlapped with the download.
+
 The object is complete when ``pipe_file`` returns (the multipart upload is completed), before DCP writes
 ``.metadata`` and long before the manager writes the manifest (the commit marker).
 """
@@ -16,10 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["ConcurrentObjectFileSystem", "read_object"]
+from goodput.errors import CheckpointCorrupt
+
+__all__ = ["ConcurrentObjectFileSystem", "fetch_object", "read_object"]
 
 PART_BYTES = 16 << 20
 CONCURRENCY = 8
@@ -35,6 +44,52 @@ def _call(fs: Any, method: str, *args: Any, chunksize: int, concurrency: int) ->
 def read_object(fs: Any, path: str, *, chunksize: int = PART_BYTES, concurrency: int = CONCURRENCY) -> bytes:
     """The whole object at ``path``, fetched as ``concurrency`` ranged GETs at a time."""
     return bytes(_call(fs, "cat_file", path, chunksize=chunksize, concurrency=concurrency))
+
+
+def fetch_object(
+    fs: Any,
+    path: str,
+    *,
+    size: int | None = None,
+    consume: Callable[[memoryview], Any] | None = None,
+    chunksize: int = PART_BYTES,
+    concurrency: int = CONCURRENCY,
+) -> bytearray:
+    """The whole object at ``path`` (``size`` bytes; asked for when None), fetched as ranged GETs of
+    ``chunksize`` bytes, ``concurrency`` in flight at any time (a new one starts as each arrives).
+
+    Each part is copied into place as it arrives and, in order, passed to ``consume`` (e.g. a hasher's
+    ``update``), so the check runs while later parts are downloading.
+
+    Raises:
+        CheckpointCorrupt: the object is shorter than ``size``.
+    """
+    total = int(fs.size(path)) if size is None else size
+    buffer = bytearray(total)
+    view = memoryview(buffer)
+    parts = iter([(start, min(start + chunksize, total)) for start in range(0, total, chunksize)])
+    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="goodput-get") as pool:
+        in_flight: deque[tuple[int, int, Future[Any]]] = deque()
+
+        def more() -> None:
+            part = next(parts, None)
+            if part is not None:
+                in_flight.append((*part, pool.submit(fs.cat_file, path, start=part[0], end=part[1])))
+
+        for _ in range(max(1, concurrency)):
+            more()
+        while in_flight:
+            start, end, pending = in_flight.popleft()
+            data = pending.result()
+            more()
+            if len(data) != end - start:
+                raise CheckpointCorrupt(
+                    f"{path}: bytes {start}-{end} are cut short ({len(data)} of {end - start})"
+                )
+            view[start:end] = data
+            if consume is not None:
+                consume(view[start:end])
+    return buffer
 
 
 class _UploadOnClose(io.BytesIO):
