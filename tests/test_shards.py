@@ -156,28 +156,3 @@ def test_cli_writes_a_folder_as_shards(tmp_path, capsys) -> None:
     with pytest.raises(ConfigError, match="holds no files"):
         (tmp_path / "empty").mkdir()
         write_folder_shards(str(tmp_path / "empty"), "memory://x")
-
-
-def test_shuffled_reads_keep_a_bounded_set_of_shards_open(tmp_path) -> None:
-    # a shuffled order jumps between shards at almost every sample: recent shards stay open (mapped and
-    # pinned), at most 8 besides the current one, and each sample still comes from its own shard
-    samples = _samples(400, seed=3)
-    local = str(tmp_path / "many")
-    index = write_shards(samples, local, shard_bytes=20_000)
-    assert len(index["shards"]) > 12
-    order = list(range(400))
-    random.Random(2).shuffle(order)
-    for cache in (None, _config(tmp_path)):
-        ds = ShardedDataset(local, cache=cache)
-        got = []
-        for i in order:
-            got.append(ds[i])
-            assert len(ds._kept) <= 8
-        assert got == [samples[i] for i in order]
-        assert len(ds._kept) == 8
-        ds.close()
-        assert not ds._kept
-    tight = ShardedDataset(local, cache=CacheConfig(folder=str(tmp_path / "tight"), budget_bytes=200_000))
-    assert [tight[i] for i in order[:50]] == [samples[i] for i in order[:50]]
-    assert not tight._kept  # a budget of 16 shards or less keeps none open besides the current one
-    tight.close()

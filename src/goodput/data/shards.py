@@ -18,7 +18,6 @@ import os
 import struct
 import tempfile
 from bisect import bisect_right
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -34,7 +33,6 @@ INDEX_NAME = "index.json"
 FORMAT = "goodput-shards"
 T = TypeVar("T")
 _U64 = struct.Struct("<Q")
-_KEEP_OPEN = 8  # shards a reader keeps open (mapped, and pinned in the cache) besides the current one
 
 
 def _identity(data: bytes) -> Any:
@@ -234,16 +232,10 @@ class ShardedDataset(Generic[T]):
         self._offsets: tuple[int, ...] = ()
         self._base = 0
         self._headers: dict[int, tuple[tuple[int, ...], int]] = {}
-        # shards kept open besides the current one (least recently used first): a shuffled order moves to
-        # another shard at almost every sample, and opening one (the cache's pin, a map, its header) cost
-        # most of a sample's read
-        self._kept: OrderedDict[int, tuple[contextlib.ExitStack, mmap.mmap, tuple[int, ...], int]] = (
-            OrderedDict()
-        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("_stack", "_view", "_open_shard", "_offsets", "_base", "_headers", "_kept"):
+        for name in ("_stack", "_view", "_open_shard", "_offsets", "_base", "_headers"):
             state.pop(name, None)
         return state
 
@@ -313,12 +305,7 @@ class ShardedDataset(Generic[T]):
         return self._view[start : self._base + self._offsets[local + 1]]
 
     def _switch_to(self, shard: int) -> None:
-        self._keep_current()
-        kept = self._kept.pop(shard, None)
-        if kept is not None:
-            self._stack, self._view, self._offsets, self._base = kept
-            self._open_shard = shard
-            return
+        self._close_shard()
         stack = contextlib.ExitStack()
         url = self.shard_url(shard)
         cache = self._source.cache
@@ -332,30 +319,10 @@ class ShardedDataset(Generic[T]):
         self._offsets, self._base = _parse_header(view[: _header_probe(view)], url)
         self._stack, self._view, self._open_shard = stack, view, shard
 
-    def _keep_current(self) -> None:
-        """Move the open shard to the kept ones, closing the least recently used beyond the bound."""
-        if self._stack is None or self._view is None:
-            return
-        self._kept[self._open_shard] = (self._stack, self._view, self._offsets, self._base)
-        self._stack, self._view, self._open_shard = None, None, -1
-        limit = self._keep_limit()
-        while len(self._kept) > limit:
-            self._kept.popitem(last=False)[1][0].close()
-
-    def _keep_limit(self) -> int:
-        """Shards kept open: up to 8, and with a cache no more than 1/16 of its budget (they stay pinned)."""
-        cache = self._source.cache
-        if cache is None:
-            return _KEEP_OPEN
-        largest = max((int(s["bytes"]) for s in self._shards), default=1)
-        return max(0, min(_KEEP_OPEN, cache.config.budget_bytes // 16 // max(largest, 1)))
-
     def _close_shard(self) -> None:
         if self._stack is not None:
             self._stack.close()
         self._stack, self._view, self._open_shard = None, None, -1
-        while self._kept:
-            self._kept.popitem(last=False)[1][0].close()
 
     def _direct_sample(self, shard: int, local: int) -> bytes:
         url = self.shard_url(shard)
