@@ -7,6 +7,7 @@ import itertools
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,9 +29,8 @@ def _node(shm: Path) -> Path:
     return shm / run_folder / "node-0"
 
 
-def test_a_flipped_newest_part_read_in_place_is_loaded_over_bitwise(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def _saved_steps_3_and_4(tmp_path: Path) -> tuple[Any, Any]:
+    """Train steps 1-4, close keeping the memory tier; the state after steps 3 and 4."""
     parts = _parts()
     first = _manager(tmp_path / "ck", tmp_path / "shm", **_kw(parts))
     first.restore_latest()
@@ -39,6 +39,13 @@ def test_a_flipped_newest_part_read_in_place_is_loaded_over_bitwise(
     _train(first, parts, range(4, 5))
     at_4 = _snapshot(parts)
     first.close(finished=False)
+    return at_3, at_4
+
+
+def test_a_flipped_newest_part_read_in_place_is_loaded_over_bitwise(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    at_3, at_4 = _saved_steps_3_and_4(tmp_path)
     fresh = _parts(seed=1)
     probe = _manager(tmp_path / "ck", tmp_path / "shm", **_kw(fresh))
     assert probe.restore_latest() == 4  # the one-pass path (step 3 is there to fall back to) is exact
@@ -141,13 +148,7 @@ def test_the_memory_schedule_saves_at_the_step_nearest_the_interval(nearest: boo
 
 @pytest.mark.parametrize("damage", [b'"T":', b"[16,8]"])
 def test_a_damaged_header_is_skipped_before_any_byte_is_loaded(tmp_path: Path, damage: bytes) -> None:
-    parts = _parts()
-    first = _manager(tmp_path / "ck", tmp_path / "shm", **_kw(parts))
-    first.restore_latest()
-    _train(first, parts, range(1, 4))
-    at_3 = _snapshot(parts)
-    _train(first, parts, range(4, 5))
-    first.close(finished=False)
+    at_3, _ = _saved_steps_3_and_4(tmp_path)
     part = _node(tmp_path / "shm") / "step-4" / "rank-0.part"
     blob = part.read_bytes()
     # a broken structure, or a shape that is consistent but wrong (16x8 read as 8x16: another model's shape)

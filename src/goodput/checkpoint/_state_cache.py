@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["StateDictCache"]
+__all__ = ["StateDictCache", "has_dtensor_params"]
 
 
 @dataclass
@@ -58,17 +58,25 @@ class StateDictCache:
         reference = get_state_dict(model, optimizer, options=StateDictOptions())
         self._plan = None
         if not self._unusable:
-            if not _sharded(model):
+            sharded = _sharded(model)
+            if not sharded:
                 self._plan = _learn_plan(reference, model.state_dict(), optimizer.state_dict())
             self._misses += self._plan is None
-            self._unusable = _sharded(model) or self._misses >= 3
+            self._unusable = sharded or self._misses >= 3
         return reference
 
 
-def _sharded(model: torch.nn.Module) -> bool:
+def has_dtensor_params(model: torch.nn.Module | None) -> bool:
+    """Whether any parameter is a DTensor (FSDP2/TP): no rank holds the whole state."""
+    if model is None:
+        return False
     from torch.distributed.tensor import DTensor
 
-    if any(isinstance(p, DTensor) for p in model.parameters()):
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    if has_dtensor_params(model):
         return True
     return any(
         "FullyShardedDataParallel" in type(m).__name__ or hasattr(m, "_fsdp_state") for m in model.modules()

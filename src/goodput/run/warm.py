@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from goodput.checkpoint._state_cache import has_dtensor_params
 from goodput.run._warm_record import RecordFiles, record_folder
 
 __all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
@@ -199,7 +200,7 @@ class WarmWorker:
     # ---- leaving a failed generation -----------------------------------------------------------------------
     def snapshot(self, step: int, state: Any) -> Snapshot | None:
         """The survivor's state after its last completed step, or None if it holds none worth handing on."""
-        if state is None or step <= 0 or _is_sharded(state.model):
+        if state is None or step <= 0 or has_dtensor_params(state.model):
             return None
         parts: dict[str, Any] = {}
         for name in ("model", "optimizer", "scheduler", "scaler"):
@@ -322,15 +323,6 @@ def _encode(snapshot: Snapshot) -> bytes:
     buf = io.BytesIO()
     torch.save(parts, buf)
     return buf.getvalue()
-
-
-def _is_sharded(model: Any) -> bool:
-    """Whether any parameter is a DTensor (FSDP2/TP): no rank holds the whole state."""
-    if model is None:
-        return False
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def _b64(data: bytes) -> str:
