@@ -139,8 +139,7 @@ class WarmAgent:
         self._done: set[int] = set()
         self._log_path = os.path.join(launch.run_dir, AGENT_LOG) if launch.run_dir else None
         self._started = time.monotonic()
-        # spares under SCHED_IDLE do not compete with the first workers' imports: start them at once
-        self._spares_started = warm.first_spare_delay <= 0 or self._idle_spares
+        self._spares_started = warm.first_spare_delay <= 0
 
     # ---- processes ---------------------------------------------------------------------------------------
     def _env(self, **extra: str) -> dict[str, str]:
@@ -218,8 +217,7 @@ class WarmAgent:
         with them for the CPU and lengthens the job's first init (measured on 2 busy cores: three processes
         importing at once instead of two). So the first spares start once every worker of this node has
         finished a step (its ``stepped/<rank>`` key exists), or after ``first_spare_delay`` seconds at most; a
-        failure before that starts the rank's replacement cold. Spares that wait under ``SCHED_IDLE``
-        (``goodput.run._idle``) use only CPU the workers leave, so they are started with the workers.
+        failure before that starts the rank's replacement cold.
         """
         if self._spares_started:
             return True
