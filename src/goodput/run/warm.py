@@ -41,7 +41,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from goodput.checkpoint._state_cache import has_dtensor_params
 from goodput.run._warm_record import RecordFiles, record_folder
 
 __all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
@@ -200,6 +199,8 @@ class WarmWorker:
     # ---- leaving a failed generation -----------------------------------------------------------------------
     def snapshot(self, step: int, state: Any) -> Snapshot | None:
         """The survivor's state after its last completed step, or None if it holds none worth handing on."""
+        from goodput.checkpoint._state_cache import has_dtensor_params  # torch: not at the agent's import
+
         if state is None or step <= 0 or has_dtensor_params(state.model):
             return None
         parts: dict[str, Any] = {}
