@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import xxhash
 
+from goodput.checkpoint._huge_pages import prefer_huge_pages
 from goodput.errors import CheckpointCorrupt, StateMismatch
 
 __all__ = ["CHECKSUM", "PartHeader", "Staging", "checksum", "decode_part", "load_part", "write_part"]
@@ -32,6 +33,7 @@ __all__ = ["CHECKSUM", "PartHeader", "Staging", "checksum", "decode_part", "load
 MAGIC = b"GPMEM001"
 _LEN = struct.Struct("<Q")
 _ALIGN = 64
+_SHIFT = 16  # a big tensor's staged copy sits this far past its address modulo 64 (see _unaliased)
 _CHUNK = 1 << 20  # written then hashed while still in the CPU cache
 _BIG = 64 << 10  # tensors from this size get a destination that copies fastest (see _unaliased)
 CHECKSUM = "xxh3_64"  # the marker's key for a part's hash (older parts' markers hold "crc32" and are refused)
@@ -80,7 +82,11 @@ class PartHeader:
 
     def to_bytes(self) -> bytes:
         text = json.dumps(self.__dict__, separators=(",", ":")).encode()
-        pad = (-(len(MAGIC) + _LEN.size + len(text))) % _ALIGN
+        # The tensor bytes start _SHIFT bytes before a multiple of 64, so that a big tensor, staged _SHIFT bytes
+        # past its own address modulo 64 (see _unaliased), lies in the file at its own address modulo 64: the
+        # kernel's copy into the live tensor at restore (preadv) is ~10% faster between addresses that agree
+        # modulo 64 than 16 bytes apart (the opposite of torch's copy when staging).
+        pad = (-(len(MAGIC) + _LEN.size + len(text)) - _SHIFT) % _ALIGN
         return MAGIC + _LEN.pack(len(text) + pad) + text + b" " * pad
 
 
@@ -129,7 +135,7 @@ def _unaliased(dst: int, src: int) -> int:
     modulo 32 take ~1.3x as long as between addresses 16 bytes apart (the bench's memcpy floor is usually
     mutually misaligned by accident, after 4-byte step counters); 16 keeps every dtype's alignment.
     """
-    return (src + 16 - dst) % _ALIGN
+    return (src + _SHIFT - dst) % _ALIGN
 
 
 def write_part(path: str, header: PartHeader, buffer: torch.Tensor) -> tuple[int, str]:
@@ -143,7 +149,9 @@ def write_part(path: str, header: PartHeader, buffer: torch.Tensor) -> tuple[int
     hasher = xxhash.xxh3_64(head)
     # An existing file (a recycled part, see MemoryStore.recycle) is overwritten in place: its RAM pages are
     # already allocated, while a fresh tmpfs file costs a page fault per page (~2x the write on a busy box).
+    # Its pages are made huge pages first (once per file): the restore reads it back ~1.5x faster.
     with open(path, "r+b" if os.path.exists(path) else "wb") as f:
+        prefer_huge_pages(f.fileno(), len(head) + header.data_bytes)
         f.write(head)
         for start in range(0, header.data_bytes, _CHUNK):
             chunk = data[start : start + _CHUNK].data
