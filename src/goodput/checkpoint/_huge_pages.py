@@ -12,14 +12,16 @@ does that for a part file before the part is written into it: the file is extend
 2 MiB is touched (a range with no page at all is not collapsed), and the range is collapsed, which allocates
 zeroed huge pages. The write then fills them (and costs less than filling 4 KiB pages one by one). A part file
 is reused by later saves (see ``MemoryStore.recycle``), so the collapse is paid once per file; on a file
-already in huge pages it returns at once. Everything here is best effort: on another OS, an old kernel or a
-failed call the file simply stays in 4 KiB pages, and the part's bytes are the same either way.
+already in huge pages it returns at once. Everything here is best effort: on another OS, an old kernel, a folder
+that is not tmpfs (the kernel refuses; that file system is not asked again) or a failed call the file simply
+stays in 4 KiB pages, and the part's bytes are the same either way.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import logging
 import mmap
 import os
@@ -33,9 +35,10 @@ _MADV_COLLAPSE = 25  # linux/mman.h (6.1+); not in Python's mmap module before 3
 _MAP_FIXED = 0x10  # the same on every Linux architecture Python's mmap supports here
 _PROT_NONE = 0
 _HUGE = 2 << 20
-_unsupported = sys.platform != "linux"
+_refused: set[int] = set()  # file systems (st_dev) where the kernel refused: not asked again
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
@@ -74,17 +77,19 @@ def _collapse(fd: int, length: int) -> int:
 
 
 def prefer_huge_pages(fd: int, size: int) -> bool:
-    """Extend the file ``fd`` (opened for writing) to ``size`` bytes held in huge pages where Linux allows it.
+    """Extend the file ``fd`` (opened for reading and writing) to ``size`` bytes held in huge pages where Linux allows it.
 
     Only whole 2 MiB ranges are collapsed (the tail stays in 4 KiB pages). The file's bytes are unspecified
     afterwards (the caller writes all of them). Returns whether the collapse succeeded.
     """
-    global _unsupported
     length = size // _HUGE * _HUGE
-    if _unsupported or length == 0:
+    if sys.platform != "linux" or length == 0:
         return False
     try:
-        old = os.fstat(fd).st_size
+        stat = os.fstat(fd)
+        if stat.st_dev in _refused:
+            return False
+        old = stat.st_size
         if old < size:
             os.ftruncate(fd, size)
         for offset in range(old // _HUGE * _HUGE, length, _HUGE):
@@ -93,8 +98,8 @@ def prefer_huge_pages(fd: int, size: int) -> bool:
     except (OSError, AttributeError) as err:  # AttributeError: a libc without these symbols
         log.debug("memory tier: no huge pages for a part file: %s", err)
         return False
-    if error in (errno.EINVAL, errno.ENOSYS, errno.EPERM):  # the kernel cannot (old, or huge pages denied)
-        _unsupported = True
+    if error in (errno.EINVAL, errno.ENOSYS, errno.EPERM):  # not tmpfs, an old kernel, or huge pages denied
+        _refused.add(stat.st_dev)
     if error:
         log.debug("memory tier: no huge pages for a part file: %s", os.strerror(error))
     return error == 0

@@ -150,7 +150,7 @@ def write_part(path: str, header: PartHeader, buffer: torch.Tensor) -> tuple[int
     # An existing file (a recycled part, see MemoryStore.recycle) is overwritten in place: its RAM pages are
     # already allocated, while a fresh tmpfs file costs a page fault per page (~2x the write on a busy box).
     # Its pages are made huge pages first (once per file): the restore reads it back ~1.5x faster.
-    with open(path, "r+b" if os.path.exists(path) else "wb") as f:
+    with open(path, "r+b" if os.path.exists(path) else "w+b") as f:  # readable: mapped to collapse its pages
         prefer_huge_pages(f.fileno(), len(head) + header.data_bytes)
         f.write(head)
         for start in range(0, header.data_bytes, _CHUNK):
