@@ -60,6 +60,31 @@ def test_memory_and_local_urls_and_decode(tmp_path) -> None:
     assert [ShardedDataset(local, decode=json.loads)[i]["i"] for i in range(50)] == list(range(50))
 
 
+def test_open_shards_are_bounded_pinned_and_read_the_same(tmp_path) -> None:
+    samples = _samples(60, seed=3)
+    local = str(tmp_path / "ds")
+    write_shards(samples, local, shard_bytes=8_000)  # several shards
+    ds = ShardedDataset(local, cache=_config(tmp_path), open_shards=2)
+    assert len(ds.shard_sizes) >= 4
+    order = list(range(len(samples)))
+    random.Random(1).shuffle(order)
+    index = ds._source.cache._index
+
+    def pinned() -> int:
+        with index._db() as db:
+            return int(db.execute("SELECT COUNT(DISTINCT key) FROM pins").fetchone()[0])
+
+    for i in order:
+        assert ds[i] == samples[i]
+        assert pinned() <= 2  # never more shards held from eviction than asked for
+    opens = ds.cache_metrics()["hits"] + ds.cache_metrics()["misses"]
+    assert opens < len(order)  # a shard still open is read without opening it again
+    ds.close()
+    assert pinned() == 0
+    with pytest.raises(ConfigError, match="open_shards"):
+        ShardedDataset(local, open_shards=0)
+
+
 def test_prefetch_fetches_shards_in_sample_order(tmp_path, s3_server: S3Server, s3_url: str) -> None:
     samples = _samples(120, seed=2)
     write_shards(samples, s3_url, shard_bytes=30_000, storage_options=s3_server.storage_options())

@@ -19,7 +19,8 @@ class ByteNoise:
     """Wraps a dataset of ``(sample_id, uint8 tokens)``; replaces each byte by a random one with probability p.
 
     Args:
-        dataset: the demo's ``ShardedDataset`` (its ``prefetch``, ``fingerprint`` and ``close`` are passed on).
+        dataset: the demo's ``ShardedDataset`` (its ``prefetch``, ``fingerprint``, ``shard_sizes`` and ``close``
+            are passed on).
         p: the probability that a byte is replaced (0: no augmentation).
     """
 
@@ -28,6 +29,7 @@ class ByteNoise:
             raise ValueError(f"the byte-noise probability must be in [0, 1), got {p}")
         self.dataset = dataset
         self.p = p
+        self.shard_sizes = dataset.shard_sizes  # the shard-aware order of ``ResumableLoader(shard_window=k)``
         self.fingerprint = f"{dataset.fingerprint}:noise={p}"
 
     def __len__(self) -> int:

@@ -82,6 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--memory-folder", default="/dev/shm/goodput", help="the memory tier's RAM folder")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument(
+        "--shard-window", type=int, default=2, help="shards shuffled together (0: shuffle every sample)"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--hang-timeout", type=float, default=120.0)
     p.add_argument("--no-progress", action="store_true")
@@ -184,6 +187,9 @@ def _loader(args: argparse.Namespace, dataset: Any, kept: dict[str, Any]) -> Res
             persistent_workers=args.workers > 0,
             collate_fn=collate,
             drop_last=True,
+            # Samples shuffled within windows of a few shards (shards shuffled too): each worker opens a shard
+            # once per window instead of for nearly every sample (~0.2 ms each, on the cores the ranks train on).
+            shard_window=args.shard_window or None,
         )
         kept["start"] = kept["loader"].state_dict()
     loader: ResumableLoader = kept["loader"]
