@@ -116,6 +116,24 @@ def test_round_trip_is_exact_and_recorded_by_tier(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "shm") == []
 
 
+def test_a_durable_save_of_a_memory_saved_step_writes_the_memory_tier_s_copy(tmp_path: Path) -> None:
+    """Both tiers save step 4: the durable (dcp_async) save writes from the memory tier's staging buffer (no
+    second copy), and the memory save of step 5 waits for that write before staging over the buffer."""
+    parts = _parts()
+    first = _manager(tmp_path / "ck", tmp_path / "shm", every=2, **_kw(parts))
+    _train(first, parts, range(1, 5))
+    expected = _snapshot(parts)
+    _train(first, parts, range(5, 6))  # restages the buffer while step 4's write may still run
+    assert first._strategy.stager.nbytes == 0  # dcp_async never staged a copy of its own
+    first.close(finished=False)
+    fresh = _parts(seed=1)
+    config = CheckpointConfig(root=str(tmp_path / "ck"), every=2)  # the durable tier alone
+    second = CheckpointManager(config, TrainingState(**_kw(fresh)))
+    assert second.restore_latest() == 4
+    _equal(expected, _snapshot(fresh))
+    second.close()
+
+
 def _damage(kind: str, folder: Path) -> str:
     part, marker = folder / "rank-0.part", folder / "rank-0.json"
     if kind == "truncated":

@@ -99,6 +99,12 @@ class Staging:
 
     def __init__(self) -> None:
         self.buffer = torch.empty(0, dtype=torch.uint8)
+        # the layout of the last save and its destinations (views of the buffer shaped like the tensors):
+        # reused while the state keeps its layout, so a save is one batched copy, not ~5 ops per tensor
+        self._layout: tuple[int, list[tuple[str, list[int], int, int]]] | None = None
+        self._targets: list[torch.Tensor] = []
+        self._skeleton: Any = None
+        self._plain = False  # the last staged state held no sharded tensor
 
     def stage(
         self, state_dict: Mapping[str, Any], *, run: str, step: int, rank: int, world: int
@@ -106,6 +112,7 @@ class Staging:
         """Copy every tensor of ``state_dict`` into the buffer; returns the header describing the copy."""
         tensors: list[torch.Tensor] = []
         skeleton = _encode(state_dict, tensors)
+        self._skeleton, self._plain = skeleton, _plain(state_dict)
         sizes = [t.numel() * t.element_size() for t in tensors]
         bound = sum(n + 2 * _ALIGN for n in sizes)
         if self.buffer.numel() < bound:
@@ -119,13 +126,65 @@ class Staging:
             entries.append((str(t.dtype), list(t.shape), offset, nbytes))
             offset += nbytes
         offset += -offset % _ALIGN
-        for t, (_, _, start, nbytes) in zip(tensors, entries, strict=True):
-            if nbytes:
-                flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-                self.buffer[start : start + nbytes].copy_(flat)
+        self._copy(tensors, entries)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         return PartHeader(run, step, rank, world, skeleton, entries, offset)
+
+    def staged_dict(self) -> dict[str, Any] | None:
+        """The last staged state dict, its tensors viewing the buffer (valid until the next ``stage``).
+
+        None when the state held sharded tensors (the buffer has only the local shards) or was not staged as
+        whole host tensors: then only the part format can be built from the buffer.
+        """
+        if not self._plain or self._layout is None or self._layout[0] != self.buffer.data_ptr():
+            return None
+        out = _rebuild(self._skeleton, self._targets)
+        return out if isinstance(out, dict) else None
+
+    def _copy(self, tensors: list[torch.Tensor], entries: list[tuple[str, list[int], int, int]]) -> None:
+        """Copy each tensor to its entry's place in the buffer: one batched copy when all are on the host."""
+        with torch.no_grad():
+            if not all(t.device.type == "cpu" and t.numel() for t in tensors):
+                self._layout = None
+                for t, (_, _, start, nbytes) in zip(tensors, entries, strict=True):
+                    if nbytes:
+                        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+                        self.buffer[start : start + nbytes].copy_(flat)
+                return
+            layout = (self.buffer.data_ptr(), entries)
+            if self._layout != layout:
+                self._targets = [
+                    self.buffer[start : start + nbytes].view(t.dtype).view(t.shape)
+                    for t, (_, _, start, nbytes) in zip(tensors, entries, strict=True)
+                ]
+                self._layout = layout
+            torch._foreach_copy_(self._targets, tensors)
+
+
+def _plain(value: Any) -> bool:
+    """Whether no tensor in ``value`` is sharded (a DTensor: its ``to_local`` is what gets staged)."""
+    if isinstance(value, torch.Tensor):
+        return not callable(getattr(value, "to_local", None))
+    if isinstance(value, Mapping):
+        return all(_plain(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_plain(v) for v in value)
+    return True
+
+
+def _rebuild(node: Any, tensors: list[torch.Tensor]) -> Any:
+    """The value a skeleton describes, with ``tensors[i]`` for its tensor ``i``."""
+    kind, value = next(iter(node.items()))
+    if kind == "T":
+        return tensors[value]
+    if kind == "D":
+        return {k: _rebuild(v, tensors) for k, v in value}
+    if kind == "L":
+        return [_rebuild(v, tensors) for v in value]
+    if kind == "U":
+        return tuple(_rebuild(v, tensors) for v in value)
+    return value
 
 
 def _unaliased(dst: int, src: int) -> int:

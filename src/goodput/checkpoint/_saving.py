@@ -26,6 +26,9 @@ from goodput.checkpoint.strategy import Completion, SaveContext
 from goodput.errors import CheckpointError, SaveFailed
 from goodput.faults import fault_point
 
+if TYPE_CHECKING:
+    from goodput.checkpoint.memory_tier import MemoryCheckpointer
+
 __all__ = ["SaveResult"]
 
 log = logging.getLogger("goodput.checkpoint.manager")  # the manager's logger, as before the split
@@ -87,6 +90,7 @@ class _SavePath:
     _inflight: Future[SaveResult] | None
     _finisher: ThreadPoolExecutor
     _algorithm: str | None
+    memory: MemoryCheckpointer | None
 
     if TYPE_CHECKING:  # provided by CheckpointManager / the other parts
 
@@ -125,15 +129,23 @@ class _SavePath:
         """An asynchronous save whose strategy only stages now and writes when its completion runs: the step
         folder, its lease and the already-committed check run in the background, before the write."""
         folder = self._layout.folder_for(step, self._token)
+        # The memory tier staged this very step a moment ago: write from its copy instead of copying again.
+        staged = self.memory.staged_state(step) if self.memory is not None else None
         completion: Completion
         try:
-            completion = self._strategy.save(self.state, folder, self._ctx)
+            if staged is not None and hasattr(self._strategy, "save_staged"):
+                completion = self._strategy.save_staged(staged, folder, self._ctx)
+            else:
+                staged = None
+                completion = self._strategy.save(self.state, folder, self._ctx)
         except _FAILURES as err:
             completion = _raiser(err)
         fault_point("checkpoint_write", step)  # staged, not written
         stall = self._clock() - start
         self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
         self._inflight = self._finisher.submit(self._begin_and_finish, step, completion, start, stall)
+        if staged is not None and self.memory is not None:
+            self.memory.hold(self._inflight)
         return SaveResult(step, self.config.strategy, stall)
 
     def _begin_and_finish(self, step: int, completion: Completion, start: float, stall: float) -> SaveResult:

@@ -75,7 +75,11 @@ class DcpAsyncStrategy:
     def save(self, state: TrainingState, folder: str, ctx: SaveContext) -> Completion:
         if self._process:
             return self._save_process(state, folder, ctx)
-        staged = self.stager.stage(state.state_dict())
+        return self.save_staged(self.stager.stage(state.state_dict()), folder, ctx)
+
+    def save_staged(self, staged: dict[str, Any], folder: str, ctx: SaveContext) -> Completion:
+        """Write a state dict already staged (by this strategy, or by the memory tier for the same step): its
+        tensors must stay unchanged until the completion has run."""
         rank, no_dist = ctx.rank, single_process()
 
         def complete() -> dict[str, str | None]:

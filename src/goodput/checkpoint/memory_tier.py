@@ -21,6 +21,7 @@ import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +117,8 @@ class MemoryCheckpointer:
         self._staging = Staging()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-memory")
         self._inflight: Future[None] | None = None
+        self._staged_step: int | None = None  # the step whose state the staging buffer holds
+        self._held: Future[Any] | None = None  # a durable save writing from the staging buffer
         self.committed: list[int] = []  # steps every rank completed, newest first
         self.overwritten = False  # a restore wrote a damaged part's bytes into the live state (see restore)
         self.last_parts: dict[
@@ -137,14 +140,31 @@ class MemoryCheckpointer:
         self._emit("checkpoint_stall", phase="start", step=step, tier="memory")
         start = self._clock()
         self.wait()
+        if self._held is not None:  # a durable save still writing from the staging buffer (see staged_state)
+            held, self._held = self._held, None
+            futures_wait([held])
+        self._staged_step = None
         self.state.step = step
         header = self._staging.stage(
             self.state.state_dict(), run=self.store.run_id, step=step, rank=self.rank, world=self.world_size
         )
+        self._staged_step = step
         stall = self._clock() - start
         self._emit("checkpoint_stall", phase="end", step=step, seconds=stall, tier="memory")
         self._inflight = self._worker.submit(self._finish, step, header, start, stall)
         return stall
+
+    def staged_state(self, step: int) -> dict[str, Any] | None:
+        """The state this tier staged for ``step`` (tensors viewing its staging buffer), for a durable save of
+        the same step to write instead of staging it again; None when ``step`` was not the last one staged or
+        the state is sharded. The caller must :meth:`hold` the buffer with its write's future.
+        """
+        return self._staging.staged_dict() if self._staged_step == step else None
+
+    def hold(self, future: Future[Any]) -> None:
+        """Keep the staging buffer for a write that reads it: the next save waits for ``future`` before
+        staging over it (a durable write takes far less than a memory-tier interval)."""
+        self._held = future
 
     def _finish(self, step: int, header: Any, start: float, stall: float) -> None:
         ok, error = True, ""

@@ -54,6 +54,7 @@ class Stager:
         self._slots: dict[str, _Slot] = {}
         self._dtensor = _dtensor_class()
         self._cuda_copies = False
+        self._pending: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])  # host copies of one stage()
 
     @property
     def nbytes(self) -> int:
@@ -63,10 +64,16 @@ class Stager:
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """A copy of ``state_dict`` whose tensors live in this stager's buffers (valid until the next call)."""
         self._cuda_copies = False
+        self._pending = ([], [])
         seen: set[str] = set()
         staged = self._copy(state_dict, "", seen)
         for stale in set(self._slots) - seen:  # keys that left the state dict free their buffers
             del self._slots[stale]
+        targets, sources = self._pending
+        if targets:  # the host tensors' copies in one batched call (~5 us of dispatch per tensor saved)
+            with torch.no_grad():
+                torch._foreach_copy_(targets, sources)
+        self._pending = ([], [])
         if self._cuda_copies:
             torch.cuda.synchronize()  # non-blocking device-to-host copies must land before the write reads them
         return staged
@@ -102,6 +109,10 @@ class Stager:
         if slot is None or slot.key != key:
             slot = self._allocate(tensor, local, key, dtensor)
             self._slots[path] = slot
+        if local.device.type == "cpu" and local.numel():
+            self._pending[0].append(slot.buffer)
+            self._pending[1].append(local)
+            return slot.staged
         non_blocking = local.device.type == "cuda" and self.pin_memory
         self._cuda_copies = self._cuda_copies or local.device.type == "cuda"
         slot.buffer.copy_(local.detach(), non_blocking=non_blocking)
