@@ -91,6 +91,7 @@ class _SavePath:
     _finisher: ThreadPoolExecutor
     _algorithm: str | None
     memory: MemoryCheckpointer | None
+    _forced_stall: tuple[int, float] | None
 
     if TYPE_CHECKING:  # provided by CheckpointManager / the other parts
 
@@ -190,7 +191,12 @@ class _SavePath:
             )
         url, size = outcome[1]
         self._committed.add(step)
-        self._policy.measured(stall, persist)
+        forced = (
+            self._forced_stall
+        )  # a memory save made only for this one: part of its cost (see should_save)
+        self._policy.measured(
+            stall + (forced[1] if forced is not None and forced[0] == step else 0.0), persist
+        )
         result = SaveResult(step, self.config.strategy, stall, persist, url, size)
         self.results.append(result)
         self._emit(

@@ -106,6 +106,8 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         self._memory_group: Any = None
         self._memory_policy: SavePolicy | None = None
         self._memory_due = False
+        self._memory_forced: int | None = None  # a step the memory tier saves only because the durable does
+        self._forced_stall: tuple[int, float] | None = None  # (step, stall) of that memory save
         self._memory_schedule: StepSchedule | None = None
         if config.memory is not None:
             self.memory, self._memory_policy = open_memory_tier(self, ranks)
@@ -175,13 +177,16 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         Step-based policies need no communication. Time-based ones (across ranks) ask rank 0 only at decision
         steps: at each, rank 0 answers and names the next decision step from its measured step time, so there is
         about one broadcast per save, not one per step. The memory tier, when configured, is decided the same
-        way by a schedule of its own, and also saves whenever the durable tier does.
+        way by a schedule of its own, and also saves whenever the durable tier does (the durable save then
+        writes the memory tier's staged copy; that memory save's stall counts as the durable save's cost in
+        the ``auto`` planner, which would otherwise see a durable save as nearly free and save too often).
         """
         now = self._clock() if now is None else now
         due = self._decide(self._policy, self._schedule, step, now)
         if self._memory_policy is not None:
             memory = self._decide(self._memory_policy, self._memory_schedule, step, now)
             self._memory_due = memory or due
+            self._memory_forced = step if due and not memory else None
         return due
 
     def _decide(self, policy: SavePolicy, schedule: StepSchedule | None, step: int, now: float) -> bool:
@@ -213,7 +218,10 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         self._check_open()
         assert self.memory is not None and self._memory_policy is not None, "no memory tier configured"
         self._memory_policy.saved(step, self._clock())
-        return self.memory.save(step)
+        stall = self.memory.save(step)
+        if self._memory_forced == step:  # saved only because the durable tier saves this step
+            self._forced_stall = (step, stall)
+        return stall
 
     def maybe_save(self, step: int, now: float | None = None) -> SaveResult | None:
         """``save(step)`` when ``should_save(step, now)`` says so; None otherwise."""
