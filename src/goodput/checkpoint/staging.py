@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from goodput.checkpoint._prewarm import settle
+
 __all__ = ["Stager"]
 
 
@@ -35,6 +37,7 @@ class _Slot:
 
 
 def _dtensor_class() -> type | None:
+    settle()
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch built without distributed
