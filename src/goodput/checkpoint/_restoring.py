@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from goodput.checkpoint._saving import _describe, _failures, _quiet_single_process
+from goodput.checkpoint._saving import _FAILURES, _describe, _quiet_single_process
 from goodput.checkpoint.layout import CheckpointLayout, Manifest
 from goodput.checkpoint.memory_tier import MemoryCheckpointer
 from goodput.checkpoint.policy import SavePolicy, StepSchedule
@@ -143,7 +143,7 @@ class _RestorePath:
             strategy.load(self.state, url, self._ctx)
         except StateMismatch as err:
             mine = ("mismatch", str(err))
-        except _failures() as err:
+        except _FAILURES as err:
             mine = ("error", f"rank {self.rank}: {_describe(err)}")
         finally:
             self._ctx.options.pop("expected", None)

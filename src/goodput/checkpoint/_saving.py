@@ -7,7 +7,6 @@ A mixin of ``CheckpointManager`` (see ``manager.py``), kept apart so each file h
 from __future__ import annotations
 
 import logging
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
+from torch.distributed.checkpoint import CheckpointException
 
 import goodput
 from goodput.checkpoint.config import CheckpointConfig
@@ -30,17 +30,8 @@ __all__ = ["SaveResult"]
 
 log = logging.getLogger("goodput.checkpoint.manager")  # the manager's logger, as before the split
 
-
-def dcp_failure() -> tuple[type[BaseException], ...]:
-    """DCP's CheckpointException (a failure on any rank; it derives from BaseException), as an ``except``
-    tuple; empty while DCP is not imported (nothing can have raised it then), so this imports nothing."""
-    api = sys.modules.get("torch.distributed.checkpoint.api")
-    return (api.CheckpointException,) if api is not None else ()
-
-
-def _failures() -> tuple[type[BaseException], ...]:
-    """What a save or restore catches: every Exception and DCP's CheckpointException."""
-    return (Exception, *dcp_failure())
+# DCP reports a failure on any rank as CheckpointException, which derives from BaseException.
+_FAILURES = (Exception, CheckpointException)
 
 
 def _quiet_single_process() -> None:
@@ -137,7 +128,7 @@ class _SavePath:
         completion: Completion
         try:
             completion = self._strategy.save(self.state, folder, self._ctx)
-        except _failures() as err:
+        except _FAILURES as err:
             completion = _raiser(err)
         fault_point("checkpoint_write", step)  # staged, not written
         stall = self._clock() - start
@@ -166,7 +157,7 @@ class _SavePath:
                 fault_point("async_upload", step)  # uploaded in the background, not committed
             # names map to the checksums computed while writing (no read-back); others are read back
             mine = ("ok", self._layout.rank_files(folder, names, checksum=self._algorithm or False))
-        except _failures() as err:
+        except _FAILURES as err:
             mine = ("error", f"rank {self.rank}: {_describe(err)}")
         parts = self._gather(mine)
         outcome: tuple[str, Any] = ("error", "")

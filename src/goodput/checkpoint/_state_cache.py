@@ -21,8 +21,6 @@ from typing import Any
 
 import torch
 
-from goodput.checkpoint._prewarm import settle
-
 __all__ = ["StateDictCache", "has_dtensor_params"]
 
 
@@ -55,7 +53,6 @@ class StateDictCache:
     def _learn(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        settle()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         reference = get_state_dict(model, optimizer, options=StateDictOptions())
@@ -73,7 +70,6 @@ def has_dtensor_params(model: torch.nn.Module | None) -> bool:
     """Whether any parameter is a DTensor (FSDP2/TP): no rank holds the whole state."""
     if model is None:
         return False
-    settle()
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())

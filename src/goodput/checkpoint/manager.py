@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint import CheckpointException
 
 from goodput.checkpoint._memory_setup import open_memory_tier
-from goodput.checkpoint._prewarm import prewarm_in_background
 from goodput.checkpoint._restoring import _RestorePath
 from goodput.checkpoint._retention import _Retention
-from goodput.checkpoint._saving import SaveResult, _quiet_single_process, _raiser, _SavePath, dcp_failure
+from goodput.checkpoint._saving import SaveResult, _quiet_single_process, _raiser, _SavePath
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import CheckpointLayout
 from goodput.checkpoint.memory_tier import MemoryCheckpointer
@@ -92,7 +92,6 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         )
         self._token = self._bcast(uuid.uuid4().hex[:12] if self.rank == 0 else None)
         self._committed: set[int] = set()
-        self._prewarmed = False
         self._last_step: int | None = None  # the newest step given to maybe_save/save, for close()'s check
         self._inflight: Future[SaveResult] | None = None
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-ckpt")
@@ -179,9 +178,6 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         way by a schedule of its own, and also saves whenever the durable tier does.
         """
         now = self._clock() if now is None else now
-        if not self._prewarmed:  # the first step is done: load DCP in the background (checkpoint._prewarm)
-            self._prewarmed = True
-            prewarm_in_background((getattr(self._strategy, "module", type(self._strategy).__module__),))
         due = self._decide(self._policy, self._schedule, step, now)
         if self._memory_policy is not None:
             memory = self._decide(self._memory_policy, self._memory_schedule, step, now)
@@ -264,7 +260,7 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
             try:
                 fault_point("checkpoint_begin", step)  # this rank enters the save; its peers may be inside
                 completion = self._strategy.save(self.state, folder, self._ctx)
-            except dcp_failure() as err:  # DCP raises its failures on every rank alike
+            except CheckpointException as err:  # DCP raises its failures on every rank alike
                 completion = _raiser(err)
             except Exception as err:
                 if self.world_size > 1:

@@ -22,8 +22,6 @@ from typing import Any
 
 import torch
 
-from goodput.checkpoint._prewarm import settle
-
 __all__ = ["Stager"]
 
 
@@ -37,7 +35,6 @@ class _Slot:
 
 
 def _dtensor_class() -> type | None:
-    settle()
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch built without distributed

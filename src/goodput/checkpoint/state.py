@@ -1,4 +1,4 @@
-"""The complete training state as one DCP ``Stateful`` (by shape): everything a resumed run needs to be the same run.
+"""The complete training state as one DCP ``Stateful``: everything a resumed run needs to be the same run.
 
 Layout of the state dict (constant keys):
 
@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.stateful import Stateful
 
-from goodput.checkpoint._prewarm import settle
 from goodput.checkpoint._state_cache import StateDictCache
 from goodput.checkpoint.rng import capture_rng, restore_rng, seed_new_rank
 from goodput.errors import StateMismatch
@@ -49,7 +49,7 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-class TrainingState:
+class TrainingState(Stateful):
     """Model, optimizer, scheduler, scaler, progress counters, data position, RNG and user extras.
 
     Args:
@@ -172,7 +172,6 @@ class TrainingState:
         return seed if isinstance(seed, int) and seed >= 0 else 0
 
     def _shared(self, *, full: bool) -> dict[str, Any]:
-        settle()
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
@@ -204,7 +203,6 @@ class TrainingState:
         return sd
 
     def _load_shared(self, sd: dict[str, Any], *, full: bool) -> None:
-        settle()
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_model_state_dict,

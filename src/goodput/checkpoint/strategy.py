@@ -59,46 +59,12 @@ def make_strategy(name: str, ctx: SaveContext) -> SaveStrategy:
         from goodput.checkpoint.torch_save import TorchSaveStrategy
 
         return TorchSaveStrategy()
-    if name in ("dcp", "dcp_async"):
-        return _Deferred(name, ctx)
+    if name == "dcp":
+        from goodput.checkpoint.dcp import DcpStrategy
+
+        return DcpStrategy()
+    if name == "dcp_async":
+        from goodput.checkpoint.dcp_async import DcpAsyncStrategy
+
+        return DcpAsyncStrategy(checkpointer=ctx.options.get("async_checkpointer", "thread"))
     raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
-
-
-class _Deferred:
-    """A DCP strategy built at its first use, so that a process imports DCP only when it saves or restores (see
-    :mod:`goodput.checkpoint._prewarm`); ``close`` of one never used imports nothing."""
-
-    def __init__(self, name: str, ctx: SaveContext) -> None:
-        self.name = name
-        self._checkpointer = ctx.options.get("async_checkpointer", "thread")
-        self._strategy: Any = None
-
-    @property
-    def module(self) -> str:
-        """The strategy's module (imported by the background prewarm too)."""
-        return f"goodput.checkpoint.{self.name}"
-
-    def resolve(self) -> SaveStrategy:
-        """The real strategy (imports DCP on first call, after any running prewarm)."""
-        if self._strategy is None:
-            from goodput.checkpoint._prewarm import settle
-
-            settle()
-            if self.name == "dcp":
-                from goodput.checkpoint.dcp import DcpStrategy
-
-                self._strategy = DcpStrategy()
-            else:
-                from goodput.checkpoint.dcp_async import DcpAsyncStrategy
-
-                self._strategy = DcpAsyncStrategy(checkpointer=self._checkpointer)
-        return self._strategy
-
-    def __getattr__(self, attr: str) -> Any:  # is_async, save, load, writes_later, ...: the real strategy's
-        if attr.startswith("__") or attr in ("_strategy", "_checkpointer", "name"):
-            raise AttributeError(attr)
-        return getattr(self.resolve(), attr)
-
-    def close(self) -> None:
-        if self._strategy is not None:
-            self._strategy.close()

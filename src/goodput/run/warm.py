@@ -132,11 +132,6 @@ class WarmWorker:
     # ---- joining -------------------------------------------------------------------------------------------
     def _wait_for_rank(self) -> None:
         """Block as a hot spare until the agent assigns a rank and generation (then export them)."""
-        from goodput.checkpoint._prewarm import prewarm
-
-        prewarm(
-            ("goodput.checkpoint.dcp_async",)
-        )  # what a worker loads after its first step, loaded while idle
         spare = os.environ[SPARE_ENV]
         self.store.set(f"spare/{spare}/ready", str(os.getpid()))
         start = time.monotonic()
