@@ -70,6 +70,13 @@ def test_torchrun_command_for_multi_node() -> None:
     assert cmd[-1] == "t.py"
 
 
+def test_torchrun_runs_an_existing_script_behind_the_gc_boot(tmp_path: os.PathLike[str]) -> None:
+    script = os.path.join(tmp_path, "train.py")
+    open(script, "w").close()
+    cmd = torchrun_command(LaunchConfig(script=(script, "--lr", "3"), nproc=2))
+    assert cmd[-5:] == ["--module", "goodput.run._gcboot", script, "--lr", "3"]
+
+
 # ---- crash loops, errors a restart cannot fix, one run folder, plans that cannot fire ----------------------
 def _launch(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return _goodput("launch", *args, timeout=timeout)

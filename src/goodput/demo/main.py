@@ -54,13 +54,14 @@ class DemoConfig:
 
 def run_demo(config: DemoConfig) -> int:
     """Prepare the data, train under torchrun with faults, and report; returns the exit status."""
-    from goodput.demo.prepare import write_corpus
     from goodput.run.launch import LaunchConfig, launch_job
 
     os.makedirs(config.run_dir, exist_ok=True)
     data = config.data_url or os.path.join(config.run_dir, "remote-data")
     started = time.monotonic()
     if _needs_data(data):
+        from goodput.demo.prepare import write_corpus  # imports torch (goodput.data): only when writing
+
         count = write_corpus(data)
         print(f"demo: wrote {count} samples of Python stdlib source as shards to {data}")
     faults = f"kill@mtbf={config.mtbf}s,seed={config.seed}" if config.faults else ""

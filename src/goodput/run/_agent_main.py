@@ -10,6 +10,7 @@ import json
 import signal
 import sys
 
+from goodput.run._gcboot import hold, release
 from goodput.run.agent import WarmAgent, WarmConfig
 from goodput.run.launch import LaunchConfig
 from goodput.run.signals import parse_signal
@@ -22,7 +23,10 @@ def main(argv: list[str]) -> int:
     # The preemption signal is the workers' business (the launcher forwards it to them); one sent to every
     # process of the job must not end the agent. A handler, unlike SIG_IGN, is not inherited by the workers.
     signal.signal(parse_signal(launch.preempt_signal), lambda signum, frame: None)
-    return WarmAgent(launch, WarmConfig(**spec["warm"])).run()
+    hold()  # the agent imports torch before it starts the workers: with the collector held back (_gcboot)
+    agent = WarmAgent(launch, WarmConfig(**spec["warm"]))
+    release()
+    return agent.run()
 
 
 if __name__ == "__main__":

@@ -170,7 +170,7 @@ class WarmAgent:
         ctx = start_processes(
             name=name,
             entrypoint=sys.executable,
-            args={0: ("-u", *self.launch.script)},
+            args={0: ("-u", *_boot(self.launch.script))},
             envs={0: env},
             logs_specs=DefaultLogsSpecs(log_dir=logs),
         )
@@ -463,6 +463,11 @@ def _rendezvous(launch: LaunchConfig) -> tuple[int, str, Any]:
     handler = get_rendezvous_handler(params)
     info = handler.next_rendezvous()
     return info.rank, launch.rdzv_endpoint, handler
+
+
+def _boot(script: tuple[str, ...]) -> tuple[str, ...]:
+    """The script's command line behind ``-m goodput.run._gcboot`` (its imports with the collector held back)."""
+    return ("-m", "goodput.run._gcboot", *script) if os.path.isfile(script[0]) else script
 
 
 def _kill_group(pid: int) -> None:

@@ -135,6 +135,10 @@ def torchrun_command(config: LaunchConfig, *, log_dir: str | None = None) -> lis
         if config.node_rank is not None:
             cmd.append(f"--node-rank={config.node_rank}")
     cmd += [f"--max-restarts={config.max_restarts}", f"--monitor-interval={config.monitor_interval}"]
+    if os.path.isfile(
+        config.script[0]
+    ):  # python -u -m goodput.run._gcboot SCRIPT: a faster start (see there)
+        cmd += ["--module", "goodput.run._gcboot"]
     return cmd + list(config.script)
 
 

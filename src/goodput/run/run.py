@@ -35,6 +35,7 @@ from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.ledger.tiers import live_recovered_share
 from goodput.run._cachestats import CacheStatsRecorder
+from goodput.run._gcboot import release as release_gc
 from goodput.run._launchdir import FATAL_ERRORS, install_error_report, register_pid, report_failure
 from goodput.run._runhooks import already_complete, resolve_run_dir, single_process_group, stop_preempted
 from goodput.run.crashloop import CrashLoopDetector
@@ -185,6 +186,7 @@ class Run:
         self._preempt.start(self.step)
         already_complete(self)
         self.ledger.init_done()
+        release_gc()  # the collector's thresholds back, the set-up's objects frozen (goodput.run._gcboot)
         if self._progress_on or self._exporters:
             self._progress = Progress(
                 total=self.total_steps,
