@@ -115,7 +115,8 @@ def test_sigkill_of_one_rank_restarts_warm(tmp_path: os.PathLike[str], baseline:
 @pytest.mark.slow
 def test_exception_on_one_rank_restarts_warm(tmp_path: os.PathLike[str], baseline: str) -> None:
     run_dir = str(tmp_path)
-    _launch(run_dir, "raise@step=20,rank=1")
+    # 10 ms of compute per step, as in the SIGKILL test: the failure comes after the first spare has started
+    _launch(run_dir, "raise@step=20,rank=1", script_args=("--step-seconds", "0.01"))
     _assert_warm_and_identical(run_dir, baseline)
 
 

@@ -27,6 +27,8 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
+from goodput.data.loader import ResumableLoader
+from goodput.data.prefetch import DevicePrefetcher
 from goodput.distributed import dist_info, init_distributed
 from goodput.errors import ConfigError, DataError
 from goodput.faults import Fault, FaultPlan, check_plan, fault_point, install_faults, parse_faults
@@ -122,6 +124,9 @@ class Run:
         self._progress: Progress | None = None
         self._manager: CheckpointManager | None = None
         self._loader: Any = None
+        self._ahead: Iterator[Any] | None = (
+            None  # the iterator ``batches`` reads (a receiving thread's, maybe)
+        )
         self._cache_stats: CacheStatsRecorder | None = None
         self._last_saved: int | None = None
         self._closed = False
@@ -197,18 +202,30 @@ class Run:
             )
         return step
 
-    def batches(self, loader: Any = None, *, steps: int | None = None) -> Iterator[Any]:
+    def batches(
+        self, loader: Any = None, *, steps: int | None = None, ahead: bool | None = None
+    ) -> Iterator[Any]:
         """The loader's batches, epoch after epoch, until ``steps`` (default ``total_steps``) are done.
 
         Each batch's wait counts as fetch time in the ledger. Call ``step_done()`` after each step.
+
+        ``ahead``: receive the next batch in a background thread while the step computes, so the loop finds it
+        ready (``DevicePrefetcher``'s CPU path). None (the default) turns it on for a ``ResumableLoader`` whose
+        batches come from worker processes: the thread then only receives them (no dataset, collate or RNG
+        code of yours runs in it). A batch received but not handed out is not consumed: the loader's position,
+        and so a checkpoint's, counts the batches the loop got.
         """
         loader = loader if loader is not None else self._loader
         if loader is None:
             raise ConfigError("batches() needs a loader (or one given to restore())")
+        self._stop_ahead()  # a previous iteration's thread must leave the loader before it is iterated again
         self._loader = loader
         self._cache_stats = CacheStatsRecorder(self.ledger, loader)
         steps = steps if steps is not None else self.total_steps
-        iterator = iter(loader)
+        source = loader
+        if ahead or (ahead is None and isinstance(loader, ResumableLoader) and loader.config.num_workers > 0):
+            source = DevicePrefetcher(loader, "cpu")
+        iterator = self._ahead = iter(source)
         self._cache_stats.epoch = int(getattr(loader, "epoch", 0))
         if self._warm is not None:
             self._warm.apply_rng()
@@ -227,11 +244,18 @@ class Run:
                         "the loader yields no batches: is the dataset smaller than a batch?"
                     ) from None
                 self._cache_stats.record()
-                iterator = iter(loader)  # the next epoch
+                iterator = self._ahead = iter(source)  # the next epoch
                 self._cache_stats.epoch = int(getattr(loader, "epoch", 0))
                 continue
             empty_epochs, pending = 0, False
             yield batch
+
+    def _stop_ahead(self) -> None:
+        """Stop the background receiver of the last ``batches()`` (it joins its thread; nothing is consumed)."""
+        iterator, self._ahead = self._ahead, None
+        close = getattr(iterator, "close", None)
+        if callable(close):
+            close()
 
     def step_done(self, *, loss: float | None = None) -> None:
         """Mark the step finished: record it, fire due faults, and save when the policy says so."""
@@ -275,6 +299,7 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        self._stop_ahead()
         try:
             if self._manager is not None:
                 if self._last_saved != self.step:
@@ -331,6 +356,7 @@ class Run:
             try:
                 return train_fn(self)
             except Exception as err:
+                self._stop_ahead()
                 if self._warm is None:
                     raise
                 if not is_peer_failure(err):
