@@ -124,3 +124,17 @@ def test_a_terminal_gets_the_redrawn_line(monkeypatch: pytest.MonkeyPatch) -> No
         for step in range(1, 4):
             bar.update(step)
     assert "\r" in out.getvalue() and "3/3" in out.getvalue()
+
+
+def test_steps_between_draws_are_not_formatted_but_the_last_one_is_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    out = io.StringIO()
+    with Progress(300, file=out, mininterval=3600, log_interval=0) as bar:  # one draw an hour at most
+        for step in range(1, 301):
+            bar.update(step, loss=1.0 / step)
+        assert bar.last_line.startswith("step 1 |")  # formatted at the first step only
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("step 1/300 | loss 1 | ")
+    assert lines[-1].startswith("step 300/300 | loss 0.003333 | ")  # close draws the last step held

@@ -6,7 +6,8 @@ a round trip to another process per step: on 2 busy cores (load 10-15) the gap b
 ~3 ms (cold) to ~9 ms (warm), about 2% of the demo's wall time. A ``pwrite`` to a file in ``/dev/shm`` needs
 no other process to run.
 
-Two slots per rank, written alternately, each ``step, length, crc32`` then the JSON: a write torn by a kill in
+Two slots per rank, written alternately, each ``step, length, crc32`` then the record's bytes (the binary RNG
+record of :mod:`goodput.run._warm_rng`): a write torn by a kill in
 the middle of the system call (the kernel may stop a write between pages on SIGKILL) fails its checksum, and
 the reader takes the other slot (one step older: the documented case where a replacement's randomness may
 differ). The folder is named after the launch (or the job's store address), so the workers and spares of one job
@@ -18,13 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 import struct
 import tempfile
 import zlib
-from typing import Any
 
 from goodput.run._launchdir import LAUNCH_ID_ENV
 
@@ -64,29 +63,29 @@ class RecordFiles:
     def _paths(self) -> list[str]:
         return [os.path.join(self.folder, f"rank-{self.rank}.{slot}") for slot in (0, 1)]
 
-    def write(self, step: int, record: dict[str, Any]) -> None:
-        """Write ``record`` as ``step``'s (one ``pwrite`` into the slot not holding the newest)."""
+    def write(self, step: int, data: bytes) -> None:
+        """Write ``data`` as ``step``'s record (one ``pwrite`` into the slot not holding the newest)."""
         if not self._fds:
             os.makedirs(self.folder, exist_ok=True)
             self._fds = [os.open(path, os.O_RDWR | os.O_CREAT, 0o600) for path in self._paths()]
             newest = self._newest()
             self._next = 0 if newest is None else 1 - newest[0]
-        data = json.dumps(record).encode()
-        os.pwrite(self._fds[self._next], _HEADER.pack(step, len(data), zlib.crc32(data)) + data, 0)
+        os.pwritev(self._fds[self._next], [_HEADER.pack(step, len(data), zlib.crc32(data)), data], 0)
         self._next = 1 - self._next
 
-    def read(self) -> dict[str, Any] | None:
-        """The newest intact record (None: none written)."""
+    def read(self) -> tuple[int, bytes] | None:
+        """The newest intact record: (its step, its bytes); None when none was written."""
         newest = self._newest()
-        return None if newest is None else newest[1]
+        return None if newest is None else (newest[1][0], newest[1][1])
 
-    def _newest(self) -> tuple[int, dict[str, Any]] | None:
-        best: tuple[int, int, dict[str, Any]] | None = None
+    def _newest(self) -> tuple[int, tuple[int, bytes]] | None:
+        """(the slot, (step, bytes)) of the newest intact record."""
+        best: tuple[int, int, bytes] | None = None
         for slot, path in enumerate(self._paths()):
             found = _read_slot(path)
             if found is not None and (best is None or found[0] > best[0]):
                 best = (found[0], slot, found[1])
-        return None if best is None else (best[1], best[2])
+        return None if best is None else (best[1], (best[0], best[2]))
 
     def close(self) -> None:
         for fd in self._fds:
@@ -95,7 +94,7 @@ class RecordFiles:
         self._fds = []
 
 
-def _read_slot(path: str) -> tuple[int, dict[str, Any]] | None:
+def _read_slot(path: str) -> tuple[int, bytes] | None:
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -107,4 +106,4 @@ def _read_slot(path: str) -> tuple[int, dict[str, Any]] | None:
     data = raw[_HEADER.size : _HEADER.size + length]
     if len(data) != length or zlib.crc32(data) != crc:
         return None  # torn by a kill mid-write
-    return step, json.loads(data)
+    return step, data

@@ -88,9 +88,24 @@ class Progress:
             else "{n_fmt} steps [{elapsed}, {rate_fmt}] {postfix}",
         )
         self.last_line = ""
+        # Nothing is drawn more often than every ``mininterval``: the line is formatted only then (and at
+        # close), not at every step (~25 µs a step); exporters still get every step.
+        self._hidden = disable and self._plain is None and not self._exporters
+        self._mininterval = mininterval
+        self._next_format = 0.0
+        self._held: tuple[int, float | None, float | None] | None = None
 
     def update(self, step: int, *, loss: float | None = None, fetch_seconds: float | None = None) -> None:
         """Show ``step`` (the number of the step just done) with its loss, fetch time and live goodput."""
+        if self._hidden:
+            return  # hidden, no plain lines, no exporters: nothing to do
+        if not self._exporters and self._mininterval > 0:
+            now = time.monotonic()
+            if now < self._next_format:
+                self._held = (step, loss, fetch_seconds)  # drawn at the next format, or at close
+                return
+            self._next_format = now + self._mininterval
+        self._held = None
         if fetch_seconds is None and self._ledger is not None:
             fetch_seconds = self._ledger.last_fetch_seconds
         goodput = self._ledger.live_goodput if self._ledger is not None else None
@@ -116,6 +131,10 @@ class Progress:
 
     def close(self) -> None:
         """Draw the last state and release the line and the exporters."""
+        if self._held is not None:
+            step, loss, fetch = self._held
+            self._next_format = 0.0
+            self.update(step, loss=loss, fetch_seconds=fetch)
         if self._plain is not None:
             self._plain.close()
         self._bar.refresh()

@@ -30,18 +30,16 @@ to the newest checkpoint.
 
 from __future__ import annotations
 
-import array
-import base64
 import datetime
 import io
 import json
 import os
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from goodput.run._warm_record import RecordFiles, record_folder
+from goodput.run._warm_rng import RngCapture, restore_rng
 
 __all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
 
@@ -127,7 +125,8 @@ class WarmWorker:
         self.joined_wall = 0.0
         self._last_loader: Any = None
         self._failed_wall: float | None = None
-        self._pending_rng: dict[str, Any] | None = None
+        self._pending_rng: bytes | None = None
+        self._rng = RngCapture()
 
     # ---- joining -------------------------------------------------------------------------------------------
     def _wait_for_rank(self) -> None:
@@ -191,7 +190,7 @@ class WarmWorker:
         """Record this rank's position after a completed step: the loader's in memory, the RNG in the store."""
         # a plain iterable (a list of batches) has no position to hand on
         self._last_loader = loader.state_dict() if hasattr(loader, "state_dict") else None
-        self._rng_records.write(step, {"step": step, "rng": _capture_rng()})
+        self._rng_records.write(step, self._rng.capture())
         if not self._stepped:
             self.store.set(f"stepped/{self.rank}", str(step))
             self._stepped = True
@@ -281,7 +280,7 @@ class WarmWorker:
         if record is not None:
             # A record of an older step (the dead rank died between its backward and step_done) is the best
             # the job still has: documented as the one case where a replacement's randomness may differ.
-            self._pending_rng = record["rng"]
+            self._pending_rng = record[1]
 
     def apply_rng(self) -> None:
         """Put this rank's RNG back to its record, once, right after the loader's iterator is made.
@@ -290,8 +289,9 @@ class WarmWorker:
         start, before the recorded step; restoring after it continues the streams exactly where they were.
         """
         if self._pending_rng is not None:
-            _restore_rng(self._pending_rng)
+            restore_rng(self._pending_rng)
             self._pending_rng = None
+        self._rng.reset()  # the states may have been set (here, or by a checkpoint's restore)
 
     def recovered(self) -> None:
         """Tell the agent this rank finished its warm recovery."""
@@ -324,49 +324,3 @@ def _encode(snapshot: Snapshot) -> bytes:
     buf = io.BytesIO()
     torch.save(parts, buf)
     return buf.getvalue()
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _capture_rng() -> dict[str, Any]:
-    """Every RNG's state, packed as raw bytes: written every step, so ~0.1 ms rather than the checkpoint
-    format's ~1 ms (``goodput.checkpoint.rng`` spells the same states out as JSON lists)."""
-    import numpy as np
-    import torch
-
-    version, internal, gauss = random.getstate()
-    kind, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        "python": [version, _b64(array.array("Q", internal).tobytes()), gauss],
-        "numpy": [
-            kind,
-            _b64(np.asarray(key, dtype=np.uint32).tobytes()),
-            int(pos),
-            int(has_gauss),
-            float(cached),
-        ],
-        "torch": _b64(torch.get_rng_state().numpy().tobytes()),
-        "cuda": [],
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [_b64(t.numpy().tobytes()) for t in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def _restore_rng(state: dict[str, Any]) -> None:
-    import numpy as np
-    import torch
-
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(array.array("Q", base64.b64decode(internal))), gauss))
-    kind, key, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.frombuffer(base64.b64decode(key), dtype=np.uint32), pos, has_gauss, cached))
-
-    def tensor(text: str) -> torch.Tensor:
-        return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
-
-    torch.set_rng_state(tensor(state["torch"]))
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([tensor(t) for t in state["cuda"]])
