@@ -91,8 +91,10 @@ def s3_cost(
     fs, _ = url_to_fs(root, **options)
     payload = b"".join(t.contiguous().numpy().tobytes() for t in local)
     raw_path = f"{root}/raw/rank{rank}.bin"
+    # keep_last covers every save: retention's background purge of the previous step (a listing, manifest reads
+    # and deletions on rank 0, on the same 2 cores as the server) would otherwise overlap the next raw put or save
     config = CheckpointConfig(
-        root=f"{root}/ckpt", strategy="dcp_async", every=10**9, keep_last=1, storage_options=options,
+        root=f"{root}/ckpt", strategy="dcp_async", every=10**9, keep_last=saves + 2, storage_options=options,
         verify_checksums=True,
     )  # fmt: skip
     manager = CheckpointManager(config, state)
