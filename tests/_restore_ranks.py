@@ -90,3 +90,34 @@ def corrupt_file_keeps_partial_reads_out(rank: int, world: int, root: str) -> di
         "corrupt": corrupt,
         "steps_from_corrupt_file": {fqn: float(live[fqn]) for fqn in in_corrupt},
     }
+
+
+def one_rank_fails_to_plan(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Save steps 1 and 2; then restore while rank 1 alone fails before its read step for step 2 (as a rank whose
+    planning raised): no rank may wait for it, and both must fall back to step 1 together."""
+    import goodput.checkpoint.dcp as dcp_module
+
+    job = Job(rank, width=256, wrap="fsdp")
+    saver = CheckpointManager(CheckpointConfig(root=root, strategy="dcp"), job.state)
+    job.step()
+    saver.save(1)
+    saver.wait()
+    at_one = job.snapshot()
+    job.step()
+    saver.save(2)
+    saver.wait()
+    saver.close()
+    job.step()
+    if rank == 1:
+        planned = dcp_module._planned_target
+
+        def failing(state: Any, reader: Any) -> Any:
+            if str(reader.path).rstrip("/").endswith("step-2"):
+                raise RuntimeError("planning failed on rank 1")
+            return planned(state, reader)
+
+        dcp_module._planned_target = failing  # type: ignore[assignment]
+    restorer = CheckpointManager(CheckpointConfig(root=root, strategy="dcp"), job.state)
+    restored = restorer.restore_latest()
+    restorer.close()
+    return {"restored": restored, "diffs": same(at_one, job.snapshot())}

@@ -123,3 +123,33 @@ def test_s3_retention_leaves_nothing_to_warn_about(
     assert [(r.step, r.status) for r in list_checkpoints(s3_url, storage_options=options)][:1] == [
         (3, "committed")
     ]
+
+
+@pytest.mark.s3
+def test_goodput_ls_on_s3_does_not_list_an_emptied_step_folder(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from goodput.cli import main
+
+    options = s3_server.storage_options()
+    config = CheckpointConfig(root=s3_url, strategy="dcp", keep_last=1, storage_options=options)
+    manager = CheckpointManager(config, TrainingState(model=torch.nn.Linear(4, 2)))
+    for step in (1, 2):
+        manager.save(step)
+        manager.wait()
+    manager.close()
+    fs = fsspec.filesystem("s3", **options)
+    fs.invalidate_cache()
+    prefix = s3_url.removeprefix("s3://")
+    left = [str(p).rstrip("/") for p in fs.ls(f"{prefix}/step-1", detail=False)]
+    assert left in ([], [f"{prefix}/step-1"])  # no object left in it but, perhaps, its own folder marker
+    # the server keeps the emptied folder, so a listing of the root still names it
+    assert f"{prefix}/step-1" in [str(p).rstrip("/") for p in fs.ls(prefix, detail=False)]
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    assert main(["ls", s3_url, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["checkpoints"]
+    assert [(r["step"], r["status"]) for r in rows] == [(2, "committed")]
+    assert [(r.step, r.status) for r in list_checkpoints(s3_url, storage_options=options)] == [
+        (2, "committed")
+    ]

@@ -57,3 +57,11 @@ def test_bytes_read_in_part_wait_for_the_check_of_their_file(tmp_path: Path) -> 
     for rank, result in enumerate(results):
         assert result["steps_from_corrupt_file"], result
         assert set(result["steps_from_corrupt_file"].values()) == {99.0}, (rank, result)
+
+
+@pytest.mark.slow
+def test_a_rank_failing_before_its_reads_does_not_leave_the_others_waiting(tmp_path: Path) -> None:
+    # Each rank plans its reads alone (no DCP plan collectives); the read step's agreement is the only
+    # collective, and a rank that fails before it joins it with its error.
+    results = run_ranks(_restore_ranks.one_rank_fails_to_plan, 2, str(tmp_path), timeout=90.0)
+    assert [(r["restored"], r["diffs"]) for r in results] == [(1, []), (1, [])]

@@ -91,8 +91,10 @@ def s3_cost(
     fs, _ = url_to_fs(root, **options)
     payload = b"".join(t.contiguous().numpy().tobytes() for t in local)
     raw_path = f"{root}/raw/rank{rank}.bin"
+    # keep_last covers every save: retention's background purge of the previous step (a listing, manifest reads
+    # and deletions on rank 0, on the same 2 cores as the server) would otherwise overlap the next raw put or save
     config = CheckpointConfig(
-        root=f"{root}/ckpt", strategy="dcp_async", every=10**9, keep_last=1, storage_options=options,
+        root=f"{root}/ckpt", strategy="dcp_async", every=10**9, keep_last=saves + 2, storage_options=options,
         verify_checksums=True,
     )  # fmt: skip
     manager = CheckpointManager(config, state)
@@ -111,6 +113,15 @@ def s3_cost(
             puts.append(put)
             durables.append(durable)
     manager.close()
+    if (
+        rank == 0
+    ):  # then only the newest stays, as retention would have left it (the restores list every step)
+        steps = sorted(
+            int(p.rstrip("/").rsplit("-", 1)[1]) for p in fs.ls(config.root, detail=False) if "step-" in p
+        )
+        for step in steps[:-1]:
+            fs.rm(f"{config.root}/step-{step}", recursive=True)
+    dist.barrier()
     for i in range(saves + 1):
         fs.invalidate_cache()
         dist.barrier()
@@ -128,6 +139,8 @@ def s3_cost(
         "part_bytes": PART_BYTES,
         "concurrency": CONCURRENCY,
         "raw_put_s": _median(puts),
+        "raw_puts_s": puts,
+        "durables_s": durables,
         "durable_s": _median(durables),
         "raw_get_s": _median(gets),
         "restore_s": _median(restores),

@@ -415,14 +415,20 @@ class CheckpointLayout:
         for name in self._names(self.root):
             folder = self.join(name)
             if match := _STEP_DIR.match(name):
-                rows.append(self._inspect(int(match.group(1)), folder, checksums=checksums))
+                row = self._inspect(int(match.group(1)), folder, checksums=checksums)
+                if row is not None:
+                    rows.append(row)
             elif match := _PARTIAL_DIR.match(name):
                 rows.append(CheckpointInfo(int(match.group(1)), folder, "partial", "save did not commit"))
         rows.sort(key=lambda r: (r.step, r.status == "committed"), reverse=True)
         return rows
 
-    def _inspect(self, step: int, folder: str, *, checksums: bool) -> CheckpointInfo:
+    def _inspect(self, step: int, folder: str, *, checksums: bool) -> CheckpointInfo | None:
+        """The row of a ``step-<N>`` folder; None for an emptied folder on an object store, which is no folder
+        at all there (SeaweedFS keeps a removed folder's marker object, so listing the root still names it)."""
         names = self._names(folder)
+        if not names and not self.local:
+            return None
         if MANIFEST_NAME not in names:
             return CheckpointInfo(step, folder, "partial", "no manifest: save did not commit")
         try:
