@@ -20,8 +20,11 @@ __all__ = ["run_ranks"]
 def _entry(
     rank: int, fn: Callable[..., Any], world: int, port: int, out_dir: str, args: tuple[Any, ...]
 ) -> None:
+    import faulthandler
+
     import torch.distributed as dist
 
+    faulthandler.enable(all_threads=True)  # a rank killed by a signal (an abort in C++) prints its stacks
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
