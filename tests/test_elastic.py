@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from goodput.data import EpochOrder, ShardedDataset
+from goodput.demo.train import parse_args
 from goodput.demo.verify_train import prepare_data, train
 from goodput.ledger import read_events
 from tests._elastic import BATCH, effective_steps
@@ -56,8 +57,10 @@ def test_two_to_one_to_two_ranks_trains_every_sample_once(strategy: str, tmp_pat
         trained += [i for r in sorted(rows, key=lambda r: r["rank"]) for i in r["samples"]]
     assert len(trained) == BATCH * (2 * 3 + 1 * 6 + 2 * 9)  # steps 1-3 on 2 ranks, 4-9 on 1, 10-18 on 2
     assert len(set(trained)) == len(trained)  # no sample twice
-    size = len(ShardedDataset(data))
-    expected = EpochOrder(seed=0, epoch=0, size=size).at(np.arange(len(trained)))
+    dataset = ShardedDataset(data)
+    window = parse_args(["--data", data]).shard_window  # the demo's shard-aware order
+    order = EpochOrder(seed=0, epoch=0, size=len(dataset), shard_sizes=dataset.shard_sizes, window=window)
+    expected = order.at(np.arange(len(trained)))
     assert set(trained) == set(expected.tolist())  # none skipped: exactly the epoch's first samples
 
     loss = {s: float.fromhex(min(steps[s], key=lambda r: r["rank"])["draws"][1]) for s in steps}

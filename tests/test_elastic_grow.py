@@ -23,6 +23,7 @@ import pytest
 
 from goodput.data import EpochOrder, ShardedDataset
 from goodput.demo.main import TRAIN_SCRIPT
+from goodput.demo.train import parse_args
 from goodput.demo.verify_train import prepare_data
 from goodput.ledger import read_events
 from goodput.testing import free_port
@@ -141,6 +142,10 @@ def test_one_agent_lost_for_good_then_a_new_one_joins(tmp_path: os.PathLike[str]
         trained += [i for r in sorted(rows, key=lambda r: r["rank"]) for i in r["samples"]]
     assert counts[1] > 0 and counts[2] > 0, counts
     assert len(set(trained)) == len(trained) == BATCH * (counts[1] + 2 * counts[2])
-    order = EpochOrder(seed=0, epoch=0, size=len(ShardedDataset(data))).at(np.arange(len(trained)))
+    dataset = ShardedDataset(data)
+    window = parse_args(["--data", data]).shard_window  # the demo's shard-aware order
+    order = EpochOrder(seed=0, epoch=0, size=len(dataset), shard_sizes=dataset.shard_sizes, window=window).at(
+        np.arange(len(trained))
+    )
     assert set(trained) == set(order.tolist())
     print(f"worlds by attempt {worlds}; steps on 1 rank {counts[1]}, on 2 ranks {counts[2]}")
