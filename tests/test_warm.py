@@ -165,7 +165,9 @@ def test_two_nodes_a_killed_worker_leaves_the_other_nodes_worker_running(
         "--collective-timeout",
         "4",
     ]
+    # 10 ms of compute per step, as in the one-node SIGKILL test: the kill comes after the first spare started
     cmd += ["--faults", "kill@step=20,rank=1", "--", SCRIPT, "--steps", STEPS, "--every", "10"]
+    cmd += ["--step-seconds", "0.01"]
     agents = [
         subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)
     ]
