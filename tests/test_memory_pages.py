@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from goodput.checkpoint._huge_pages import _libc
 from goodput.checkpoint._memory_format import Staging, decode_part, load_part, write_part
 from goodput.checkpoint._memory_read import read_part_into
 from goodput.errors import CheckpointCorrupt
@@ -47,17 +48,7 @@ def shm_dir() -> Iterator[Path]:
 
 def _pmd_mapped_bytes(path: Path, length: int) -> int:
     """Bytes of the first ``length`` of ``path`` the kernel maps with 2 MiB entries (from /proc/self/smaps)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_long,
-    ]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc = _libc()  # the module's own mmap/munmap bindings
     with open(path, "rb") as f:
         reserved = libc.mmap(None, length + _HUGE, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
         aligned = (reserved + _HUGE - 1) // _HUGE * _HUGE
