@@ -29,7 +29,9 @@ p.add_argument("--hang-timeout", type=float, default=120.0)
 args = p.parse_args()
 
 torch.manual_seed(0)
-run = gp.Run(args.run_dir, total_steps=args.steps, hang_timeout=args.hang_timeout, progress=False)
+run = gp.Run(  # a CPU model: gloo, also on a machine with GPUs
+    args.run_dir, total_steps=args.steps, hang_timeout=args.hang_timeout, progress=False, backend="gloo"
+)
 run.config = gp.CheckpointConfig(  # under the run folder, wherever it came from
     root=os.path.join(run.run_dir, "checkpoints"), strategy=args.strategy, every=args.every
 )

@@ -44,6 +44,7 @@ def main() -> None:
     run = gp.Run(
         checkpoint=gp.CheckpointConfig(root=os.path.join(run_dir, "checkpoints"), every=4),
         total_steps=args.steps,
+        backend="gloo",  # a CPU model, also on a machine with GPUs
     )
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))

@@ -159,7 +159,7 @@ def run_step_overhead(run_dir: str, steps: int = 3000, rounds: int = 3) -> dict[
     data = list(range(steps))
     x = torch.ones(4)
     config = CheckpointConfig(root=os.path.join(run_dir, "ckpt"), strategy="dcp", every="1h")
-    run = Run(run_dir, checkpoint=config, progress=False, hang_timeout=300.0)
+    run = Run(run_dir, checkpoint=config, progress=False, hang_timeout=300.0, backend="gloo")
     run.restore(model=model)
     overheads = []
     for r in range(rounds):

@@ -6,7 +6,9 @@ The model has dropout (so every rank draws from its RNG each step), AdamW and an
 seeded synthetic samples through ``ResumableLoader``. Every rank logs the sample ids of each step it trains
 (``<run_dir>/samples/rank-<r>.jsonl``), and rank 0 writes ``<run_dir>/final.json`` with hashes of the final model
 and optimizer state, so two runs can be compared bit for bit. ``--step-seconds`` adds a fixed sleep to each
-step (a stand-in for a bigger model, so restart costs can be compared with step time).
+step (a stand-in for a bigger model, so restart costs can be compared with step time). ``--device cuda`` trains
+on each rank's own GPU over NCCL (the GPU-only warm tests); the default is the CPU over gloo, whatever the
+machine has.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ def _hash(tensors: dict[str, Any]) -> str:
             digest.update(f"{key}:{_hash(value)}".encode())
         elif isinstance(value, torch.Tensor):
             digest.update(f"{key}:{value.dtype}:{tuple(value.shape)}".encode())
-            digest.update(value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            flat = value.detach().cpu().contiguous().reshape(-1)
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
         else:
             digest.update(f"{key}:{value!r}".encode())
     return digest.hexdigest()
@@ -70,11 +73,16 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-timeout", type=float, default=60.0)
     p.add_argument("--fail-at-step", type=int, default=0, help="rank 1 raises before this step, every time")
     p.add_argument("--fatal-at-step", type=int, default=0, help="rank 1 raises ConfigError before this step")
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: each rank's GPU, over NCCL"
+    )
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _args(argv)
+    if args.device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     run_dir = os.environ["GOODPUT_RUN_DIR"]
@@ -82,7 +90,12 @@ def main(argv: list[str] | None = None) -> None:
         root=os.path.join(run_dir, "checkpoints"), strategy=args.strategy, every=args.every, keep_last=2
     )
     run = Run(
-        run_dir, checkpoint=config, total_steps=args.steps, hang_timeout=args.hang_timeout, progress=False
+        run_dir,
+        checkpoint=config,
+        total_steps=args.steps,
+        hang_timeout=args.hang_timeout,
+        progress=False,
+        backend="nccl" if args.device == "cuda" else "gloo",
     )
     dataset = _Samples()  # built once: a survivor reuses it after a warm restart
     run.warm(lambda r: _train(r, args, dataset))
@@ -97,12 +110,16 @@ def _train(run: Run, args: argparse.Namespace, dataset: _Samples) -> None:
         torch.nn.Dropout(args.dropout),
         torch.nn.Linear(args.hidden, 1),
     )
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    )
+    inner.to(device)
     model: torch.nn.Module = inner
     if args.fsdp:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        fully_shard(inner, mesh=init_device_mesh("cpu", (run.info.world_size,)))
+        fully_shard(inner, mesh=init_device_mesh(device.type, (run.info.world_size,)))
     elif run.info.world_size > 1:
         model = torch.nn.parallel.DistributedDataParallel(inner)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -114,6 +131,7 @@ def _train(run: Run, args: argparse.Namespace, dataset: _Samples) -> None:
     with open(path, "a", buffering=1) as log:
         for ids, x in run.batches(loader):
             _broken(run, args)
+            x = x.to(device)
             loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
             loss.backward()
             opt.step()

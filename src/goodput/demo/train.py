@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         total_steps=args.steps,
         hang_timeout=args.hang_timeout,
         progress=not args.no_progress,
+        backend="gloo",  # the demo trains on the CPU, also on a machine with GPUs
     )
     cache = CacheConfig(
         folder=args.cache_dir or os.path.join(run_dir, "cache"),

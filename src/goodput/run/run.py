@@ -325,6 +325,8 @@ class Run:
             self.watchdog.close()
         self._preempt.close()
         install_faults(None)
+        if self._warm is not None:
+            self._warm.stop_watch()
         if self._owns_group:
             import torch.distributed as dist
 

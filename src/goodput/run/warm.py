@@ -6,7 +6,9 @@ agent's TCP store, which outlives every worker. The protocol, in store keys:
 * ``gen/<g>/info``      JSON written by the agent before generation ``g`` forms: ``kind`` ("cold": every
   process is new and restores from the newest checkpoint; "warm": survivors and a replacement recover live),
   the failed ranks and the agent's detection and hand-over times.
-* ``gen/<g>/next``      JSON ``{"gen": g2}``: generation ``g`` has ended; its survivors join ``g2``.
+* ``gen/<g>/next``      JSON ``{"gen": g2}``: generation ``g`` has ended; its survivors join ``g2``. Each rank
+  watches for it in a thread (:mod:`goodput.run._warm_watch`): from then on no optimizer step applies, and on
+  NCCL the communicators are aborted, so a collective blocked on the dead peer returns at once.
 * ``pg/<g>/...``        the store namespace of generation ``g``'s process group (a fresh prefix per
   generation, so nobody reads a dead peer's address).
 * ``gen/<g>/recovered`` a counter each rank bumps when it has recovered: the agent's sign the warm restart
@@ -40,6 +42,7 @@ from typing import Any
 
 from goodput.run._warm_record import RecordFiles, record_folder
 from goodput.run._warm_rng import RngCapture, restore_rng
+from goodput.run._warm_watch import EndWatch, install_optimizer_guard
 
 __all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
 
@@ -127,6 +130,9 @@ class WarmWorker:
         self._failed_wall: float | None = None
         self._pending_rng: bytes | None = None
         self._rng = RngCapture()
+        self._backend: str | None = None  # the script's choice, kept for every later generation
+        self._ctl: Any = None  # a gloo group of the generation: live recovery's CPU tensors, on any backend
+        self._watch: EndWatch | None = None
 
     # ---- joining -------------------------------------------------------------------------------------------
     def _wait_for_rank(self) -> None:
@@ -151,15 +157,22 @@ class WarmWorker:
         os.environ[ROLE_ENV] = "worker"
 
     def join(self, backend: str | None = None) -> None:
-        """Form generation ``self.gen``'s process group in its own store namespace."""
+        """Form generation ``self.gen``'s process group in its own store namespace.
+
+        ``backend`` is remembered: the generations a warm restart forms later use the same one. With NCCL,
+        ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` defaults to 2 (abort the communicators on an error or a timeout,
+        keep the process), so NCCL's watchdog does not end a survivor whose peer died.
+        """
         import torch
         import torch.distributed as dist
 
+        if backend is not None:
+            self._backend = backend
         self.info = json.loads(self.store.get(f"gen/{self.gen}/info"))
         self._wait_for_all()
-        if backend is None:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = self._backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(
             backend,
@@ -168,6 +181,11 @@ class WarmWorker:
             world_size=self.world_size,
             timeout=datetime.timedelta(seconds=self.pg_timeout),
         )
+        self._ctl = dist.new_group(backend="gloo") if backend != "gloo" else None
+        self._watch = EndWatch(
+            os.environ[STORE_ENV], os.environ.get(PREFIX_ENV, ""), self.gen, abort=backend != "gloo"
+        )
+        install_optimizer_guard(self._watch)
         self.joined_wall = time.time()
 
     def _wait_for_all(self) -> None:
@@ -220,13 +238,15 @@ class WarmWorker:
         import torch.distributed as dist
 
         self._failed_wall = time.time()
+        self.stop_watch()
         if dist.is_initialized():
-            if dist.get_backend() == "nccl":
-                # NCCL collectives blocked on a dead peer do not fail by themselves: abort the communicators
-                # (ncclCommAbort, through PyTorch's experimental abort) before tearing the group down.
-                # GPU-only and untested here (CI has no GPUs).
+            if "nccl" in str(dist.get_backend()):
+                # A clean shutdown of an NCCL communicator waits for its peers, and one is dead: abort every
+                # communicator instead (ncclCommAbort, through PyTorch's abort), which also forgets the groups.
                 dist.distributed_c10d._abort_process_group()
-            dist.destroy_process_group()
+            else:
+                dist.destroy_process_group()
+        self._ctl = None
         key = f"gen/{self.gen}/next"
         try:
             self.store.wait([key], datetime.timedelta(seconds=self.reform_timeout))
@@ -239,6 +259,13 @@ class WarmWorker:
         self.join()
         return nxt
 
+    def stop_watch(self) -> None:
+        """Stop watching the current generation's end (it is being left, or the run closed)."""
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+        install_optimizer_guard(None)
+
     # ---- recovering in the new generation ------------------------------------------------------------------
     def recover(self, snapshot: Snapshot | None, state: Any) -> int | None:
         """Agree on the newest step any rank holds and load it everywhere; None when nobody holds one.
@@ -250,7 +277,7 @@ class WarmWorker:
 
         have = torch.tensor([snapshot.step if snapshot is not None else -1], dtype=torch.int64)
         steps = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
-        dist.all_gather(steps, have)
+        dist.all_gather(steps, have, group=self._ctl)
         values = [int(t.item()) for t in steps]
         best = max(values)
         if best <= 0:
@@ -258,12 +285,13 @@ class WarmWorker:
         source = values.index(best)
         payload = _encode(snapshot) if self.rank == source and snapshot is not None else b""
         size = torch.tensor([len(payload)], dtype=torch.int64)
-        dist.broadcast(size, src=source)
+        dist.broadcast(size, src=source, group=self._ctl)
         buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else None
         if buf is None:
             buf = torch.empty(int(size.item()), dtype=torch.uint8)
-        dist.broadcast(buf, src=source)
-        parts = torch.load(io.BytesIO(buf.numpy().tobytes()), weights_only=True)
+        dist.broadcast(buf, src=source, group=self._ctl)
+        # on the CPU whatever device the source's tensors lived on; load_state_dict copies them into place
+        parts = torch.load(io.BytesIO(buf.numpy().tobytes()), map_location="cpu", weights_only=True)
         for name in ("model", "optimizer", "scheduler", "scaler"):
             obj = getattr(state, name)
             if obj is not None and name in parts:
