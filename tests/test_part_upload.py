@@ -81,7 +81,9 @@ def test_an_aborted_upload_leaves_no_object_and_no_open_upload(s3_server: S3Serv
 
 
 @pytest.mark.s3
-def test_a_save_whose_part_upload_fails_keeps_the_previous_checkpoint(s3_server: S3Server, s3_url: str) -> None:
+def test_a_save_whose_part_upload_fails_keeps_the_previous_checkpoint(
+    s3_server: S3Server, s3_url: str
+) -> None:
     direct = s3_server.storage_options()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Linear(2048, 2048))  # 32 MiB: 2+ parts
