@@ -116,3 +116,26 @@ def test_a_save_whose_part_upload_fails_keeps_the_previous_checkpoint(
     assert [(r.step, r.status) for r in rows] == [(1, "committed")], rows
     bucket, prefix = fs.split_path(s3_url)[:2]
     assert _open_uploads(fs, bucket, f"{prefix}/step-2/__0_0.distcp") == []
+
+
+@pytest.mark.s3
+def test_never_more_parts_in_flight_than_the_concurrency(s3_server: S3Server, s3_url: str) -> None:
+    direct = s3_server.storage_options()
+    with FaultProxy(s3_server.s3_port, latency_s=0.05) as proxy:
+        proxied = {**direct, "client_kwargs": {**direct["client_kwargs"], "endpoint_url": proxy.endpoint_url}}
+        fs = _fs(proxied)
+        path = f"{s3_url}/bounded.bin"
+        data = os.urandom(6 * PART + 1)
+        upload = PartUpload(fs, path, chunksize=PART, concurrency=2)
+        _write_in_pieces(upload, data, 4 * MIB)
+        upload.finish()
+        parts = [r for r in proxy.records() if r.method == "PUT" and "partNumber=" in r.path]
+    assert len(parts) == 7
+    # the most part uploads open at any one moment, from the proxy's own start/end of each request
+    edges = sorted([(r.start, 1) for r in parts] + [(r.end, -1) for r in parts], key=lambda e: (e[0], e[1]))
+    open_now = most = 0
+    for _, change in edges:
+        open_now += change
+        most = max(most, open_now)
+    assert most <= 2
+    assert _fs(direct).cat_file(path) == data
