@@ -34,11 +34,20 @@ class _Retention:
 
     def _run_purge(self) -> None:
         try:
+            if self._nothing_to_purge():
+                return
             for info in self.to_purge(self._layout.scan()):
                 fault_point("checkpoint_purge", max(self._committed, default=info.step))
                 self._layout.remove(info)
         except Exception:
             log.exception("purging old checkpoints under %s failed; they stay", self._layout.root)
+
+    def _nothing_to_purge(self) -> bool:
+        """True when the root holds at most ``keep_last`` step folders: then no committed one can be purged, and
+        one listing replaces reading every manifest (on an object store, a round trip each, on rank 0's
+        connections to the server, while the next save may already be uploading)."""
+        steps = [n for n in self._layout.list_files(self._layout.root) if n.startswith("step-")]
+        return len(steps) <= self.config.keep_last
 
     def to_purge(self, rows: list[CheckpointInfo]) -> list[CheckpointInfo]:
         """Which committed checkpoints retention removes: all but the newest ``keep_last`` and the

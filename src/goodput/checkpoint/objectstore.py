@@ -2,9 +2,10 @@
 
 DCP's ``FsspecWriter`` writes each file through ``fs.open(path, "wb")``: s3fs then uploads one part at a time
 as its buffer fills, so a rank's shard crosses the network over a single connection. ``ConcurrentObjectFileSystem``
-wraps DCP's fsspec ``FileSystem``: a file opened for writing collects its bytes in memory and, when closed, is
-uploaded with ``fs.pipe_file(..., chunksize, max_concurrency)`` (a multipart upload whose parts go out
-``concurrency`` at a time); ``read_object`` fetches a whole object with ``fs.cat_file(..., max_concurrency)``
+wraps DCP's fsspec ``FileSystem``: on s3fs, a file opened for writing is a multipart upload whose parts go out
+while DCP still writes the file, ``concurrency`` in flight (``_part_upload.PartUpload``); on other fsspec
+backends it collects its bytes in memory and, when closed, is uploaded with ``fs.pipe_file(..., chunksize,
+max_concurrency)``; ``read_object`` fetches a whole object with ``fs.cat_file(..., max_concurrency)``
 (concurrent ranged GETs). Both are s3fs's own calls; other fsspec backends that do not take these arguments
 fall back to their plain ``pipe_file``/``cat_file``.
 
@@ -13,7 +14,7 @@ one buffer and handed on in order (to the checksum) while the later parts are st
 ``cat_file`` gathers a batch of parts, copies them into a buffer, and then copies that buffer once more into
 ``bytes``; hashing after it would be a third pass over the bytes, none of them overlapped with the download.
 
-The object is complete when ``pipe_file`` returns (the multipart upload is completed), before DCP writes
+The object is complete when the multipart upload is completed (when DCP's stream is left), before DCP writes
 ``.metadata`` and long before the manager writes the manifest (the commit marker).
 """
 
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from goodput.checkpoint._part_upload import PartUpload, streams_parts
 from goodput.errors import CheckpointCorrupt
 
 __all__ = ["ConcurrentObjectFileSystem", "fetch_object", "read_object"]
@@ -123,6 +125,17 @@ class ConcurrentObjectFileSystem:
         if "w" not in mode:
             with self._inner.create_stream(path, mode) as stream:
                 yield stream
+            return
+        if streams_parts(self._inner.fs):  # s3fs: parts go out while DCP is still writing the file
+            upload = PartUpload(
+                self._inner.fs, str(path), chunksize=self.chunksize, concurrency=self.concurrency
+            )
+            try:
+                yield upload
+                upload.finish()
+            except BaseException:
+                upload.abort()
+                raise
             return
         buffer = _UploadOnClose()
         original_close = buffer.close
