@@ -8,7 +8,6 @@ traffic never interleaves with training collectives or with each other.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
 import time
@@ -21,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import CheckpointException
 
+from goodput.checkpoint._groups import release_groups
 from goodput.checkpoint._memory_setup import open_memory_tier
 from goodput.checkpoint._restoring import _RestorePath
 from goodput.checkpoint._retention import _Retention
@@ -329,15 +329,31 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
             self._finisher.shutdown(wait=True)
             self._purger.shutdown(wait=True)
             self._strategy.close()
+            settled = True
             for schedule in (self._schedule, self._memory_schedule):
                 if schedule is not None and schedule.in_flight is not None:
                     # every rank sent it at the same step; a dead peer's cannot arrive: do not wait long
-                    with contextlib.suppress(Exception):
+                    try:
                         schedule.in_flight[1].wait(timeout=datetime.timedelta(seconds=10))
+                    except Exception:
+                        settled = False
                     schedule.in_flight = None
-            for group in (self._ctl, self._io, self._memory_group):
-                if group is not None:
-                    dist.destroy_process_group(group)
+            self._release_groups(join=settled)
+
+    def _release_groups(self, *, join: bool) -> None:
+        """Destroy the manager's groups; with ``join`` (no collective of ours left running on them) also drop
+        every reference to them, so their gloo threads end here and not during the interpreter's exit, where a
+        thread finishing the last collective aborts the process (see ``_groups``)."""
+        groups = [g for g in (self._ctl, self._io, self._memory_group) if g is not None]
+        if not join:  # a join would wait for the stuck collective: unregister only, as before
+            for group in groups:
+                dist.destroy_process_group(group)
+            return
+        self._ctl = self._io = self._memory_group = None
+        self._ctx.group = None
+        if self.memory is not None:
+            self.memory.group = self.memory.link.group = None
+        release_groups(groups)
 
     def __enter__(self) -> CheckpointManager:
         return self
