@@ -43,7 +43,7 @@ from goodput.run._runhooks import already_complete, resolve_run_dir, single_proc
 from goodput.run.crashloop import CrashLoopDetector
 from goodput.run.progress import Progress
 from goodput.run.records import StepRecorder
-from goodput.run.signals import PreemptionWatch
+from goodput.run.signals import PreemptionWatch, end_with_launcher
 from goodput.run.warm import WarmWorker, is_peer_failure, warm_enabled
 from goodput.run.watchdog import Watchdog
 
@@ -107,6 +107,7 @@ class Run:
             self._owns_group = single_process_group(backend) or self.info.world_size > 1
         self._preempt = PreemptionWatch(rank=self.info.rank, world_size=self.info.world_size)
         register_pid(self.info.rank)
+        end_with_launcher()  # this process ends with its parent under goodput launch (also when not booted by it)
         self.ledger = Ledger(run_dir, rank=self.info.rank, began=self._warm.began if self._warm else None)
         self.attempt = self.ledger.attempt
         self._plan_text = faults if faults is not None else os.environ.get("GOODPUT_FAULTS", "")
