@@ -4,7 +4,9 @@ ends (``PR_SET_PDEATHSIG``, ``goodput.run.signals.end_with_parent``). Real proce
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import goodput.bench
+from goodput.run._warm_record import record_folder
 from tests._launching import WORKER, processes_with, start_launch, wait_for_file
 
 WARM_SCRIPT = os.path.join(os.path.dirname(goodput.bench.__file__), "_restart_train.py")
@@ -65,4 +68,8 @@ def test_a_sigkilled_warm_launcher_takes_the_agent_workers_and_spare_with_it(tmp
     )  # fmt: skip
     samples = os.path.join(run_dir, "samples", "rank-0.jsonl")
     _wait_until(lambda: os.path.exists(samples) and len(processes_with(run_dir)) >= 4, proc, "a spare")
-    _killed_leaves_nothing(proc, run_dir)
+    try:
+        _killed_leaves_nothing(proc, run_dir)
+    finally:  # the RNG records' RAM folder, which a SIGKILLed launcher cannot remove
+        for launch in glob.glob(os.path.join(run_dir, "launches", "*")):
+            shutil.rmtree(record_folder("", "", launch=os.path.basename(launch)), ignore_errors=True)
