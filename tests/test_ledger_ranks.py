@@ -74,6 +74,29 @@ def test_the_report_reads_every_rank_file(tmp_path: Path, capsys: pytest.Capture
     assert on_rank_1["categories"]["failure_detection"] == pytest.approx(30.0)
 
 
+def test_one_restore_of_a_two_rank_job_counts_once_by_tier(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each rank records its own ``checkpoint_restored``: attempt 1's restore of step 3 is one restore (the
+    slowest rank's 0.4 s), not one per rank; attempt 2's ranks read different tiers (rank 1's RAM was lost, its
+    part came from the peer node): one restore, from ``peer``, which rank 1 had to reach."""
+    rank0, rank1 = _hang_on_rank_1()
+    for rank, attempts in enumerate((rank0, rank1)):
+        attempts[1].add("checkpoint_restored", 41.5, step=3, tier="durable", seconds=0.2 + 0.2 * rank)
+        a2 = Attempt(2, 50.0, 50.5, mono_origin=9000.0 + rank)
+        a2.add("checkpoint_restored", 51.0, step=4, tier="peer" if rank else "memory", seconds=0.1)
+        a2.step(5, 52, 53).add("attempt_end", 54.0, status="ok")
+        attempts.append(a2)
+    run = write_run(tmp_path / "run", rank0, rank=0)
+    write_run(run, rank1, rank=1)
+    assert main(["report", str(run), "--json"]) == 0
+    tiers = json.loads(capsys.readouterr().out)["restores_by_tier"]
+    assert tiers == {
+        "durable": {"count": 1.0, "seconds_mean": pytest.approx(0.4), "lost_steps_mean": 1.0},
+        "peer": {"count": 1.0, "seconds_mean": pytest.approx(0.1), "lost_steps_mean": 1.0},
+    }
+
+
 def test_faults_seen_by_both_ranks_count_once_per_job_event() -> None:
     """Attempt 0: ``raise@step=2`` fires on both ranks (one job event, 2 ledger events); attempt 1: rank 1
     alone is killed at random (1), ``raise@step=5`` fires on both ranks (1); and each rank logs an eval at

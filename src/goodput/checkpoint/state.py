@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from goodput.checkpoint._state_cache import StateDictCache
 from goodput.checkpoint.rng import capture_rng, restore_rng, seed_new_rank
-from goodput.errors import StateMismatch
+from goodput.errors import ConfigError, StateMismatch
 
 __all__ = ["LoaderState", "TrainingState", "check_shapes", "tensor_shapes"]
 
@@ -73,6 +73,7 @@ class TrainingState(Stateful):
         extras: dict[str, Any] | None = None,
         seed: int | None = None,
     ) -> None:
+        _check_loader(loader)
         self.model = model
         self.seed = seed
         self.optimizer = optimizer
@@ -261,3 +262,19 @@ def check_shapes(expected: Mapping[str, tuple[int, ...]], saved: Mapping[str, tu
     for key, shape in sorted(saved.items()):
         if key.startswith("model.") and key not in expected:
             raise StateMismatch(f"{key}: in the checkpoint (shape {list(shape)}) but not in this run's model")
+
+
+def _check_loader(loader: Any) -> None:
+    """Refuse a loader whose position a checkpoint cannot hold, now rather than at the first save."""
+    if loader is None:
+        return
+    missing = [
+        name for name in ("state_dict", "load_state_dict") if not callable(getattr(loader, name, None))
+    ]
+    if missing:
+        raise ConfigError(
+            f"the loader ({type(loader).__name__}) has no {'/'.join(m + '()' for m in missing)}, so a checkpoint "
+            "cannot hold its position: use goodput.ResumableLoader (exactly once across restarts) or a loader "
+            "with state_dict()/load_state_dict(), or leave it out of restore(loader=...) (a resume then starts "
+            "its epoch over)"
+        )

@@ -46,6 +46,9 @@ def release() -> None:
 def main(argv: list[str]) -> None:
     """Run the script ``argv[0]`` with arguments ``argv[1:]`` as ``__main__``, the collector held back."""
     hold()
+    from goodput.run.signals import end_with_launcher  # no torch here
+
+    end_with_launcher()  # under goodput launch: a SIGKILLed launcher takes torchrun, and torchrun this worker
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))  # as ``python SCRIPT`` has it (not the cwd of -m)
     runpy.run_path(argv[0], run_name="__main__")

@@ -49,7 +49,14 @@ from goodput.run.launch import (
     LaunchConfig,
     torchrun_command,
 )
-from goodput.run.signals import PREEMPT_SIGNAL_ENV, become_subreaper, descendants, parse_signal
+from goodput.run.signals import (
+    PREEMPT_SIGNAL_ENV,
+    become_subreaper,
+    descendants,
+    end_with_parent,
+    parse_signal,
+    preload_libc,
+)
 
 __all__ = ["Supervisor"]
 
@@ -88,7 +95,14 @@ class Supervisor:
         try:
             log_dir = os.path.join(self.folder, LOGS_DIR)
             command = self.command or torchrun_command(self.config, log_dir=log_dir)
-            proc = subprocess.Popen(command, env=self._env(), start_new_session=True)
+            launcher = os.getpid()
+            preload_libc()  # the child between fork and exec only calls into it
+            proc = subprocess.Popen(
+                command,
+                env=self._env(),
+                start_new_session=True,
+                preexec_fn=lambda: end_with_parent(launcher),  # a SIGKILLed launcher takes torchrun with it
+            )
             return self._supervise(proc)
         finally:
             self._end_job(proc)

@@ -26,7 +26,7 @@ _AFTER_RESTART = (
     "and keep random generators of your own (torch.Generator, np.random.default_rng) in run.restore(extras=) "
     "or derive them from the step",
     "a loader outside Run: pass it to run.restore(loader=...) and iterate run.batches(loader), so its "
-    "position is checkpointed and restored",
+    "position is checkpointed and restored (a plain torch DataLoader has no position: use goodput.ResumableLoader)",
 )
 _RNG_NAMES = {"python": "random", "numpy": "np.random", "torch": "torch", "cuda": "torch.cuda"}
 

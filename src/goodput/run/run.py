@@ -43,7 +43,7 @@ from goodput.run._runhooks import already_complete, resolve_run_dir, single_proc
 from goodput.run.crashloop import CrashLoopDetector
 from goodput.run.progress import Progress
 from goodput.run.records import StepRecorder
-from goodput.run.signals import PreemptionWatch
+from goodput.run.signals import PreemptionWatch, end_with_launcher
 from goodput.run.warm import WarmWorker, is_peer_failure, warm_enabled
 from goodput.run.watchdog import Watchdog
 
@@ -107,6 +107,7 @@ class Run:
             self._owns_group = single_process_group(backend) or self.info.world_size > 1
         self._preempt = PreemptionWatch(rank=self.info.rank, world_size=self.info.world_size)
         register_pid(self.info.rank)
+        end_with_launcher()  # this process ends with its parent under goodput launch (also when not booted by it)
         self.ledger = Ledger(run_dir, rank=self.info.rank, began=self._warm.began if self._warm else None)
         self.attempt = self.ledger.attempt
         self._plan_text = faults if faults is not None else os.environ.get("GOODPUT_FAULTS", "")
@@ -213,7 +214,9 @@ class Run:
         ready (``DevicePrefetcher``'s CPU path). None (the default) turns it on for a ``ResumableLoader`` whose
         batches come from worker processes: the thread then only receives them (no dataset, collate or RNG
         code of yours runs in it). A batch received but not handed out is not consumed: the loader's position,
-        and so a checkpoint's, counts the batches the loop got.
+        and so a checkpoint's, counts the batches the loop got. Any other loader gets the thread only with
+        ``ahead=True`` (its sampler then runs in it), and not when it was given to ``restore``: its own
+        ``state_dict()`` would count the batch received ahead (a ConfigError says so).
         """
         loader = loader if loader is not None else self._loader
         if loader is None:
@@ -223,6 +226,12 @@ class Run:
         self._cache_stats = CacheStatsRecorder(self.ledger, loader)
         steps = steps if steps is not None else self.total_steps
         source = loader
+        if ahead and not isinstance(loader, ResumableLoader) and self._checkpointed(loader):
+            raise ConfigError(
+                f"batches(ahead=True) with a {type(loader).__name__} whose position the checkpoint holds: its "
+                "state_dict() would count the batch received ahead as consumed, so a resume would skip it; use "
+                "goodput.ResumableLoader (ahead counts only the batches the loop got) or ahead=False"
+            )
         if ahead or (ahead is None and isinstance(loader, ResumableLoader) and loader.config.num_workers > 0):
             source = DevicePrefetcher(loader, "cpu")
         iterator = self._ahead = iter(source)
@@ -249,6 +258,10 @@ class Run:
                 continue
             empty_epochs, pending = 0, False
             yield batch
+
+    def _checkpointed(self, loader: Any) -> bool:
+        """Whether ``loader`` is the one given to ``restore``, whose position every checkpoint holds."""
+        return self._manager is not None and self._manager.state.loader is loader
 
     def _stop_ahead(self) -> None:
         """Stop the background receiver of the last ``batches()`` (it joins its thread; nothing is consumed)."""

@@ -187,6 +187,45 @@ def become_subreaper() -> bool:
         return False
 
 
+_LIBC: list[Any] = []  # loaded once, before a fork: a child between fork and exec must not load a library
+
+
+def preload_libc() -> Any:
+    """libc for ``prctl``, loaded on the first call (call it before forking a child that uses it)."""
+    if not _LIBC:
+        try:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        except OSError:
+            _LIBC.append(None)
+    return _LIBC[0]
+
+
+def end_with_parent(parent: int | None = None) -> bool:
+    """Have the kernel SIGKILL this process when its parent ends (Linux ``PR_SET_PDEATHSIG``).
+
+    A SIGKILLed ``goodput launch`` runs no clean-up: its child (torchrun, or the warm agent) ends with it this
+    way, and so does each worker when that child ends, so no process of the job outlives the launcher whatever
+    way it ends. ``parent``: the pid the parent had (None: the current one); a process whose parent has already
+    changed ends at once, since nobody would signal it. Returns False where the request is not supported.
+    """
+    parent = os.getppid() if parent is None else parent
+    libc = preload_libc()
+    try:
+        if libc is None or int(libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)) != 0:  # PR_SET_PDEATHSIG
+            return False
+    except AttributeError:
+        return False
+    if os.getppid() != parent:  # the parent ended before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
+def end_with_launcher() -> None:
+    """Under ``goodput launch`` (``$GOODPUT_LAUNCH_DIR`` set), end this worker when its parent ends."""
+    if os.environ.get("GOODPUT_LAUNCH_DIR"):
+        end_with_parent()
+
+
 def _children(pid: int) -> list[int]:
     found: list[int] = []
     try:

@@ -1,0 +1,75 @@
+"""A SIGKILLed ``goodput launch`` runs no clean-up of its own, yet no process of its job outlives it: torchrun (or
+the warm agent) is SIGKILLed by the kernel when the launcher ends, and each worker and hot spare when its parent
+ends (``PR_SET_PDEATHSIG``, ``goodput.run.signals.end_with_parent``). Real processes, real SIGKILL."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import goodput.bench
+from goodput.run._warm_record import record_folder
+from tests._launching import WORKER, processes_with, start_launch, wait_for_file
+
+WARM_SCRIPT = os.path.join(os.path.dirname(goodput.bench.__file__), "_restart_train.py")
+
+
+def _wait_until(
+    condition: Callable[[], bool], proc: subprocess.Popen[str], what: str, timeout: float = 120.0
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, (
+            f"launch ended ({proc.returncode}) before {what}: {proc.stderr.read()[-3000:]}"
+        )
+        assert time.monotonic() < deadline, f"no {what} after {timeout}s"
+        time.sleep(0.1)  # polling for a condition, not a synchronisation by time
+
+
+def _killed_leaves_nothing(proc: subprocess.Popen[str], run_dir: str) -> None:
+    job = processes_with(run_dir)
+    assert job, "the job's processes were not found"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)  # its pipes stay open as long as any process of the job lives: not read here
+    deadline = time.monotonic() + 30.0
+    while processes_with(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the kernel's signals land within milliseconds; polled, not slept on
+    left = processes_with(run_dir)
+    for pid in left:  # leave the machine clean even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert left == [], f"{len(left)} of the job's {len(job)} processes outlived the SIGKILLed launcher"
+
+
+@pytest.mark.slow
+def test_a_sigkilled_launcher_takes_torchrun_and_every_worker_with_it(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    proc = start_launch(
+        "--nproc", "2", "--run-dir", run_dir, "--", WORKER, "--steps", "2000", "--step-seconds", "0.05"
+    )
+    wait_for_file(os.path.join(run_dir, "training"), proc)
+    _killed_leaves_nothing(proc, run_dir)
+
+
+@pytest.mark.slow
+def test_a_sigkilled_warm_launcher_takes_the_agent_workers_and_spare_with_it(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    proc = start_launch(
+        "--restart", "warm", "--nproc", "2", "--run-dir", run_dir, "--",
+        WARM_SCRIPT, "--steps", "2000", "--step-seconds", "0.05",
+    )  # fmt: skip
+    samples = os.path.join(run_dir, "samples", "rank-0.jsonl")
+    _wait_until(lambda: os.path.exists(samples) and len(processes_with(run_dir)) >= 4, proc, "a spare")
+    try:
+        _killed_leaves_nothing(proc, run_dir)
+    finally:  # the RNG records' RAM folder, which a SIGKILLed launcher cannot remove
+        for launch in glob.glob(os.path.join(run_dir, "launches", "*")):
+            shutil.rmtree(record_folder("", "", launch=os.path.basename(launch)), ignore_errors=True)
