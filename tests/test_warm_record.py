@@ -29,6 +29,25 @@ def test_the_newest_record_survives_a_new_writer_and_a_torn_write(tmp_path: os.P
     assert not os.path.exists(folder)
 
 
+def test_a_step_recorded_twice_keeps_the_step_before_it(tmp_path: os.PathLike[str]) -> None:
+    """Step 5 is recorded before the optimizer step and again at step_done: both records of step 4's
+    predecessor stay readable, and a reader asking for a step gets that step's record when there is one."""
+    folder = os.path.join(str(tmp_path), "rec")
+    rec = RecordFiles(folder, rank=0)
+    rec.write(4, b"four")
+    rec.write(5, b"five-before-optimizer")
+    rec.write(5, b"five-at-step-done")
+    assert rec.read() == (5, b"five-at-step-done")
+    assert rec.read(4) == (4, b"four")  # the group adopted step 4: its record, not the newest
+    assert rec.read(9) == (5, b"five-at-step-done")  # no record of that step: the newest
+    rec.close()
+    again = RecordFiles(folder, rank=0)  # a new process goes on from the files
+    again.write(5, b"five-again")
+    again.write(6, b"six")
+    assert again.read(5) == (5, b"five-again") and again.read() == (6, b"six")
+    assert again.read(4) == (6, b"six")  # step 4's slot now holds step 6: no record of 4, so the newest
+
+
 def test_one_job_one_folder() -> None:
     a = record_folder("127.0.0.1:1234", "")
     assert a == record_folder("127.0.0.1:1234", "")

@@ -17,6 +17,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -76,6 +77,18 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: each rank's GPU, over NCCL"
     )
+    p.add_argument(
+        "--die-mid-step",
+        type=int,
+        default=0,
+        help="rank 1 SIGKILLs itself after this step's backward, before its optimizer step (first process only)",
+    )
+    p.add_argument(
+        "--die-after-optimizer",
+        type=int,
+        default=0,
+        help="rank 1 SIGKILLs itself after this step's optimizer step, before step_done (first process only)",
+    )
     return p.parse_args(argv)
 
 
@@ -134,7 +147,9 @@ def _train(run: Run, args: argparse.Namespace, dataset: _Samples) -> None:
             x = x.to(device)
             loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
             loss.backward()
+            _die_mid_step(run, args.die_mid_step)
             opt.step()
+            _die_mid_step(run, args.die_after_optimizer)
             opt.zero_grad(set_to_none=True)
             sched.step()
             if args.step_seconds:
@@ -150,6 +165,18 @@ def _train(run: Run, args: argparse.Namespace, dataset: _Samples) -> None:
         }
         with open(os.path.join(run.run_dir, "final.json"), "w") as f:
             json.dump(final, f)
+
+
+def _die_mid_step(run: Run, at_step: int) -> None:
+    """Rank 1's SIGKILL inside step ``at_step``, after its gradients' all-reduce (not at a step boundary)."""
+    if run.info.rank != 1 or run.step + 1 != at_step:
+        return
+    marker = os.path.join(run.run_dir, "died-mid-step")
+    if os.path.exists(marker):  # the replacement redoes this step
+        return
+    with open(marker, "w") as f:
+        f.write(str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _broken(run: Run, args: argparse.Namespace) -> None:

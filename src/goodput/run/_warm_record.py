@@ -59,24 +59,37 @@ class RecordFiles:
         self.rank = rank
         self._fds: list[int] = []
         self._next = 0
+        self._last: int | None = None  # the step of the newest record written
 
     def _paths(self) -> list[str]:
         return [os.path.join(self.folder, f"rank-{self.rank}.{slot}") for slot in (0, 1)]
 
     def write(self, step: int, data: bytes) -> None:
-        """Write ``data`` as ``step``'s record (one ``pwrite`` into the slot not holding the newest)."""
+        """Write ``data`` as ``step``'s record (one ``pwrite``).
+
+        A newer step goes into the slot not holding the newest, so the previous step's record stays; the same
+        step again (the record taken before the optimizer step, then the one at ``step_done``) replaces the
+        newest in place, so the previous step's record still stays.
+        """
         if not self._fds:
             os.makedirs(self.folder, exist_ok=True)
             self._fds = [os.open(path, os.O_RDWR | os.O_CREAT, 0o600) for path in self._paths()]
             newest = self._newest()
             self._next = 0 if newest is None else 1 - newest[0]
-        os.pwritev(self._fds[self._next], [_HEADER.pack(step, len(data), zlib.crc32(data)), data], 0)
-        self._next = 1 - self._next
+            self._last = None if newest is None else newest[1][0]
+        slot = 1 - self._next if step == self._last else self._next
+        os.pwritev(self._fds[slot], [_HEADER.pack(step, len(data), zlib.crc32(data)), data], 0)
+        self._next = 1 - slot
+        self._last = step
 
-    def read(self) -> tuple[int, bytes] | None:
-        """The newest intact record: (its step, its bytes); None when none was written."""
-        newest = self._newest()
-        return None if newest is None else (newest[1][0], newest[1][1])
+    def read(self, step: int | None = None) -> tuple[int, bytes] | None:
+        """The intact record of ``step`` if there is one, else the newest: (its step, its bytes); None when none
+        was written."""
+        found = [r for r in (_read_slot(path) for path in self._paths()) if r is not None]
+        exact = [r for r in found if r[0] == step]
+        if exact:
+            return exact[0]
+        return max(found, key=lambda r: r[0]) if found else None
 
     def _newest(self) -> tuple[int, tuple[int, bytes]] | None:
         """(the slot, (step, bytes)) of the newest intact record."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["EndWatch", "install_optimizer_guard"]
@@ -91,26 +92,28 @@ def abort_communicators() -> None:
 
 
 _guard_lock = threading.Lock()
-_guarded: list[EndWatch | None] = []  # the current generation's watch; [] until the hook is installed
+# the current generation's watch and what to call before an optimizer step; [] until the hook is installed
+_guarded: list[tuple[EndWatch | None, Callable[[], None] | None]] = []
 
 
-def install_optimizer_guard(watch: EndWatch | None) -> None:
-    """Make every optimizer step of this process refuse to run once ``watch``'s generation has ended.
+def install_optimizer_guard(watch: EndWatch | None, before_step: Callable[[], None] | None = None) -> None:
+    """Make every optimizer step of this process refuse to run once ``watch``'s generation has ended, and
+    call ``before_step`` before each step it lets run.
 
-    Installed once per process (a global pre-step hook); later generations only swap the watch.
+    Installed once per process (a global pre-step hook); later generations only swap what it holds.
     """
     with _guard_lock:
         if not _guarded:
             import torch.optim.optimizer as optim
 
             optim.register_optimizer_step_pre_hook(_refuse_after_end)
-            _guarded.append(watch)
+            _guarded.append((watch, before_step))
         else:
-            _guarded[0] = watch
+            _guarded[0] = (watch, before_step)
 
 
 def _refuse_after_end(optimizer: Any, args: Any, kwargs: Any) -> None:
-    watch = _guarded[0] if _guarded else None
+    watch, before_step = _guarded[0] if _guarded else (None, None)
     if watch is not None and watch.ended.is_set():
         import torch.distributed as dist
 
@@ -118,3 +121,5 @@ def _refuse_after_end(optimizer: Any, args: Any, kwargs: Any) -> None:
             f"goodput: generation {watch.gen} ended (another rank failed): this optimizer step is not applied "
             f"(pid {os.getpid()})"
         )
+    if before_step is not None:
+        before_step()

@@ -99,6 +99,7 @@ class Run:
         # Under `goodput launch --restart warm`: a spare waits here for its rank (imports done), then joins.
         self._warm = WarmWorker() if warm_enabled() else None
         if self._warm is not None:
+            self._warm.step_of = self._completed_step
             self._warm.join(backend)
             self.info = dist_info()
             self._owns_group = self.info.world_size > 1
@@ -437,6 +438,9 @@ class Run:
         self._warm_pending = self._warm_next = None
         self._warm_first = time.monotonic()
         return step
+
+    def _completed_step(self) -> int:
+        return self.step
 
     def _warm_step_done(self) -> None:
         assert self._warm is not None

@@ -37,6 +37,7 @@ import io
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +134,7 @@ class WarmWorker:
         self._backend: str | None = None  # the script's choice, kept for every later generation
         self._ctl: Any = None  # a gloo group of the generation: live recovery's CPU tensors, on any backend
         self._watch: EndWatch | None = None
+        self.step_of: Callable[[], int] | None = None  # the last completed step (Run's), for the records
 
     # ---- joining -------------------------------------------------------------------------------------------
     def _wait_for_rank(self) -> None:
@@ -185,7 +187,7 @@ class WarmWorker:
         self._watch = EndWatch(
             os.environ[STORE_ENV], os.environ.get(PREFIX_ENV, ""), self.gen, abort=backend != "gloo"
         )
-        install_optimizer_guard(self._watch)
+        install_optimizer_guard(self._watch, self._record_before_step)
         self.joined_wall = time.time()
 
     def _wait_for_all(self) -> None:
@@ -212,6 +214,13 @@ class WarmWorker:
         if not self._stepped:
             self.store.set(f"stepped/{self.rank}", str(step))
             self._stepped = True
+
+    def _record_before_step(self) -> None:
+        """Record the RNG again just before an optimizer step, as the step in progress (``Run`` sets
+        ``step_of``). Its gradients are all-reduced by then, so a survivor may complete this step even if this
+        rank dies before ``step_done``: its replacement then finds this step's record, not the one before."""
+        if self.step_of is not None:
+            self._rng_records.write(self.step_of() + 1, self._rng.capture())
 
     # ---- leaving a failed generation -----------------------------------------------------------------------
     def snapshot(self, step: int, state: Any) -> Snapshot | None:
@@ -304,10 +313,11 @@ class WarmWorker:
         return best
 
     def _restore_rng(self, step: int) -> None:
-        record = self._rng_records.read()
+        record = self._rng_records.read(step)
         if record is not None:
-            # A record of an older step (the dead rank died between its backward and step_done) is the best
-            # the job still has: documented as the one case where a replacement's randomness may differ.
+            # The record of the adopted step. An older one (the dead rank died after its gradients' all-reduce
+            # but before its optimizer step's record) is the best the job still has: documented as the one case
+            # where a replacement's randomness may differ.
             self._pending_rng = record[1]
 
     def apply_rng(self) -> None:
