@@ -91,3 +91,24 @@ def test_sigkilled_attempts_account_for_every_second(tmp_path: Path) -> None:
     assert acc.categories["lost_work"] == pytest.approx(redone, abs=0.05)
     assert acc.categories["restart_downtime"] > 0 and acc.categories["init"] > 0
     assert acc.categories["data_wait"] == pytest.approx(0.002 * acc.step_stats.count, rel=1e-6)
+
+
+_KILLED_AFTER_RESTORE = """
+import os, signal, sys
+from goodput.ledger import Ledger, LedgerConfig
+ledger = Ledger(sys.argv[1], rank=0, config=LedgerConfig(flush_seconds=60))
+ledger.restore_start()
+ledger.restore_end(7)
+ledger.step_start(8)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_sigkill_right_after_a_restore_keeps_the_restored_step(tmp_path: Path) -> None:
+    """The step an attempt resumed from is written through: a kill long before the next flush keeps it (the
+    step after it, buffered, may go)."""
+    proc = subprocess.run([sys.executable, "-c", _KILLED_AFTER_RESTORE, str(tmp_path)], timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    events = read_events(tmp_path)
+    assert [e["step"] for e in events if e["event"] == "restore_end"] == [7]
+    assert "step_start" not in {e["event"] for e in events}

@@ -11,7 +11,8 @@ recorded beside it, but resets when a scheduler relaunches torchrun, so it does 
 Writing never blocks training on I/O: an event is serialised into a memory buffer and a background thread
 appends the buffer to the file every ``flush_seconds`` (0.5 s by default) with one ``write`` and, by
 default, an ``fsync``. A SIGKILL loses at most the events of the last flush period; the line being written
-may be torn, and :func:`read_events` ignores a torn last line with a warning.
+may be torn, and :func:`read_events` ignores a torn last line with a warning. ``restore_end`` (once per
+attempt) is written through at once, so the step an attempt resumed from is never among the lost.
 
 Event schema (one JSON object per line)::
 
@@ -336,8 +337,13 @@ class Ledger:
         self.event("restore_start")
 
     def restore_end(self, step: int | None) -> None:
-        """Restoring ended; ``step`` is the restored step, None when no checkpoint was found."""
+        """Restoring ended; ``step`` is the restored step, None when no checkpoint was found.
+
+        Written through at once (once per attempt): a kill within the next flush period must not lose which
+        step the attempt resumed from, which the report's lost-work accounting and the resume checks read.
+        """
         self.event("restore_end", step=step)
+        self.flush()
 
     def step_start(self, step: int) -> None:
         """Step ``step`` begins (before its batch is fetched)."""
