@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["EndWatch", "install_optimizer_guard"]
+__all__ = ["EndWatch", "connect_store", "install_optimizer_guard"]
 
 POLL_SECONDS = 0.1
 
@@ -42,18 +42,9 @@ class EndWatch:
         self._thread = threading.Thread(target=self._watch, name=f"goodput-warm-watch-{gen}", daemon=True)
         self._thread.start()
 
-    def _connect(self) -> Any:
-        import torch.distributed as dist
-
-        host, port = self._address.rsplit(":", 1)
-        base = dist.TCPStore(
-            host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
-        )
-        return dist.PrefixStore(self._prefix, base) if self._prefix else base
-
     def _watch(self) -> None:
         try:
-            store = self._connect()
+            store = connect_store(self._address, self._prefix)
             key = f"gen/{self.gen}/next"
             while not self._stop.wait(POLL_SECONDS):
                 if store.check([key]):
@@ -73,6 +64,18 @@ class EndWatch:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
+
+
+def connect_store(address: str, prefix: str) -> Any:
+    """A new client connection to the agent's TCP store at ``address`` ("host:port"), in ``prefix``'s namespace
+    (several nodes share the rendezvous's store)."""
+    import torch.distributed as dist
+
+    host, port = address.rsplit(":", 1)
+    base = dist.TCPStore(
+        host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
+    )
+    return dist.PrefixStore(prefix, base) if prefix else base
 
 
 def abort_communicators() -> None:

@@ -180,10 +180,10 @@ class PreemptionWatch:
 # ---- the launcher's side ------------------------------------------------------------------------------------
 def become_subreaper() -> bool:
     """Make orphaned descendants re-parent to this process (Linux ``PR_SET_CHILD_SUBREAPER``)."""
+    libc = preload_libc()
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(36, 1, 0, 0, 0)) == 0  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
+        return libc is not None and int(libc.prctl(36, 1, 0, 0, 0)) == 0  # PR_SET_CHILD_SUBREAPER
+    except AttributeError:
         return False
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from goodput.run._warm_record import RecordFiles, record_folder
 from goodput.run._warm_rng import RngCapture, restore_rng
-from goodput.run._warm_watch import EndWatch, install_optimizer_guard
+from goodput.run._warm_watch import EndWatch, connect_store, install_optimizer_guard
 
 __all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
 
@@ -106,14 +106,8 @@ class WarmWorker:
     """This process's place in a warm-restartable job: its store, generation and process group."""
 
     def __init__(self) -> None:
-        import torch.distributed as dist
-
-        host, port = os.environ[STORE_ENV].rsplit(":", 1)
-        base = dist.TCPStore(
-            host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
-        )
         prefix = os.environ.get(PREFIX_ENV, "")  # several nodes share the rendezvous's store
-        self.store: Any = dist.PrefixStore(prefix, base) if prefix else base
+        self.store: Any = connect_store(os.environ[STORE_ENV], prefix)
         self.pg_timeout = float(os.environ.get(PG_TIMEOUT_ENV, "60"))
         self.reform_timeout = float(os.environ.get(REFORM_TIMEOUT_ENV, "60"))
         self.spare_wait: float | None = None  # seconds this process waited as a spare
