@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any
 
-from goodput.errors import ConfigError
+from goodput.errors import AccessRefused, ConfigError
 
 __all__ = ["register"]
 
@@ -92,13 +92,18 @@ def _print_memory(rows: list[dict[str, Any]], folder: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from goodput._storage_errors import refusals_named
     from goodput.checkpoint.layout import list_checkpoints
 
     root: str = args.root
     if "://" not in root and not os.path.isdir(root):
         raise ConfigError(f"{root!r} is not a folder; give a checkpoint root folder or an fsspec URL")
+    options = _options(args.option)
     try:
-        rows = list_checkpoints(root, storage_options=_options(args.option), checksums=args.checksums)
+        with refusals_named(root, options, verb="list"):
+            rows = list_checkpoints(root, storage_options=options, checksums=args.checksums)
+    except AccessRefused:
+        raise  # a ConfigError already: one line naming where credentials are read from
     except (OSError, ValueError, ImportError) as err:
         raise ConfigError(f"cannot list {root!r}: {type(err).__name__}: {err}") from None
     memory = _memory_rows(root, args)

@@ -10,7 +10,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries, secret_values
+from goodput._storage_errors import secret_values
+from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries
 from goodput.data.cache import CacheConfig, RemoteCache
 
 DEFAULT_RETRY = RetryPolicy(attempts=6, backoff_s=0.2, max_backoff_s=5.0)

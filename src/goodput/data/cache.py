@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from goodput._storage_errors import redact_url, secret_values
 from goodput.data._cacheindex import READY, CacheIndex, owner_alive, owner_token
 from goodput.data._remote import (
     RemoteInfo,
@@ -38,8 +39,6 @@ from goodput.data._remote import (
     call_with_retries,
     download,
     info_of,
-    redact_url,
-    secret_values,
 )
 from goodput.errors import ConfigError, DataError, StorageError
 

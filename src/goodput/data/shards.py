@@ -22,7 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries, secret_values
+from goodput._storage_errors import secret_values
+from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries
 from goodput.data._source import Source, join_url
 from goodput.data.cache import CacheConfig
 from goodput.errors import ConfigError, DataError
