@@ -130,7 +130,9 @@ def install_error_report(rank: int) -> None:
     """Report this process's uncaught exception: to torch's error file (``$TORCHELASTIC_ERROR_FILE``, which
     torchrun and ``goodput launch`` read), and, for an error a restart cannot fix, as the launch's ``FATAL``.
 
-    goodput's own errors that a user acts on (``FATAL_ERRORS``, ``CrashLoop``) print one line, not a traceback.
+    goodput's own errors that a user acts on (``FATAL_ERRORS``, ``CrashLoop``) print one line, not a traceback;
+    a peer's reaction to a rank that already stopped the launch (``FATAL``) prints nothing: the launcher quotes
+    that rank, and the reaction's callstack stays in the error file.
     """
     previous = sys.excepthook
 
