@@ -121,3 +121,27 @@ def test_peer_failure_lines() -> None:
     assert not is_peer_failure_line(
         "ValueError: the gloo of my model"
     )  # only RuntimeError carries the markers
+
+
+def _raise_in_a_worker(tmp_path: Path, error: str) -> subprocess.CompletedProcess[str]:
+    code = f"from goodput.run._launchdir import install_error_report; install_error_report(1); raise {error}"
+    env = {
+        **os.environ,
+        "GOODPUT_LAUNCH_DIR": str(tmp_path),
+        "TORCHELASTIC_ERROR_FILE": str(tmp_path / "e.json"),
+    }
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_peers_reaction_after_a_fatal_verdict_prints_nothing(tmp_path: Path) -> None:
+    (tmp_path / "FATAL").write_text("rank 0: AccessRefused: cannot write checkpoints to s3://b/r\n")
+    done = _raise_in_a_worker(tmp_path, f"RuntimeError({GLOO.split(': ', 1)[1]!r})")
+    assert done.returncode == 1 and done.stderr == ""
+    info = json.loads((tmp_path / "e.json").read_text())["message"]["extraInfo"]
+    assert info["goodput_peer_failure"] == "1" and "Connection closed by peer" in info["py_callstack"]
+    (tmp_path / "e.json").unlink()
+    own = _raise_in_a_worker(tmp_path, "ValueError('my own bug')")  # a rank's own error keeps its traceback
+    assert "Traceback" in own.stderr and "my own bug" in own.stderr
+    assert (
+        json.loads((tmp_path / "e.json").read_text())["message"]["extraInfo"]["goodput_peer_failure"] == "0"
+    )
