@@ -45,6 +45,17 @@ def test_hf_trainer_resumes_mid_epoch_with_exactly_once_data(tmp_path: os.PathLi
     assert data["restarts"] == 1 and data["failures"] == 1
     assert data["attempts"][-1]["restored_step"] == 4 and data["attempts"][-1]["last_step"] == STEPS
     assert data["categories"]["checkpoint_stall"] > 0 and data["categories"]["lost_work"] > 0
+    listing = subprocess.run(
+        [sys.executable, "-m", "goodput", "ls", os.path.join(run_dir, "out"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listing.returncode == 0, listing.stderr
+    rows = json.loads(listing.stdout)["checkpoints"]
+    assert [(r["step"], r["status"], r["strategy"]) for r in rows] == [
+        (step, "committed", "hf_trainer") for step in (16, 12, 8, 4)
+    ]
 
 
 @pytest.mark.slow

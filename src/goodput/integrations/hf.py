@@ -38,6 +38,7 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 
 from goodput.checkpoint import TrainingState
+from goodput.checkpoint._trainer_folders import DATA_FILE, resumable_trainer_checkpoint
 from goodput.errors import ConfigError
 from goodput.faults import FaultPlan, install_faults
 from goodput.integrations._faults import export as _export
@@ -48,8 +49,6 @@ from goodput.ledger.ledger import Ledger
 from goodput.run.records import StepRecorder
 
 __all__ = ["GoodputTrainer", "GoodputTrainerCallback"]
-
-DATA_FILE = "goodput-data-rank{rank}.json"
 
 
 class GoodputTrainerCallback(TrainerCallback):
@@ -210,21 +209,12 @@ class GoodputTrainer(Trainer):
 
     @property
     def resume_path(self) -> str | None:
-        """The newest ``checkpoint-N`` folder in ``output_dir`` holding goodput's data position (None: none)."""
+        """The newest ``checkpoint-N`` folder in ``output_dir`` that the Trainer finished and where every rank
+        wrote goodput's data position (None: none), the same folder on every rank."""
         folder = self.args.output_dir
-        if not folder or not os.path.isdir(folder):
+        if not folder:
             return None
-        steps = []
-        for name in os.listdir(folder):
-            if (
-                name.startswith("checkpoint-")
-                and name[11:].isdigit()
-                and os.path.exists(
-                    os.path.join(folder, name, DATA_FILE.format(rank=self.goodput_callback.rank))
-                )
-            ):
-                steps.append(int(name[11:]))
-        return os.path.join(folder, f"checkpoint-{max(steps)}") if steps else None
+        return resumable_trainer_checkpoint(folder, self.goodput_callback.rank)
 
 
 def _final_state(hook_kwargs: dict[str, Any], loader: TrackedLoader | None, step: int) -> TrainingState:
