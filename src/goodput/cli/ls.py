@@ -1,4 +1,6 @@
-"""``goodput ls DIR_OR_URL``: one row per checkpoint (step, saved at, size, strategy, ranks, status and why)."""
+"""``goodput ls DIR_OR_URL``: one row per checkpoint (step, saved at, size, strategy, ranks, status and why).
+
+goodput's ``step-N`` folders, and a Hugging Face Trainer's ``checkpoint-N`` folders (an ``output_dir``)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ def register(sub: Any) -> None:
         "ls",
         help="list the checkpoints under a folder or URL and whether each is usable",
         description="List every checkpoint under DIR_OR_URL: committed, partial (never committed) or corrupt "
-        "(with the reason). Remote URLs use fsspec; credentials come from the environment (AWS_* for s3://) "
-        "or --option.",
+        "(with the reason); also a Hugging Face Trainer's output_dir (its checkpoint-N folders). Remote URLs "
+        "use fsspec; credentials come from the environment (AWS_* for s3://) or --option.",
     )
     parser.add_argument("root", metavar="DIR_OR_URL", help="checkpoint root: a folder or an fsspec URL")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -93,6 +95,7 @@ def _print_memory(rows: list[dict[str, Any]], folder: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from goodput._storage_errors import refusals_named
+    from goodput.checkpoint._trainer_folders import list_trainer_checkpoints
     from goodput.checkpoint.layout import list_checkpoints
 
     root: str = args.root
@@ -106,6 +109,9 @@ def _run(args: argparse.Namespace) -> int:
         raise  # a ConfigError already: one line naming where credentials are read from
     except (OSError, ValueError, ImportError) as err:
         raise ConfigError(f"cannot list {root!r}: {type(err).__name__}: {err}") from None
+    trainer_rows = list_trainer_checkpoints(root) if "://" not in root else []
+    if trainer_rows:
+        rows = sorted([*rows, *trainer_rows], key=lambda r: -r.step)
     memory = _memory_rows(root, args)
     if args.json:
         print(
