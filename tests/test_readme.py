@@ -145,7 +145,9 @@ dataset = [torch.full((4,), float(i)) / 256 for i in range(256)]
 
 def _loop_script(tmp_path: Path) -> str:
     """The README's resilient loop as a script: only the user's model, dataset and run length filled in."""
-    code = _substitute(_python_block("run = gp.Run(total_steps="), {"total_steps=10_000": "total_steps=12"})
+    code = _substitute(
+        _python_block("# the run folder comes from goodput launch"), {"total_steps=10_000": "total_steps=12"}
+    )
     script = tmp_path / "train.py"
     script.write_text(_LOOP_HEADER + code)
     return str(script)
@@ -176,3 +178,61 @@ def test_the_resilient_loop_runs_as_written(tmp_path: Path) -> None:
     assert max(_committed(launched)) == 12
     restored = [e for e in gp.read_events(str(launched), rank=0) if e["event"] == "checkpoint_restored"]
     assert restored and restored[-1]["step"] >= 1, "the restarted attempt did not resume from a checkpoint"
+
+
+def _warm_script(tmp_path: Path, name: str, replacements: dict[str, str]) -> str:
+    """The README's warm-restart example as a script, with the user's model and dataset filled in."""
+    code = _substitute(
+        _python_block("def train(run):"), {"total_steps=10_000": "total_steps=12", **replacements}
+    )
+    script = tmp_path / name
+    script.write_text(_LOOP_HEADER + code)
+    return str(script)
+
+
+def _launch_warm(run_dir: Path, script: str, *faults: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "goodput", "launch", "--restart", "warm", "--nproc", "2", *faults,
+         "--run-dir", str(run_dir), "--", script],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_warm_restart_example_survives_a_kill_and_a_train_without_the_run_is_one_line(
+    tmp_path: Path,
+) -> None:
+    """The README's warm example under `goodput launch --restart warm`: a SIGKILLed rank is replaced warm and the
+    run ends with its last step saved. The same script with `def train():` stops at once with exit 78 and one
+    line naming the fix (before: every attempt raised a TypeError, a crash loop)."""
+    from goodput.run.launch import EXIT_FATAL
+
+    run_dir = tmp_path / "warm"
+    done = _launch_warm(run_dir, _warm_script(tmp_path, "train.py", {}), "--faults", "kill@step=6,rank=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert max(_committed(run_dir)) == 12
+    assert any(e["event"] == "warm_restart" for e in gp.read_events(str(run_dir), rank=None))
+
+    broken = _warm_script(tmp_path, "broken.py", {"def train(run):": "def train():"})
+    done = _launch_warm(tmp_path / "broken", broken)
+    assert done.returncode == EXIT_FATAL, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if "def train(run)" in line]
+    assert lines and "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_run_warm_refuses_a_train_that_takes_no_run(tmp_path: Path) -> None:
+    from goodput.errors import ConfigError
+
+    run = gp.Run(str(tmp_path), total_steps=1, progress=False, hang_timeout=None)
+    try:
+        called: list[int] = []
+
+        def train() -> None:
+            called.append(1)
+
+        with pytest.raises(ConfigError, match=r"define it as def train\(run\)"):
+            run.warm(train)  # type: ignore[arg-type]
+        assert called == []
+        assert run.warm(lambda r: r.total_steps) == 1  # one that takes the run is called with it
+    finally:
+        run.close()
