@@ -264,7 +264,8 @@ def _loader_from_the_readme() -> Any:
         return _HFStandIn(64 * 3)
 
     code = _substitute(
-        _python_block("from datasets import load_dataset"), {"from datasets import load_dataset": ""}
+        _python_block("from datasets import load_dataset"),
+        {"from datasets import load_dataset": "", "num_workers=4": "num_workers=2"},  # 2 cores here
     )
     namespace: dict[str, Any] = {"gp": gp, "load_dataset": load_dataset}
     exec(compile(code, "README.md (datasets)", "exec"), namespace)
