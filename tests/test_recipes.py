@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from goodput.checkpoint import MemoryTier
 from goodput.cli.launch import register
 from goodput.run.launch import EXIT_CRASH_LOOP, EXIT_FATAL, EXIT_PREEMPTED
 
@@ -137,7 +138,11 @@ def test_jobset_manifest_matches_goodput() -> None:
     volumes = {v["name"]: v for v in pod["volumes"]}
     container = pod["containers"][0]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    assert volumes[mounts["/dev/shm/goodput"]]["emptyDir"]["medium"] == "Memory"
+    # /dev/shm itself (the DataLoader workers' batches need more than the default 64 MiB) is RAM, and the
+    # memory tier's default folder lies inside it, on no mount of its own
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    assert MemoryTier().folder.startswith("/dev/shm/")
+    assert [m for m in mounts if m.startswith("/dev/shm/")] == []
     command = shlex.split(container["command"][-1].replace('"$JOB_COMPLETION_INDEX"', "0"))
     assert command[:3] == ["exec", "goodput", "launch"]
     assert command[command.index("--preempt-signal") + 1] == "TERM"
