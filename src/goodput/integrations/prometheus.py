@@ -165,7 +165,10 @@ class _Collector:
             "goodput_badput_seconds", "seconds of the run per badput category", labels=["category"]
         )
         for category, seconds in figures["categories"].items():
-            if category not in ("productive", "between_launches"):  # the time between launches is not the job's
+            if category not in (
+                "productive",
+                "between_launches",
+            ):  # the time between launches is not the job's
                 badput.add_metric([category], seconds)
         yield badput
         since = time.time() - figures["durable_wall"] if figures["durable_wall"] is not None else -1.0
