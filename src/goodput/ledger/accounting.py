@@ -30,10 +30,9 @@ Goodput is ``productive`` over the *job time*, the wall time minus ``between_lau
 job time by the failures. A preemption (the attempt recorded ``preempted``: Ctrl-C, SIGTERM, the preemption
 signal) is not a failure: it ends the attempt "preempted", and the relaunch after it is a new launch.
 
-Where spans overlap, the earlier category in :data:`CATEGORIES` order of precedence
-(``failure_detection`` > ``checkpoint_restore`` > ``checkpoint_stall`` > ``data_wait`` > ``warmup`` >
-``lost_work``/``productive`` > ``restart_downtime`` > ``init`` > ``other``) takes the time, so the categories tile the wall time
-exactly. Step numbers follow one convention: a checkpoint "at step s" holds the state after step s, and an
+Where spans overlap, the earlier category in this order of precedence (``failure_detection`` >
+``checkpoint_restore`` > ``checkpoint_stall`` > ``data_wait`` > ``warmup`` > ``lost_work``/``productive`` >
+``restart_downtime`` > ``init`` > ``other``) takes the time, so the categories tile the wall time exactly. Step numbers follow one convention: a checkpoint "at step s" holds the state after step s, and an
 attempt that restores step r redoes every step above r.
 
 Times inside one attempt come from the monotonic clock (differences only), anchored at the attempt's
@@ -322,9 +321,7 @@ def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> 
     start, end = origin, origin + attempts[-1].end
     categories = _sum(segments)
     wall = attempts[-1].end - attempts[0].begin
-    return _assemble(
-        attempts, spans, outcomes, segments, per_attempt, categories, start, end, wall, typical, launches
-    )
+    return _assemble(attempts, spans, outcomes, segments, per_attempt, categories, start, end, wall, launches)
 
 
 def _launch_numbers(attempts: list[Attempt]) -> list[int]:
@@ -332,7 +329,7 @@ def _launch_numbers(attempts: list[Attempt]) -> list[int]:
     numbers = [0]
     for previous, attempt in itertools.pairwise(attempts):
         numbers.append(numbers[-1] + (1 if new_launch(previous, attempt) else 0))
-    return numbers[: len(attempts)]
+    return numbers
 
 
 def _sum(segments: Iterable[Segment]) -> dict[str, float]:
@@ -356,7 +353,6 @@ def _assemble(
     start: float,
     end: float,
     wall: float,
-    typical: float,
     launches: list[int],
 ) -> Accounting:
     saves = tuple(
