@@ -10,11 +10,14 @@ from typing import Any
 class Attempt:
     """Builds one attempt's events; ``mono`` runs on a clock with an arbitrary per-attempt origin."""
 
-    def __init__(self, number: int, process_start: float, start: float, mono_origin: float = 1000.0) -> None:
+    def __init__(
+        self, number: int, process_start: float, start: float, mono_origin: float = 1000.0, **head: Any
+    ) -> None:
+        """``head``: more attempt_start fields (``launch``, ``restart_count``), as the Ledger records them."""
         self.number = number
         self.offset = mono_origin - start
         self.events: list[dict[str, Any]] = []
-        self.add("attempt_start", start, process_start=process_start)
+        self.add("attempt_start", start, process_start=process_start, **head)
 
     def add(self, name: str, t: float, **fields: Any) -> Attempt:
         self.events.append(

@@ -138,8 +138,8 @@ def test_hang_detected_by_timeout() -> None:
     """Step 5 starts at 5.5 and hangs; a 30 s watchdog declares failure at 35.5; the attempt ends at 36.
 
     Attempt 0: init 1, steps 1-3 productive (3), stall 0.5, step 4 lost (restored step is 3),
-    failure_detection 5.5-35.5 = 30, teardown 35.5-36 other. Downtime 36-40. Attempt 1: init 1,
-    restore 1, steps 4-5 productive.
+    failure_detection 5.5-35.5 = 30, teardown 35.5-36 and the gap 36-40 restart_downtime (4.5). Attempt 1:
+    init 1, restore 1, steps 4-5 productive.
     """
     a0 = _Attempt(0, 0.0, 0.0)
     a0.step(1, 1, 2).step(2, 2, 3).step(3, 3, 4).save(3, 4.0, 4.5, durable=5.0).step(4, 4.5, 5.5)
@@ -157,8 +157,7 @@ def test_hang_detected_by_timeout() -> None:
             checkpoint_stall=0.5,
             lost_work=1.0,
             failure_detection=30.0,
-            other=0.5,
-            restart_downtime=4.0,
+            restart_downtime=4.5,
             checkpoint_restore=1.0,
         )
     )

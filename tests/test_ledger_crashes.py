@@ -49,7 +49,10 @@ ledger.close()
 
 
 def _attempt(run: Path, kill_after: int | None) -> None:
-    child = subprocess.Popen([sys.executable, "-c", _ATTEMPT, str(run)], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, "GOODPUT_LAUNCH_ID": "one-launch"}  # restarts within one launch, as goodput launch's
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ATTEMPT, str(run)], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert child.stdout is not None
         for line in child.stdout:

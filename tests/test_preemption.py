@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from goodput.checkpoint import list_checkpoints
-from goodput.ledger import read_events
+from goodput.ledger import load_report, read_events
 from goodput.run.launch import EXIT_PREEMPTED
 from goodput.run.signals import PreemptionWatch
 from tests._launching import (
@@ -63,6 +63,12 @@ def test_sigterm_to_the_launcher_alone_saves_once_then_the_relaunch_resumes(tmp_
         [sys.executable, "-m", "goodput", "report", run_dir], capture_output=True, text=True, timeout=120
     )
     assert report.returncode == 0 and "preempted" in report.stdout, report.stdout + report.stderr
+    # the preemption is no failure, and the relaunch is a new launch: its wait is not restart downtime
+    data = load_report(run_dir).to_dict()
+    assert (data["failures"], data["preemptions"], data["mtbf_seconds"]) == (0, 1, None)
+    assert (data["launches"], data["restarts"]) == (2, 0)
+    assert data["categories"]["restart_downtime"] == 0.0 and data["categories"]["between_launches"] > 0.0
+    assert data["goodput"] == pytest.approx(data["categories"]["productive"] / data["job_seconds"])
 
 
 @pytest.mark.slow

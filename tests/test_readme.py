@@ -145,7 +145,9 @@ dataset = [torch.full((4,), float(i)) / 256 for i in range(256)]
 
 def _loop_script(tmp_path: Path) -> str:
     """The README's resilient loop as a script: only the user's model, dataset and run length filled in."""
-    code = _substitute(_python_block("run = gp.Run(total_steps="), {"total_steps=10_000": "total_steps=12"})
+    code = _substitute(
+        _python_block("# the run folder comes from goodput launch"), {"total_steps=10_000": "total_steps=12"}
+    )
     script = tmp_path / "train.py"
     script.write_text(_LOOP_HEADER + code)
     return str(script)
@@ -176,3 +178,146 @@ def test_the_resilient_loop_runs_as_written(tmp_path: Path) -> None:
     assert max(_committed(launched)) == 12
     restored = [e for e in gp.read_events(str(launched), rank=0) if e["event"] == "checkpoint_restored"]
     assert restored and restored[-1]["step"] >= 1, "the restarted attempt did not resume from a checkpoint"
+
+
+def _warm_script(tmp_path: Path, name: str, replacements: dict[str, str]) -> str:
+    """The README's warm-restart example as a script, with the user's model and dataset filled in."""
+    code = _substitute(
+        _python_block("def train(run):"), {"total_steps=10_000": "total_steps=12", **replacements}
+    )
+    script = tmp_path / name
+    script.write_text(_LOOP_HEADER + code)
+    return str(script)
+
+
+def _launch_warm(run_dir: Path, script: str, *faults: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "goodput", "launch", "--restart", "warm", "--nproc", "2", *faults,
+         "--run-dir", str(run_dir), "--", script],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_warm_restart_example_survives_a_kill_and_a_train_without_the_run_is_one_line(
+    tmp_path: Path,
+) -> None:
+    """The README's warm example under `goodput launch --restart warm`: a SIGKILLed rank is replaced warm and the
+    run ends with its last step saved. The same script with `def train():` stops at once with exit 78 and one
+    line naming the fix (before: every attempt raised a TypeError, a crash loop)."""
+    from goodput.run.launch import EXIT_FATAL
+
+    run_dir = tmp_path / "warm"
+    done = _launch_warm(run_dir, _warm_script(tmp_path, "train.py", {}), "--faults", "kill@step=6,rank=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert max(_committed(run_dir)) == 12
+    assert any(e["event"] == "warm_restart" for e in gp.read_events(str(run_dir), rank=None))
+
+    broken = _warm_script(tmp_path, "broken.py", {"def train(run):": "def train():"})
+    done = _launch_warm(tmp_path / "broken", broken)
+    assert done.returncode == EXIT_FATAL, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if "def train(run)" in line]
+    assert lines and "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_run_warm_refuses_a_train_that_takes_no_run(tmp_path: Path) -> None:
+    from goodput.errors import ConfigError
+
+    run = gp.Run(str(tmp_path), total_steps=1, progress=False, hang_timeout=None)
+    try:
+        called: list[int] = []
+
+        def train() -> None:
+            called.append(1)
+
+        with pytest.raises(ConfigError, match=r"define it as def train\(run\)"):
+            run.warm(train)  # type: ignore[arg-type]
+        assert called == []
+        assert run.warm(lambda r: r.total_steps) == 1  # one that takes the run is called with it
+    finally:
+        run.close()
+
+
+class _HFStandIn:
+    """What the README's `load_dataset(...)` returns, as far as the loader uses it: a map-style table whose
+    `with_format("torch", columns=...)` rows are dicts of tensors (the `datasets` package is not installed
+    here; its `Dataset` has the same `__len__`, `__getitem__` and `with_format`)."""
+
+    def __init__(self, rows: int, columns: tuple[str, ...] = ()) -> None:
+        self.rows, self.columns = rows, columns
+
+    def with_format(self, kind: str, columns: list[str]) -> _HFStandIn:
+        assert kind == "torch"
+        return _HFStandIn(self.rows, tuple(columns))
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        assert self.columns == ("input_ids", "labels")
+        return {"input_ids": torch.full((6,), index), "labels": torch.full((6,), index + 1)}
+
+
+def _loader_from_the_readme() -> Any:
+    def load_dataset(*args: Any, **kwargs: Any) -> _HFStandIn:
+        assert "streaming" not in kwargs
+        return _HFStandIn(64 * 3)
+
+    code = _substitute(
+        _python_block("from datasets import load_dataset"),
+        {"from datasets import load_dataset": "", "num_workers=4": "num_workers=2"},  # 2 cores here
+    )
+    namespace: dict[str, Any] = {"gp": gp, "load_dataset": load_dataset}
+    exec(compile(code, "README.md (datasets)", "exec"), namespace)
+    return namespace["loader"]
+
+
+def test_a_hugging_face_style_dataset_resumes_exactly_once() -> None:
+    """The README's Dataset example (4 workers, batches of 32 dicts of tensors): a position saved after 2
+    batches resumes in a new loader with the other 4 batches of the epoch, each row once."""
+    first = _loader_from_the_readme()
+    iterator = iter(first)
+    head = [next(iterator), next(iterator)]
+    assert head[0]["input_ids"].shape == (32, 6) and torch.equal(head[0]["labels"], head[0]["input_ids"] + 1)
+    saved = first.state_dict()
+    del iterator
+    again = _loader_from_the_readme()
+    again.load_state_dict(saved)
+    rest = list(again)
+    rows = [int(b["input_ids"][i, 0]) for b in head + rest for i in range(32)]
+    assert len(rest) == 4 and sorted(rows) == list(range(64 * 3))
+
+
+def test_an_iterable_dataset_is_refused_with_what_to_do() -> None:
+    class Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            return iter(range(10))
+
+    with pytest.raises(gp.ConfigError, match=r"IterableDataset: .*streaming=True.*gp.ShardedDataset"):
+        gp.ResumableLoader(Stream(), batch_size=2, seed=0)
+
+
+def test_the_tensorboard_exporter_excerpt_records_every_step(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = str(tmp_path)
+    config = gp.CheckpointConfig(root=os.path.join(run_dir, "ckpt"), strategy="torch_save", every=10)
+    namespace: dict[str, Any] = {"gp": gp, "os": os, "run_dir": run_dir, "config": config}
+    exec(compile(_python_block("TensorBoardExporter("), "README.md (exporters)", "exec"), namespace)
+    run = namespace["run"]
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = gp.ResumableLoader(torch.randn(64, 4), batch_size=4, seed=0)
+    run.restore(model=model, optimizer=opt, loader=loader)
+    for batch in run.batches(loader):
+        loss = model(batch).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        run.step_done(loss=loss.item())
+    run.close()
+    events = EventAccumulator(os.path.join(run_dir, "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("goodput/loss")] == list(range(1, 31))
+    assert all(0.0 <= e.value <= 1.0 for e in events.Scalars("goodput/goodput"))
+    assert len(events.Scalars("goodput/fetch_seconds")) == 30

@@ -4,7 +4,6 @@ driven by goodput's exit codes, and the JobSet manifest's failure policy, grace 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
 import stat
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from goodput.checkpoint import MemoryTier
 from goodput.cli.launch import register
 from goodput.run.launch import EXIT_CRASH_LOOP, EXIT_FATAL, EXIT_PREEMPTED
 
@@ -26,21 +26,25 @@ def _tool(folder: Path, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def _fake_slurm(tmp_path: Path, goodput_exit: int) -> dict[str, str]:
-    """Stand-ins for Slurm's commands and for goodput itself, each recording how it was called."""
+def _fake_slurm(tmp_path: Path, goodput_exit: int, *, with_goodput: bool = True) -> dict[str, str]:
+    """Stand-ins for Slurm's commands and for goodput itself, each recording how it was called. `scontrol show
+    job` reports the job's state as $FAKE_JOB_STATE (RUNNING unless set)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls"
     _tool(
         bin_dir,
         "scontrol",
-        f'echo "scontrol $*" >> {log}\n[ "$1 $2" = "show hostnames" ] && printf "n01\\nn02\\n"\n',
+        f'echo "scontrol $*" >> {log}\n[ "$1 $2" = "show hostnames" ] && printf "n01\\nn02\\n"\n'
+        '[ "$1 $2" = "show job" ] && echo "JobId=$3 JobName=exp1 JobState=${FAKE_JOB_STATE:-RUNNING} Reason=None"\n'
+        "exit 0\n",
     )
     # srun: drop its own options, run the task once as node 0 (one node is enough to see the command)
     _tool(bin_dir, "srun", 'while [[ "$1" == --* ]]; do shift; done\nSLURM_NODEID=0 exec "$@"\n')
-    _tool(bin_dir, "goodput", f'printf "%s\\n" "$@" > {tmp_path}/goodput-args\nexit {goodput_exit}\n')
+    if with_goodput:
+        _tool(bin_dir, "goodput", _fake_goodput(tmp_path, goodput_exit))
     return {
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
         "SLURM_JOB_ID": "4242",
         "SLURM_JOB_NAME": "exp1",
         "SLURM_JOB_NODELIST": "n[01-02]",
@@ -50,12 +54,24 @@ def _fake_slurm(tmp_path: Path, goodput_exit: int) -> dict[str, str]:
     }
 
 
-def _after_exit(tmp_path: Path, status: int, restarts: int = 0) -> tuple[int, str, list[str]]:
+def _fake_goodput(tmp_path: Path, goodput_exit: int) -> str:
+    """A `goodput` that records its arguments and the rendezvous configuration it was given."""
+    return (
+        f'printf "%s\\n" "$@" > {tmp_path}/goodput-args\n'
+        f'printf "%s" "${{PET_RDZV_CONF:-}}" > {tmp_path}/goodput-rdzv-conf\nexit {goodput_exit}\n'
+    )
+
+
+def _after_exit(
+    tmp_path: Path, status: int, restarts: int = 0, state: str = "RUNNING"
+) -> tuple[int, str, list[str]]:
     env = {**_fake_slurm(tmp_path, 0), "SLURM_RESTART_COUNT": str(restarts), "GOODPUT_REQUEUES": "10"}
+    env["FAKE_JOB_STATE"] = state
     script = f"source {SLURM / 'requeue.sh'}; goodput_after_exit {status}"
     proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
     log = tmp_path / "calls"
-    return proc.returncode, proc.stdout, log.read_text().splitlines() if log.exists() else []
+    calls = log.read_text().splitlines() if log.exists() else []
+    return proc.returncode, proc.stdout, [c for c in calls if c.startswith("scontrol requeue")]
 
 
 @pytest.mark.parametrize(
@@ -76,6 +92,18 @@ def test_requeue_follows_goodputs_exit_codes(
     code, out, calls = _after_exit(tmp_path, status, restarts)
     assert code == exit_status, out
     assert calls == (["scontrol requeue 4242"] if requeued else []), out
+
+
+@pytest.mark.parametrize("status", [EXIT_PREEMPTED, 1])
+@pytest.mark.parametrize("state", ["PENDING", "REQUEUED"])
+def test_no_second_requeue_when_slurm_requeues_the_job_itself(
+    tmp_path: Path, status: int, state: str
+) -> None:
+    """Preempted under PreemptMode=REQUEUE (or a node failure with JobRequeue), the job is already pending
+    again when goodput exits: the script says so and does not requeue it a second time."""
+    code, out, calls = _after_exit(tmp_path, status, state=state)
+    assert code == 0 and calls == [], out
+    assert "Slurm is requeueing job 4242 itself" in out and "not requeued again" in out
 
 
 def test_requeue_script_uses_goodputs_codes() -> None:
@@ -109,6 +137,27 @@ def test_sbatch_script_launches_every_node_and_requeues_after_a_preemption(tmp_p
     assert flags["--preempt-signal"] == "USR1" and flags["--run-dir"] == "runs/exp1"
     assert (tmp_path / "calls").read_text().splitlines()[-1] == "scontrol requeue 4242"
     _check_launch_flags(args[1 : args.index("--")])
+    # after a lost node the agents left wait join_timeout in the rendezvous: shorter than torchrun's 600 s
+    conf = dict(kv.split("=") for kv in (tmp_path / "goodput-rdzv-conf").read_text().split(","))
+    assert 0 < int(conf["join_timeout"]) < 600
+
+
+def test_sbatch_script_sets_up_the_environment_or_stops_with_one_line(tmp_path: Path) -> None:
+    """goodput comes from VENV (a virtual environment on the shared file system) on every node; without it
+    the job stops at once with one line and EXIT_FATAL (no requeue), not with srun's "command not found"."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    _tool(venv / "bin", "goodput", _fake_goodput(tmp_path, 0))
+    (venv / "bin" / "activate").write_text(f'export PATH="{venv / "bin"}:$PATH"\n')
+    env = _fake_slurm(tmp_path, 0, with_goodput=False)
+    run = ["bash", str(SLURM / "goodput.sbatch")]
+    proc = subprocess.run(run, env={**env, "VENV": str(venv)}, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0 and (tmp_path / "goodput-args").exists(), proc.stderr
+    proc = subprocess.run(
+        run, env={**env, "VENV": str(tmp_path / "none")}, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == EXIT_FATAL, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "VENV" in proc.stderr
 
 
 def _check_launch_flags(tokens: list[str]) -> None:
@@ -137,7 +186,11 @@ def test_jobset_manifest_matches_goodput() -> None:
     volumes = {v["name"]: v for v in pod["volumes"]}
     container = pod["containers"][0]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    assert volumes[mounts["/dev/shm/goodput"]]["emptyDir"]["medium"] == "Memory"
+    # /dev/shm itself (the DataLoader workers' batches need more than the default 64 MiB) is RAM, and the
+    # memory tier's default folder lies inside it, on no mount of its own
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    assert MemoryTier().folder.startswith("/dev/shm/")
+    assert [m for m in mounts if m.startswith("/dev/shm/")] == []
     command = shlex.split(container["command"][-1].replace('"$JOB_COMPLETION_INDEX"', "0"))
     assert command[:3] == ["exec", "goodput", "launch"]
     assert command[command.index("--preempt-signal") + 1] == "TERM"

@@ -403,12 +403,20 @@ def _per_rank_batch(batch_size: int | None, global_batch_size: int | None, world
     return global_batch_size // world_size
 
 
+_ITERABLE_HELP = (
+    ", an IterableDataset: a stream has no index, so no position a restart could return to; load it map-style"
+    " (Hugging Face: without streaming=True), or write its samples as shards (goodput data write) and read"
+    " them with gp.ShardedDataset"
+)
+
+
 def _dataset_size(dataset: Any) -> int:
     try:
         size = len(dataset)
     except TypeError:
         raise ConfigError(
             f"ResumableLoader needs a map-style dataset with __len__; got {type(dataset).__name__}"
+            + (_ITERABLE_HELP if isinstance(dataset, torch.utils.data.IterableDataset) else "")
         ) from None
     if size <= 0:
         raise ConfigError(f"the dataset is empty ({type(dataset).__name__} has 0 samples): nothing to load")

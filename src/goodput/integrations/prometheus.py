@@ -15,7 +15,7 @@ Metrics (gauges)::
     goodput_step_seconds                mean wall time per step since the previous update
     goodput_fetch_seconds_p95           95th percentile of the wait for a batch over the last ``window`` steps
     goodput_run_ratio                   goodput of the whole run so far (all attempts, from the ledger)
-    goodput_badput_seconds{category}    seconds per category of ``goodput report`` other than productive
+    goodput_badput_seconds{category}    seconds per category of ``goodput report`` but productive, between_launches
     goodput_productive_seconds          productive seconds of the whole run
     goodput_restarts                    restarts so far
     goodput_last_durable_step           the newest checkpoint known to be committed (-1: none yet)
@@ -165,7 +165,10 @@ class _Collector:
             "goodput_badput_seconds", "seconds of the run per badput category", labels=["category"]
         )
         for category, seconds in figures["categories"].items():
-            if category != "productive":
+            if category not in (
+                "productive",
+                "between_launches",
+            ):  # the time between launches is not the job's
                 badput.add_metric([category], seconds)
         yield badput
         since = time.time() - figures["durable_wall"] if figures["durable_wall"] is not None else -1.0

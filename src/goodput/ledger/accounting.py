@@ -14,16 +14,25 @@ the last event of the last attempt, in exactly one category:
 ``init``                  process start to the first step, minus restore
 ``warmup``                the first steps' excess over the run's median step compute
 ``lost_work``             steps after the checkpoint the next attempt restored (redone), and the
-                          unfinished step of a failed attempt
-``restart_downtime``      one attempt's last event to the next one's process start
+                          unfinished step of a failed attempt, up to one typical step's duration (the
+                          work it could have done before the failure)
+``restart_downtime``      from a failure to the next attempt's process start within one launch: the
+                          failed attempt's time after its failure (the unfinished step's wait beyond a
+                          typical step, teardown after a declared failure, the exit after torchrun's
+                          SIGTERM, a warm restart's re-form) and the gap to the next attempt
 ``failure_detection``     last progress to the declared failure (a hang timeout, for example)
-``other``                 everything else: eval, logging, teardown, gaps between steps
+``other``                 everything else: eval, logging, gaps between steps
+``between_launches``      one launch's end to the next launch's start (a relaunch by hand, a scheduler's
+                          requeue and queue wait): outside the job, so outside goodput's denominator
 ========================  ===========================================================================
 
-Where spans overlap, the earlier category in :data:`CATEGORIES` order of precedence
-(``failure_detection`` > ``checkpoint_restore`` > ``checkpoint_stall`` > ``data_wait`` > ``warmup`` >
-``lost_work``/``productive`` > ``init`` > ``other``) takes the time, so the categories tile the wall time
-exactly. Step numbers follow one convention: a checkpoint "at step s" holds the state after step s, and an
+Goodput is ``productive`` over the *job time*, the wall time minus ``between_launches``; the MTBF divides the
+job time by the failures. A preemption (the attempt recorded ``preempted``: Ctrl-C, SIGTERM, the preemption
+signal) is not a failure: it ends the attempt "preempted", and the relaunch after it is a new launch.
+
+Where spans overlap, the earlier category in this order of precedence (``failure_detection`` >
+``checkpoint_restore`` > ``checkpoint_stall`` > ``data_wait`` > ``warmup`` > ``lost_work``/``productive`` >
+``restart_downtime`` > ``init`` > ``other``) takes the time, so the categories tile the wall time exactly. Step numbers follow one convention: a checkpoint "at step s" holds the state after step s, and an
 attempt that restores step r redoes every step above r.
 
 Times inside one attempt come from the monotonic clock (differences only), anchored at the attempt's
@@ -41,8 +50,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
+from goodput.ledger.figures import StepStats, at_risk, declared, measured_interval, step_stats
 from goodput.ledger.ranks import merge_ranks
-from goodput.ledger.spans import Attempt, Spans, kept_steps, layout, outcome
+from goodput.ledger.spans import Attempt, Spans, kept_steps, layout, new_launch, outcome
 
 __all__ = [
     "CATEGORIES",
@@ -66,6 +76,7 @@ CATEGORIES = (
     "restart_downtime",
     "failure_detection",
     "other",
+    "between_launches",
 )
 
 # Precedence where spans overlap: lower index wins. "other" is the background.
@@ -77,6 +88,7 @@ _PRECEDENCE = (
     "warmup",
     "lost_work",
     "productive",
+    "restart_downtime",
     "init",
     "other",
 )
@@ -125,25 +137,14 @@ class AttemptSummary:
     number: int
     start: float
     end: float
-    outcome: str  # "ok" (ended cleanly), "failed", or "running" (last attempt, no end recorded)
+    outcome: str  # "ok" (ended cleanly), "failed", "preempted", or "running" (last attempt, no end recorded)
     steps: int
     first_step: int | None
     last_step: int | None
     restored_step: int | None
     failure_reason: str | None
     categories: dict[str, float]
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """Statistics of completed steps' durations (fetch included) and fetch times, in seconds."""
-
-    count: int
-    mean: float
-    median: float
-    p90: float
-    max: float
-    mean_fetch: float
+    launch: int = 0  # which launch of the run (0: the first); restarts within a launch share it
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,9 @@ class Accounting:
     """The whole account of a run; ``categories`` sums to ``wall_seconds``.
 
     ``start`` and ``end`` are wall-clock times (seconds since the epoch); every other time (segments,
-    attempts, saves) is in seconds since ``start``.
+    attempts, saves) is in seconds since ``start``. ``job_seconds`` is the wall time minus
+    ``between_launches``: goodput, the MTBF and every share the report gives are of the job time.
+    ``restarts`` counts restarts within launches; ``failures`` excludes ``preemptions``.
     """
 
     start: float
@@ -174,11 +177,19 @@ class Accounting:
     at_risk_seconds: float
     step_stats: StepStats | None
     info: dict[str, Any]
+    launches: int = 1
+    preemptions: int = 0
+
+    @property
+    def job_seconds(self) -> float:
+        """Wall time minus the time between launches: the time the job ran, goodput's denominator."""
+        return self.wall_seconds - self.categories.get("between_launches", 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able summary (no segments)."""
         out = {k: v for k, v in asdict(self).items() if k not in ("segments", "saves", "attempts")}
         out["attempts"] = [asdict(a) for a in self.attempts]
+        out["job_seconds"] = self.job_seconds
         return out
 
 
@@ -216,8 +227,11 @@ def _sweep(
 
 
 def _intervals(
-    a: Attempt, s: Spans, typical: float, keep: tuple[int | None, bool], failed: bool
+    a: Attempt, s: Spans, typical: tuple[float, float], keep: tuple[int | None, bool], failed: bool
 ) -> list[tuple[float, float, str]]:
+    """Every span of one attempt with its category; ``typical``: the run's median step compute and
+    median step duration."""
+    compute_median, step_median = typical
     out: list[tuple[float, float, str]] = []
     first_step = s.steps[0][0] if s.steps else (s.open_step[0] if s.open_step else a.end)
     out.append((a.begin, first_step, "init"))
@@ -231,17 +245,33 @@ def _intervals(
     last_kept, applies = keep
     for start, end, fetch, step in s.steps:
         compute = end - start - fetch
-        excess = compute - typical if warming and compute > WARMUP_FACTOR * typical else 0.0
+        excess = compute - compute_median if warming and compute > WARMUP_FACTOR * compute_median else 0.0
         warming = excess > 0.0
         lost = applies and (last_kept is None or step is None or step > last_kept)
         out.append((start, start + fetch, "data_wait"))
         out.append((start + fetch, start + fetch + excess, "warmup"))
         out.append((start + fetch + excess, end, "lost_work" if lost else "productive"))
-    if failed and s.open_step is not None:
-        # the unfinished step was thrown away; time after a declared failure is teardown, not work
-        stop = min((lo for lo, _ in s.detect if lo >= s.open_step[0]), default=a.end)
-        out.append((s.open_step[0], stop, "lost_work"))
+    if failed:
+        out.extend(_after_failure(a, s, step_median))
     return out
+
+
+def _after_failure(a: Attempt, s: Spans, step_median: float) -> list[tuple[float, float, str]]:
+    """A failed attempt's unfinished step, and its time after the failure.
+
+    The unfinished step was thrown away, but only as much of it as a typical step lasts was work: beyond that
+    the rank was waiting on a dead peer, re-forming a warm restart's group, or exiting after torchrun's
+    SIGTERM, all of it downtime. So is everything after a declared failure (teardown). A declared
+    detection inside keeps its span: ``failure_detection`` takes precedence.
+    """
+    if s.open_step is not None:
+        start = s.open_step[0]
+        stop = min((lo for lo, _ in s.detect if lo >= start), default=a.end)
+        worked = min(stop, start + step_median) if step_median > 0 else stop
+        return [(start, worked, "lost_work"), (worked, a.end, "restart_downtime")]
+    if s.detect:
+        return [(max(hi for _, hi in s.detect), a.end, "restart_downtime")]
+    return []
 
 
 def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> Accounting:
@@ -266,19 +296,40 @@ def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> 
     outcomes = [outcome(i, len(spans), s) for i, s in enumerate(spans)]
     keeps = kept_steps(spans, attempts, outcomes)
     computes = [end - start - fetch for s in spans for start, end, fetch, _ in s.steps]
+    durations = [end - start for s in spans for start, end, _, _ in s.steps]
     typical = statistics.median(computes) if computes else 0.0
+    step_median = statistics.median(durations) if durations else 0.0
+    launches = _launch_numbers(attempts)
     segments: list[Segment] = []
     per_attempt: list[dict[str, float]] = []
+    carried: list[Segment] = []  # a failed attempt's downtime, charged to the restart that follows it
     for i, (a, s) in enumerate(zip(attempts, spans, strict=True)):
-        own = _sweep(_intervals(a, s, typical, keeps[i], outcomes[i] == "failed"), a.begin, a.end, a.number)
-        if i > 0 and a.begin > attempts[i - 1].end:  # the downtime before an attempt is charged to it
-            own.insert(0, Segment(attempts[i - 1].end, a.begin, "restart_downtime", a.number))
+        failed = outcomes[i] == "failed"
+        own = _sweep(_intervals(a, s, (typical, step_median), keeps[i], failed), a.begin, a.end, a.number)
+        before = [seg._replace(attempt=a.number) for seg in carried]
+        if i > 0 and a.begin > attempts[i - 1].end:  # the time before an attempt is charged to it
+            gap = "between_launches" if launches[i] != launches[i - 1] else "restart_downtime"
+            before.append(Segment(attempts[i - 1].end, a.begin, gap, a.number))
+        carried = []
+        if failed and i + 1 < len(attempts) and launches[i + 1] == launches[i]:
+            carried = [seg for seg in own if seg.category == "restart_downtime"]
+            own = [seg for seg in own if seg.category != "restart_downtime"]
+        own = before + own
         per_attempt.append(_sum(own))
         segments.extend(own)
+    segments.sort(key=lambda seg: seg.start)  # carried segments interleave with declared detections
     start, end = origin, origin + attempts[-1].end
     categories = _sum(segments)
     wall = attempts[-1].end - attempts[0].begin
-    return _assemble(attempts, spans, outcomes, segments, per_attempt, categories, start, end, wall, typical)
+    return _assemble(attempts, spans, outcomes, segments, per_attempt, categories, start, end, wall, launches)
+
+
+def _launch_numbers(attempts: list[Attempt]) -> list[int]:
+    """Each attempt's launch: 0 for the first, one more at each attempt that began a new launch."""
+    numbers = [0]
+    for previous, attempt in itertools.pairwise(attempts):
+        numbers.append(numbers[-1] + (1 if new_launch(previous, attempt) else 0))
+    return numbers
 
 
 def _sum(segments: Iterable[Segment]) -> dict[str, float]:
@@ -302,7 +353,7 @@ def _assemble(
     start: float,
     end: float,
     wall: float,
-    typical: float,
+    launches: list[int],
 ) -> Accounting:
     saves = tuple(
         SaveRecord(a.number, None if sv[0] is None else int(sv[0]), sv[1], sv[2], sv[3])
@@ -313,38 +364,42 @@ def _assemble(
     restart_costs = [
         cats["restart_downtime"] + cats["init"] + cats["checkpoint_restore"]
         for i, cats in enumerate(per_attempt)
-        if i > 0 and outcomes[i - 1] == "failed"
+        if i > 0 and outcomes[i - 1] == "failed" and launches[i] == launches[i - 1]
     ]
     stalls = [sv.stall_seconds for sv in saves if sv.stall_seconds is not None]
     persists = [sv.persist_seconds for sv in saves if sv.persist_seconds is not None]
-    info = _info(spans)
+    info = declared(spans)
+    job = wall - categories["between_launches"]
     return Accounting(
         start=start,
         end=end,
         wall_seconds=wall,
         categories=categories,
-        goodput=categories["productive"] / wall if wall > 0 else 0.0,
+        goodput=categories["productive"] / job if job > 0 else 0.0,
         segments=tuple(segments),
         attempts=tuple(
-            _summary(a, s, o, c) for a, s, o, c in zip(attempts, spans, outcomes, per_attempt, strict=True)
+            _summary(a, s, o, c, n)
+            for a, s, o, c, n in zip(attempts, spans, outcomes, per_attempt, launches, strict=True)
         ),
         saves=saves,
-        restarts=len(attempts) - 1,
+        restarts=len(attempts) - 1 - launches[-1],
         failures=failures,
-        mtbf_seconds=wall / failures if failures else None,
+        mtbf_seconds=job / failures if failures else None,
         ckpt_stall_seconds=_mean(stalls),
         persist_seconds=_mean(persists),
         overlap_seconds=math.fsum(sv.persist_seconds or 0.0 for sv in saves),
         restart_seconds=_mean(restart_costs),
         detect_seconds=categories["failure_detection"] / failures if failures else None,
-        interval_seconds=_interval(saves, info, spans),
-        at_risk_seconds=_at_risk(spans, outcomes, typical),
-        step_stats=_step_stats(spans),
+        interval_seconds=measured_interval(saves, info, spans),
+        at_risk_seconds=at_risk(spans, outcomes),
+        step_stats=step_stats(spans),
         info=info,
+        launches=launches[-1] + 1,
+        preemptions=outcomes.count("preempted"),
     )
 
 
-def _summary(a: Attempt, s: Spans, outcome: str, categories: dict[str, float]) -> AttemptSummary:
+def _summary(a: Attempt, s: Spans, outcome: str, categories: dict[str, float], launch: int) -> AttemptSummary:
     numbers = [step for *_, step in s.steps if step is not None]
     return AttemptSummary(
         number=a.number,
@@ -357,80 +412,7 @@ def _summary(a: Attempt, s: Spans, outcome: str, categories: dict[str, float]) -
         restored_step=s.restored_step,
         failure_reason=s.failure_reason if outcome == "failed" else None,
         categories=categories,
-    )
-
-
-_META = ("event", "wall", "mono", "attempt", "rank")
-
-
-def _info(spans: list[Spans]) -> dict[str, Any]:
-    """Declarations (checkpoint config, registered state: the last of each), cache stats and interval
-    changes (all), and custom events tallied by name (count, and the sum of their ``seconds`` fields)."""
-    info: dict[str, Any] = {"cache_stats": [], "interval_changes": [], "custom": {}}
-    for s in spans:
-        for event in s.info:
-            fields = {k: v for k, v in event.items() if k not in _META}
-            name = event["event"]
-            if name == "cache_stats":  # per node: which rank recorded them
-                info["cache_stats"].append({**fields, "rank": event.get("rank")})
-            elif name == "checkpoint_interval":
-                info["interval_changes"].append(fields)
-            elif name in ("checkpoint_config", "state_registered"):
-                info[name] = fields
-            elif name in ("warm_restart", "warm_first_step"):  # a warm restart's parts, as this rank saw them
-                info.setdefault(name, []).append(fields)
-            elif name == "restore_parts":  # the checkpoint manager's split of a restore (one per restore)
-                info.setdefault("restore_parts", []).append(fields)
-            else:
-                tally = info["custom"].setdefault(str(name), {"count": 0, "seconds": 0.0})
-                tally["count"] += 1
-                seconds = fields.get("seconds")
-                tally["seconds"] += float(seconds) if isinstance(seconds, int | float) else 0.0
-    return info
-
-
-def _interval(saves: tuple[SaveRecord, ...], info: dict[str, Any], spans: list[Spans]) -> float | None:
-    """Measured compute seconds between saves (stall end to next start) within attempts, else as configured."""
-    gaps = [
-        later.start - (earlier.start if earlier.stall_end is None else earlier.stall_end)
-        for earlier, later in itertools.pairwise(saves)
-        if earlier.attempt == later.attempt
-    ]
-    if gaps:
-        return math.fsum(gaps) / len(gaps)
-    config = info.get("checkpoint_config", {})
-    if config.get("interval_seconds"):
-        return float(config["interval_seconds"])
-    durations = [end - start for s in spans for start, end, _, _ in s.steps]
-    if config.get("every_steps") and durations:
-        return float(config["every_steps"]) * statistics.median(durations)
-    return None
-
-
-def _at_risk(spans: list[Spans], outcomes: list[str], typical: float) -> float:
-    """Compute time of the running attempt's steps not yet covered by a durable checkpoint."""
-    if not spans or outcomes[-1] != "running":
-        return 0.0
-    newest = max((step for s in spans for _, step in s.durable), default=None)
-    return math.fsum(
-        end - start - fetch
-        for start, end, fetch, step in spans[-1].steps
-        if step is not None and (newest is None or step > newest)
-    )
-
-
-def _step_stats(spans: list[Spans]) -> StepStats | None:
-    durations = sorted(end - start for s in spans for start, end, _, _ in s.steps)
-    if not durations:
-        return None
-    fetches = [fetch for s in spans for _, _, fetch, _ in s.steps]
-    return StepStats(
-        count=len(durations),
-        mean=math.fsum(durations) / len(durations),
-        median=statistics.median(durations),
-        p90=durations[min(len(durations) - 1, math.ceil(0.9 * len(durations)) - 1)],
-        max=durations[-1],
-        mean_fetch=math.fsum(fetches) / len(fetches),
+        launch=launch,
     )
 
 

@@ -1,8 +1,10 @@
 """The report's advice: one rule per situation, each with the goodput gain it predicts (internal).
 
 Gains come from the planner (Daly's model with the measured figures) where the change is one the model
-covers (interval, stall, restart time), scaled by the share of wall time the model covers; elsewhere they are
-the upper bound the category allows (all of data_wait, for instance) and say so.
+covers (interval, stall, restart time), scaled by the share of job time the model covers; elsewhere they are
+the upper bound the category allows (all of data_wait, for instance) and say so. Shares are of the job time
+(the wall time minus the time between launches). Advice never asks for what the run already does: a run on
+``every="auto"`` is not told to let auto tune it.
 """
 
 from __future__ import annotations
@@ -63,9 +65,16 @@ def _interval(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice
         return _save_steps_advice(acc, model, pred, how, gain)
     text = (
         f"checkpoint every {fd(tau)} is {how} the optimum {fd(best)} (C {fd(model.stall)}, "
-        f"W {fd(model.persist)}, MTBF {fd(model.mtbf)} {pred.mtbf_source}): checkpoint every {fd(best)}, "
-        'or let every="auto" tune it'
+        f"W {fd(model.persist)}, MTBF {fd(model.mtbf)} {pred.mtbf_source}): "
     )
+    if _on_auto(acc):
+        text += (
+            'the run is on every="auto", which plans from a prior until failures are observed and again at '
+            "each restart from the failures of the run's earlier attempts; to use this run's measured rate "
+            f'from the start, set every="{fd(best)}"'
+        )
+    else:
+        text += f'checkpoint every {fd(best)}, or let every="auto" tune it'
     return _advice("interval", text, gain)
 
 
@@ -86,18 +95,27 @@ def _save_steps_advice(
     return _advice("interval", text, gain)
 
 
+def _on_auto(acc: Accounting) -> bool:
+    """Whether the run's durable saves followed ``every="auto"``: the checkpoint config it recorded names no
+    fixed interval (neither ``every_steps`` nor ``interval_seconds``), or the live policy changed it."""
+    config = acc.info.get("checkpoint_config")
+    changed = any(c.get("tier") != "memory" for c in acc.info.get("interval_changes", []))
+    fixed = config is not None and ("every_steps" in config or "interval_seconds" in config)
+    return changed or (config is not None and not fixed and config.get("strategy") != HF_TRAINER)
+
+
 def _no_checkpoint(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
     if acc.saves or acc.failures == 0 or acc.categories["lost_work"] <= 0:
         return None
-    share = acc.categories["lost_work"] / acc.wall_seconds
+    share = acc.categories["lost_work"] / acc.job_seconds
     text = "no checkpoint was saved, so every failure threw away all work since the start: enable checkpoints"
     return _advice("no_checkpoint", text, 100.0 * share, bound=True)
 
 
 def _blocking(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
-    if not acc.saves or acc.wall_seconds <= 0:
+    if not acc.saves or acc.job_seconds <= 0:
         return None
-    stall_share = acc.categories["checkpoint_stall"] / acc.wall_seconds
+    stall_share = acc.categories["checkpoint_stall"] / acc.job_seconds
     strategy = acc.info.get("checkpoint_config", {}).get("strategy")
     total_stall = sum(s.stall_seconds or 0.0 for s in acc.saves)
     blocking = strategy in BLOCKING_STRATEGIES or (
@@ -122,7 +140,7 @@ def _async_text(strategy: str | None, stall_share: float, model: MeasuredModel) 
 
 
 def _data_wait(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
-    share = acc.categories["data_wait"] / acc.wall_seconds if acc.wall_seconds > 0 else 0.0
+    share = acc.categories["data_wait"] / acc.job_seconds if acc.job_seconds > 0 else 0.0
     if share <= DATA_WAIT_SHARE or acc.step_stats is None:
         return None
     if acc.info.get("cache_stats"):  # already reading through the cache
@@ -137,7 +155,7 @@ def _data_wait(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advic
 
 
 def _other(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
-    share = acc.categories["other"] / acc.wall_seconds if acc.wall_seconds > 0 else 0.0
+    share = acc.categories["other"] / acc.job_seconds if acc.job_seconds > 0 else 0.0
     if share <= OTHER_SHARE:
         return None
     named = sorted(acc.info.get("custom", {}).items(), key=lambda kv: -kv[1]["seconds"])
@@ -158,7 +176,7 @@ def _cold_cache(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advi
             continue
         budget, size = stats.get("budget_bytes"), stats.get("dataset_bytes")
         sizes = f" (budget {budget} B, data {size} B)" if budget and size else ""
-        share = acc.categories["data_wait"] / acc.wall_seconds if acc.wall_seconds > 0 else 0.0
+        share = acc.categories["data_wait"] / acc.job_seconds if acc.job_seconds > 0 else 0.0
         text = (
             f"the data cache is cold every epoch: hit rate {hits / (hits + misses):.0%} in epoch "
             f"{stats.get('epoch')}{sizes}; the budget is smaller than the data, so each epoch evicts what the "

@@ -17,7 +17,8 @@ attempt) is written through at once, so the step an attempt resumed from is neve
 Event schema (one JSON object per line)::
 
     every event      event (name), wall (time.time()), mono (time.monotonic()), attempt, rank
-    attempt_start    process_start (wall time the process started), pid, host, world_size, restart_count
+    attempt_start    process_start (wall time the process started), pid, host, world_size, restart_count,
+                     launch? (``goodput launch``'s id: attempts of one launch share it, a relaunch has another)
     init_done        -
     restore_start    -
     restore_end      step (the restored step; null when nothing was restored)
@@ -92,6 +93,8 @@ _FILE = re.compile(r"^attempt-(\d+)\.rank-(\d+)\.jsonl$")
 _RESERVED = frozenset({"event", "wall", "mono", "attempt", "rank"})
 _ENCODER = json.JSONEncoder(allow_nan=False)
 _CACHE_COUNTERS = ("hits", "misses", "bytes_downloaded", "wait_seconds")
+# goodput launch exports its launch id here (one per launch; goodput.run._launchdir reads the same name).
+LAUNCH_ID_ENV = "GOODPUT_LAUNCH_ID"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,6 +263,7 @@ class Ledger:
             host=socket.gethostname(),
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
             restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            **({"launch": os.environ[LAUNCH_ID_ENV]} if os.environ.get(LAUNCH_ID_ENV) else {}),
         )
         self._thread = threading.Thread(target=self._flush_loop, name="goodput-ledger", daemon=True)
         self._thread.start()

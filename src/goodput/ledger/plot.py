@@ -20,6 +20,7 @@ COLOURS = {
     "restart_downtime": "#555555",
     "failure_detection": "#e377c2",
     "other": "#c7c7c7",
+    "between_launches": "#f0f0f0",
 }
 # Above this many segments the timeline is drawn in bins, each a stack of its categories' shares: a step's
 # thin data_wait sliver would otherwise vanish (or flicker) at screen resolution.

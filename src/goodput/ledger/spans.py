@@ -2,7 +2,8 @@
 
 Each attempt's monotonic times are anchored at its ``attempt_start`` wall time; attempts are laid end to end
 in wall-clock order. Steps, stalls, restores and failure detections become (start, end) spans; outcomes and
-the last kept step of each failed attempt are derived from the next attempt's restore.
+the last kept step of each failed attempt are derived from the next attempt's restore, and consecutive attempts
+are told apart as a restart within one launch or a new launch (:func:`new_launch`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ class Attempt:
         self.times = [anchor + shift + (float(e["mono"]) - origin_mono) for e in events]
         self.events = events
         self.end = max(self.times)
+        self.launch = head.get("launch")  # goodput launch's id, when the attempt ran under one
+        self.restart_count = head.get("restart_count")  # torchrun's, which a new torchrun starts at 0
+        self.warm = any(e.get("event") == "warm_restart" for e in events)
 
 
 def begin_wall(head: Mapping[str, Any]) -> float:
@@ -124,6 +128,7 @@ class Spans:
         self.durable: list[tuple[float, int]] = []
         self.detect: list[tuple[float, float]] = []
         self.status: str | None = None
+        self.preempted = False
         self.failure_reason: str | None = None
         self.info: list[Mapping[str, Any]] = []
         self._last_step_start = -math.inf
@@ -169,6 +174,7 @@ class Spans:
                 self.status = str(event.get("status", "ok"))
             elif name not in BUILT_IN:  # declarations and custom events, kept for the report
                 self.info.append(event)
+                self.preempted = self.preempted or name == "preempted"
             last_event_t = t
         if restore_open is not None:
             self.restores.append((restore_open, a.end))
@@ -228,8 +234,14 @@ def kept_steps(
 
 
 def outcome(i: int, n: int, s: Spans) -> str:
-    """ "ok", "failed" or "running" (the last attempt, no end recorded). A process that exited without
-    closing its ledger ("exited") failed if another attempt followed it."""
+    """ "ok", "failed", "preempted" or "running" (the last attempt, no end recorded).
+
+    A process that exited without closing its ledger ("exited") failed if another attempt followed it. An
+    attempt stopped by a preemption signal (Ctrl-C, SIGTERM, the preempt signal: it records ``preempted``
+    and ends "interrupted") was asked to stop: not a failure, whatever rank saw the signal first.
+    """
+    if s.preempted or s.status == "interrupted":
+        return "preempted"
     if s.status == "exited" and not s.detect:
         return "failed" if i < n - 1 else "ok"
     if s.status is not None:
@@ -237,3 +249,15 @@ def outcome(i: int, n: int, s: Spans) -> str:
     if s.detect or i < n - 1:
         return "failed"
     return "running"
+
+
+def new_launch(previous: Attempt, attempt: Attempt) -> bool:
+    """Whether ``attempt`` began a new launch (the job was started again) rather than restarting within one.
+
+    Attempts under ``goodput launch`` record its launch id: a different id is a new launch. Without one, a
+    torchrun restart count back at 0 is a new torchrun (a warm restart's attempt keeps the count, and says
+    ``warm_restart``); a ledger that records neither is one launch.
+    """
+    if previous.launch is not None and attempt.launch is not None:
+        return bool(previous.launch != attempt.launch)
+    return attempt.restart_count == 0 and not attempt.warm

@@ -28,20 +28,25 @@ def _gain(a: Advice) -> str:
 
 
 def render(report: Report) -> str:
-    """Categories in seconds and % of wall, goodput measured vs predicted, C, W, R, D, MTBF, advice."""
+    """Categories in seconds and % of job time, goodput measured vs predicted, C, W, R, D, MTBF, advice."""
     acc = report.accounting
-    wall = acc.wall_seconds
+    wall, job = acc.wall_seconds, acc.job_seconds
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(acc.start))
+    launches = f" in {acc.launches} launches" if acc.launches > 1 else ""
     lines = [
         f"goodput report: {report.run_dir or '(events)'}",
-        f"  {len(acc.attempts)} attempt(s) from {started}, wall time {fd(wall)} ({wall:.1f} s)",
+        f"  {len(acc.attempts)} attempt(s){launches} from {started}, wall time {fd(wall)} ({wall:.1f} s)",
         "",
-        f"  {'category':<20}{'seconds':>12}{'% wall':>9}",
+        f"  {'category':<20}{'seconds':>12}{'% job':>9}",
     ]
-    for name in CATEGORIES:
+    for name in CATEGORIES[:-1]:  # the job's own categories; between_launches is outside the job
         seconds = acc.categories[name]
-        lines.append(f"  {name:<20}{seconds:>12.2f}{_pct(seconds / wall if wall > 0 else 0.0):>9}")
-    lines.append(f"  {'total':<20}{sum(acc.categories.values()):>12.2f}{_pct(1.0 if wall > 0 else 0.0):>9}")
+        lines.append(f"  {name:<20}{seconds:>12.2f}{_pct(seconds / job if job > 0 else 0.0):>9}")
+    lines.append(f"  {'job time':<20}{job:>12.2f}{_pct(1.0 if job > 0 else 0.0):>9}")
+    between = acc.categories["between_launches"]
+    if between > 0:
+        lines.append(f"  {'between_launches':<20}{between:>12.2f}   (not the job's: goodput leaves it out)")
+        lines.append(f"  {'wall time':<20}{sum(acc.categories.values()):>12.2f}")
     lines += ["", *_figures(report), "", *_steps(report)]
     if report.advice:
         lines += ["", "advice:"]
@@ -76,7 +81,8 @@ def _figures(report: Report) -> list[str]:
     return [
         f"  {'goodput (measured)':<28}{_pct(acc.goodput)}",
         f"  {'goodput (predicted)':<28}{planner}",
-        f"  {'restarts / failures':<28}{acc.restarts} / {acc.failures}",
+        f"  {'restarts / failures':<28}{acc.restarts} / {acc.failures}"
+        + (f" (and {acc.preemptions} preemption(s), not failures)" if acc.preemptions else ""),
         f"  {'MTBF':<28}{mtbf}",
         f"  {'C checkpoint stall':<28}{_dur(acc.ckpt_stall_seconds)} mean of {n_saves} save(s)",
         f"  {'W persist (async overlap)':<28}{_dur(acc.persist_seconds)} mean of {n_durable} durable, "

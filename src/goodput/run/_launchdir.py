@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any
 
 from goodput.errors import ConfigError, CrashLoop, FingerprintMismatch, StateMismatch
+from goodput.ledger.ledger import LAUNCH_ID_ENV  # the ledger records the id in each attempt_start
 from goodput.run.launch import EXIT_FATAL
 
 __all__ = [
@@ -50,7 +51,6 @@ __all__ = [
 ]
 
 LAUNCH_DIR_ENV = "GOODPUT_LAUNCH_DIR"
-LAUNCH_ID_ENV = "GOODPUT_LAUNCH_ID"
 FATAL_FILE = "FATAL"
 PREEMPTED_FILE = "PREEMPTED"
 PIDS_DIR = "pids"

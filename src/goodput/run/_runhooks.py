@@ -11,13 +11,17 @@ Kept apart from ``run.py`` so that the hot file only calls them.
   line, and the process goes on to ``close()`` and exits 0.
 * A preemption stop saves the agreed step, waits until it is durable, records ``preempted`` in the ledger,
   reports the checkpoint to the launcher (or prints the line itself without one) and ends the process.
+* ``run.warm(train)`` calls ``train(run)``: a ``train`` that cannot take the run is a ConfigError before any
+  call (the TypeError of the call would fail every attempt in turn, a crash loop, instead of one line).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError
 from goodput.run._launchdir import PREEMPTED_FILE, launch_dir, write_marker
@@ -25,7 +29,7 @@ from goodput.run._launchdir import PREEMPTED_FILE, launch_dir, write_marker
 if TYPE_CHECKING:
     from goodput.run.run import Run
 
-__all__ = ["already_complete", "resolve_run_dir", "single_process_group", "stop_preempted"]
+__all__ = ["already_complete", "check_train_fn", "resolve_run_dir", "single_process_group", "stop_preempted"]
 
 RUN_DIR_ENV = "GOODPUT_RUN_DIR"
 
@@ -98,3 +102,21 @@ def stop_preempted(run: Run, why: str) -> None:
                 flush=True,
             )
     raise SystemExit(0 if launch_dir() is not None else EXIT_PREEMPTED)
+
+
+def check_train_fn(train_fn: Callable[..., Any]) -> None:
+    """Refuse a ``train`` for ``run.warm`` that cannot be called as ``train(run)``.
+
+    Raises:
+        ConfigError: naming the function and the signature it needs.
+    """
+    try:
+        inspect.signature(train_fn).bind(None)
+    except TypeError:
+        name = getattr(train_fn, "__name__", repr(train_fn))
+        raise ConfigError(
+            f"run.warm({name}) calls {name}(run), and again after each warm restart, but {name} takes "
+            f"{inspect.signature(train_fn)}: define it as def {name}(run): ..."
+        ) from None
+    except ValueError:  # no signature to read (a builtin): the call itself decides
+        return

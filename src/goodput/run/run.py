@@ -36,6 +36,7 @@ from goodput.ledger.accounting import account
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.ledger.tiers import live_recovered_share
+from goodput.run import _runhooks
 from goodput.run._cachestats import CacheStatsRecorder
 from goodput.run._gcboot import release as release_gc
 from goodput.run._launchdir import FATAL_ERRORS, install_error_report, register_pid, report_failure
@@ -367,7 +368,11 @@ class Run:
         process group (DDP/FSDP wrappers, optimizer, LR scheduler, loader and its iterator); ``restore`` then
         fills them from a surviving replica (or the newest checkpoint). Module-level state (imports, compiled
         kernels, datasets and caches) may be reused. Without warm restarts it simply calls ``train_fn`` once.
+
+        Raises:
+            ConfigError: when ``train_fn`` cannot take the run as its one argument (``def train():``).
         """
+        _runhooks.check_train_fn(train_fn)
         while True:
             try:
                 return train_fn(self)

@@ -1,0 +1,104 @@
+"""The run's figures beside its categories (internal to :mod:`goodput.ledger.accounting`): what it declared
+(checkpoint config, registered state, cache stats, custom events), the measured checkpoint interval, the work
+at risk, and step-time statistics. Pure functions over the paired spans."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from goodput.ledger.spans import Spans
+
+if TYPE_CHECKING:
+    from goodput.ledger.accounting import SaveRecord
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Statistics of completed steps' durations (fetch included) and fetch times, in seconds."""
+
+    count: int
+    mean: float
+    median: float
+    p90: float
+    max: float
+    mean_fetch: float
+
+
+_META = ("event", "wall", "mono", "attempt", "rank")
+
+
+def declared(spans: list[Spans]) -> dict[str, Any]:
+    """Declarations (checkpoint config, registered state: the last of each), cache stats and interval
+    changes (all), and custom events tallied by name (count, and the sum of their ``seconds`` fields)."""
+    info: dict[str, Any] = {"cache_stats": [], "interval_changes": [], "custom": {}}
+    for s in spans:
+        for event in s.info:
+            fields = {k: v for k, v in event.items() if k not in _META}
+            name = event["event"]
+            if name == "cache_stats":  # per node: which rank recorded them
+                info["cache_stats"].append({**fields, "rank": event.get("rank")})
+            elif name == "checkpoint_interval":
+                info["interval_changes"].append(fields)
+            elif name in ("checkpoint_config", "state_registered"):
+                info[name] = fields
+            elif name in ("warm_restart", "warm_first_step"):  # a warm restart's parts, as this rank saw them
+                info.setdefault(name, []).append(fields)
+            elif name == "restore_parts":  # the checkpoint manager's split of a restore (one per restore)
+                info.setdefault("restore_parts", []).append(fields)
+            else:
+                tally = info["custom"].setdefault(str(name), {"count": 0, "seconds": 0.0})
+                tally["count"] += 1
+                seconds = fields.get("seconds")
+                tally["seconds"] += float(seconds) if isinstance(seconds, int | float) else 0.0
+    return info
+
+
+def measured_interval(
+    saves: tuple[SaveRecord, ...], info: dict[str, Any], spans: list[Spans]
+) -> float | None:
+    """Measured compute seconds between saves (stall end to next start) within attempts, else as configured."""
+    gaps = [
+        later.start - (earlier.start if earlier.stall_end is None else earlier.stall_end)
+        for earlier, later in itertools.pairwise(saves)
+        if earlier.attempt == later.attempt
+    ]
+    if gaps:
+        return math.fsum(gaps) / len(gaps)
+    config = info.get("checkpoint_config", {})
+    if config.get("interval_seconds"):
+        return float(config["interval_seconds"])
+    durations = [end - start for s in spans for start, end, _, _ in s.steps]
+    if config.get("every_steps") and durations:
+        return float(config["every_steps"]) * statistics.median(durations)
+    return None
+
+
+def at_risk(spans: list[Spans], outcomes: list[str]) -> float:
+    """Compute time of the running attempt's steps not yet covered by a durable checkpoint."""
+    if not spans or outcomes[-1] != "running":
+        return 0.0
+    newest = max((step for s in spans for _, step in s.durable), default=None)
+    return math.fsum(
+        end - start - fetch
+        for start, end, fetch, step in spans[-1].steps
+        if step is not None and (newest is None or step > newest)
+    )
+
+
+def step_stats(spans: list[Spans]) -> StepStats | None:
+    durations = sorted(end - start for s in spans for start, end, _, _ in s.steps)
+    if not durations:
+        return None
+    fetches = [fetch for s in spans for _, _, fetch, _ in s.steps]
+    return StepStats(
+        count=len(durations),
+        mean=math.fsum(durations) / len(durations),
+        median=statistics.median(durations),
+        p90=durations[min(len(durations) - 1, math.ceil(0.9 * len(durations)) - 1)],
+        max=durations[-1],
+        mean_fetch=math.fsum(fetches) / len(fetches),
+    )
