@@ -1,0 +1,115 @@
+"""Row access for the columnar formats (Parquet row groups, Arrow record batches): one block read at a time.
+
+A file is a list of blocks (row groups, record batches) of known row counts. Reading row ``r`` reads its whole
+block, turns it into Python columns once and keeps the newest ``keep_blocks`` of them, so a shard-windowed or
+sequential order pays one block read per block, not one per row. A row is a dict ``{column: value}``, passed
+through ``decode`` when one is given. Needs pyarrow (``pip install 'goodput[parquet]'``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from goodput.data._files import FileDataset
+from goodput.errors import ConfigError, DataError
+
+T = TypeVar("T")
+
+
+def import_pyarrow(what: str) -> Any:
+    """pyarrow, or a one-line ConfigError saying which extra installs it."""
+    try:
+        import pyarrow
+    except ModuleNotFoundError:
+        raise ConfigError(f"{what} needs pyarrow: pip install 'goodput[parquet]'") from None
+    return pyarrow
+
+
+def check_columns(url: str, available: Sequence[str], columns: Sequence[str] | None) -> list[str]:
+    """The columns to read (all when ``columns`` is None); a missing one is a one-line ConfigError."""
+    if columns is None:
+        return list(available)
+    missing = [c for c in columns if c not in available]
+    if missing:
+        raise ConfigError(
+            f"{url} has no column {', '.join(map(repr, missing))}; its columns are {', '.join(available)}: "
+            "pass columns= from those"
+        )
+    return list(columns)
+
+
+class TableDataset(FileDataset[T]):
+    """A FileDataset whose files are blocks of rows; subclasses set ``_blocks`` and implement ``_read``."""
+
+    columns: list[str]
+    decode: Callable[[dict[str, Any]], T] | None
+    keep_blocks: int
+    _blocks: list[list[int]]  # per file: the starting row of each block, then the file's row count
+    _types: dict[str, str]
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._decoded: OrderedDict[tuple[int, int], dict[str, list[Any]]] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_decoded", None)
+        return state
+
+    def _load(self, file: int, local: int) -> T:
+        starts = self._blocks[file]
+        block = bisect_right(starts, local) - 1
+        columns = self._block(file, block)
+        at = local - starts[block]
+        row = {name: values[at] for name, values in columns.items()}
+        return row if self.decode is None else self.decode(row)  # type: ignore[return-value]
+
+    def _block(self, file: int, block: int) -> dict[str, list[Any]]:
+        key = (file, block)
+        found = self._decoded.get(key)
+        if found is not None:
+            self._decoded.move_to_end(key)
+            return found
+        pa = import_pyarrow(type(self).__name__)
+        try:
+            table = self._read(file, block)
+        except pa.ArrowException as err:
+            first, last = self._block_samples(file, block)
+            raise DataError(
+                f"{self.file_url(file)}: block {block} (samples {first}..{last}) cannot be read "
+                f"({str(err).splitlines()[0]}): the file is damaged, copy it again"
+            ) from None
+        found = {name: table.column(name).to_pylist() for name in self.columns}
+        while len(self._decoded) >= self.keep_blocks:
+            self._decoded.popitem(last=False)
+        self._decoded[key] = found
+        return found
+
+    def _block_samples(self, file: int, block: int) -> tuple[int, int]:
+        base = self.file_samples(file).start
+        starts = self._blocks[file]
+        return base + starts[block], base + starts[block + 1] - 1
+
+    def _read(self, file: int, block: int) -> Any:
+        """Block ``block`` of file ``file`` as a pyarrow Table or RecordBatch with ``self.columns``."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "columns": {name: self._types[name] for name in self.columns}}
+
+
+def block_starts(rows: Sequence[int]) -> list[int]:
+    """``[0, r0, r0 + r1, ...]``: the first row of each block and then the total."""
+    starts = [0]
+    for n in rows:
+        starts.append(starts[-1] + int(n))
+    return starts
+
+
+def check_keep(name: str, value: int) -> int:
+    if not (isinstance(value, int) and value >= 1):
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
