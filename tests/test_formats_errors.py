@@ -140,3 +140,32 @@ def test_inspect_errors_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.C
     bad.write_bytes(b"not parquet")
     code, err = _inspect(capsys, str(bad))
     assert code == 2 and "is not a Parquet file" in str(err) and len(str(err).strip().splitlines()) == 1
+
+
+def test_the_formats_stay_optional() -> None:
+    """``import goodput`` (and touching the format classes) imports no pyarrow/datasets; the base install
+    depends on neither, the extras name them and the dev install pins them."""
+    import subprocess
+    import sys
+    import tomllib
+
+    code = (
+        "import sys, goodput, goodput.data\n"
+        "goodput.ParquetDataset, goodput.ArrowDataset, goodput.TokenDataset\n"
+        "print(sorted(m for m in ('pyarrow', 'datasets', 'torchdata', 'pandas') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith(("pyarrow", "datasets")) for d in project["dependencies"])
+    extras = project["optional-dependencies"]
+    assert [d.split(">")[0] for d in extras["parquet"]] == ["pyarrow"]
+    assert {"pyarrow", "datasets"} <= {d.split(">")[0] for d in extras["hf-datasets"]}
+    pins = {
+        line.split("==")[0] for line in (root / "constraints.txt").read_text().splitlines() if "==" in line
+    }
+    assert {"pyarrow", "datasets", "torchdata"} <= pins
+    assert {"pyarrow", "datasets", "torchdata"} <= {d.split(">")[0] for d in extras["dev"]}
