@@ -38,6 +38,9 @@ def test_local_files_read_every_sample_in_order(builder: Builder, tmp_path: Path
     copy = pickle.loads(pickle.dumps(dataset))  # what a spawned DataLoader worker gets
     assert _ids(builder, copy) == list(range(N))
     assert dataset.describe()["samples"] == N
+    if hasattr(dataset, "__getitems__"):  # what the DataLoader calls for a batch: runs and gathers
+        batch = [5, 6, 7, 40, 3, N - 1, 5]
+        assert [builder.sample_id(s) for s in dataset.__getitems__(batch)] == batch
 
 
 def _upload(local: str, url: str, options: dict[str, Any]) -> None:

@@ -1,8 +1,10 @@
 """Row access for the columnar formats (Parquet row groups, Arrow record batches): one block read at a time.
 
 A file is a list of blocks (row groups, record batches) of known row counts. Reading row ``r`` reads its whole
-block, turns it into Python columns once and keeps the newest ``keep_blocks`` of them, so a shard-windowed or
-sequential order pays one block read per block, not one per row. A row is a dict ``{column: value}``, passed
+block (as Arrow columns: a memory map's zero-copy batch, or a decoded row group) and keeps the newest
+``keep_blocks`` of them, so an order that stays within a few files (``ResumableLoader(shard_window=k)``) or runs
+in sequence pays one block read per block, not one per row. A batch (the DataLoader's ``__getitems__``) turns
+the rows it needs from each block into Python in one ``take``. A row is a dict ``{column: value}``, passed
 through ``decode`` when one is given. Needs pyarrow (``pip install 'goodput[parquet]'``).
 """
 
@@ -52,40 +54,58 @@ class TableDataset(FileDataset[T]):
 
     def _reset(self) -> None:
         super()._reset()
-        self._decoded: OrderedDict[tuple[int, int], dict[str, list[Any]]] = OrderedDict()
+        self._arrow: OrderedDict[tuple[int, int], Any] = OrderedDict()
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state.pop("_decoded", None)
+        state.pop("_arrow", None)
         return state
 
     def _load(self, file: int, local: int) -> T:
         starts = self._blocks[file]
         block = bisect_right(starts, local) - 1
-        columns = self._block(file, block)
-        at = local - starts[block]
-        row = {name: values[at] for name, values in columns.items()}
-        return row if self.decode is None else self.decode(row)  # type: ignore[return-value]
+        row = self._block(file, block).slice(local - starts[block], 1).to_pylist()[0]
+        return row if self.decode is None else self.decode(row)
 
-    def _block(self, file: int, block: int) -> dict[str, list[Any]]:
+    def __getitems__(self, indices: Sequence[int]) -> list[T]:
+        """Rows ``indices`` (a DataLoader batch): one ``take`` per block they fall in."""
+        groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for slot, index in enumerate(indices):
+            file, local = self.locate(int(index))
+            starts = self._blocks[file]
+            block = bisect_right(starts, local) - 1
+            groups.setdefault((file, block), []).append((slot, local - starts[block]))
+        rows: list[Any] = [None] * len(indices)
+        for (file, block), wanted in groups.items():
+            positions = [at for _, at in wanted]
+            table = self._block(file, block)
+            first = positions[0]
+            if positions == list(range(first, first + len(positions))):  # a run: no gather needed
+                found = table.slice(first, len(positions)).to_pylist()
+            else:
+                found = table.take(positions).to_pylist()
+            for (slot, _), row in zip(wanted, found, strict=True):
+                rows[slot] = row
+        return rows if self.decode is None else [self.decode(row) for row in rows]
+
+    def _block(self, file: int, block: int) -> Any:
         key = (file, block)
-        found = self._decoded.get(key)
+        found = self._arrow.get(key)
         if found is not None:
-            self._decoded.move_to_end(key)
+            self._arrow.move_to_end(key)
             return found
         pa = import_pyarrow(type(self).__name__)
         try:
-            table = self._read(file, block)
+            found = self._read(file, block)
         except pa.ArrowException as err:
             first, last = self._block_samples(file, block)
             raise DataError(
                 f"{self.file_url(file)}: block {block} (samples {first}..{last}) cannot be read "
                 f"({str(err).splitlines()[0]}): the file is damaged, copy it again"
             ) from None
-        found = {name: table.column(name).to_pylist() for name in self.columns}
-        while len(self._decoded) >= self.keep_blocks:
-            self._decoded.popitem(last=False)
-        self._decoded[key] = found
+        while len(self._arrow) >= self.keep_blocks:
+            self._arrow.popitem(last=False)
+        self._arrow[key] = found
         return found
 
     def _block_samples(self, file: int, block: int) -> tuple[int, int]:
