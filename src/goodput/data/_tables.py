@@ -3,8 +3,8 @@
 A file is a list of blocks (row groups, record batches) of known row counts. Reading row ``r`` reads its whole
 block (as Arrow columns: a memory map's zero-copy batch, or a decoded row group) and keeps the newest
 ``keep_blocks`` of them, so an order that stays within a few files (``ResumableLoader(shard_window=k)``) or runs
-in sequence pays one block read per block, not one per row. A batch (the DataLoader's ``__getitems__``) turns
-the rows it needs from each block into Python in one ``take``. A row is a dict ``{column: value}``, passed
+in sequence pays one block read per block, not one per row. A batch (the DataLoader's ``__getitems__``) takes a
+zero-copy slice of each row and turns them all into Python at once. A row is a dict ``{column: value}``, passed
 through ``decode`` when one is given. Needs pyarrow (``pip install 'goodput[parquet]'``).
 """
 
@@ -68,24 +68,19 @@ class TableDataset(FileDataset[T]):
         return row if self.decode is None else self.decode(row)
 
     def __getitems__(self, indices: Sequence[int]) -> list[T]:
-        """Rows ``indices`` (a DataLoader batch): one ``take`` per block they fall in."""
-        groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for slot, index in enumerate(indices):
+        """Rows ``indices`` (a DataLoader batch): a zero-copy slice of each row's block, turned into Python
+        in one conversion."""
+        pa = import_pyarrow(type(self).__name__)
+        slices = []
+        for index in indices:
             file, local = self.locate(int(index))
             starts = self._blocks[file]
             block = bisect_right(starts, local) - 1
-            groups.setdefault((file, block), []).append((slot, local - starts[block]))
-        rows: list[Any] = [None] * len(indices)
-        for (file, block), wanted in groups.items():
-            positions = [at for _, at in wanted]
-            table = self._block(file, block)
-            first = positions[0]
-            if positions == list(range(first, first + len(positions))):  # a run: no gather needed
-                found = table.slice(first, len(positions)).to_pylist()
-            else:
-                found = table.take(positions).to_pylist()
-            for (slot, _), row in zip(wanted, found, strict=True):
-                rows[slot] = row
+            slices.append(self._block(file, block).slice(local - starts[block], 1))
+        try:
+            rows = pa.Table.from_batches(slices).to_pylist()
+        except pa.ArrowInvalid:  # files whose column types differ: convert row by row
+            rows = [row.to_pylist()[0] for row in slices]
         return rows if self.decode is None else [self.decode(row) for row in rows]
 
     def _block(self, file: int, block: int) -> Any:
@@ -114,7 +109,7 @@ class TableDataset(FileDataset[T]):
         return base + starts[block], base + starts[block + 1] - 1
 
     def _read(self, file: int, block: int) -> Any:
-        """Block ``block`` of file ``file`` as a pyarrow Table or RecordBatch with ``self.columns``."""
+        """Block ``block`` of file ``file`` as one pyarrow RecordBatch with ``self.columns``."""
         raise NotImplementedError
 
     def describe(self) -> dict[str, Any]:

@@ -90,7 +90,13 @@ class ParquetDataset(TableDataset[T]):
 
     def _read(self, file: int, block: int) -> Any:
         reader = self._handles.get(file, lambda stack: self._open(file, stack))
-        return reader.read_row_group(block, columns=self.columns)
+        table = reader.read_row_group(block, columns=self.columns).combine_chunks()
+        batches = table.to_batches()
+        if batches:
+            return batches[0]
+        import pyarrow as pa
+
+        return pa.RecordBatch.from_pylist([], schema=table.schema)
 
     def _open(self, file: int, stack: contextlib.ExitStack) -> Any:
         import pyarrow.parquet as pq
