@@ -71,17 +71,32 @@ class TableDataset(FileDataset[T]):
         """Rows ``indices`` (a DataLoader batch): a zero-copy slice of each row's block, turned into Python
         in one conversion."""
         pa = import_pyarrow(type(self).__name__)
-        slices = []
+        starts, size, slices = self._starts, len(self), []
+        whole: dict[int, Sequence[Any]] = {}  # files whose blocks are all held (Arrow maps), for this batch
         for index in indices:
-            file, local = self.locate(int(index))
-            starts = self._blocks[file]
-            block = bisect_right(starts, local) - 1
-            slices.append(self._block(file, block).slice(local - starts[block], 1))
+            index = int(index)
+            if not 0 <= index < size:
+                raise IndexError(f"sample {index} is outside 0..{size - 1}")
+            file = bisect_right(starts, index) - 1
+            local = index - starts[file]
+            blocks = self._blocks[file]
+            block = bisect_right(blocks, local) - 1
+            held = whole.get(file)
+            if held is None:
+                held = self._all_blocks(file)
+                if held is not None:
+                    whole[file] = held
+            found = held[block] if held is not None else self._block(file, block)
+            slices.append(found.slice(local - blocks[block], 1))
         try:
             rows = pa.Table.from_batches(slices).to_pylist()
         except pa.ArrowInvalid:  # files whose column types differ: convert row by row
             rows = [row.to_pylist()[0] for row in slices]
         return rows if self.decode is None else [self.decode(row) for row in rows]
+
+    def _all_blocks(self, file: int) -> Sequence[Any] | None:
+        """Every block of ``file`` when a format holds them all at no cost (None: read them one by one)."""
+        return None
 
     def _block(self, file: int, block: int) -> Any:
         key = (file, block)

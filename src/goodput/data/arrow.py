@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from goodput.data._files import FileSpan, list_files
 from goodput.data._remote import RemoteInfo, call_with_retries, info_of, secret_values
 from goodput.data._source import DEFAULT_RETRY, Source, join_url
-from goodput.data._tables import TableDataset, block_starts, check_columns, check_keep, import_pyarrow
+from goodput.data._tables import TableDataset, block_starts, check_columns, import_pyarrow
 from goodput.data.cache import CacheConfig
 from goodput.errors import ConfigError, DataError
 
@@ -42,7 +42,6 @@ class ArrowDataset(TableDataset[T]):
         cache: the local cache for remote files (whole files); None reads local files in place.
         storage_options: passed to fsspec (credentials; never logged or shown).
         open_files: files each process keeps open (mapped, pinned in the cache).
-        keep_batches: decoded record batches each process keeps.
 
     Raises:
         DataError: a file is not Arrow IPC or is truncated (naming the samples lost), or no rows were found.
@@ -62,13 +61,12 @@ class ArrowDataset(TableDataset[T]):
         cache: CacheConfig | None = None,
         storage_options: Mapping[str, Any] | None = None,
         open_files: int = 4,
-        keep_batches: int = 8,
     ) -> None:
         import_pyarrow("ArrowDataset")
         source = Source(url, cache=cache, storage_options=storage_options)
         listing = _listing(source, files)
         self.decode = decode
-        self.keep_blocks = check_keep("keep_batches", keep_batches)
+        self.keep_blocks = 1  # unused: every batch of an open file is kept (zero-copy)
         scanned = [_scan(source, name, info) for name, info in listing]
         schema = scanned[0][0]
         self._types = {field.name: str(field.type) for field in schema}
@@ -99,20 +97,23 @@ class ArrowDataset(TableDataset[T]):
         root = os.path.commonpath([os.path.dirname(p) for p in paths])
         return cls(root, files=[os.path.relpath(p, root) for p in paths], **options)
 
-    def _read(self, file: int, block: int) -> Any:
-        batches = self._handles.get(file, lambda stack: self._open(file, stack))
-        return batches[block].select(self.columns)
+    def _all_blocks(self, file: int) -> list[Any]:
+        # the batches point into the file's memory map (or the bytes read): keeping them all costs nothing
+        found: list[Any] = self._handles.get(file, lambda stack: self._open(file, stack))
+        return found
+
+    def _block(self, file: int, block: int) -> Any:
+        return self._all_blocks(file)[block]
 
     def _open(self, file: int, stack: contextlib.ExitStack) -> list[Any]:
         import pyarrow as pa
 
         path = self.local_path(file, stack)
         if path is not None:
-            mapped = pa.memory_map(path)
-            stack.callback(mapped.close)
-            return _batches(mapped, self.file_url(file))[1]
-        data = self._source.direct(self.file_url(file))
-        return _batches(pa.BufferReader(data), self.file_url(file))[1]
+            stream = pa.memory_map(path)
+        else:
+            stream = pa.BufferReader(self._source.direct(self.file_url(file)))
+        return [batch.select(self.columns) for batch in _batches(stream, self.file_url(file))[1]]
 
 
 def _span(name: str, info: RemoteInfo, rows: list[int]) -> FileSpan:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Callable, Mapping
+import mmap
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -97,26 +98,55 @@ class TokenDataset(FileDataset[T]):
         self._setup(source, spans, augment=augment, open_files=open_files, extra=f"seq_len={seq_len}")
 
     def _load(self, file: int, local: int) -> T:
+        return self.decode(self._window(file, local))
+
+    def __getitems__(self, indices: Sequence[int]) -> list[T]:
+        """Windows ``indices`` (a DataLoader batch): one gather per mapped file, one int64 conversion."""
+        if self.decode is not _to_tensor:
+            return [self[int(i)] for i in indices]
+        import torch
+
+        found = np.empty((len(indices), self.seq_len + 1), dtype=np.int64)
+        by_file: dict[int, tuple[list[int], list[int]]] = {}
+        for slot, index in enumerate(indices):
+            file, local = self.locate(int(index))
+            slots, locals_ = by_file.setdefault(file, ([], []))
+            slots.append(slot)
+            locals_.append(local)
+        for file, (slots, locals_) in by_file.items():
+            windows = self._windows(file)
+            if windows is None:  # remote without a cache: one ranged read per window
+                found[slots] = [self._window(file, local) for local in locals_]
+            else:
+                found[slots] = windows[locals_]
+        return list(torch.from_numpy(found))
+
+    def _windows(self, file: int) -> np.ndarray | None:
+        found: np.ndarray | None = self._handles.get(file, lambda stack: self._map(file, stack))
+        return found
+
+    def _window(self, file: int, local: int) -> np.ndarray:
+        windows = self._windows(file)
+        if windows is not None:
+            return np.asarray(windows[local])
         offset, kind = self._layouts[file]
-        width = self.seq_len + 1
-        tokens = self._handles.get(file, lambda stack: self._map(file, stack))
-        if tokens is not None:
-            window = np.asarray(tokens[local * width : (local + 1) * width])
-        else:
-            size = np.dtype(kind).itemsize
-            start = offset + local * width * size
-            data = self._source.direct(self.file_url(file), start, start + width * size)
-            window = np.frombuffer(data, dtype=kind)
-        return self.decode(window)
+        size = (self.seq_len + 1) * np.dtype(kind).itemsize
+        start = offset + local * size
+        return np.frombuffer(self._source.direct(self.file_url(file), start, start + size), dtype=kind)
 
     def _map(self, file: int, stack: contextlib.ExitStack) -> np.ndarray | None:
-        """The file's tokens, memory-mapped (a local file or the cache's copy); None: read by ranges."""
+        """The file's windows as a (windows, seq_len + 1) array over a memory map of the file (a local file
+        or the cache's copy); None: read by ranged requests."""
         path = self.local_path(file, stack)
         if path is None:
             return None
         offset, kind = self._layouts[file]
-        count = self.shard_sizes[file] * (self.seq_len + 1)
-        return np.memmap(path, dtype=kind, mode="r", offset=offset, shape=(count,))
+        width = self.seq_len + 1
+        with open(path, "rb") as f:
+            # unmapped when the last array over it is gone (a window a decode kept may outlive the handle)
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        count = self.shard_sizes[file] * width
+        return np.frombuffer(mapped, dtype=kind, count=count, offset=offset).reshape(-1, width)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "dtype": ",".join(self._dtypes), "seq_len": self.seq_len}
