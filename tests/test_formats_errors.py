@@ -57,6 +57,27 @@ def test_parquet_errors(tmp_path: Path) -> None:
     )
 
 
+def test_a_damaged_row_group_names_its_samples(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "damaged.parquet"
+    table = pa.table({"id": list(range(1000)), "text": [f"row {i}" for i in range(1000)]})
+    pq.write_table(table, path, row_group_size=100, compression="zstd")
+    chunk = pq.read_metadata(path).row_group(3).column(1)
+    data = bytearray(path.read_bytes())
+    start = chunk.data_page_offset + 20
+    data[start : chunk.data_page_offset + chunk.total_compressed_size - 4] = b"U" * (
+        chunk.total_compressed_size - 24
+    )
+    path.write_bytes(bytes(data))  # same size, same footer: only row group 3's text column is garbage
+    dataset = ParquetDataset(str(path))
+    assert dataset[299] == {"id": 299, "text": "row 299"}
+    _one_line(
+        DataError, r"damaged\.parquet: block 3 \(samples 300\.\.399\) cannot be read", lambda: dataset[350]
+    )
+
+
 def test_arrow_errors(tmp_path: Path) -> None:
     root = Path(BUILDERS[1].write(str(tmp_path), N))
     _one_line(ConfigError, "has no column 'label'", lambda: ArrowDataset(str(root), columns=["label"]))

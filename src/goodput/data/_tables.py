@@ -107,7 +107,9 @@ class TableDataset(FileDataset[T]):
         pa = import_pyarrow(type(self).__name__)
         try:
             found = self._read(file, block)
-        except pa.ArrowException as err:
+        except (pa.ArrowException, OSError) as err:
+            if isinstance(err, OSError) and not (self._source.is_local or self._source.cache_config):
+                raise  # a remote read without a cache: the store failed, not (known to be) the file
             first, last = self._block_samples(file, block)
             raise DataError(
                 f"{self.file_url(file)}: block {block} (samples {first}..{last}) cannot be read "
