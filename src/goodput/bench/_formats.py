@@ -11,7 +11,7 @@ For each format the benchmark writes ``--rows`` samples with the format's own li
 * throughput: samples per second over the first ``--epoch-samples`` of an epoch, goodput's over the native
   loader's, in the same order kind (both shuffled, or both in file order as a stream reads).
 
-``BENCHES`` is the table: a format adds one ``FormatBench`` (wdsmds: WebDataset and MDS go here).
+``BENCHES`` is the table: a format adds one ``FormatBench``.
 """
 
 from __future__ import annotations

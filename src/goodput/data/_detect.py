@@ -84,7 +84,7 @@ def _open_folder(url: str, **kw: Any) -> Any:
 
 
 # Tried in order: an index that names its format first, then suffixes, a plain folder last.
-# (wdsmds: WebDataset ".tar" and MDS "index.json" entries go here, MDS before goodput-shards' index check.)
+# A new format adds its entry before "folder" (goodput-shards only claims an index.json whose "format" is its own).
 FORMATS: list[Format] = [
     Format("goodput-shards", _is_goodput_shards, _open_shards),
     Format("arrow", _is_hf_saved, _open_arrow, ("columns",)),
