@@ -93,8 +93,10 @@ def _inspect(args: argparse.Namespace) -> int:
         opened = time.perf_counter()
         sample = dataset[0]
         first = time.perf_counter()
+    except AccessRefused:
+        raise  # a ConfigError already: its line says where credentials are read from
     except (DataError, StorageError, PermissionError) as err:
-        raise ConfigError(f"{err}{_credentials_hint(args.url, err)}") from None
+        raise ConfigError(str(err)) from None
     describe = getattr(dataset, "describe", None)
     summary: dict[str, Any] = {"url": args.url, "format": entry.name, "samples": len(dataset)}
     sizes = getattr(dataset, "shard_sizes", None)  # a folder has no shards: each file is one
