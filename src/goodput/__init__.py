@@ -18,6 +18,7 @@ from goodput.errors import (
     DataError,
     FingerprintMismatch,
     GoodputError,
+    NumericFault,
     SaveFailed,
     StateMismatch,
     StorageError,
@@ -106,6 +107,7 @@ if TYPE_CHECKING:
         init_distributed,
     )
     from goodput.faults import (
+        NUMERIC_ACTIONS,
         PHASES,
         Fault,
         FaultPlan,
@@ -196,11 +198,13 @@ if TYPE_CHECKING:
     from goodput.run.launch import (
         EXIT_CRASH_LOOP,
         EXIT_FATAL,
+        EXIT_NUMERIC,
         EXIT_PREEMPTED,
         LaunchConfig,
         launch_job,
         torchrun_command,
     )
+    from goodput.run.numeric import NumericConfig, NumericGuard, read_skips
     from goodput.run.progress import (
         Progress,
     )
@@ -350,6 +354,11 @@ _LAZY = {
     "parse_faults": "goodput.faults",
     "EXIT_CRASH_LOOP": "goodput.run.launch",
     "EXIT_FATAL": "goodput.run.launch",
+    "EXIT_NUMERIC": "goodput.run.launch",
+    "NumericConfig": "goodput.run.numeric",
+    "NumericGuard": "goodput.run.numeric",
+    "read_skips": "goodput.run.numeric",
+    "NUMERIC_ACTIONS": "goodput.faults",
     "EXIT_PREEMPTED": "goodput.run.launch",
     "LaunchConfig": "goodput.run.launch",
     "launch_job": "goodput.run.launch",
@@ -419,8 +428,10 @@ __all__ = [
     "EXIT_CRASH_LOOP",
     "EXIT_FATAL",
     "EXIT_HANG",
+    "EXIT_NUMERIC",
     "EXIT_PREEMPTED",
     "MANIFEST_NAME",
+    "NUMERIC_ACTIONS",
     "PHASES",
     "RECORDS_ENV",
     "STRATEGIES",
@@ -472,6 +483,9 @@ __all__ = [
     "MemoryStore",
     "MemoryTier",
     "MetricsExporter",
+    "NumericConfig",
+    "NumericFault",
+    "NumericGuard",
     "PlanInputs",
     "Prediction",
     "PreemptionWatch",
@@ -563,6 +577,7 @@ __all__ = [
     "read_object",
     "read_records",
     "read_run",
+    "read_skips",
     "restore_rng",
     "restores_by_tier",
     "run_captured",

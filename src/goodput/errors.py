@@ -11,7 +11,8 @@ The tree::
     ├── DataError                     the data pipeline cannot go on
     │   └── FingerprintMismatch (ValueError) the dataset differs from the one the position was saved with
     ├── StorageError                  remote storage failed after every retry (names the URL and last cause)
-    └── CrashLoop                     attempts keep failing without progress; restarting is pointless
+    ├── CrashLoop                     attempts keep failing without progress; restarting is pointless
+    └── NumericFault                  a NaN/Inf, loss spike or corrupted replica survived the rollback ladder
 
 A ``ConfigError`` reaching the command line prints one line and exits with code 2.
 """
@@ -26,6 +27,7 @@ __all__ = [
     "DataError",
     "FingerprintMismatch",
     "GoodputError",
+    "NumericFault",
     "SaveFailed",
     "StateMismatch",
     "StorageError",
@@ -70,3 +72,10 @@ class StorageError(GoodputError):
 
 class CrashLoop(GoodputError):
     """Consecutive attempts made no progress past their restored step."""
+
+
+class NumericFault(GoodputError):
+    """A numeric fault survived every rung of the ladder (rollback, skip) or came too often: the run stops.
+
+    The message is one line: the step, the rank, the value seen and what was tried.
+    """

@@ -41,6 +41,7 @@ from goodput.run._gcboot import release as release_gc
 from goodput.run._launchdir import FATAL_ERRORS, install_error_report, register_pid, report_failure
 from goodput.run._runhooks import already_complete, resolve_run_dir, single_process_group, stop_preempted
 from goodput.run.crashloop import CrashLoopDetector
+from goodput.run.numeric import NumericConfig, NumericGuard
 from goodput.run.progress import Progress
 from goodput.run.records import StepRecorder
 from goodput.run.signals import PreemptionWatch, end_with_launcher
@@ -50,6 +51,7 @@ from goodput.run.watchdog import Watchdog
 __all__ = ["Run"]
 
 RUN_DIR_ENV = "GOODPUT_RUN_DIR"
+DEFAULT_NUMERIC = NumericConfig()
 
 
 class Run:
@@ -70,6 +72,8 @@ class Run:
         progress: draw the progress line on rank 0.
         exporters: receive each step's live goodput, fetch time and loss (e.g. ``PrometheusExporter``); closed
             with the run.
+        numeric: the numeric guard (NaN/Inf, loss spikes, corrupted replicas; roll back in place, skip the bad
+            data, stop bounded; see ``goodput.run.numeric``); None turns it off.
 
     Preemption: the signal ``$GOODPUT_PREEMPT_SIGNAL`` (USR1 by default; ``goodput launch`` forwards SIGTERM
     and SIGINT as it) makes every rank finish its step, agree on the step (``goodput.run.signals``), save it
@@ -89,6 +93,7 @@ class Run:
         crash_loop: int | None = None,
         progress: bool = True,
         exporters: Sequence[MetricsExporter] = (),
+        numeric: NumericConfig | None = DEFAULT_NUMERIC,
     ) -> None:
         install_error_report(int(os.environ.get("RANK", "0")))
         run_dir = resolve_run_dir(run_dir)
@@ -138,6 +143,7 @@ class Run:
         self._warm_pending: Any = None  # a survivor's state, held from its failure to the next restore
         self._warm_next: dict[str, Any] | None = None
         self._warm_first: float | None = None
+        self._numeric = NumericGuard(numeric) if numeric is not None else None
 
     @property
     def manager(self) -> CheckpointManager:
@@ -164,7 +170,9 @@ class Run:
         state = TrainingState(
             model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, loader=loader, extras=extras
         )
-        self._manager = CheckpointManager(self.config, state, on_event=self.ledger.on_event)
+        self._manager = CheckpointManager(  # to the ledger of the moment (a rollback opens a new attempt)
+            self.config, state, on_event=lambda name, **fields: self.ledger.on_event(name, **fields)
+        )
         self._observe_failures(self._manager)
         self._loader = loader
         self.ledger.restore_start()
@@ -175,6 +183,8 @@ class Run:
                     self._replace_lost_node(self._manager)
                 step = self._manager.restore_latest()
         self.ledger.restore_end(step)
+        if self._numeric is not None:
+            self._numeric.attach(self, state, step)
         parts = {
             "model": model,
             "optimizer": optimizer,
@@ -259,6 +269,11 @@ class Run:
                 continue
             empty_epochs, pending = 0, False
             yield batch
+            if self._numeric is not None and self._numeric.rewound:  # rolled back: from the restored position
+                self._numeric.rewound = False
+                self._stop_ahead()
+                iterator = self._ahead = iter(source)
+                self._cache_stats.epoch = int(getattr(loader, "epoch", 0))
 
     def _checkpointed(self, loader: Any) -> bool:
         """Whether ``loader`` is the one given to ``restore``, whose position every checkpoint holds."""
@@ -275,6 +290,12 @@ class Run:
         """Mark the step finished: record it, fire due faults, and save when the policy says so."""
         manager = self.manager
         self.step += 1
+        if self._numeric is not None:
+            loss, rolled_back = self._numeric.step(loss)
+            if rolled_back:  # in place, to an earlier step: batches() goes on from there
+                if self.watchdog is not None:
+                    self.watchdog.beat()
+                return
         fetch = getattr(self._loader, "last_fetch_seconds", 0.0) or 0.0
         self.ledger.step_end(self.step, fetch_seconds=fetch, loss=loss)
         if self._records is not None:
@@ -330,6 +351,8 @@ class Run:
             self._shutdown(status)
 
     def _shutdown(self, status: str) -> None:
+        if self._numeric is not None:
+            self._numeric.close()
         if self._records is not None:
             self._records.close()
         if self._progress is not None:
