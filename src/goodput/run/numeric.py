@@ -181,12 +181,13 @@ class NumericGuard:
 
         step = self._run.step + 1
         params = [p for group in mine.param_groups for p in group["params"] if p.grad is not None]
-        if not params:
+        grads = [g for g in (_local(p.grad) for p in params) if g.numel() > 0]  # an FSDP2 shard may be empty
+        if not grads:
             return
         fault = self._run.faults.take("nan", step, into="grad")
         if fault is not None:
-            _poison(_local(params[0].grad), fault)
-        norms = [torch.linalg.vector_norm(_local(p.grad), math.inf) for p in params]
+            _poison(grads[0], fault)
+        norms = [torch.linalg.vector_norm(g, math.inf) for g in grads]
         norm = float(torch.stack(norms).max().item())
         if not math.isfinite(norm):
             self._bad_grad = (step, norm)
@@ -226,10 +227,10 @@ class NumericGuard:
         )
         if found.agreed:
             self._agreed = step
-        if found.named is not None and found.kind is None:
-            self._name(
-                found.named, step, "its redo of this step fingerprinted differently from its first run"
-            )
+        if found.named is not None and found.kind is None and step in self._unnamed:
+            self._unnamed.discard(step)
+            why = "its redo of this step fingerprinted differently from its first run"
+            self._name(found.named, step, why)
         if found.kind is None:
             if found.mean_loss is not None:
                 self._losses.append((step, found.mean_loss))
