@@ -5,11 +5,14 @@
 #   75   EXIT_PREEMPTED: saved after the warning signal       -> requeue (the next start resumes from that save)
 #   3    EXIT_CRASH_LOOP: attempts made no progress           -> stop; a person must look
 #   78   EXIT_FATAL: configuration or state mismatch          -> stop; a restart cannot fix it
+#   65   EXIT_NUMERIC: a NaN, spike or corrupted replica      -> stop; the same data or GPU would fail again
+#        survived rollback and skip
 #   else torchrun ran out of restarts, a node died, ...       -> requeue while GOODPUT_REQUEUES allows
 
 GOODPUT_EXIT_PREEMPTED=75
 GOODPUT_EXIT_CRASH_LOOP=3
 GOODPUT_EXIT_FATAL=78
+GOODPUT_EXIT_NUMERIC=65
 
 # goodput_after_exit STATUS: requeue this job or not, from the exit status of the step that ran goodput launch.
 # Prints one line saying what it decided; returns the status the batch script should exit with.
@@ -26,6 +29,9 @@ goodput_after_exit() {
             return "$status" ;;
         "$GOODPUT_EXIT_FATAL")
             echo "goodput: fatal error (exit $status): not requeued; fix the configuration first"
+            return "$status" ;;
+        "$GOODPUT_EXIT_NUMERIC")
+            echo "goodput: numeric fault (exit $status): not requeued; see goodput report for the rollbacks and skips"
             return "$status" ;;
         "$GOODPUT_EXIT_PREEMPTED")
             echo "goodput: preempted after a durable save (exit $status): requeueing job $SLURM_JOB_ID"
