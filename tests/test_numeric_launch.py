@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from goodput.data.order import EpochOrder
+from goodput.ledger.accounting import account
 from goodput.ledger.ledger import read_events
 from goodput.run.launch import EXIT_NUMERIC
 from goodput.run.numeric import read_skips
@@ -49,6 +50,22 @@ def _positions(lo: int, hi: int) -> list[int]:
     return EpochOrder(seed=0, epoch=0, size=SIZE).at(np.arange(lo, hi)).tolist()
 
 
+def _report(run_dir: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "goodput", "report", run_dir], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _rollback_gauge(run_dir: str) -> float:
+    from goodput.integrations.prometheus import _account
+
+    figures = _account(run_dir)
+    assert figures is not None
+    return float(figures["rollbacks"])
+
+
 def _finals(run_dir: str, nproc: int) -> list[dict[str, Any]]:
     out = []
     for rank in range(nproc):
@@ -71,6 +88,11 @@ def test_nan_inf_and_spike_are_rolled_back_in_place(tmp_path: os.PathLike[str]) 
     rollbacks = [(e["from_step"], e["to_step"], e["tier"]) for e in _events(run_dir, "rollback")]
     assert rollbacks == [(6, 4, "memory"), (10, 8, "memory"), (14, 12, "memory")]
     assert _events(run_dir, "skip") == []  # none came back: nothing skipped
+    accounting = account(read_events(run_dir, rank=None))
+    assert accounting.categories["rollback"] > 0 and accounting.restarts == 0  # no process restarted
+    report = _report(run_dir)
+    assert "rolled back from step 6 to 4 (memory" in report and "rollback  " in report
+    assert _rollback_gauge(run_dir) == 3
     finals = _finals(run_dir, 2)
     assert finals[0] == finals[1] and finals[0]["step"] == 20  # the replicas agree at the end
     assert sorted(_kept_samples(run_dir, 2)) == sorted(_positions(0, 20 * 2 * BATCH))  # each sample once
@@ -96,6 +118,8 @@ def test_a_fault_in_the_data_is_skipped_and_stays_skipped_after_a_sigkill(tmp_pa
     kept = _kept_samples(run_dir, 2)
     assert sorted(kept) == sorted(_positions(0, 32) + _positions(40, 40 + 16 * 2 * BATCH))
     assert poison not in kept
+    (line,) = [ln for ln in _report(run_dir).splitlines() if "skipped steps 9-10: 8 samples" in ln]
+    assert "positions 32-40 of epoch 0" in line and f" {poison}," in line.replace("[", " ")
 
 
 def test_three_replicas_name_the_corrupted_one_by_majority(tmp_path: os.PathLike[str]) -> None:
