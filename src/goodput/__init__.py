@@ -204,7 +204,7 @@ if TYPE_CHECKING:
         launch_job,
         torchrun_command,
     )
-    from goodput.run.numeric import NumericConfig, NumericGuard, read_skips
+    from goodput.run.numeric import NumericConfig, NumericGuard, gather_rows, gradient_sum, read_skips
     from goodput.run.progress import (
         Progress,
     )
@@ -358,6 +358,8 @@ _LAZY = {
     "NumericConfig": "goodput.run.numeric",
     "NumericGuard": "goodput.run.numeric",
     "read_skips": "goodput.run.numeric",
+    "gather_rows": "goodput.run.numeric",
+    "gradient_sum": "goodput.run.numeric",
     "NUMERIC_ACTIONS": "goodput.faults",
     "EXIT_PREEMPTED": "goodput.run.launch",
     "LaunchConfig": "goodput.run.launch",
@@ -543,10 +545,12 @@ __all__ = [
     "fetch_object",
     "first_difference",
     "format_duration",
+    "gather_rows",
     "goodput_daly",
     "goodput_first_order",
     "goodput_over_time",
     "goodput_two_level",
+    "gradient_sum",
     "init_distributed",
     "install_faults",
     "is_peer_failure",
