@@ -33,6 +33,7 @@ def _rank(rank: int, world: int, steps: int, check_every: int) -> dict[str, floa
     from goodput.run._numeric_rules import encode_row, fingerprint, spike_threshold
     from goodput.run.numeric import gather_rows, gradient_sum
 
+    torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for each worker
     torch.manual_seed(0)
     model = TinyLM(ModelConfig())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
