@@ -77,7 +77,7 @@ def _finals(run_dir: str, nproc: int) -> list[dict[str, Any]]:
 def test_nan_inf_and_spike_are_rolled_back_in_place(tmp_path: os.PathLike[str]) -> None:
     run_dir = os.path.join(tmp_path, "run")
     plan = "nan@step=6,rank=1; nan@step=10,rank=0,into=grad,value=inf; spike@step=14,factor=50"
-    proc = _launch(run_dir, 2, plan, "--steps", "20")
+    proc = _launch(run_dir, 2, plan, "--steps", "20", "--workers", "2")  # batches received ahead
     assert proc.returncode == 0, proc.stderr[-3000:]
     faults = [(e["kind"], e["step"], e["on_rank"], e["detail"]) for e in _events(run_dir, "numeric_fault")]
     assert faults == [

@@ -1,7 +1,7 @@
 """A README-style loop for the numeric guard's tests: DDP (or FSDP2) over a tiny model, memory tier and DCP.
 
 goodput launch --nproc 2 --run-dir DIR [--faults 'nan@step=5,rank=1'] -- tests/scripts/numeric_train.py
-    [--steps 24] [--every 4] [--memory-every 2] [--check-every 4] [--poison I] [--fsdp]
+    [--steps 24] [--every 4] [--memory-every 2] [--check-every 4] [--poison I] [--fsdp] [--workers 2]
 
 --poison I: sample I of the dataset is NaN (a fault in the data: it comes back on every redo of its step).
 Each rank appends ``{"attempt", "step", "indices", "loss"}`` per step to ``DIR/samples-rank-R.jsonl`` (the test
@@ -24,6 +24,7 @@ p.add_argument("--memory-every", type=int, default=2)
 p.add_argument("--check-every", type=int, default=4)
 p.add_argument("--poison", type=int, default=None)
 p.add_argument("--fsdp", action="store_true")
+p.add_argument("--workers", type=int, default=0)
 args = p.parse_args()
 
 torch.manual_seed(0)
@@ -64,7 +65,7 @@ if args.fsdp:
 else:
     model = torch.nn.parallel.DistributedDataParallel(net)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
-loader = gp.ResumableLoader(Data(), batch_size=2, seed=0, drop_last=True)
+loader = gp.ResumableLoader(Data(), batch_size=2, seed=0, drop_last=True, num_workers=args.workers)
 run.restore(model=model, optimizer=opt, loader=loader)
 rank = run.info.rank
 log = open(os.path.join(run_dir, f"samples-rank-{rank}.jsonl"), "a")  # noqa: SIM115
