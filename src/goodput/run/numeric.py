@@ -191,13 +191,12 @@ class NumericGuard:
             for p in params:
                 p.grad = None  # the optimizer skips a parameter without a gradient: nothing changes
 
-    def step(self, loss: float | None) -> tuple[float | None, bool]:
-        """Check the step just finished (``run.step``): returns (the loss, as injected faults changed it, and
-        whether the run rolled back); raises NumericFault to stop."""
+    def step(self, loss: float | None) -> bool:
+        """Check the step just finished (``run.step``; ``loss`` as ``inject`` returned it): True when the run
+        rolled back; raises NumericFault to stop."""
         run = self._run
         assert run is not None and self._state is not None, "NumericGuard.step before attach"
         step = run.step
-        loss = self._inject(step, loss)
         flags, fp, grad_value = 0, 0, 0.0
         if loss is not None:
             flags |= FLAG_LOSS | (0 if math.isfinite(loss) else FLAG_LOSS_BAD)
@@ -232,13 +231,16 @@ class NumericGuard:
             if found.mean_loss is not None:
                 self._losses.append((step, found.mean_loss))
                 del self._losses[: -config.spike_window]
-            return loss, False
+            return False
         self._respond(found, step)
-        return loss, True
+        return True
 
-    def _inject(self, step: int, loss: float | None) -> float | None:
+    def inject(self, loss: float | None) -> float | None:
+        """Apply a drill's numeric faults due at this step (``run.step``): the loss they make, a flipped bit."""
         run = self._run
-        assert run is not None and self._state is not None
+        if run is None or self._state is None:
+            return loss
+        step = run.step
         fault = run.faults.take("nan", step, into="loss")
         if fault is not None and loss is not None:
             loss = math.nan if fault.value == "nan" else math.inf

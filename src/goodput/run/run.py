@@ -291,11 +291,7 @@ class Run:
         manager = self.manager
         self.step += 1
         if self._numeric is not None:
-            loss, rolled_back = self._numeric.step(loss)
-            if rolled_back:  # in place, to an earlier step: batches() goes on from there
-                if self.watchdog is not None:
-                    self.watchdog.beat()
-                return
+            loss = self._numeric.inject(loss)  # a drill's nan/spike/bitflip fault at this step
         fetch = getattr(self._loader, "last_fetch_seconds", 0.0) or 0.0
         self.ledger.step_end(self.step, fetch_seconds=fetch, loss=loss)
         if self._records is not None:
@@ -308,6 +304,10 @@ class Run:
             self._crash.progress(self.step)
         if self._progress is not None:
             self._progress.update(self.step, loss=loss, fetch_seconds=fetch)
+        # After the step is recorded (a peer's failure inside the guard's all-gather leaves this rank where the
+        # next step's collective would), before faults, preemption and saves act on a step that may be wrong.
+        if self._numeric is not None and self._numeric.step(loss):
+            return  # rolled back in place, to an earlier step: batches() goes on from there
         self.faults.check(phase="step", step=self.step)
         if self._preempt.should_stop(self.step):
             stop_preempted(self, self._preempt.requested or "a signal")
