@@ -106,7 +106,7 @@ def test_state_is_small_json_with_constant_keys() -> None:
     keys = set(loader.state_dict())
     next(iter(loader))
     state = loader.state_dict()
-    assert set(state) == keys == {"format", "seed", "epoch", "consumed", "world_size", "fingerprint"}
+    assert set(state) == keys == {"format", "seed", "epoch", "consumed", "world_size", "fingerprint", "skips"}
     assert state["fingerprint"]["identity"] == "corpus-v1"
     assert len(json.dumps(state)) < 4096
 
@@ -203,8 +203,8 @@ def test_allowed_fingerprint_mismatch_warns_and_resumes() -> None:
 
 def test_newer_state_format_is_refused() -> None:
     loader = ResumableLoader(_data.Squares(N), batch_size=B)
-    with pytest.raises(ConfigError, match="format version 2, newer than this goodput's 1: upgrade goodput"):
-        loader.load_state_dict({**loader.state_dict(), "format": 2})
+    with pytest.raises(ConfigError, match="format version 3, newer than this goodput's 2: upgrade goodput"):
+        loader.load_state_dict({**loader.state_dict(), "format": 3})
     with pytest.raises(ConfigError, match="lacks consumed"):
         loader.load_state_dict({"format": 1, "seed": 0, "epoch": 0, "world_size": 1, "fingerprint": {}})
 

@@ -57,6 +57,7 @@ def test_scrape_while_a_run_trains(tmp_path: os.PathLike[str]) -> None:
     assert 0 <= scraped["goodput_seconds_since_durable"][()] < 600
     assert 0 < scraped["goodput_live_ratio"][()] <= 1
     assert 0 < scraped["goodput_run_ratio"][()] <= 1 and scraped["goodput_restarts"][()] == 0
+    assert scraped["goodput_rollbacks"][()] == 0
     assert scraped["goodput_fetch_seconds_p95"][()] >= 0 and scraped["goodput_step_seconds"][()] > 0
     badput = {dict(labels)["category"]: v for labels, v in scraped["goodput_badput_seconds"].items()}
     assert "productive" not in badput and badput["checkpoint_stall"] > 0 and badput["init"] > 0

@@ -14,7 +14,7 @@ import pytest
 
 from goodput.checkpoint import MemoryTier
 from goodput.cli.launch import register
-from goodput.run.launch import EXIT_CRASH_LOOP, EXIT_FATAL, EXIT_PREEMPTED
+from goodput.run.launch import EXIT_CRASH_LOOP, EXIT_FATAL, EXIT_NUMERIC, EXIT_PREEMPTED
 
 RECIPES = Path(__file__).resolve().parents[1] / "docs" / "recipes"
 SLURM = RECIPES / "slurm"
@@ -82,6 +82,7 @@ def _after_exit(
         (EXIT_PREEMPTED, 50, 0, True),  # preemption is not a failure: no budget
         (EXIT_CRASH_LOOP, 0, EXIT_CRASH_LOOP, False),
         (EXIT_FATAL, 0, EXIT_FATAL, False),
+        (EXIT_NUMERIC, 0, EXIT_NUMERIC, False),
         (1, 3, 0, True),
         (1, 10, 1, False),  # the requeue budget is spent
     ],
@@ -113,6 +114,7 @@ def test_requeue_script_uses_goodputs_codes() -> None:
         "EXIT_PREEMPTED": str(EXIT_PREEMPTED),
         "EXIT_CRASH_LOOP": str(EXIT_CRASH_LOOP),
         "EXIT_FATAL": str(EXIT_FATAL),
+        "EXIT_NUMERIC": str(EXIT_NUMERIC),
     }
 
 
@@ -178,7 +180,7 @@ def test_jobset_manifest_matches_goodput() -> None:
     job = doc["spec"]["replicatedJobs"][0]["template"]["spec"]
     rules = job["podFailurePolicy"]["rules"]
     fail = next(r for r in rules if r["action"] == "FailJob")
-    assert sorted(fail["onExitCodes"]["values"]) == sorted([EXIT_CRASH_LOOP, EXIT_FATAL])
+    assert sorted(fail["onExitCodes"]["values"]) == sorted([EXIT_CRASH_LOOP, EXIT_NUMERIC, EXIT_FATAL])
     assert EXIT_PREEMPTED not in fail["onExitCodes"]["values"]
     assert any(c["type"] == "DisruptionTarget" for r in rules for c in r.get("onPodConditions", []))
     pod = job["template"]["spec"]

@@ -28,6 +28,8 @@ def _train(run_dir: Path, steps: int, seen: list[int], *, ahead: bool | None = N
     loader = gp.ResumableLoader(_data.Squares(N), batch_size=B, seed=1, num_workers=1)
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # The toy regression on squares diverges to Inf within an epoch; this test is about receiving ahead, and the
+    # numeric guard (which would roll it back and stop it) is off by default.
     run = gp.Run(str(run_dir), total_steps=steps, progress=False, hang_timeout=None)
     run.restore(model=model, optimizer=opt, loader=loader)
     threads = 0

@@ -13,7 +13,8 @@ The tree::
     ├── StorageError                  remote storage failed after every retry (names the URL and last cause)
     │   └── AccessRefused (ConfigError) the store refused the credentials or the permission: no restart
     │                                 fixes it (names the URL and where credentials are read from)
-    └── CrashLoop                     attempts keep failing without progress; restarting is pointless
+    ├── CrashLoop                     attempts keep failing without progress; restarting is pointless
+    └── NumericFault                  a NaN/Inf, loss spike or corrupted replica survived the rollback ladder
 
 A ``ConfigError`` (``AccessRefused`` included) reaching the command line prints one line and exits with code 2;
 inside a run under ``goodput launch`` it stops the job at once with ``EXIT_FATAL`` (78).
@@ -30,6 +31,7 @@ __all__ = [
     "DataError",
     "FingerprintMismatch",
     "GoodputError",
+    "NumericFault",
     "SaveFailed",
     "StateMismatch",
     "StorageError",
@@ -82,3 +84,10 @@ class AccessRefused(StorageError, ConfigError):
 
 class CrashLoop(GoodputError):
     """Consecutive attempts made no progress past their restored step."""
+
+
+class NumericFault(GoodputError):
+    """A numeric fault survived every rung of the ladder (rollback, skip) or came too often: the run stops.
+
+    The message is one line: the step, the rank, the value seen and what was tried.
+    """

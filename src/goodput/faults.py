@@ -11,11 +11,22 @@ A fault plan is a string, given on the command line (``--faults``) or in the env
     kill@mtbf=60s,seed=3           SIGKILL one rank at random, exponential times with a 60 s mean per attempt
     nodeloss@step=40,node=1        lose node 1 at step 40: SIGKILL every rank on it, and its memory tier is
                                    wiped before the next attempt (a replaced machine comes back with empty RAM)
+    nan@step=12,rank=1             rank 1's loss at step 12 is NaN (``into=grad``: one of its gradients before
+                                   the optimizer step; ``value=inf`` for an Inf)
+    spike@step=20,factor=50        every rank's loss at step 20, multiplied by 50
+    bitflip@step=30,rank=1         flip one bit (``bit=``, default 0: the lowest) of one parameter element on
+                                   rank 1 after its optimizer step of step 30 (silent data corruption)
 
 ``checkpoint_begin`` fires on a rank as it enters a save, before the strategy's collectives (a rank failing
 alone while its peers wait inside DCP). Actions: ``kill``, ``raise``, ``hang``, ``slow``, ``nodeloss``. Keys:
 ``step``, ``rank``, ``phase`` (one of ``PHASES``), ``mtbf`` (a duration), ``seed``, ``seconds`` (for ``slow``),
-``attempt`` (fire only in that attempt), ``node`` (only on that node: torchrun's GROUP_RANK).
+``attempt`` (fire only in that attempt), ``node`` (only on that node: torchrun's GROUP_RANK), and for the
+numeric faults ``factor``, ``bit``, ``into`` (``loss`` or ``grad``) and ``value`` (``nan``, ``inf``).
+
+The numeric faults (``NUMERIC_ACTIONS``) kill nothing: ``goodput.run.numeric`` takes them with
+:meth:`FaultPlan.take` at the point of the step where they change a value. Like every step fault each fires once
+per run and rank, so a fault repeated in the plan (``nan@step=12; nan@step=12``) fires again on the step's redo
+after a rollback, as a fault in the data would.
 
 A fault at a step or phase fires once per run and rank: before it acts it leaves a marker in
 ``<run_dir>/faults/``, so the restarted attempt that passes the same step again does not die again. Random
@@ -26,6 +37,7 @@ exactly one rank is chosen as the victim of each draw.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import time
@@ -37,6 +49,7 @@ from goodput.errors import ConfigError, GoodputError
 from goodput.units import parse_duration
 
 __all__ = [
+    "NUMERIC_ACTIONS",
     "PHASES",
     "Fault",
     "FaultPlan",
@@ -48,7 +61,8 @@ __all__ = [
 ]
 
 ENV_VAR = "GOODPUT_FAULTS"
-ACTIONS = ("kill", "raise", "hang", "slow", "nodeloss")
+NUMERIC_ACTIONS = ("nan", "spike", "bitflip")
+ACTIONS = ("kill", "raise", "hang", "slow", "nodeloss", *NUMERIC_ACTIONS)
 PHASES = (
     "step",
     "checkpoint_begin",
@@ -61,7 +75,9 @@ PHASES = (
     "memory_replicate",
     "memory_restore",
 )
-_KEYS = ("step", "rank", "phase", "mtbf", "seed", "seconds", "attempt", "node")
+_KEYS = (
+    "step", "rank", "phase", "mtbf", "seed", "seconds", "attempt", "node", "factor", "bit", "into", "value"
+)  # fmt: skip
 
 
 class InjectedFault(GoodputError):
@@ -85,6 +101,10 @@ class Fault:
     seconds: float = 1.0
     attempt: int | None = None
     node: int | None = None
+    factor: float = 10.0
+    bit: int = 0
+    into: str = "loss"
+    value: str = "nan"
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -103,6 +123,18 @@ class Fault:
             raise ConfigError(f"fault seconds must be >= 0, got {self.seconds}")
         if self.action == "nodeloss" and (self.node is None or self.rank is not None):
             raise ConfigError("a nodeloss fault names the node it loses (node=N) and no rank")
+        if self.action in NUMERIC_ACTIONS and (self.step is None or self.phase != "step"):
+            raise ConfigError(f"a {self.action} fault fires at a step: {self.action}@step=N")
+        if self.action == "bitflip" and self.rank is None:
+            raise ConfigError("a bitflip fault corrupts one replica: name it (bitflip@step=N,rank=R)")
+        if self.into not in ("loss", "grad"):
+            raise ConfigError(f"fault into={self.into!r} is not one of loss, grad")
+        if self.value not in ("nan", "inf"):
+            raise ConfigError(f"fault value={self.value!r} is not one of nan, inf")
+        if not 0 <= self.bit < 64:
+            raise ConfigError(f"fault bit must be in 0..63, got {self.bit}")
+        if not math.isfinite(self.factor) or self.factor <= 0:
+            raise ConfigError(f"fault factor must be a positive number, got {self.factor}")
 
 
 def parse_faults(text: str) -> list[Fault]:
@@ -132,6 +164,10 @@ def parse_faults(text: str) -> list[Fault]:
                     seconds=_seconds(fields.get("seconds", "1")),
                     attempt=int(fields["attempt"]) if "attempt" in fields else None,
                     node=int(fields["node"]) if "node" in fields else None,
+                    factor=float(fields.get("factor", "10")),
+                    bit=int(fields.get("bit", "0")),
+                    into=fields.get("into", "loss"),
+                    value=fields.get("value", "nan"),
                 )
             )
         except ValueError as err:
@@ -256,7 +292,7 @@ class FaultPlan:
                     self._deadlines[index] = None
                     self._fire(fault, f"random after {deadline:.1f}s", marker=None)
                 continue
-            if fault.phase != phase:
+            if fault.phase != phase or fault.action in NUMERIC_ACTIONS:
                 continue
             if fault.step is not None and (step is None or step < fault.step):
                 continue
@@ -264,17 +300,36 @@ class FaultPlan:
                 continue
             self._fire(fault, f"{phase} at step {step}", marker=f"{index}-rank{self.rank}")
 
+    def take(self, action: str, step: int, *, into: str | None = None) -> Fault | None:
+        """The first numeric fault ``action`` due at ``step`` (and ``into``) that has not fired yet, marked as
+        fired; None when there is none. The caller applies it."""
+        for index, fault in self._faults:
+            if fault.action != action or fault.step != step or (into is not None and fault.into != into):
+                continue
+            if self._mark(fault, f"step {step}", f"{index}-rank{self.rank}"):
+                if self._on_fire is not None:
+                    self._on_fire(fault, f"step at step {step}")
+                return fault
+        return None
+
+    def _mark(self, fault: Fault, where: str, marker: str) -> bool:
+        """Leave the marker that this fault fired; False when an earlier attempt left it already."""
+        if self._marker_dir is None:
+            return True
+        os.makedirs(self._marker_dir, exist_ok=True)
+        path = os.path.join(self._marker_dir, marker)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False  # fired in an earlier attempt
+        os.write(fd, f"{fault.action} {where} attempt {self.attempt}\n".encode())
+        os.fsync(fd)
+        os.close(fd)
+        return True
+
     def _fire(self, fault: Fault, where: str, *, marker: str | None) -> None:
-        if marker is not None and self._marker_dir is not None:
-            os.makedirs(self._marker_dir, exist_ok=True)
-            path = os.path.join(self._marker_dir, marker)
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                return  # fired in an earlier attempt
-            os.write(fd, f"{fault.action} {where} attempt {self.attempt}\n".encode())
-            os.fsync(fd)
-            os.close(fd)
+        if marker is not None and not self._mark(fault, where, marker):
+            return
         if self._on_fire is not None:
             self._on_fire(fault, where)
         if fault.action in ("kill", "nodeloss"):

@@ -5,6 +5,8 @@
 #   75   EXIT_PREEMPTED: saved after the warning signal       -> requeue (the next start resumes from that save)
 #   3    EXIT_CRASH_LOOP: attempts made no progress           -> stop; a person must look
 #   78   EXIT_FATAL: configuration or state mismatch          -> stop; a restart cannot fix it
+#   65   EXIT_NUMERIC: a NaN, spike or corrupted replica      -> stop; the same data or GPU would fail again
+#        survived rollback and skip
 #   else torchrun ran out of restarts, a node died, ...       -> requeue while GOODPUT_REQUEUES allows
 #
 # Never twice: when Slurm requeues the job itself (preempted under PreemptMode=REQUEUE, or a failed node with
@@ -13,6 +15,7 @@
 GOODPUT_EXIT_PREEMPTED=75
 GOODPUT_EXIT_CRASH_LOOP=3
 GOODPUT_EXIT_FATAL=78
+GOODPUT_EXIT_NUMERIC=65
 
 # goodput_slurm_requeues: true when Slurm is already requeueing this job (its state is back to PENDING, or one of
 # the REQUEUE states, while the batch script still runs).
@@ -46,6 +49,9 @@ goodput_after_exit() {
             return "$status" ;;
         "$GOODPUT_EXIT_FATAL")
             echo "goodput: fatal error (exit $status): not requeued; fix the configuration first"
+            return "$status" ;;
+        "$GOODPUT_EXIT_NUMERIC")
+            echo "goodput: numeric fault (exit $status): not requeued; see goodput report for the rollbacks and skips"
             return "$status" ;;
         "$GOODPUT_EXIT_PREEMPTED")
             goodput_requeue "preempted after a durable save (exit $status)"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from goodput.checkpoint._saving import _FAILURES, _describe, _quiet_single_process
-from goodput.checkpoint.layout import CheckpointLayout, Manifest
+from goodput.checkpoint.layout import CheckpointInfo, CheckpointLayout, Manifest
 from goodput.checkpoint.memory_tier import MemoryCheckpointer
 from goodput.checkpoint.policy import SavePolicy, StepSchedule
 from goodput.checkpoint.state import TrainingState
@@ -54,11 +54,15 @@ class _RestorePath:
         def _check_open(self) -> None: ...
         def wait(self) -> Any: ...
 
-    def restore_latest(self) -> int | None:
+    def restore_latest(self, *, at_most: int | None = None) -> int | None:
         """Load the newest valid checkpoint into the state; returns its step, or None when there is none.
 
         A checkpoint that fails verification or loading is skipped with a warning naming the file, and the
         next older one is tried.
+
+        ``at_most``: a rollback in place (``goodput.run.numeric``) loads no step newer than this one, and
+        discards every newer checkpoint of both tiers: they belong to the timeline being abandoned (after a
+        corrupted replica, they may hold its corruption), and the redone steps save those steps again.
 
         Raises:
             StateMismatch: the newest valid checkpoint does not fit the model/optimizer (names key and shapes).
@@ -80,11 +84,14 @@ class _RestorePath:
         candidates, error = self._bcast(listing)
         if error:
             raise StorageError(f"cannot list the checkpoints under {self._layout.root}: {error}")
+        if at_most is not None:
+            self._discard_newer([(step, url) for step, url in candidates if step > at_most])
+            candidates = [(step, url) for step, url in candidates if step <= at_most]
         self._committed = {step for step, _ in candidates}
         self._restore_parts = {"find": self._clock() - started}
         start = self._clock()
         if self.memory is not None:  # memory first, unless the durable tier holds a newer step
-            found = self.memory.restore(at_least=candidates[0][0] if candidates else None)
+            found = self.memory.restore(at_least=candidates[0][0] if candidates else None, at_most=at_most)
             if found is not None:
                 return self._restored(found.step, start, tier=found.tier, source=found.source)
         for step, url in candidates:
@@ -101,6 +108,19 @@ class _RestorePath:
                 " loaded over it; restart the job (the damaged part is discarded: it starts from the beginning)"
             )
         return None
+
+    def _discard_newer(self, newer: list[tuple[int, str]]) -> None:
+        """Rank 0 deletes these durable checkpoints (newer than a rollback's step); every rank waits for it."""
+        if self.rank == 0:
+            for step, url in newer:
+                log.warning(
+                    "rollback: discarding checkpoint step %d (%s), newer than the step restored", step, url
+                )
+                try:
+                    self._layout.remove(CheckpointInfo(step=step, url=url, status="committed"))
+                except Exception as err:  # a later save of that step must not find it committed: say so
+                    log.warning("rollback: could not delete %s: %s", url, err)
+        self._bcast(None)
 
     def _restored(self, step: int, start: float, *, tier: str, source: str) -> int:
         self.state.step = step

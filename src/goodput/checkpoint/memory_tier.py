@@ -261,8 +261,11 @@ class MemoryCheckpointer:
             return False
         return True
 
-    def restore(self, *, at_least: int | None = None) -> MemoryRestore | None:
+    def restore(self, *, at_least: int | None = None, at_most: int | None = None) -> MemoryRestore | None:
         """Load the newest step (not older than ``at_least``) every rank can load from the memory tier.
+
+        ``at_most``: a rollback's ceiling: parts of newer steps that this rank holds (its own, and the replicas
+        its node holds) are discarded first, as the abandoned timeline's.
 
         Returns None when there is none (the caller falls back to the durable tier).
 
@@ -271,6 +274,8 @@ class MemoryCheckpointer:
         """
         self.wait()
         begin = self._clock()
+        if at_most is not None:
+            self._discard_newer(at_most)
         inventories = self._all_gather(self.inventory())
         bad: set[tuple[int, int, int]] = set()  # (rank, step, holder) found damaged
         floor = -1 if at_least is None else at_least
@@ -303,6 +308,18 @@ class MemoryCheckpointer:
                 log.warning("memory tier: skipping rank %d's part of step %d: %s", r, step, detail)
                 bad.add((r, step, holders[r]))
         return None
+
+    def _discard_newer(self, ceiling: int) -> None:
+        """Remove the markers (so the parts never count) of this rank's parts, and of the replicas its node
+        holds, newer than ``ceiling``."""
+        for replica in (False, True):
+            if replica and self.topology.local[self.rank] != 0:
+                continue
+            for step in self.store.steps(replica=replica):
+                ranks = self.store.ranks_in(step, replica=replica) if replica else [self.rank]
+                for rank in ranks if step > ceiling else []:
+                    _remove(self.store.part_path(step, rank, replica=replica)[: -len(".part")] + ".json")
+        self.committed = [s for s in self.committed if s <= ceiling]
 
     def _load_step(self, step: int, holders: list[int], *, in_place: bool) -> tuple[str, str]:
         blob: bytearray | memoryview | None = None

@@ -10,6 +10,14 @@ the new ranks, none repeated, none skipped.
 Only delivered batches move the position, never batches that DataLoader workers or prefetchers produced ahead,
 so any number of workers and any prefetch depth resume exactly. Resuming costs O(1): the position is two
 integers and the order is computed per position (:mod:`goodput.data.order`).
+
+A skip list (``skip``; ranges of positions of an epoch, e.g. the batches that sent the loss to NaN) is part of
+the position: a plan steps over every skipped range, so no rank ever trains those samples again, whichever
+checkpoint a later attempt resumes from, and every other sample of the epoch is still trained once. A range is
+stepped over whole steps at a time (positions advance by ``world_size * batch_size``); where a range does not
+start on a step boundary of the current world size, the few positions between the last whole step and the
+range are skipped with it. A position holding skips is saved as format 2 (goodput before the skip list refuses
+it rather than train those samples); without skips it stays format 1.
 """
 
 from __future__ import annotations
@@ -26,9 +34,9 @@ from goodput.errors import ConfigError, FingerprintMismatch
 
 __all__ = ["BatchPlan", "ResumableSampler"]
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2
 _BLOCK = 32  # batches whose indices ``BatchPlan.indices`` works out together
-_KEYS = ("format", "seed", "epoch", "consumed", "world_size", "fingerprint")
+_KEYS = ("format", "seed", "epoch", "consumed", "world_size", "fingerprint")  # and "skips" since format 2
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,9 @@ class BatchPlan:
     count: int
     generation: int
     seeded: bool
+    # (first position, end position, first step) of each run of positions between skipped ranges; () when no
+    # skip lies ahead: one run from ``start`` to the end of the epoch
+    segments: tuple[tuple[int, int, int], ...] = ()
     # batches' indices worked out a block at a time (see ``indices``)
     _memo: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -61,10 +72,7 @@ class BatchPlan:
         if len(self._memo) > 4 * _BLOCK:
             self._memo.clear()
         steps = range(step, max(step + 1, min(step + _BLOCK, self.count)))
-        bounds = [
-            rank_batch_range(self.start, s, self.world_size, self.rank, self.batch_size, self.remaining)
-            for s in steps
-        ]
+        bounds = [self._range(s) for s in steps]
         positions = np.concatenate([np.arange(lo, hi) for lo, hi in bounds])
         every = self.order.at(positions)
         every.setflags(write=False)
@@ -73,6 +81,17 @@ class BatchPlan:
             self._memo[s] = every[cut : cut + hi - lo]
             cut += hi - lo
         return self._memo[step]
+
+    def _locate(self, step: int) -> tuple[int, int, int]:
+        """(first position of the run holding ``step``, the step's number in it, the run's length)."""
+        for lo, hi, first in reversed(self.segments):
+            if step >= first:
+                return lo, step - first, hi - lo
+        return self.start, step, self.remaining
+
+    def _range(self, step: int) -> tuple[int, int]:
+        lo, local, length = self._locate(step)
+        return rank_batch_range(lo, local, self.world_size, self.rank, self.batch_size, length)
 
     def keys(self, step: int) -> list[Any]:
         """What the DataLoader fetches for batch ``step``: indices, or (index, seed) pairs when seeded."""
@@ -84,7 +103,8 @@ class BatchPlan:
 
     def consumed_after(self, step: int) -> int:
         """The global position once every rank has received batch ``step``."""
-        return min(self.order.size, self.start + (step + 1) * self.world_size * self.batch_size)
+        lo, local, length = self._locate(step)
+        return min(lo + length, lo + (local + 1) * self.world_size * self.batch_size)
 
 
 class ResumableSampler:
@@ -142,6 +162,7 @@ class ResumableSampler:
         self._plan: BatchPlan | None = None
         self._order: EpochOrder | None = None
         self._last: tuple[BatchPlan, int] | None = None  # the batch the training loop received last
+        self.skips: list[tuple[int, int, int]] = []  # (epoch, first position, end position) never trained
         self._kind = self.order().describe()  # the same for every epoch
 
     # -- position -------------------------------------------------------------------------------------------
@@ -184,10 +205,22 @@ class ResumableSampler:
     def begin(self) -> BatchPlan:
         """Plan this rank's batches from the current position to the end of the epoch."""
         self._generation += 1
+        segments = self._segments()
+        if segments:
+            self.consumed = segments[0][0]  # a position inside a skipped range moves past it
         remaining = self.size - self.consumed
         count = rank_batch_count(
             remaining, self.world_size, self.rank, self.batch_size, drop_last=self.drop_last
         )
+        if segments:
+            last = segments[-1]
+            count = last[2] + (
+                rank_batch_count(
+                    last[1] - last[0], self.world_size, self.rank, self.batch_size, drop_last=self.drop_last
+                )
+                if last[1] == self.size
+                else (last[1] - last[0]) // (self.world_size * self.batch_size)
+            )
         self._plan = BatchPlan(
             order=self.order(),
             start=self.consumed,
@@ -197,8 +230,34 @@ class ResumableSampler:
             count=count,
             generation=self._generation,
             seeded=self.seeded,
+            segments=segments if len(segments) > 1 or (segments and segments[0][1] < self.size) else (),
         )
         return self._plan
+
+    def _segments(self) -> tuple[tuple[int, int, int], ...]:
+        """The runs of positions from the current one to the end of the epoch between skipped ranges (() when
+        no skipped range lies ahead); runs before a skipped range hold whole steps only."""
+        ahead = sorted((lo, hi) for epoch, lo, hi in self.skips if epoch == self.epoch and hi > self.consumed)
+        if not ahead:
+            return ()
+        step = self.world_size * self.batch_size
+        position, first, runs = self.consumed, 0, []
+        for lo, hi in ahead:
+            whole = max(0, lo - position) // step
+            if whole:
+                runs.append((position, position + whole * step, first))
+                first += whole
+            position = max(position, hi)
+        if position < self.size:
+            runs.append((position, self.size, first))
+        return tuple(runs) if runs else ((self.size, self.size, 0),)
+
+    def skip(self, epoch: int, lo: int, hi: int) -> None:
+        """Never train positions ``[lo, hi)`` of ``epoch`` (from the next iteration on; kept in the state)."""
+        if not 0 <= lo < hi or epoch < 0:
+            raise ConfigError(f"a skipped range needs 0 <= lo < hi and epoch >= 0, got {epoch}:{lo}-{hi}")
+        if (epoch, lo, hi) not in self.skips:
+            self.skips.append((epoch, lo, min(hi, self.size)))
 
     def __iter__(self) -> Iterator[list[Any]]:
         plan = self._plan if self._plan is not None else self.begin()
@@ -235,12 +294,13 @@ class ResumableSampler:
     def state_dict(self) -> dict[str, Any]:
         """The position as a small JSON-serialisable dict with constant keys (the same on every rank)."""
         return {
-            "format": STATE_FORMAT,
+            "format": STATE_FORMAT if self.skips else 1,
             "seed": self.seed,
             "epoch": self.epoch,
             "consumed": self.consumed,
             "world_size": self.world_size,
             "fingerprint": self.fingerprint(),
+            "skips": [list(s) for s in self.skips],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -270,6 +330,7 @@ class ResumableSampler:
         self.consumed = min(int(state["consumed"]), self.size)
         if self.consumed == self.size:
             self.epoch, self.consumed = self.epoch + 1, 0
+        self.skips = [(int(e), int(lo), int(hi)) for e, lo, hi in state.get("skips", [])]
         self._generation += 1
 
 
@@ -290,6 +351,11 @@ def _check_state(state: Any) -> None:
             raise ConfigError(f"data position state has a bad {key}: {state[key]!r}")
     if not isinstance(state["fingerprint"], dict):
         raise ConfigError(f"data position state has a bad fingerprint: {state['fingerprint']!r}")
+    skips = state.get("skips", [])
+    if not isinstance(skips, list) or not all(
+        isinstance(s, list) and len(s) == 3 and all(isinstance(v, int) and v >= 0 for v in s) for s in skips
+    ):
+        raise ConfigError(f"data position state has a bad skip list: {skips!r}")
 
 
 def _differences(saved: dict[str, Any], current: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ Metrics (gauges)::
     goodput_badput_seconds{category}    seconds per category of ``goodput report`` but productive, between_launches
     goodput_productive_seconds          productive seconds of the whole run
     goodput_restarts                    restarts so far
+    goodput_rollbacks                   rollbacks in place after numeric faults so far (goodput.run.numeric)
     goodput_last_durable_step           the newest checkpoint known to be committed (-1: none yet)
     goodput_seconds_since_durable       seconds since that commit (-1: none yet)
 
@@ -180,6 +181,7 @@ class _Collector:
                 figures["categories"]["productive"],
             ),
             ("goodput_restarts", "restarts so far", figures["restarts"]),
+            ("goodput_rollbacks", "rollbacks in place after numeric faults", figures["rollbacks"]),
             ("goodput_last_durable_step", "the newest committed checkpoint's step", figures["durable_step"]),
             ("goodput_seconds_since_durable", "seconds since the newest commit", since),
         ):
@@ -204,6 +206,7 @@ def _account(run_dir: str) -> dict[str, Any] | None:
         "categories": dict(summary.categories),
         "goodput": summary.goodput,
         "restarts": summary.restarts,
+        "rollbacks": sum(1 for e in events if e.get("event") == "rollback"),
         "durable_step": last["step"] if last is not None else -1,
         "durable_wall": float(last["wall"]) if last is not None else None,
     }

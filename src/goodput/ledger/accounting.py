@@ -11,6 +11,8 @@ the last event of the last attempt, in exactly one category:
 ``data_wait``             the ``fetch_seconds`` at the start of each step
 ``checkpoint_stall``      the blocking part of saves (the async persist is reported as overlap)
 ``checkpoint_restore``    ``restore_start`` to ``restore_end``
+``rollback``              the restore of a rollback in place after a numeric fault (``goodput.run.numeric``;
+                          the steps it redoes are ``lost_work``)
 ``init``                  process start to the first step, minus restore
 ``warmup``                the first steps' excess over the run's median step compute
 ``lost_work``             steps after the checkpoint the next attempt restored (redone), and the
@@ -70,6 +72,7 @@ CATEGORIES = (
     "data_wait",
     "checkpoint_stall",
     "checkpoint_restore",
+    "rollback",
     "init",
     "warmup",
     "lost_work",
@@ -83,6 +86,7 @@ CATEGORIES = (
 _PRECEDENCE = (
     "failure_detection",
     "checkpoint_restore",
+    "rollback",
     "checkpoint_stall",
     "data_wait",
     "warmup",
@@ -235,7 +239,8 @@ def _intervals(
     out: list[tuple[float, float, str]] = []
     first_step = s.steps[0][0] if s.steps else (s.open_step[0] if s.open_step else a.end)
     out.append((a.begin, first_step, "init"))
-    out.extend((lo, hi, "checkpoint_restore") for lo, hi in s.restores)
+    restore = "rollback" if _rolled_back(s) else "checkpoint_restore"
+    out.extend((lo, hi, restore) for lo, hi in s.restores)
     out.extend((lo, hi, "checkpoint_stall") for lo, hi in s.memory_stalls)
     for save in s.saves:
         if save[4]:
@@ -272,6 +277,11 @@ def _after_failure(a: Attempt, s: Spans, step_median: float) -> list[tuple[float
     if s.detect:
         return [(max(hi for _, hi in s.detect), a.end, "restart_downtime")]
     return []
+
+
+def _rolled_back(s: Spans) -> bool:
+    """Whether this attempt began with a rollback in place (its restore is ``rollback``, not a restart's)."""
+    return any(e.get("event") == "rollback" for e in s.info)
 
 
 def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> Accounting:
@@ -364,7 +374,10 @@ def _assemble(
     restart_costs = [
         cats["restart_downtime"] + cats["init"] + cats["checkpoint_restore"]
         for i, cats in enumerate(per_attempt)
-        if i > 0 and outcomes[i - 1] == "failed" and launches[i] == launches[i - 1]
+        if i > 0
+        and outcomes[i - 1] == "failed"
+        and launches[i] == launches[i - 1]
+        and not _rolled_back(spans[i])
     ]
     stalls = [sv.stall_seconds for sv in saves if sv.stall_seconds is not None]
     persists = [sv.persist_seconds for sv in saves if sv.persist_seconds is not None]
@@ -382,7 +395,10 @@ def _assemble(
             for a, s, o, c, n in zip(attempts, spans, outcomes, per_attempt, launches, strict=True)
         ),
         saves=saves,
-        restarts=len(attempts) - 1 - launches[-1],
+        restarts=len(attempts)
+        - 1
+        - launches[-1]
+        - sum(_rolled_back(s) for s in spans[1:]),  # a rollback restarts nothing
         failures=failures,
         mtbf_seconds=job / failures if failures else None,
         ckpt_stall_seconds=_mean(stalls),

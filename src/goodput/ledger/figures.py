@@ -29,6 +29,7 @@ class StepStats:
 
 
 _META = ("event", "wall", "mono", "attempt", "rank")
+_NUMERIC = ("numeric_fault", "rollback", "skip", "sdc_named", "numeric_stop")
 
 
 def declared(spans: list[Spans]) -> dict[str, Any]:
@@ -49,6 +50,8 @@ def declared(spans: list[Spans]) -> dict[str, Any]:
                 info.setdefault(name, []).append(fields)
             elif name == "restore_parts":  # the checkpoint manager's split of a restore (one per restore)
                 info.setdefault("restore_parts", []).append(fields)
+            elif name in _NUMERIC:  # the numeric guard's ladder (goodput.run.numeric), in order
+                info.setdefault("numeric", []).append({"event": name, **fields})
             else:
                 tally = info["custom"].setdefault(str(name), {"count": 0, "seconds": 0.0})
                 tally["count"] += 1

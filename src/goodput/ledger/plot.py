@@ -14,6 +14,7 @@ COLOURS = {
     "data_wait": "#ff7f0e",
     "checkpoint_stall": "#d62728",
     "checkpoint_restore": "#9467bd",
+    "rollback": "#8c564b",
     "init": "#1f77b4",
     "warmup": "#bcbd22",
     "lost_work": "#7f0000",

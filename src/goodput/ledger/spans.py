@@ -35,7 +35,8 @@ class Attempt:
         self.end = max(self.times)
         self.launch = head.get("launch")  # goodput launch's id, when the attempt ran under one
         self.restart_count = head.get("restart_count")  # torchrun's, which a new torchrun starts at 0
-        self.warm = any(e.get("event") == "warm_restart" for e in events)
+        # a warm restart's attempt, or a rollback in place (goodput.run.numeric): the same processes go on
+        self.warm = any(e.get("event") in ("warm_restart", "rollback") for e in events)
 
 
 def begin_wall(head: Mapping[str, Any]) -> float:
@@ -255,8 +256,8 @@ def new_launch(previous: Attempt, attempt: Attempt) -> bool:
     """Whether ``attempt`` began a new launch (the job was started again) rather than restarting within one.
 
     Attempts under ``goodput launch`` record its launch id: a different id is a new launch. Without one, a
-    torchrun restart count back at 0 is a new torchrun (a warm restart's attempt keeps the count, and says
-    ``warm_restart``); a ledger that records neither is one launch.
+    torchrun restart count back at 0 is a new torchrun (a warm restart's or a rollback's attempt keeps the
+    count, and says ``warm_restart`` or ``rollback``); a ledger that records neither is one launch.
     """
     if previous.launch is not None and attempt.launch is not None:
         return bool(previous.launch != attempt.launch)

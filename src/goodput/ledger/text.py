@@ -120,6 +120,7 @@ def _steps(report: Report) -> list[str]:
             f" ({last.get('reason', 'no reason given')})"
         )
     lines += _warm_lines(acc.info, acc.restarts)
+    lines += _numeric_lines(acc.info)
     restores = acc.info.get("restore_parts", [])
     if restores:  # the last restore, split into its parts
         last = restores[-1]
@@ -135,6 +136,35 @@ def _steps(report: Report) -> list[str]:
         lines.append(f"  custom events (time inside 'other' or the steps): {tallies}")
     if acc.at_risk_seconds > 0:
         lines.append(f"  at risk: {fd(acc.at_risk_seconds)} of steps not yet in a durable checkpoint")
+    return lines
+
+
+def _numeric_lines(info: dict[str, Any]) -> list[str]:
+    """The numeric guard's ladder: each fault found, each rollback (tier, from, to, seconds), each skip and the
+    samples it skipped, and a stop."""
+    lines = []
+    for e in info.get("numeric", []):
+        name = e["event"]
+        if name == "numeric_fault":
+            who = "" if e.get("on_rank") is None else f" on rank {e['on_rank']}"
+            lines.append(
+                f"  numeric fault: {e['kind']} ({e.get('detail', '')}) at step {e['step']}{who}: {e.get('value')}"
+            )
+        elif name == "rollback":
+            lines.append(
+                f"    rolled back from step {e['from_step']} to {e['to_step']} ({e['tier']}, {fd(float(e['seconds']))})"
+            )
+        elif name == "skip":
+            shown = e.get("indices")
+            samples = f"samples {shown[:16]}{' ...' if len(shown) > 16 else ''}" if shown else ""
+            lines.append(
+                f"    skipped steps {e['first_step']}-{e['last_step']}: {e['samples']} samples, positions "
+                f"{e['first_position']}-{e['end_position']} of epoch {e['epoch']} {samples}".rstrip()
+            )
+        elif name == "sdc_named":
+            lines.append(f"    rank {e['named_rank']} named corrupt at step {e['step']} ({e['times']} times)")
+        elif name == "numeric_stop":
+            lines.append(f"    stopped: {e['reason']}")
     return lines
 
 

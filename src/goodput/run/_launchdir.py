@@ -6,6 +6,7 @@ small files there, and the launcher, which watches the folder while torchrun run
 
     CRASH_LOOP        the crash-loop verdict (rank 0): stop torchrun, exit EXIT_CRASH_LOOP
     FATAL             "rank R: Type: message" of an error a restart cannot fix: stop, exit EXIT_FATAL
+    NUMERIC           "rank R: line" of a numeric fault the ladder could not fix: stop, exit EXIT_NUMERIC
     PREEMPTED         JSON {step, url, run_dir} of the checkpoint saved after a preemption signal (rank 0)
     pids/rank-R       the pid of rank R's process, written once its preemption handler is installed
     logs/             torchrun's ``--log-dir`` (or the warm agent's, a folder a process): each worker's
@@ -28,15 +29,16 @@ import traceback
 from types import TracebackType
 from typing import Any
 
-from goodput.errors import ConfigError, CrashLoop, FingerprintMismatch, StateMismatch
+from goodput.errors import ConfigError, CrashLoop, FingerprintMismatch, NumericFault, StateMismatch
 from goodput.ledger.ledger import LAUNCH_ID_ENV  # the ledger records the id in each attempt_start
-from goodput.run.launch import EXIT_FATAL
+from goodput.run.launch import EXIT_FATAL, EXIT_NUMERIC
 
 __all__ = [
     "FATAL_ERRORS",
     "FATAL_FILE",
     "LAUNCH_DIR_ENV",
     "LAUNCH_ID_ENV",
+    "NUMERIC_FILE",
     "PEER_FAILURE_MARKERS",
     "PREEMPTED_FILE",
     "install_error_report",
@@ -52,6 +54,7 @@ __all__ = [
 
 LAUNCH_DIR_ENV = "GOODPUT_LAUNCH_DIR"
 FATAL_FILE = "FATAL"
+NUMERIC_FILE = "NUMERIC"
 PREEMPTED_FILE = "PREEMPTED"
 PIDS_DIR = "pids"
 LOGS_DIR = "logs"
@@ -138,11 +141,12 @@ def install_error_report(rank: int) -> None:
 
     def hook(kind: type[BaseException], err: BaseException, tb: TracebackType | None) -> None:
         line = report_failure(rank, err)
-        if isinstance(err, (*FATAL_ERRORS, CrashLoop)):
+        if isinstance(err, (*FATAL_ERRORS, CrashLoop, NumericFault)):
             if launch_dir() is None:  # under goodput launch, the launcher prints the one line
                 # sys.__stderr__: torch's own excepthook (init_process_group's) captures sys.stderr around ours.
                 print(f"goodput: rank {rank}: {line}", file=sys.__stderr__ or sys.stderr, flush=True)
-                _exit_now(EXIT_USAGE if isinstance(err, ConfigError) else EXIT_FATAL)
+                code = EXIT_NUMERIC if isinstance(err, NumericFault) else EXIT_FATAL
+                _exit_now(EXIT_USAGE if isinstance(err, ConfigError) else code)
             return
         if _reacts_to_fatal(err):
             return  # the launcher quotes the rank that failed; this callstack is in the error file
@@ -161,9 +165,10 @@ def report_failure(rank: int, err: BaseException) -> str:
         if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
             callstack = "".join(traceback.format_exception(kind, err, err.__traceback__))
             _record_error_file(line, callstack, rank, peer=_is_peer_failure(err))
-    if isinstance(err, FATAL_ERRORS):
+    if isinstance(err, (*FATAL_ERRORS, NumericFault)):
         with contextlib.suppress(OSError):
-            write_marker(FATAL_FILE, f"rank {rank}: {line}", exclusive=True)
+            name = NUMERIC_FILE if isinstance(err, NumericFault) else FATAL_FILE
+            write_marker(name, f"rank {rank}: {line}", exclusive=True)
     return line
 
 

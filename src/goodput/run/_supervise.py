@@ -36,6 +36,7 @@ from goodput.run._launchdir import (
     LAUNCH_DIR_ENV,
     LAUNCH_ID_ENV,
     LOGS_DIR,
+    NUMERIC_FILE,
     PIDS_DIR,
     PREEMPTED_FILE,
     last_error,
@@ -45,6 +46,7 @@ from goodput.run.crashloop import CRASH_LOOP_FILE
 from goodput.run.launch import (
     EXIT_CRASH_LOOP,
     EXIT_FATAL,
+    EXIT_NUMERIC,
     EXIT_PREEMPTED,
     LaunchConfig,
     torchrun_command,
@@ -162,7 +164,7 @@ class Supervisor:
                 if time.monotonic() > deadline:
                     self._end_job(proc)
                     return self._verdict(None)
-            for name in (FATAL_FILE, CRASH_LOOP_FILE):
+            for name in (FATAL_FILE, CRASH_LOOP_FILE, NUMERIC_FILE):
                 if read_marker(self.folder, name) is not None:
                     self._end_job(proc)
                     return self._verdict(None)
@@ -190,6 +192,10 @@ class Supervisor:
         if saved is not None:
             self._say(_preempted_line(saved, self._signals))
             return EXIT_PREEMPTED
+        numeric = read_marker(self.folder, NUMERIC_FILE)
+        if numeric is not None:
+            self._say(f"stopped: {numeric}")
+            return EXIT_NUMERIC
         fatal = read_marker(self.folder, FATAL_FILE)
         if fatal is not None:
             self._say(f"stopped: {fatal}; a restart cannot fix this: fix it, then relaunch")

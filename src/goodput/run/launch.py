@@ -32,6 +32,7 @@ from goodput.errors import ConfigError
 __all__ = [
     "EXIT_CRASH_LOOP",
     "EXIT_FATAL",
+    "EXIT_NUMERIC",
     "EXIT_PREEMPTED",
     "LaunchConfig",
     "launch_job",
@@ -43,6 +44,9 @@ EXIT_CRASH_LOOP = 3
 # and EX_CONFIG (do not retry: a restart cannot fix a configuration or state-mismatch error).
 EXIT_PREEMPTED = 75
 EXIT_FATAL = 78
+# EX_DATAERR: a numeric fault (NaN/Inf, loss spike, corrupted replica) survived rollback and skip, or came too
+# often (goodput.run.numeric). Not requeued: the same data or the same hardware would fail again.
+EXIT_NUMERIC = 65
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

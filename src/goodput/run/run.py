@@ -31,7 +31,15 @@ from goodput.data.loader import ResumableLoader
 from goodput.data.prefetch import DevicePrefetcher
 from goodput.distributed import dist_info, init_distributed
 from goodput.errors import ConfigError, DataError
-from goodput.faults import Fault, FaultPlan, check_plan, fault_point, install_faults, parse_faults
+from goodput.faults import (
+    NUMERIC_ACTIONS,
+    Fault,
+    FaultPlan,
+    check_plan,
+    fault_point,
+    install_faults,
+    parse_faults,
+)
 from goodput.ledger.accounting import account
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger, read_events
@@ -42,6 +50,7 @@ from goodput.run._gcboot import release as release_gc
 from goodput.run._launchdir import FATAL_ERRORS, install_error_report, register_pid, report_failure
 from goodput.run._runhooks import already_complete, resolve_run_dir, single_process_group, stop_preempted
 from goodput.run.crashloop import CrashLoopDetector
+from goodput.run.numeric import NumericConfig, NumericGuard
 from goodput.run.progress import Progress
 from goodput.run.records import StepRecorder
 from goodput.run.signals import PreemptionWatch, end_with_launcher
@@ -71,6 +80,9 @@ class Run:
         progress: draw the progress line on rank 0.
         exporters: receive each step's live goodput, fetch time and loss (e.g. ``PrometheusExporter``); closed
             with the run.
+        numeric: the numeric guard (NaN/Inf, loss spikes, corrupted replicas; roll back in place, skip the bad
+            data, stop bounded; see ``goodput.run.numeric``): ``gp.NumericConfig()`` turns it on; off by
+            default until its per-step agreement costs under 1% of a short step (docs/numeric-faults.md).
 
     Preemption: the signal ``$GOODPUT_PREEMPT_SIGNAL`` (USR1 by default; ``goodput launch`` forwards SIGTERM
     and SIGINT as it) makes every rank finish its step, agree on the step (``goodput.run.signals``), save it
@@ -90,6 +102,7 @@ class Run:
         crash_loop: int | None = None,
         progress: bool = True,
         exporters: Sequence[MetricsExporter] = (),
+        numeric: NumericConfig | None = None,
     ) -> None:
         install_error_report(int(os.environ.get("RANK", "0")))
         run_dir = resolve_run_dir(run_dir)
@@ -114,6 +127,11 @@ class Run:
         self.attempt = self.ledger.attempt
         self._plan_text = faults if faults is not None else os.environ.get("GOODPUT_FAULTS", "")
         check_plan(parse_faults(self._plan_text), world_size=self.info.world_size, total_steps=total_steps)
+        if numeric is None and any(f.action in NUMERIC_ACTIONS for f in parse_faults(self._plan_text)):
+            raise ConfigError(
+                "the fault plan injects numeric faults (nan, spike, bitflip) but the numeric guard is off: "
+                "pass gp.Run(numeric=gp.NumericConfig()) to drill it"
+            )
         self._arm_faults()
         self._node_loss_planned = any(f.action == "nodeloss" for f in parse_faults(self._plan_text))
         limit = crash_loop if crash_loop is not None else int(os.environ.get("GOODPUT_CRASH_LOOP", "3"))
@@ -139,6 +157,7 @@ class Run:
         self._warm_pending: Any = None  # a survivor's state, held from its failure to the next restore
         self._warm_next: dict[str, Any] | None = None
         self._warm_first: float | None = None
+        self._numeric = NumericGuard(numeric) if numeric is not None else None
 
     @property
     def manager(self) -> CheckpointManager:
@@ -165,7 +184,9 @@ class Run:
         state = TrainingState(
             model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, loader=loader, extras=extras
         )
-        self._manager = CheckpointManager(self.config, state, on_event=self.ledger.on_event)
+        self._manager = CheckpointManager(  # to the ledger of the moment (a rollback opens a new attempt)
+            self.config, state, on_event=lambda name, **fields: self.ledger.on_event(name, **fields)
+        )
         self._observe_failures(self._manager)
         self._loader = loader
         self.ledger.restore_start()
@@ -176,6 +197,8 @@ class Run:
                     self._replace_lost_node(self._manager)
                 step = self._manager.restore_latest()
         self.ledger.restore_end(step)
+        if self._numeric is not None:
+            self._numeric.attach(self, state, step)
         parts = {
             "model": model,
             "optimizer": optimizer,
@@ -260,6 +283,11 @@ class Run:
                 continue
             empty_epochs, pending = 0, False
             yield batch
+            if self._numeric is not None and self._numeric.rewound:  # rolled back: from the restored position
+                self._numeric.rewound = False
+                self._stop_ahead()
+                iterator = self._ahead = iter(source)
+                self._cache_stats.epoch = int(getattr(loader, "epoch", 0))
 
     def _checkpointed(self, loader: Any) -> bool:
         """Whether ``loader`` is the one given to ``restore``, whose position every checkpoint holds."""
@@ -276,6 +304,8 @@ class Run:
         """Mark the step finished: record it, fire due faults, and save when the policy says so."""
         manager = self.manager
         self.step += 1
+        if self._numeric is not None:
+            loss = self._numeric.inject(loss)  # a drill's nan/spike/bitflip fault at this step
         fetch = getattr(self._loader, "last_fetch_seconds", 0.0) or 0.0
         self.ledger.step_end(self.step, fetch_seconds=fetch, loss=loss)
         if self._records is not None:
@@ -288,6 +318,10 @@ class Run:
             self._crash.progress(self.step)
         if self._progress is not None:
             self._progress.update(self.step, loss=loss, fetch_seconds=fetch)
+        # After the step is recorded (a peer's failure inside the guard's all-gather leaves this rank where the
+        # next step's collective would), before faults, preemption and saves act on a step that may be wrong.
+        if self._numeric is not None and self._numeric.step(loss):
+            return  # rolled back in place, to an earlier step: batches() goes on from there
         self.faults.check(phase="step", step=self.step)
         if self._preempt.should_stop(self.step):
             stop_preempted(self, self._preempt.requested or "a signal")
@@ -331,6 +365,8 @@ class Run:
             self._shutdown(status)
 
     def _shutdown(self, status: str) -> None:
+        if self._numeric is not None:
+            self._numeric.close()
         if self._records is not None:
             self._records.close()
         if self._progress is not None:

@@ -1,0 +1,158 @@
+"""The numeric guard's pure parts: each rank's word for a step, the fingerprint of a replica, the spike rule and
+the verdict every rank draws from every rank's word (no clock, no files, no collectives).
+
+Every rank contributes one row of four int64 per step (:func:`encode_row`); after one all-gather each rank holds
+every row and calls :func:`verdict` on the same matrix, so every rank reaches the same decision without a second
+round: no rank acts alone.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "FLAG_FINGERPRINT",
+    "FLAG_GRAD_BAD",
+    "FLAG_LOSS",
+    "FLAG_LOSS_BAD",
+    "FLAG_SELF_DIFFERS",
+    "Verdict",
+    "decode_row",
+    "encode_row",
+    "fingerprint",
+    "spike_threshold",
+    "verdict",
+]
+
+FLAG_LOSS = 1  # a loss was given to step_done
+FLAG_LOSS_BAD = 2  # ... and it is NaN or infinite
+FLAG_GRAD_BAD = 4  # a gradient was NaN or infinite before the optimizer step (the step was not applied)
+FLAG_FINGERPRINT = 8  # the row carries the parameters' fingerprint (a check step)
+FLAG_SELF_DIFFERS = 16  # this rank fingerprinted this step before (a redo) and got another value then
+
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(value: float) -> int:
+    return int(struct.unpack("<q", struct.pack("<d", value))[0])
+
+
+def _float(bits: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<q", bits))[0])
+
+
+def encode_row(flags: int, loss: float, fp: int, grad_value: float) -> list[int]:
+    """One rank's word: flags, the loss and the bad gradient's norm as float64 bits, the fingerprint."""
+    return [flags, _bits(loss), fp, _bits(grad_value)]
+
+
+def decode_row(row: Sequence[int]) -> tuple[int, float, int, float]:
+    """(flags, loss, fingerprint, gradient value) of a row made by :func:`encode_row`."""
+    return int(row[0]), _float(int(row[1])), int(row[2]), _float(int(row[3]))
+
+
+def fingerprint(tensors: Iterable[torch.Tensor]) -> int:
+    """A fingerprint of the tensors' bytes: the sum, in int64, of their elements read as integers of their size.
+
+    Exact and order-independent (integer addition), so bitwise-equal replicas agree on any device, and any one
+    flipped bit changes it: the element changes by plus or minus 2**k, which no wrap-around modulo 2**64 can
+    cancel. Several flips cancel only when their changes sum to zero modulo 2**64. One pass over the bytes, on
+    the tensors' own device; one host synchronisation for the result.
+    """
+    total: torch.Tensor | None = None
+    for tensor in tensors:
+        local = tensor.detach()
+        to_local = getattr(local, "to_local", None)
+        if callable(to_local):  # a DTensor: this rank's shard or replica
+            local = to_local()
+        if local.numel() == 0:
+            continue
+        flat = local.contiguous().reshape(-1).view(_INT_OF_SIZE[local.element_size()])
+        part = flat.sum(dtype=torch.int64)
+        total = part if total is None else total + part
+    return 0 if total is None else int(total.item())
+
+
+def spike_threshold(history: Sequence[float], *, k: float, min_rise: float) -> float:
+    """The loss above which a step is a spike: median + max(k x MAD (scaled to a normal's sigma), min_rise x
+    |median|) of the recent losses.
+
+    The median and the MAD ignore a few outliers of their own window; the relative floor keeps a flat loss
+    (MAD near zero) from calling every small rise a spike.
+    """
+    median = statistics.median(history)
+    mad = 1.4826 * statistics.median(abs(x - median) for x in history)
+    return median + max(k * mad, min_rise * abs(median))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What every rank concluded about one step.
+
+    ``kind``: None (nothing wrong), ``"nonfinite"``, ``"spike"`` or ``"sdc"`` (replicas' parameters differ).
+    ``rank``: the rank that saw it or is named (None when none can be named); ``value``: what was seen (the
+    loss, the gradient norm, or the odd fingerprint). ``agreed``: the fingerprints of this check step agreed.
+    ``named``: a rank whose redo of this step fingerprinted differently from its first run (the self-check), when
+    exactly one rank did. ``mean_loss``: the finite losses' mean (for the spike rule's window).
+    """
+
+    kind: str | None
+    rank: int | None
+    value: float | None
+    detail: str
+    agreed: bool
+    named: int | None
+    mean_loss: float | None
+
+
+def verdict(
+    rows: Sequence[Sequence[int]], *, history: Sequence[float], warmup: int, k: float, min_rise: float,
+    spikes: bool, comparable: bool,
+) -> Verdict:  # fmt: skip
+    """Every rank's conclusion from every rank's row (see the module docstring)."""
+    words = [decode_row(r) for r in rows]
+    self_differs = [r for r, w in enumerate(words) if w[0] & FLAG_SELF_DIFFERS]
+    named = self_differs[0] if len(self_differs) == 1 else None
+    losses = [w[1] for w in words if w[0] & FLAG_LOSS and not w[0] & FLAG_LOSS_BAD]
+    mean = math.fsum(losses) / len(losses) if losses else None
+    agreed, odd, detail = _compare(words, comparable)
+    for r, (flags, loss, _, grad) in enumerate(words):
+        if flags & FLAG_GRAD_BAD:
+            return Verdict("nonfinite", r, grad, "a gradient", agreed, named, mean)
+        if flags & FLAG_LOSS_BAD:
+            return Verdict("nonfinite", r, loss, "the loss", agreed, named, mean)
+    if odd is not None:
+        rank = odd if odd >= 0 else named
+        value = float(words[rank][2]) if rank is not None else None
+        return Verdict("sdc", rank, value, detail, agreed, named, mean)
+    if spikes and mean is not None and len(history) >= warmup:
+        limit = spike_threshold(history, k=k, min_rise=min_rise)
+        if mean > limit:
+            return Verdict("spike", None, mean, f"above {limit:.4g}", agreed, named, mean)
+    return Verdict(None, None, None, "", agreed, named, mean)
+
+
+def _compare(
+    words: Sequence[tuple[int, float, int, float]], comparable: bool
+) -> tuple[bool, int | None, str]:
+    """(whether the replicas' fingerprints agree, the odd rank (-1: differ but none can be named by majority;
+    None: no difference), a description)."""
+    prints = [w[2] for w in words if w[0] & FLAG_FINGERPRINT]
+    if not comparable or len(prints) != len(words) or len(words) < 2:
+        return bool(prints), None, ""
+    counts: dict[int, list[int]] = {}
+    for r, w in enumerate(words):
+        counts.setdefault(w[2], []).append(r)
+    if len(counts) == 1:
+        return True, None, ""
+    majority = max(counts.values(), key=len)
+    if len(majority) * 2 > len(words):
+        odd = [r for r in range(len(words)) if r not in majority]
+        return False, odd[0], f"ranks {odd} differ from the majority {majority}"
+    return False, -1, "the replicas' fingerprints differ and no majority names one"

@@ -1,0 +1,468 @@
+"""The numeric guard: find NaN/Inf, loss spikes and corrupted replicas, roll back in place, skip the bad data.
+
+    run = gp.Run(numeric=gp.NumericConfig(spike_k=6.0, check_every=50))   # the defaults; numeric=None: off
+
+A hook of :class:`~goodput.run.run.Run`, attached by ``run.restore`` and called by every ``run.step_done``:
+
+* **Detect.** The optimizer pre-step hook checks this rank's gradients (their sum, one pass) and, when
+  one is NaN or infinite, drops them so the optimizer step changes nothing: a NaN never reaches the parameters.
+  ``step_done`` checks the loss it is given, applies the spike rule to the ranks' mean loss (median + k x MAD of
+  a recent window, after a warm-up) and, every ``check_every`` steps, fingerprints this replica's parameters
+  (:func:`~goodput.run._numeric_rules.fingerprint`). One all-gather of four int64 per rank and step (on a gloo
+  group of the guard's own) gives every rank every rank's word, and every rank draws the same verdict from it.
+  With 3+ replicas a differing fingerprint is named by majority; with 2 both roll back, and the redo of the
+  check step names the rank whose own fingerprint of it changed (the self-check; it needs deterministic
+  training).
+* **Respond**, a bounded ladder, every rung in the ledger: roll back in place to the newest checkpoint before
+  the anomaly (for a corrupted replica: at or before the last check where every fingerprint agreed), memory tier
+  first, and let ``run.batches`` continue from the restored position; when the same NaN or spike comes back
+  while the window is being redone, roll back again and skip that window's samples (the skip list goes into the
+  loader's position, so into every checkpoint, and into ``RUN_DIR/numeric/skips.json``); stop with
+  :class:`~goodput.errors.NumericFault` (exit ``EXIT_NUMERIC``) when a fault survives the skip, when
+  ``max_rollbacks`` rollbacks fall within ``rollback_window`` steps, or when a rank is named corrupt twice.
+
+A rollback opens a new ledger attempt in the same processes (like a warm restart): the redone steps count as
+``lost_work`` and the restore as ``rollback``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from goodput.errors import ConfigError, NumericFault
+from goodput.faults import Fault
+from goodput.run._numeric_rules import (
+    FLAG_FINGERPRINT,
+    FLAG_GRAD_BAD,
+    FLAG_LOSS,
+    FLAG_LOSS_BAD,
+    FLAG_SELF_DIFFERS,
+    Verdict,
+    encode_row,
+    fingerprint,
+    verdict,
+)
+
+if TYPE_CHECKING:
+    from goodput.checkpoint.state import TrainingState
+    from goodput.run.run import Run
+
+__all__ = ["NumericConfig", "NumericGuard", "gather_rows", "gradient_sum", "read_skips"]
+
+SKIPS_FILE = os.path.join("numeric", "skips.json")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NumericConfig:
+    """What the numeric guard checks and how far it goes.
+
+    Args:
+        grads: check the gradients before each optimizer step (a NaN/Inf one is never applied).
+        spike_k: a step's mean loss above median + ``spike_k`` x MAD of the window is a spike (None: no spike
+            rule). MAD is scaled to a normal's sigma, so 6 is six sigma of the recent noise.
+        spike_window: the recent steps whose losses form the window.
+        spike_warmup: steps with a loss before the rule applies (after every start and rollback of the process).
+        spike_min_rise: a spike is also at least this fraction above the median (a flat loss has MAD ~ 0).
+        check_every: fingerprint the parameters and compare the replicas every this many steps (None: never).
+        max_rollbacks: rollbacks within ``rollback_window`` steps after which the run stops.
+        rollback_window: the window of steps for ``max_rollbacks``.
+        skip_steps: steps of data skipped when a fault comes back (None: from the restored step to the fault).
+    """
+
+    grads: bool = True
+    spike_k: float | None = 6.0
+    spike_window: int = 100
+    spike_warmup: int = 20
+    spike_min_rise: float = 0.1
+    check_every: int | None = 50
+    max_rollbacks: int = 3
+    rollback_window: int = 1000
+    skip_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("spike_window", "spike_warmup", "max_rollbacks", "rollback_window"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"NumericConfig.{name} must be an integer >= 1, got {value!r}")
+        for name in ("check_every", "skip_steps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"NumericConfig.{name} must be an integer >= 1 or None, got {value!r}")
+        if self.spike_k is not None and not (math.isfinite(self.spike_k) and self.spike_k > 0):
+            raise ConfigError(
+                f"NumericConfig.spike_k must be a positive number or None, got {self.spike_k!r}"
+            )
+        if not (math.isfinite(self.spike_min_rise) and self.spike_min_rise >= 0):
+            raise ConfigError(f"NumericConfig.spike_min_rise must be >= 0, got {self.spike_min_rise!r}")
+        if self.spike_warmup > self.spike_window:
+            raise ConfigError(
+                f"NumericConfig.spike_warmup ({self.spike_warmup}) must not exceed spike_window "
+                f"({self.spike_window}): the rule would never apply"
+            )
+
+
+@dataclasses.dataclass
+class _Episode:
+    """One rollback: the anomaly's step and kind, the step restored, whether its window was skipped."""
+
+    step: int
+    kind: str
+    restored: int
+    skipped: bool = False
+
+
+class NumericGuard:
+    """The guard of one ``Run`` (see the module docstring); ``attach`` at each restore, ``step`` at each step."""
+
+    def __init__(self, config: NumericConfig) -> None:
+        self.config = config
+        self._run: Run | None = None
+        self._state: TrainingState | None = None
+        self._group: Any = None
+        self._hook: Any = None
+        self._bad_grad: tuple[int, float] | None = None  # (step, norm) refused by the pre-step hook
+        self._losses: list[tuple[int, float]] = []  # (step, mean loss) of good steps
+        self._prints: dict[int, int] = {}  # this rank's fingerprint at each check step
+        self._agreed = 0  # the newest check step where every replica agreed
+        self._episodes: list[_Episode] = []
+        self._named: dict[int, int] = {}  # rank -> times named corrupt
+        self._unnamed: set[int] = set()  # check steps whose differing replica no majority could name
+        self._tier = "durable"
+        self._comparable = True
+        self.rewound = False  # set by a rollback; ``Run.batches`` then iterates the loader again
+
+    # ---- lifetime ---------------------------------------------------------------------------------------------
+    def attach(self, run: Run, state: TrainingState, restored: int | None) -> None:
+        """Watch ``state`` (after ``run.restore`` loaded it): the optimizer hook, the group, the known skips."""
+        import torch.distributed as dist
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self.close()
+        self._run, self._state = run, state
+        self._agreed = restored or 0
+        world = run.info.world_size
+        self._group = dist.new_group(backend="gloo") if world > 1 and dist.is_initialized() else None
+        self._comparable = _replicated(state.model)
+        if self.config.grads and state.optimizer is not None:
+            self._hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
+        run.manager.add_listener(self._on_checkpoint_event)
+        _apply_skips(state.loader, read_skips(run.run_dir))
+
+    def close(self) -> None:
+        """Remove the optimizer hook and release the group."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._group is not None:
+            import torch.distributed as dist
+
+            group, self._group = self._group, None
+            with contextlib.suppress(Exception):  # a warm restart's dead generation may have taken it already
+                if dist.is_initialized():
+                    dist.destroy_process_group(group)
+
+    def _on_checkpoint_event(self, name: str, **fields: Any) -> None:
+        if name == "checkpoint_restored":
+            self._tier = str(fields.get("tier", "durable"))
+
+    # ---- detection --------------------------------------------------------------------------------------------
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The pre-step hook: a NaN/Inf gradient on this rank makes this optimizer step a no-op here."""
+        mine = self._state.optimizer if self._state is not None else None
+        if self._run is None or mine is None or optimizer is not mine:
+            return
+        step = self._run.step + 1
+        params = [p for group in mine.param_groups for p in group["params"] if p.grad is not None]
+        grads = [g for g in (_local(p.grad) for p in params) if g.numel() > 0]  # an FSDP2 shard may be empty
+        if not grads:
+            return
+        fault = self._run.faults.take("nan", step, into="grad")
+        if fault is not None:
+            _poison(grads[0], fault)
+        norm = gradient_sum(grads)
+        if not math.isfinite(norm):
+            self._bad_grad = (step, norm)
+            for p in params:
+                p.grad = None  # the optimizer skips a parameter without a gradient: nothing changes
+
+    def step(self, loss: float | None) -> bool:
+        """Check the step just finished (``run.step``; ``loss`` as ``inject`` returned it): True when the run
+        rolled back; raises NumericFault to stop."""
+        run = self._run
+        assert run is not None and self._state is not None, "NumericGuard.step before attach"
+        step = run.step
+        flags, fp, grad_value = 0, 0, 0.0
+        if loss is not None:
+            flags |= FLAG_LOSS | (0 if math.isfinite(loss) else FLAG_LOSS_BAD)
+        if self._bad_grad is not None and self._bad_grad[0] == step:
+            flags, grad_value = flags | FLAG_GRAD_BAD, self._bad_grad[1]
+        self._bad_grad = None
+        every = self.config.check_every
+        model = self._state.model
+        if every is not None and step % every == 0 and model is not None:
+            fp = fingerprint(model.parameters())
+            before = self._prints.get(step)
+            flags |= FLAG_FINGERPRINT | (FLAG_SELF_DIFFERS if before is not None and before != fp else 0)
+            self._prints[step] = fp
+        rows = self._gather(encode_row(flags, loss if loss is not None else 0.0, fp, grad_value))
+        config = self.config
+        found = verdict(
+            rows,
+            history=[x for _, x in self._losses[-config.spike_window :]],
+            warmup=config.spike_warmup,
+            k=config.spike_k or 0.0,
+            min_rise=config.spike_min_rise,
+            spikes=config.spike_k is not None,
+            comparable=self._comparable,
+        )
+        if found.agreed:
+            self._agreed = step
+        if found.named is not None and found.kind is None and step in self._unnamed:
+            self._unnamed.discard(step)
+            why = "its redo of this step fingerprinted differently from its first run"
+            self._name(found.named, step, why)
+        if found.kind is None:
+            if found.mean_loss is not None:
+                self._losses.append((step, found.mean_loss))
+                del self._losses[: -config.spike_window]
+            return False
+        self._respond(found, step)
+        return True
+
+    def inject(self, loss: float | None) -> float | None:
+        """Apply a drill's numeric faults due at this step (``run.step``): the loss they make, a flipped bit."""
+        run = self._run
+        if run is None or self._state is None:
+            return loss
+        step = run.step
+        fault = run.faults.take("nan", step, into="loss")
+        if fault is not None and loss is not None:
+            loss = math.nan if fault.value == "nan" else math.inf
+        fault = run.faults.take("spike", step)
+        if fault is not None and loss is not None:
+            loss = loss * fault.factor
+        fault = run.faults.take("bitflip", step)
+        if fault is not None:
+            _flip_bit(self._state.model, fault.bit)
+        return loss
+
+    def _gather(self, row: list[int]) -> list[list[int]]:
+        return [row] if self._group is None else gather_rows(row, self._group)
+
+    # ---- response ---------------------------------------------------------------------------------------------
+    def _respond(self, found: Verdict, step: int) -> None:
+        """Take the next rung for ``found`` at ``step``: roll back, roll back and skip, or stop."""
+        run = self._run
+        assert run is not None and found.kind is not None
+        who = "no rank named" if found.rank is None else f"rank {found.rank}"
+        seen = f"{found.kind} ({found.detail}) at step {step} on {who}, value {found.value!r}"
+        run.ledger.event(
+            "numeric_fault", kind=found.kind, step=step, on_rank=found.rank, value=_json_number(found.value),
+            detail=found.detail,
+        )  # fmt: skip
+        if found.kind == "sdc" and found.rank is not None:
+            self._name(found.rank, step, found.detail)
+        elif found.kind == "sdc":
+            self._unnamed.add(step)  # the redo of this check step names the rank whose fingerprint changed
+        window = self.config.rollback_window
+        recent = [e for e in self._episodes if step - e.step < window]
+        if len(recent) >= self.config.max_rollbacks:
+            self._stop(seen, f"{len(recent)} rollbacks within {window} steps")
+        previous = self._episodes[-1] if self._episodes else None
+        again = (
+            found.kind != "sdc"
+            and previous is not None
+            and previous.kind != "sdc"
+            and previous.restored < step <= previous.step
+        )
+        if again and previous is not None and previous.skipped:
+            self._stop(seen, "it survived skipping the data window")
+        ceiling = self._agreed if found.kind == "sdc" else step - 1
+        restored = self._roll_back(found, step, ceiling)
+        episode = _Episode(step, found.kind, restored)
+        self._episodes.append(episode)
+        if again:
+            episode.skipped = self._skip(restored, step)
+            if not episode.skipped:
+                self._stop(seen, "it came back after a rollback and this loader cannot skip data")
+
+    def _roll_back(self, found: Verdict, step: int, ceiling: int) -> int:
+        """Restore the newest checkpoint at or before ``ceiling`` in place, as a new ledger attempt."""
+        from goodput.ledger.ledger import Ledger
+        from goodput.run.records import StepRecorder
+
+        run = self._run
+        assert run is not None and found.kind is not None
+        run.ledger.failure_detected(f"numeric fault: {found.kind} at step {step}")
+        run.ledger.close("failed")
+        run.ledger = Ledger(run.run_dir, rank=run.info.rank, began=time.time())
+        run.attempt = run.ledger.attempt
+        if run._records is not None:  # verify-resume: the redone steps belong to the new attempt
+            run._records.close()
+            run._records = StepRecorder.from_env(run.run_dir, rank=run.info.rank, attempt=run.attempt)
+        run.ledger.restore_start()
+        started = time.monotonic()
+        with run._phase("restore"):
+            restored = run.manager.restore_latest(at_most=ceiling)
+        seconds = time.monotonic() - started
+        run.ledger.restore_end(restored)
+        if restored is None:
+            self._stop(
+                f"{found.kind} ({found.detail}) at step {step}, value {found.value!r}",
+                f"no checkpoint at or before step {ceiling} to roll back to",
+            )
+        assert restored is not None
+        _apply_skips(self._state.loader if self._state else None, read_skips(run.run_dir))
+        run.ledger.event(
+            "rollback", kind=found.kind, tier=self._tier, from_step=step, to_step=restored, seconds=seconds
+        )
+        run.ledger.init_done()
+        self._losses = [(s, x) for s, x in self._losses if s <= restored]
+        self._agreed = min(self._agreed, restored)
+        run.step = restored
+        run._last_saved = restored
+        self.rewound = True
+        return restored
+
+    def _skip(self, restored: int, step: int) -> bool:
+        """Skip the data of steps ``restored+1 ..`` (to ``step``, or ``skip_steps`` of them) from now on."""
+        run = self._run
+        loader = self._state.loader if self._state else None
+        sampler = getattr(loader, "sampler", None)
+        if run is None or not callable(getattr(sampler, "skip", None)):
+            return False
+        assert sampler is not None
+        steps = self.config.skip_steps or (step - restored)
+        epoch, lo = int(sampler.epoch), int(sampler.consumed)
+        hi = min(int(sampler.size), lo + steps * int(sampler.world_size) * int(sampler.batch_size))
+        sampler.skip(epoch, lo, hi)
+        if run.info.rank == 0:
+            _write_skips(run.run_dir, [*read_skips(run.run_dir), (epoch, lo, hi)])
+        order = sampler.order(epoch)
+        import numpy as np
+
+        indices = order.at(np.arange(lo, hi)).tolist() if hi - lo <= 4096 else None
+        run.ledger.event(
+            "skip", first_step=restored + 1, last_step=restored + steps, epoch=epoch, first_position=lo,
+            end_position=hi, samples=hi - lo, indices=indices,
+        )  # fmt: skip
+        return True
+
+    def _name(self, rank: int, step: int, why: str) -> None:
+        run = self._run
+        assert run is not None
+        self._named[rank] = self._named.get(rank, 0) + 1
+        run.ledger.event("sdc_named", named_rank=rank, step=step, times=self._named[rank], why=why)
+        if self._named[rank] >= 2:
+            self._stop(
+                f"sdc at step {step} on rank {rank} ({why})",
+                f"rank {rank} corrupted its replica {self._named[rank]} times: replace its accelerator",
+            )
+
+    def _stop(self, seen: str, why: str) -> None:
+        from goodput.run.launch import EXIT_NUMERIC
+
+        run = self._run
+        assert run is not None
+        tried = "; ".join(
+            f"rolled back from step {e.step} to {e.restored}" + (" and skipped its data" if e.skipped else "")
+            for e in self._episodes
+        )
+        line = (
+            f"numeric fault: {seen}; tried: {tried or 'nothing'}; stopping: {why} "
+            f"(exit {EXIT_NUMERIC}: fix the data or the model, or replace the hardware, then relaunch)"
+        )
+        run.ledger.event("numeric_stop", reason=why, line=line)
+        run.ledger.flush()
+        raise NumericFault(line)
+
+
+def gradient_sum(grads: list[Any]) -> float:
+    """The sum of every element of the tensors: NaN or infinite when any element is (a NaN propagates, an Inf
+    stays infinite or meets the opposite Inf as NaN). One pass and one host sync, the cheapest such pass on CPU
+    (an infinity norm's reduction is several times slower there); a sum can overflow only past 3.4e38."""
+    import torch
+
+    return float(torch.stack([g.sum() for g in grads]).sum().item())
+
+
+def gather_rows(row: list[int], group: Any) -> list[list[int]]:
+    """Every rank's ``row`` (int64s), by rank: one all-gather on ``group``."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    out = torch.empty(world * len(row), dtype=torch.int64)
+    dist.all_gather_single(out, torch.tensor(row, dtype=torch.int64), group=group)
+    return out.view(world, len(row)).tolist()
+
+
+def read_skips(run_dir: str) -> list[tuple[int, int, int]]:
+    """The run's skipped data ranges ``(epoch, first position, end position)`` (``RUN_DIR/numeric/skips.json``)."""
+    try:
+        with open(os.path.join(run_dir, SKIPS_FILE)) as f:
+            return [(int(e), int(lo), int(hi)) for e, lo, hi in json.load(f)]
+    except FileNotFoundError:
+        return []
+
+
+def _write_skips(run_dir: str, skips: list[tuple[int, int, int]]) -> None:
+    path = os.path.join(run_dir, SKIPS_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump([list(s) for s in skips], f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _apply_skips(loader: Any, skips: list[tuple[int, int, int]]) -> None:
+    skip = getattr(getattr(loader, "sampler", None), "skip", None)
+    if callable(skip):
+        for epoch, lo, hi in skips:
+            skip(epoch, lo, hi)
+
+
+def _replicated(model: Any) -> bool:
+    """Whether every rank holds the whole parameters (DDP, a plain module), so fingerprints compare across ranks;
+    False for sharded parameters (FSDP2's DTensors with a Shard placement)."""
+    for p in model.parameters():
+        placements = getattr(p, "placements", None)
+        if placements is not None and any(not pl.is_replicate() for pl in placements):
+            return False
+    return True
+
+
+def _local(tensor: Any) -> Any:
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def _poison(grad: Any, fault: Fault) -> None:
+    grad.view(-1)[0] = math.nan if fault.value == "nan" else math.inf
+
+
+def _flip_bit(model: Any, bit: int) -> None:
+    """Flip bit ``bit`` of the first element of the first parameter, in place (a ``bitflip`` fault)."""
+    import torch
+
+    from goodput.run._numeric_rules import _INT_OF_SIZE
+
+    param = next(iter(model.parameters()))
+    with torch.no_grad():
+        local = _local(param.data)
+        width = 8 * local.element_size()
+        bit = min(bit, width - 1)
+        ints = local.view(-1).view(_INT_OF_SIZE[local.element_size()])
+        ints[0] ^= (1 << bit) if bit < width - 1 else -(1 << bit)  # the sign bit of a signed integer
+
+
+def _json_number(value: float | None) -> float | str | None:
+    return value if value is None or math.isfinite(value) else repr(value)

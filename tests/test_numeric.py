@@ -1,0 +1,158 @@
+"""The numeric guard's pure parts and the skip list, in one process: fault plans, the fingerprint, the spike rule
+and the verdict every rank draws, and a sampler that steps over skipped data exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from goodput.data.sampler import ResumableSampler
+from goodput.errors import ConfigError
+from goodput.faults import FaultPlan, parse_faults
+from goodput.run._numeric_rules import (
+    FLAG_FINGERPRINT,
+    FLAG_GRAD_BAD,
+    FLAG_LOSS,
+    FLAG_LOSS_BAD,
+    FLAG_SELF_DIFFERS,
+    encode_row,
+    fingerprint,
+    spike_threshold,
+    verdict,
+)
+from goodput.run.numeric import NumericConfig
+
+
+def _verdict(rows: list[list[int]], history: list[float] | None = None, comparable: bool = True):  # type: ignore[no-untyped-def]
+    return verdict(
+        rows, history=history or [], warmup=4, k=6.0, min_rise=0.1, spikes=True, comparable=comparable
+    )
+
+
+def test_numeric_faults_parse_and_fire_once_each(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    plan_text = "nan@step=3,rank=1,into=grad,value=inf; spike@step=4,factor=20; bitflip@step=5,rank=0,bit=30"
+    nan, spike, flip = parse_faults(plan_text)
+    assert (nan.action, nan.into, nan.value, nan.rank) == ("nan", "grad", "inf", 1)
+    assert spike.factor == 20.0 and flip.bit == 30
+    plan = FaultPlan([nan, nan], rank=1, marker_dir=str(tmp_path))
+    assert plan.take("nan", 3, into="loss") is None
+    assert plan.take("nan", 3, into="grad") is not None  # the first of the two
+    assert plan.take("nan", 3, into="grad") is not None  # the repeat: fires on the step's redo
+    assert plan.take("nan", 3, into="grad") is None
+    plan.check(phase="step", step=3)  # a numeric fault is never fired as a process action
+    for bad in ("bitflip@step=3", "nan@mtbf=10s", "nan@step=2,into=weights", "spike@step=2,factor=-1"):
+        with pytest.raises(ConfigError):
+            parse_faults(bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_fingerprint_catches_every_single_flipped_bit(dtype: torch.dtype) -> None:
+    params = [torch.randn(7, 5, dtype=dtype), torch.randn(3, dtype=dtype)]
+    clean = fingerprint(params)
+    width = torch.finfo(dtype).bits
+    ints = {16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
+    for bit in range(width):
+        copy = [p.clone() for p in params]
+        view = copy[1].view(ints)
+        view[2] ^= (1 << bit) if bit < width - 1 else -(1 << bit)
+        assert fingerprint(copy) != clean, f"bit {bit} of a {dtype} went unseen"
+    assert fingerprint([p.clone() for p in params]) == clean
+
+
+def test_spike_rule_flags_a_spike_and_no_false_alarm_over_a_noisy_falling_loss() -> None:
+    rng = random.Random(0)
+    losses = [3.0 * math.exp(-i / 300) + rng.gauss(0, 0.05) for i in range(2000)]
+    alarms = [i for i in range(20, len(losses)) if losses[i] > spike_threshold(losses[i - 100 : i] if i >= 100 else losses[:i], k=6.0, min_rise=0.1)]  # fmt: skip
+    assert alarms == []
+    window = losses[1000:1100]
+    assert losses[1100] * 3 > spike_threshold(window, k=6.0, min_rise=0.1)
+
+
+def test_verdict_agrees_names_by_majority_and_by_self_check() -> None:
+    ok = [encode_row(FLAG_LOSS | FLAG_FINGERPRINT, 1.0, 42, 0.0) for _ in range(3)]
+    assert _verdict(ok).kind is None and _verdict(ok).agreed
+    odd = [*ok[:2], encode_row(FLAG_LOSS | FLAG_FINGERPRINT, 1.0, 43, 0.0)]
+    found = _verdict(odd)
+    assert (found.kind, found.rank) == ("sdc", 2)
+    two = [ok[0], odd[2]]
+    found = _verdict(two)
+    assert (found.kind, found.rank) == ("sdc", None)  # two replicas: no majority
+    redo = [ok[0], encode_row(FLAG_LOSS | FLAG_FINGERPRINT | FLAG_SELF_DIFFERS, 1.0, 42, 0.0)]
+    found = _verdict(redo)
+    assert (found.kind, found.named, found.agreed) == (None, 1, True)
+    assert _verdict(odd, comparable=False).kind is None  # FSDP2 shards: fingerprints do not compare
+
+
+def test_verdict_on_nonfinite_values_and_spikes() -> None:
+    good = encode_row(FLAG_LOSS, 1.0, 0, 0.0)
+    grad = encode_row(FLAG_LOSS | FLAG_GRAD_BAD, 1.0, 0, math.inf)
+    found = _verdict([good, grad])
+    assert (found.kind, found.rank, found.value, found.detail) == ("nonfinite", 1, math.inf, "a gradient")
+    nan = encode_row(FLAG_LOSS | FLAG_LOSS_BAD, math.nan, 0, 0.0)
+    assert _verdict([nan, good]).kind == "nonfinite" and _verdict([nan, good]).rank == 0
+    history = [1.0, 1.01, 0.99, 1.0, 1.02]
+    assert _verdict([good, encode_row(FLAG_LOSS, 9.0, 0, 0.0)], history).kind == "spike"
+    assert _verdict([good, encode_row(FLAG_LOSS, 1.05, 0, 0.0)], history).kind is None
+    assert _verdict([good, encode_row(FLAG_LOSS, 9.0, 0, 0.0)], history[:3]).kind is None  # warming up
+
+
+def test_numeric_config_is_validated() -> None:
+    for bad in ({"check_every": 0}, {"spike_k": -1.0}, {"spike_warmup": 200, "spike_window": 100}):
+        with pytest.raises(ConfigError, match="NumericConfig"):
+            NumericConfig(**bad)  # type: ignore[arg-type]
+
+
+def _epoch(sampler: ResumableSampler) -> list[list[int]]:
+    return [list(keys) for keys in sampler]
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_a_skipped_range_is_never_trained_and_every_other_sample_once(drop_last: bool) -> None:
+    world, batch, size = 2, 3, 50
+    samplers = [
+        ResumableSampler(size, batch_size=batch, seed=1, rank=r, world_size=world, drop_last=drop_last)
+        for r in range(world)
+    ]
+    full = sorted(i for s in samplers for keys in _epoch(s) for i in keys)
+    skipped = samplers[0].order(0).at(np.arange(12, 24)).tolist()
+    for s in samplers:
+        s.skip(0, 12, 24)
+    plans = [s.begin() for s in samplers]
+    assert plans[0].count == plans[1].count  # the ranks step in lockstep
+    seen = []
+    for step in range(plans[0].count):
+        for s, plan in zip(samplers, plans, strict=True):
+            seen += plan.indices(step).tolist()
+            s.delivered(plan, step)
+            if step == 2:  # a checkpoint mid-epoch, restored into a fresh sampler: still skips
+                state = json.loads(json.dumps(s.state_dict()))
+                assert state["format"] == 2 and state["skips"] == [[0, 12, 24]]
+    assert sorted(seen + skipped) == full and not set(seen) & set(skipped)
+    fresh = ResumableSampler(size, batch_size=batch, seed=1, rank=0, world_size=world, drop_last=drop_last)
+    fresh.load_state_dict(json.loads(json.dumps(samplers[0].state_dict())))
+    assert fresh.skips == [(0, 12, 24)]
+
+
+def test_a_position_inside_a_skipped_range_moves_past_it() -> None:
+    sampler = ResumableSampler(40, batch_size=2, seed=0, rank=0, world_size=2, drop_last=True)
+    sampler.load_state_dict({**sampler.state_dict(), "consumed": 8, "skips": [[0, 8, 16]], "format": 2})
+    plan = sampler.begin()
+    assert sampler.consumed == 16 and plan.count == 6
+    assert plan.indices(0).tolist() == sampler.order(0).at(np.arange(16, 18)).tolist()
+
+
+def test_a_numeric_fault_with_the_guard_off_is_refused(tmp_path: Path) -> None:
+    """A drill's nan/spike/bitflip needs the guard to take it: with the guard off (the default) the plan could
+    never fire, so Run refuses it in one line instead of training on as if it had been drilled."""
+    import goodput as gp
+
+    with pytest.raises(
+        ConfigError, match=r"numeric guard is off: pass gp.Run\(numeric=gp.NumericConfig\(\)\)"
+    ):
+        gp.Run(str(tmp_path), total_steps=4, progress=False, hang_timeout=None, faults="nan@step=2")
