@@ -1,7 +1,7 @@
 """A training script written like the README's loop (DDP over a tiny model), for launch and preemption tests.
 
 goodput launch --nproc 2 --run-dir DIR -- tests/scripts/run_worker.py [--steps N] [--step-seconds S]
-    [--strategy dcp_async] [--every 1000] [--broken FILE] [--run-dir DIR]
+    [--strategy dcp_async] [--every 1000] [--broken FILE] [--run-dir DIR] [--workers N]
 python tests/scripts/run_worker.py --run-dir DIR        (one rank, no torchrun)
 
 --broken FILE: while FILE exists, every attempt raises right after restoring (a crash loop until it is fixed).
@@ -26,6 +26,7 @@ p.add_argument("--broken", default=None)
 p.add_argument("--fatal", action="store_true")
 p.add_argument("--run-dir", default=None)
 p.add_argument("--hang-timeout", type=float, default=120.0)
+p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
 args = p.parse_args()
 
 torch.manual_seed(0)
@@ -38,7 +39,7 @@ run.config = gp.CheckpointConfig(  # under the run folder, wherever it came from
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 data = torch.arange(64 * 4, dtype=torch.float32).reshape(64, 4) / 256
-loader = gp.ResumableLoader(data, batch_size=2, seed=0, drop_last=True)
+loader = gp.ResumableLoader(data, batch_size=2, seed=0, drop_last=True, num_workers=args.workers)
 start = run.restore(model=model, optimizer=opt, loader=loader)
 if args.broken and os.path.exists(args.broken):
     raise RuntimeError(f"broken input: {args.broken} exists")

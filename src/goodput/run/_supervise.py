@@ -31,6 +31,7 @@ import time
 import uuid
 from typing import Any
 
+from goodput._lifetime import end_with_parent, preload_libc
 from goodput.run._launchdir import (
     FATAL_FILE,
     LAUNCH_DIR_ENV,
@@ -50,12 +51,11 @@ from goodput.run.launch import (
     torchrun_command,
 )
 from goodput.run.signals import (
+    LAUNCHER_PID_ENV,
     PREEMPT_SIGNAL_ENV,
     become_subreaper,
     descendants,
-    end_with_parent,
     parse_signal,
-    preload_libc,
 )
 
 __all__ = ["Supervisor"]
@@ -132,6 +132,7 @@ class Supervisor:
         env[LAUNCH_DIR_ENV] = self.folder
         env[LAUNCH_ID_ENV] = os.path.basename(self.folder)
         env[PREEMPT_SIGNAL_ENV] = self.preempt_signal.name
+        env[LAUNCHER_PID_ENV] = str(os.getpid())
         return env
 
     def _on_signal(self, signum: int, frame: Any) -> None:
