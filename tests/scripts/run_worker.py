@@ -1,14 +1,16 @@
 """A training script written like the README's loop (DDP over a tiny model), for launch and preemption tests.
 
 goodput launch --nproc 2 --run-dir DIR -- tests/scripts/run_worker.py [--steps N] [--step-seconds S]
-    [--strategy dcp_async] [--every 1000] [--broken FILE] [--run-dir DIR]
+    [--strategy dcp_async] [--every 1000] [--broken FILE] [--run-dir DIR] [--workers N] [--say]
 python tests/scripts/run_worker.py --run-dir DIR        (one rank, no torchrun)
 
 --broken FILE: while FILE exists, every attempt raises right after restoring (a crash loop until it is fixed).
 --fatal: raise a ConfigError after restoring (a restart cannot fix it).
+--say: rank 0 prints "worker says: step N" (stdout) and logs "worker logs: step N" (stderr) at every step.
 """
 
 import argparse
+import logging
 import os
 import time
 
@@ -26,6 +28,8 @@ p.add_argument("--broken", default=None)
 p.add_argument("--fatal", action="store_true")
 p.add_argument("--run-dir", default=None)
 p.add_argument("--hang-timeout", type=float, default=120.0)
+p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
+p.add_argument("--say", action="store_true")
 args = p.parse_args()
 
 torch.manual_seed(0)
@@ -38,7 +42,7 @@ run.config = gp.CheckpointConfig(  # under the run folder, wherever it came from
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 data = torch.arange(64 * 4, dtype=torch.float32).reshape(64, 4) / 256
-loader = gp.ResumableLoader(data, batch_size=2, seed=0, drop_last=True)
+loader = gp.ResumableLoader(data, batch_size=2, seed=0, drop_last=True, num_workers=args.workers)
 start = run.restore(model=model, optimizer=opt, loader=loader)
 if args.broken and os.path.exists(args.broken):
     raise RuntimeError(f"broken input: {args.broken} exists")
@@ -52,6 +56,9 @@ for batch in run.batches(loader):
     if args.step_seconds:
         time.sleep(args.step_seconds)  # a step that takes this long (the job's pace, not a synchronisation)
     run.step_done(loss=loss.item())
+    if args.say and run.info.rank == 0:
+        print(f"worker says: step {run.step}", flush=True)
+        logging.getLogger("worker").warning("worker logs: step %d", run.step)
     if run.step == 3 and run.info.rank == 0:
         with open(os.path.join(run.run_dir, "training"), "w") as f:
             f.write(str(os.getpid()))  # tests wait for this before signalling

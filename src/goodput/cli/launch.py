@@ -33,6 +33,10 @@ attempt), the errors that stop at once and the exit codes below are the same; sp
 It needs a fixed node count: --nnodes MIN:MAX is refused (exit 2); use --nnodes N, or --restart cold for an
 elastic job.
 
+Output: the terminal shows what the workers print (their tracebacks left out), one line per failure (what
+failed, what was done) and a final line naming the cause of a failed job; the full logs (torchrun's and each
+worker's stdout and stderr) are in <run-dir>/launches/<launch>/logs. --verbose shows all of it on the terminal.
+
 exit status: the script's; 3 when consecutive attempts of this launch made no progress (a crash loop; a new
 launch starts a new count); 75 after a preemption save (a scheduler may requeue); 78 when a rank raised an
 error a restart cannot fix (ConfigError, StateMismatch, AccessRefused: storage that refuses the credentials);
@@ -99,6 +103,12 @@ def register(sub: Any) -> None:
         help="--restart warm: seconds before a collective with a failed or hung peer fails (default 30; keep it "
         "below the script's hang timeout)",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show torchrun's and every worker's output on the terminal, tracebacks included (by default: the "
+        "workers' prints, one line per failure, and the full logs in <run-dir>/launches/<launch>/logs)",
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- script.py and its arguments")
     parser.set_defaults(handler=_run)
 
@@ -121,6 +131,7 @@ def _run(args: argparse.Namespace) -> int:
         crash_loop=args.crash_loop,
         preempt_signal=args.preempt_signal,
         grace=parse_duration(args.grace, what="--grace"),
+        verbose=args.verbose,
     )
     if args.restart == "warm":
         from goodput.run.agent import WarmConfig, launch_warm

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from goodput.data._workers import EndWithParent
 from goodput.data.randomness import loader_seed
 from goodput.data.sampler import BatchPlan, ResumableSampler
 from goodput.errors import ConfigError
@@ -205,6 +206,7 @@ class _Iteration:
         loader.generator.manual_seed(
             loader_seed(self._sampler.seed, self.plan.order.epoch, self._sampler.rank)
         )
+        loader._worker_init.starting()
         self._batches: Iterator[Any] = iter(loader.dataloader)
 
     def pull(self) -> Any:
@@ -240,7 +242,9 @@ class ResumableLoader:
         world_size: the number of ranks (None: from torch.distributed when initialised, else 1).
         fingerprint: the dataset's identity saved with the position (None: ``dataset.fingerprint`` or its
             class name).
-        worker_init_fn, multiprocessing_context, timeout: passed to the DataLoader.
+        worker_init_fn: run in each worker process, after it is tied to this rank (the kernel ends it with
+            the rank, see ``goodput.data._workers``).
+        multiprocessing_context, timeout: passed to the DataLoader.
 
     Raises:
         ConfigError: a bad argument or an empty dataset.
@@ -308,6 +312,7 @@ class ResumableLoader:
         self.fetch_seconds = FetchTimes()
         self.generator = torch.Generator()  # reseeded from (seed, epoch, rank) by every iteration
         source: Any = _SeededView(dataset) if seeded else dataset
+        self._worker_init = EndWithParent(worker_init_fn)  # workers end with this rank, even a SIGKILLed one
         self.dataloader = DataLoader(
             source,
             batch_sampler=self.sampler,
@@ -316,7 +321,7 @@ class ResumableLoader:
             pin_memory=pin_memory,
             prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers,
-            worker_init_fn=worker_init_fn,
+            worker_init_fn=self._worker_init,
             multiprocessing_context=multiprocessing_context,
             timeout=timeout,
             generator=self.generator,

@@ -135,6 +135,7 @@ def train(
         run_dir=run_dir,
         faults=faults,
         crash_loop=4,
+        verbose=True,  # the caller keeps all of it in output.log
     )
     if restart == "warm":
         from goodput.run.agent import WarmConfig, launch_warm

@@ -12,6 +12,9 @@ small files there, and the launcher, which watches the folder while torchrun run
     logs/             torchrun's ``--log-dir`` (or the warm agent's, a folder a process): each worker's
                       ``error.json`` (torch's error-file mechanism; goodput's own name the global rank and
                       whether the error is a peer's reaction: a collective failing because another rank died)
+                      and, unless ``--verbose``, its ``stdout.log``/``stderr.log`` and torchrun's (the agent's)
+                      own output (see ``goodput.run._output``)
+    notices.log       one line per failure and what the warm agent did about it, for the terminal
 
 The launch id (``$GOODPUT_LAUNCH_ID``) names the launch in crash-loop records, so attempts of earlier launches
 do not count against this one.
@@ -38,6 +41,7 @@ __all__ = [
     "FATAL_FILE",
     "LAUNCH_DIR_ENV",
     "LAUNCH_ID_ENV",
+    "NOTICES_FILE",
     "NUMERIC_FILE",
     "PEER_FAILURE_MARKERS",
     "PREEMPTED_FILE",
@@ -50,6 +54,7 @@ __all__ = [
     "register_pid",
     "report_failure",
     "write_marker",
+    "write_notice",
 ]
 
 LAUNCH_DIR_ENV = "GOODPUT_LAUNCH_DIR"
@@ -58,6 +63,7 @@ NUMERIC_FILE = "NUMERIC"
 PREEMPTED_FILE = "PREEMPTED"
 PIDS_DIR = "pids"
 LOGS_DIR = "logs"
+NOTICES_FILE = "notices.log"
 
 EXIT_USAGE = 2  # a user's mistake, as on the command line
 
@@ -113,6 +119,14 @@ def write_marker(name: str, content: str | dict[str, Any], *, exclusive: bool = 
         return True
     os.replace(tmp, path)
     return True
+
+
+def write_notice(text: str) -> None:
+    """Append one line for the launcher to show on the terminal (nothing without a launch folder)."""
+    folder = launch_dir()
+    if folder is not None:
+        with open(os.path.join(folder, NOTICES_FILE), "a") as f:
+            f.write(text.replace("\n", " ") + "\n")
 
 
 def read_marker(folder: str, name: str) -> str | None:

@@ -29,8 +29,10 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Iterator
+from typing import IO, Any
 
+from goodput._lifetime import end_with_parent, preload_libc
 from goodput.run._launchdir import (
     FATAL_FILE,
     LAUNCH_DIR_ENV,
@@ -42,6 +44,7 @@ from goodput.run._launchdir import (
     last_error,
     read_marker,
 )
+from goodput.run._output import AGENT_LOG, TORCHRUN_LOG, Terminal
 from goodput.run.crashloop import CRASH_LOOP_FILE
 from goodput.run.launch import (
     EXIT_CRASH_LOOP,
@@ -52,12 +55,11 @@ from goodput.run.launch import (
     torchrun_command,
 )
 from goodput.run.signals import (
+    LAUNCHER_PID_ENV,
     PREEMPT_SIGNAL_ENV,
     become_subreaper,
     descendants,
-    end_with_parent,
     parse_signal,
-    preload_libc,
 )
 
 __all__ = ["Supervisor"]
@@ -84,6 +86,7 @@ class Supervisor:
         self._forwarded: set[tuple[str, int]] = set()
         self._family: set[int] = set()  # every process of this job seen so far (torchrun's descendants)
         self.folder = ""
+        self._terminal: Terminal | None = None
 
     def run(self) -> int:
         """Launch, supervise and clean up; returns the launch's exit status."""
@@ -94,24 +97,41 @@ class Supervisor:
         main = threading.current_thread() is threading.main_thread()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in caught} if main else {}
         proc: subprocess.Popen[bytes] | None = None
+        status: int | None = None
         try:
             log_dir = os.path.join(self.folder, LOGS_DIR)
             command = self.command or torchrun_command(self.config, log_dir=log_dir)
             launcher = os.getpid()
             preload_libc()  # the child between fork and exec only calls into it
-            proc = subprocess.Popen(
-                command,
-                env=self._env(),
-                start_new_session=True,
-                preexec_fn=lambda: end_with_parent(launcher),  # a SIGKILLed launcher takes torchrun with it
-            )
-            return self._supervise(proc)
+            with self._own_output(log_dir) as output:
+                proc = subprocess.Popen(
+                    command,
+                    env=self._env(),
+                    start_new_session=True,
+                    stdout=output,
+                    stderr=output,
+                    preexec_fn=lambda: end_with_parent(
+                        launcher
+                    ),  # a SIGKILLed launcher takes torchrun with it
+                )
+            status = self._supervise(proc)
+            return status
         finally:
             self._end_job(proc)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            if temporary:
+            if temporary and (status == 0 or self.config.verbose):  # a failed job's logs stay to be read
                 shutil.rmtree(self.folder, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def _own_output(self, log_dir: str) -> Iterator[IO[bytes] | None]:
+        """Where torchrun's (the warm agent's) own output goes: its log file, or the terminal with --verbose."""
+        if self.config.verbose:
+            yield None
+            return
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, AGENT_LOG if self.command else TORCHRUN_LOG), "ab") as f:
+            yield f
 
     # ---- set-up ---------------------------------------------------------------------------------------------
     def _make_folder(self) -> bool:
@@ -124,6 +144,16 @@ class Supervisor:
         os.makedirs(self.folder)
         return False
 
+    @property
+    def terminal(self) -> Terminal:
+        """What the terminal shows of the job (see ``goodput.run._output``)."""
+        if self._terminal is None:
+            c = self.config
+            self._terminal = Terminal(
+                self.folder, verbose=c.verbose, max_restarts=c.max_restarts, warm=self.command is not None
+            )
+        return self._terminal
+
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         if self.config.run_dir is not None:
@@ -134,6 +164,7 @@ class Supervisor:
         env[LAUNCH_DIR_ENV] = self.folder
         env[LAUNCH_ID_ENV] = os.path.basename(self.folder)
         env[PREEMPT_SIGNAL_ENV] = self.preempt_signal.name
+        env[LAUNCHER_PID_ENV] = str(os.getpid())
         return env
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -151,6 +182,7 @@ class Supervisor:
                 return self._verdict(status)
             if len(self._signals) >= 2:
                 self._end_job(proc)
+                self.terminal.drain(events=False)
                 self._say(
                     f"stopped at once by a second {_name(self._signals[1])}; steps since the last "
                     "checkpoint are lost"
@@ -168,6 +200,7 @@ class Supervisor:
                 if read_marker(self.folder, name) is not None:
                     self._end_job(proc)
                     return self._verdict(None)
+            self.terminal.poll()
 
     def _forward(self) -> None:
         """Send the preemption signal to every rank's process that has not had it (new ranks included)."""
@@ -188,6 +221,9 @@ class Supervisor:
 
     def _verdict(self, status: int | None) -> int:
         """The exit status and the one line for how the job ended (status None: the launcher ended it)."""
+        # The rest of the workers' output first; failure lines only when the job ended by itself (else the
+        # verdict below says what happened).
+        self.terminal.drain(events=status is not None)
         saved = read_marker(self.folder, PREEMPTED_FILE)
         if saved is not None:
             self._say(_preempted_line(saved, self._signals))
@@ -203,7 +239,7 @@ class Supervisor:
         loop = read_marker(self.folder, CRASH_LOOP_FILE)
         if loop is not None:
             error = last_error(self.folder)
-            cause = f"; last error ({error})" if error else "; see the workers' output above"
+            cause = f"; last error ({error})" if error else f"; see the logs in {self._logs()}"
             self._say(f"crash loop: {loop}{cause}; fix it, then relaunch (a new launch starts a new count)")
             return EXIT_CRASH_LOOP
         if self._signals:
@@ -211,7 +247,12 @@ class Supervisor:
             self._say(f"stopped by {_name(self._signals[0])}: {why}; the newest committed checkpoint stays")
             return 128 + self._signals[0]
         assert status is not None
+        if status != 0 and not self.config.verbose:
+            self._say(f"the job failed (exit status {status}); full logs in {self._logs()}")
         return status
+
+    def _logs(self) -> str:
+        return os.path.join(self.folder, LOGS_DIR) if not self.config.verbose else "the output above"
 
     def _end_job(self, proc: subprocess.Popen[bytes] | None) -> None:
         """Freeze torchrun, end every other process of the job (SIGTERM, then SIGKILL), then kill torchrun.

@@ -43,11 +43,13 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from goodput.errors import ConfigError
 from goodput.run._idle import can_return, make_idle, make_normal
-from goodput.run._launchdir import LOGS_DIR, launch_dir
+from goodput.run._launchdir import LOGS_DIR, launch_dir, write_notice
+from goodput.run._output import describe_exit
 from goodput.run._warm_record import record_folder, remove_folder
 from goodput.run.launch import LaunchConfig
 from goodput.run.warm import (
@@ -137,6 +139,7 @@ class WarmAgent:
             None  # (generation, deadline) of an unconfirmed warm restart
         )
         self._done: set[int] = set()
+        self._failures: dict[int, str] = {}  # rank -> how its last process ended, for the terminal's line
         self._log_path = os.path.join(launch.run_dir, AGENT_LOG) if launch.run_dir else None
         self._started = time.monotonic()
         self._spares_started = warm.first_spare_delay <= 0
@@ -162,17 +165,19 @@ class WarmAgent:
         return env
 
     def _spawn(self, name: str, env: dict[str, str]) -> _Slot:
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
-        # torch's error file of each process goes to the launch folder, where the launcher quotes the last one.
+        # torch's error file of each process goes to the launch folder, where the launcher quotes the last one;
+        # so do its stdout and stderr, which the launcher follows, unless --verbose (goodput.run._output).
         folder = launch_dir()
         logs = os.path.join(folder, LOGS_DIR, name) if folder else os.devnull
+        redirects = Std.NONE if self.launch.verbose or folder is None else Std.ALL
         ctx = start_processes(
             name=name,
             entrypoint=sys.executable,
             args={0: ("-u", *_boot(self.launch.script))},
             envs={0: env},
-            logs_specs=DefaultLogsSpecs(log_dir=logs),
+            logs_specs=DefaultLogsSpecs(log_dir=logs, redirects=redirects),
         )
         return _Slot(ctx=ctx, pid=ctx.pids()[0])
 
@@ -273,6 +278,10 @@ class WarmAgent:
             detected = time.time()
             if self.restarts >= self.launch.max_restarts:
                 self._record("give_up", failed=failed, restarts=self.restarts)
+                self._notice(
+                    sorted(failed),
+                    f"no restarts left (--max-restarts {self.launch.max_restarts}): the job stops",
+                )
                 return 1
             self.restarts += 1
             reason = self._cold_reason()
@@ -290,7 +299,9 @@ class WarmAgent:
             if result is None:
                 continue
             if result.is_failed():
-                failed[rank] = next(iter(result.failures.values())).exitcode
+                failure = next(iter(result.failures.values()))
+                failed[rank] = failure.exitcode
+                self._failures[rank] = describe_exit(failure.exitcode, failure.error_file)
                 # Its children (forked data-loader workers) hold copies of its sockets: until they go, the
                 # survivors' collectives see no closed connection (the workers notice a dead parent only
                 # every 5 s). The worker leads its own session, so its process group is its children.
@@ -358,6 +369,9 @@ class WarmAgent:
             self._pending = None
             self.cold_restarts += 1
             self._record("cold_restart_followed", gen=current, reason=info.get("reason"))
+            self._notice(
+                [], f"cold restart of every rank, as another node's agent decided ({info.get('reason')})"
+            )
             for rank in self.ranks:
                 self._start_worker(rank)
 
@@ -382,6 +396,8 @@ class WarmAgent:
             handed=handed,
             handover_seconds=round(handover - detected, 6),
         )
+        to = ", ".join(f"spare {h['spare']}" if h["spare"] is not None else "a new process" for h in handed)
+        self._notice(failed, f"warm hand-over to {to} (generation {new})")
         self._fill_spares()
 
     def _hand_over(self, rank: int) -> dict[str, Any]:
@@ -424,6 +440,7 @@ class WarmAgent:
         self._publish("cold", failed=failed, detected_wall=detected, reason=reason)
         self.store.set("gen/current", str(self.gen))
         self._record("cold_restart", gen=self.gen, failed=failed, reason=reason, detected_wall=detected)
+        self._notice(failed, f"cold restart of every rank ({reason})")
         for rank in self.ranks:
             self._start_worker(rank)
         self._fill_spares()
@@ -433,6 +450,11 @@ class WarmAgent:
             with contextlib.suppress(Exception):
                 slot.ctx.close(death_sig=signal.SIGKILL, timeout=5)
             _kill_group(slot.pid)
+
+    def _notice(self, failed: Sequence[int], done: str) -> None:
+        """One line for the terminal: what failed and what was done (see ``goodput.run._output``)."""
+        what = "; ".join(f"rank {rank} {self._failures.get(rank, 'failed')}" for rank in failed)
+        write_notice(f"{what}; {done}" if what else done)
 
     def _record(self, event: str, **fields: Any) -> None:
         if self._log_path is None:

@@ -1,6 +1,6 @@
 """``goodput launch``: a thin front over torchrun (torch.distributed.run), which does the restarting.
 
-goodput adds three things around torchrun and re-implements none of it:
+goodput adds these around torchrun and re-implements none of it:
 
 * the run folder, the fault plan and the crash-loop limit reach every worker through environment variables
   (``GOODPUT_RUN_DIR``, ``GOODPUT_FAULTS``, ``GOODPUT_CRASH_LOOP``), so they work on every node and rank;
@@ -10,6 +10,8 @@ goodput adds three things around torchrun and re-implements none of it:
   fix (``ConfigError``, ``StateMismatch``, ``FingerprintMismatch``) and a preemption save; the launcher stops
   torchrun at once instead of burning the restart budget, prints one line (quoting the failing rank's last
   error, read from torch's per-worker error files) and exits with ``EXIT_CRASH_LOOP`` or ``EXIT_FATAL``;
+* a quiet terminal (``goodput.run._output``): the workers' prints, one line per failure and the final line;
+  the full logs in the launch folder (``verbose`` for everything on the terminal);
 * preemption (``goodput.run.signals``): the first SIGTERM, SIGINT or ``--preempt-signal`` makes every rank
   finish its step and the job save once within ``--grace`` seconds, then exit with ``EXIT_PREEMPTED``; a
   second one stops everything at once. Whatever happens, no process of the job outlives the launcher.
@@ -68,6 +70,9 @@ class LaunchConfig:
         preempt_signal: the early-warning signal (besides SIGTERM and SIGINT) that starts a preemption save,
             e.g. ``"USR1"`` for SLURM's ``--signal=USR1@90``; the launcher forwards it to every rank.
         grace: seconds from the first signal for the preemption save before everything is ended.
+        verbose: leave torchrun's and every worker's output on the terminal as torchrun prints it; by default
+            the terminal shows the workers' prints without tracebacks and one line per failure, and the full
+            logs go to the launch folder (see ``goodput.run._output``).
     """
 
     script: tuple[str, ...]
@@ -83,6 +88,7 @@ class LaunchConfig:
     monitor_interval: float = 0.1
     preempt_signal: str = "USR1"
     grace: float = 60.0
+    verbose: bool = False
 
     def __post_init__(self) -> None:
         if not self.script:
@@ -122,6 +128,8 @@ def torchrun_command(config: LaunchConfig, *, log_dir: str | None = None) -> lis
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={config.nproc}"]
     if log_dir is not None:
         cmd.append(f"--log-dir={log_dir}")  # where torch's per-worker error files land
+        if not config.verbose:
+            cmd.append("--redirects=3")  # and each worker's stdout and stderr, which the launcher follows
     host = None if config.rdzv_endpoint is None else config.rdzv_endpoint.rsplit(":", 1)[0]
     if host in (None, "127.0.0.1", "localhost"):
         # A job on this machine only: keep every connection on the loopback address (torchrun would

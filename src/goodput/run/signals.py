@@ -29,7 +29,6 @@ orphaned by a dying torchrun are re-parented to it and can still be found and en
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import threading
@@ -37,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from goodput._lifetime import end_with_parent, preload_libc
 from goodput.errors import ConfigError
 
 __all__ = ["PreemptionWatch"]
@@ -187,43 +187,32 @@ def become_subreaper() -> bool:
         return False
 
 
-_LIBC: list[Any] = []  # loaded once, before a fork: a child between fork and exec must not load a library
-
-
-def preload_libc() -> Any:
-    """libc for ``prctl``, loaded on the first call (call it before forking a child that uses it)."""
-    if not _LIBC:
-        try:
-            _LIBC.append(ctypes.CDLL(None, use_errno=True))
-        except OSError:
-            _LIBC.append(None)
-    return _LIBC[0]
-
-
-def end_with_parent(parent: int | None = None) -> bool:
-    """Have the kernel SIGKILL this process when its parent ends (Linux ``PR_SET_PDEATHSIG``).
-
-    A SIGKILLed ``goodput launch`` runs no clean-up: its child (torchrun, or the warm agent) ends with it this
-    way, and so does each worker when that child ends, so no process of the job outlives the launcher whatever
-    way it ends. ``parent``: the pid the parent had (None: the current one); a process whose parent has already
-    changed ends at once, since nobody would signal it. Returns False where the request is not supported.
-    """
-    parent = os.getppid() if parent is None else parent
-    libc = preload_libc()
-    try:
-        if libc is None or int(libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)) != 0:  # PR_SET_PDEATHSIG
-            return False
-    except AttributeError:
-        return False
-    if os.getppid() != parent:  # the parent ended before the request took effect
-        os.kill(os.getpid(), signal.SIGKILL)
-    return True
+LAUNCHER_PID_ENV = "GOODPUT_LAUNCHER_PID"
 
 
 def end_with_launcher() -> None:
-    """Under ``goodput launch`` (``$GOODPUT_LAUNCH_DIR`` set), end this worker when its parent ends."""
-    if os.environ.get("GOODPUT_LAUNCH_DIR"):
-        end_with_parent()
+    """Under ``goodput launch`` (``$GOODPUT_LAUNCH_DIR`` set), end this worker when its parent ends.
+
+    A worker asks only once its interpreter has started, so its parent (torchrun, the warm agent) may have ended
+    before: the worker then has the launcher (a subreaper) for a parent, or, the launcher gone too, another
+    process; either way it ends at once.
+    """
+    if not os.environ.get("GOODPUT_LAUNCH_DIR"):
+        return
+    end_with_parent()
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV) or 0)
+    if launcher and (os.getppid() == launcher or not _alive(launcher)):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _children(pid: int) -> list[int]:

@@ -112,7 +112,7 @@ def verify_resume(
     def launch(run_dir: str, faults: str, restarts: int) -> Callable[[], int]:
         config = LaunchConfig(
             script=tuple(script), nproc=nproc, max_restarts=restarts, run_dir=run_dir, faults=faults,
-            crash_loop=restarts + 1, rdzv_id="goodput-verify",
+            crash_loop=restarts + 1, rdzv_id="goodput-verify", verbose=True,  # all of it in output.log
         )  # fmt: skip
         if restart == "warm":
             from goodput.run.agent import WarmConfig, launch_warm
