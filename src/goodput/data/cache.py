@@ -7,6 +7,17 @@ process on the node wait for the one download instead of starting its own; one S
 for all of them. Eviction is least-recently-used and skips files that a reader has open or that sit inside a
 prefetch window. ``prefetch(urls)`` downloads the files in the order they will be needed, in the background.
 
+Readers never wait on each other for room (no hold and wait). Every reader of the node pins the files it has
+open, and there may be more of them than the budget holds (8 ranks x 4 workers x 4 open shards). A read that
+finds no room (a) evicts unpinned files, then files pinned only by a prefetch window (a lease on a file nobody
+reads yet: its reader downloads it again if needed), (b) lets go of what its own process holds and is not
+using (``release``: the dataset's idle open shards), (c) waits at most ``wait_seconds`` for room, holding
+nothing but the file it asks for, and then (d) ``view`` reads the file straight from the store, uncached,
+instead of waiting longer (``open``, whose caller needs a path, raises DataError). No read waits without bound
+on anything another reader holds (the per-file download lock is held for one bounded download), so no set of
+readers can deadlock, whatever their number; pinned bytes are files counted in the budget, so they never
+exceed it; a reader holds at most its own open files in memory when it reads uncached.
+
 Layout of the folder::
 
     index.sqlite      entries (ready / loading, size, owner), pins, node-wide counters
@@ -18,25 +29,25 @@ Layout of the folder::
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import logging
+import mmap
 import os
-import random
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from goodput.data._cacheindex import READY, CacheIndex, owner_alive, owner_token
+from goodput.data._cachefolder import FileLocks, clean_stale
+from goodput.data._cacheindex import READY, CacheIndex, owner_token
 from goodput.data._remote import (
     RemoteInfo,
     RetryPolicy,
     call_with_retries,
     download,
+    fetch_verified,
     info_of,
     redact_url,
     secret_values,
@@ -61,6 +72,7 @@ METRIC_NAMES = (
     "prefetch_lead_seconds",
     "evictions",
     "retries",
+    "uncached_reads",
 )
 
 
@@ -82,7 +94,8 @@ class CacheConfig:
         attempts: tries per request before giving up with a ``StorageError``.
         backoff_seconds: first backoff delay; doubles each retry, with full jitter.
         max_backoff_seconds: the largest backoff delay.
-        wait_seconds: how long a read waits for budget space held by files other readers are using.
+        wait_seconds: how long a read waits for budget space held by files other readers have open, before
+            it reads the file uncached (``view``, ``read``) or gives up (``open``).
     """
 
     folder: str
@@ -94,7 +107,7 @@ class CacheConfig:
     attempts: int = 6
     backoff_seconds: float = 0.2
     max_backoff_seconds: float = 5.0
-    wait_seconds: float = 300.0
+    wait_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         if not self.folder or "://" in self.folder:
@@ -152,10 +165,9 @@ class RemoteCache:
         self._fs: dict[str, Any] = {}
         self._fs_lock = threading.Lock()
         self._counters = _Counters()
-        self._key_locks: dict[str, threading.Lock] = {}
-        self._key_locks_guard = threading.Lock()
+        self._file_lock = FileLocks(os.path.join(self.config.folder, "locks"))
         self._prefetcher: Any = None
-        self._clean_stale()
+        clean_stale(self.config.folder, self._index)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"config": self.config, "options": self._options}
@@ -171,17 +183,59 @@ class RemoteCache:
 
     # ---- public API --------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def open(self, url: str, *, expected: RemoteInfo | None = None) -> Iterator[str]:
+    def open(
+        self, url: str, *, expected: RemoteInfo | None = None, release: Callable[[], None] | None = None
+    ) -> Iterator[str]:
         """The local path of ``url``, downloaded if needed and kept from eviction inside the block.
 
         Args:
             url: fsspec URL of the remote file.
             expected: its size and MD5 when the caller knows them (saves a metadata request).
+            release: called when the budget has no room, to let go of files this process holds and is not
+                using (a dataset's idle open shards), before waiting for others.
 
         Raises:
             StorageError: the store failed after every retry, or refused permanently.
             DataError: the budget has no room for this file (other readers hold the rest) in time.
         """
+        with self._held(url, expected, release, uncached=False) as path:
+            assert path is not None
+            yield path
+
+    @contextlib.contextmanager
+    def view(
+        self, url: str, *, expected: RemoteInfo | None = None, release: Callable[[], None] | None = None
+    ) -> Iterator[bytes | mmap.mmap]:
+        """The content of ``url`` as a read-only buffer, kept valid inside the block.
+
+        A map of the cached file; or, when the budget has no room because other readers hold it, the bytes
+        read straight from the store (verified, counted in ``uncached_reads``): a read never waits on other
+        readers for longer than ``wait_seconds``. Arguments and errors as :meth:`open` (no DataError for room).
+        """
+        with self._held(url, expected, release, uncached=True) as path:
+            if path is None:
+                yield self._read_uncached(url, expected)
+                return
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    yield b""  # an empty file cannot be mapped
+                    return
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                yield mapped
+            finally:
+                mapped.close()
+
+    def read(self, url: str, *, expected: RemoteInfo | None = None) -> bytes:
+        """The whole content of ``url``, read through the cache (uncached when it has no room, see ``view``)."""
+        with self.view(url, expected=expected) as data:
+            return data if isinstance(data, bytes) else data[:]
+
+    @contextlib.contextmanager
+    def _held(
+        self, url: str, expected: RemoteInfo | None, release: Callable[[], None] | None, *, uncached: bool
+    ) -> Iterator[str | None]:
+        """The cached file's path, pinned inside the block; None when it has no room and ``uncached``."""
         key = self.key(url)
         self._check_fork()
         entry, lead = self._index.pin_and_hit(key, self._owner, time.time())
@@ -190,23 +244,19 @@ class RemoteCache:
             if entry is not None and entry.state == READY and os.path.exists(path):
                 self._counters.add(hits=1)
                 self._record_lead(lead)
-            else:
-                started = time.monotonic()
-                self._ensure(url, key, expected, demand=True)
-                waited = time.monotonic() - started
-                self._counters.add(misses=1, wait_seconds=waited)
-                self._index.mark_hit(key, time.time(), {"misses": 1, "wait_seconds": waited})
-            yield path
+                yield path
+                return
+            started = time.monotonic()
+            cached = self._ensure(url, key, expected, demand=True, release=release, uncached=uncached)
+            waited = time.monotonic() - started
+            self._counters.add(misses=1, wait_seconds=waited)
+            self._index.mark_hit(key, time.time(), {"misses": 1, "wait_seconds": waited})
+            yield path if cached else None
         finally:
             # At interpreter exit a frozen daemon thread (a prefetch download) may hold the index lock
             # forever; the pin dies with this process anyway (pins name their owner, checked for liveness).
             if not sys.is_finalizing():
                 self._index.unpin(key, self._owner, _USE)
-
-    def read(self, url: str, *, expected: RemoteInfo | None = None) -> bytes:
-        """The whole content of ``url``, read through the cache."""
-        with self.open(url, expected=expected) as path, open(path, "rb") as f:
-            return f.read()
 
     def prefetch(self, urls: Sequence[str], *, expected: Sequence[RemoteInfo | None] | None = None) -> None:
         """Download ``urls`` in this order in the background, a bounded window ahead of the readers.
@@ -304,11 +354,20 @@ class RemoteCache:
         return fs, fs._strip_protocol(url)
 
     def _ensure(
-        self, url: str, key: str, expected: RemoteInfo | None, *, demand: bool, cancelled: Any = None
+        self,
+        url: str,
+        key: str,
+        expected: RemoteInfo | None,
+        *,
+        demand: bool,
+        cancelled: Any = None,
+        release: Callable[[], None] | None = None,
+        uncached: bool = False,
     ) -> bool:
         """Make ``key`` ready, downloading it unless another process is doing so (then wait for it).
 
-        Returns False only for a prefetch that found no room in the budget.
+        Returns False when the budget has no room and the caller can do without: a prefetch, or a read that
+        goes uncached.
         """
         with self._file_lock(key):
             if self._is_ready(key):
@@ -317,7 +376,7 @@ class RemoteCache:
             info = (
                 expected if expected is not None else self._retried(lambda: info_of(fs, path), url, cancelled)
             )
-            if not self._reserve(key, info.size, url, demand=demand):
+            if not self._reserve(key, info.size, url, demand=demand, release=release, uncached=uncached):
                 return False
             started = time.monotonic()
             tmp_dir = os.path.join(self.config.folder, "tmp")
@@ -344,7 +403,17 @@ class RemoteCache:
             fs, path, tmp, info, chunk_bytes=self.config.chunk_bytes, range_workers=self.config.range_workers
         )
 
-    def _reserve(self, key: str, size: int, url: str, *, demand: bool) -> bool:
+    def _reserve(
+        self,
+        key: str,
+        size: int,
+        url: str,
+        *,
+        demand: bool,
+        release: Callable[[], None] | None = None,
+        uncached: bool = False,
+    ) -> bool:
+        """Count ``size`` bytes for ``key``, following the steps of the module docstring; False: no room."""
         if size > self.config.budget_bytes:
             raise DataError(
                 f"{redact_url(url)} has {size} bytes, more than the cache budget "
@@ -354,21 +423,35 @@ class RemoteCache:
         delay = 0.01
         while True:
             ok, evicted, pinned = self._index.reserve(
-                key, size, self._owner, self.config.budget_bytes, self._evict_file
+                key, size, self._owner, self.config.budget_bytes, self._evict_file, break_windows=demand
             )
             if ok:
                 self._counters.add(evictions=evicted)
                 return True
             if not demand:
                 return False
+            if release is not None:
+                release()  # this process's idle files first: then it holds nothing while it waits
+                release = None
+                continue
             if time.monotonic() > deadline:
+                if uncached:
+                    return False
                 raise DataError(
                     f"no room in the cache for {redact_url(url)}: {pinned} of {self.config.budget_bytes} "
-                    "budget bytes are held by files in use or in prefetch windows; raise "
-                    "CacheConfig.budget_bytes or lower prefetch_bytes"
+                    "budget bytes are held by files other readers have open; raise "
+                    "CacheConfig.budget_bytes or lower the readers' open files"
                 )
-            time.sleep(delay)  # waiting for other readers to release their files
+            time.sleep(delay)  # a bounded wait for other readers to close files (see the module docstring)
             delay = min(delay * 2, 0.2)
+
+    def _read_uncached(self, url: str, expected: RemoteInfo | None) -> bytes:
+        fs, path = self._filesystem(url)
+        info = expected if expected is not None else self._retried(lambda: info_of(fs, path), url)
+        data: bytes = self._retried(lambda: fetch_verified(fs, path, info), url)
+        self._counters.add(uncached_reads=1)
+        self._index.bump({"uncached_reads": 1})
+        return data
 
     def _evict_file(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -387,59 +470,3 @@ class RemoteCache:
             mean = self._counters.values["prefetch_lead_seconds"]
             self._counters.values["prefetch_lead_seconds"] = (mean * n + lead) / (n + 1)
             self._counters.leads = n + 1
-
-    @contextlib.contextmanager
-    def _file_lock(self, key: str) -> Iterator[None]:
-        # A POSIX record lock excludes other processes and is released by the kernel when its holder dies; a
-        # forked child does not inherit it (flock's would be shared with the child and outlive the parent's
-        # download). Threads of this process are excluded by a lock per key.
-        with self._key_locks_guard:
-            thread_lock = self._key_locks.setdefault(key, threading.Lock())
-        with thread_lock:
-            path = os.path.join(self.config.folder, "locks", f"{key}.lock")
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                _lock_exclusive(fd)
-                yield
-            finally:
-                os.close(fd)
-
-    def _clean_stale(self) -> None:
-        """Drop rows of dead processes, temp files they left, and ready rows whose file is gone."""
-        self._index.drop_dead_owners()
-        tmp_dir = os.path.join(self.config.folder, "tmp")
-        for name in os.listdir(tmp_dir):
-            parts = name.split(".")
-            owner = parts[1].replace("-", ":", 1) if len(parts) == 3 else ""
-            if not owner or not owner_alive(owner):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(tmp_dir, name))
-        for key in self._index.ready_keys():
-            if not os.path.exists(self._local(key)):
-                self._index.forget(key)
-        known = self._index.ready_keys()
-        files_dir = os.path.join(self.config.folder, "files")
-        for name in os.listdir(files_dir):
-            # A file with no row was renamed by a process that died before recording it: not trusted.
-            if name not in known and self._index.entry(name) is None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(files_dir, name))
-
-
-def _lock_exclusive(fd: int) -> None:
-    """Take a POSIX record lock, retrying when the kernel reports a deadlock.
-
-    The kernel tracks record locks per process, not per thread: when two processes each have one thread
-    holding a file's lock and another waiting for the other's, it sees a cycle that the threads do not have
-    and answers EDEADLK. Waiting a moment and asking again resolves it.
-    """
-    delay = 0.001
-    while True:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX)
-            return
-        except OSError as err:
-            if err.errno != errno.EDEADLK:
-                raise
-        time.sleep(random.uniform(0, delay))  # back off: the other process's thread is about to finish
-        delay = min(delay * 2, 0.05)
