@@ -29,3 +29,35 @@ def test_bench_data_json_report(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bench_data_bad_arguments() -> None:
     with pytest.raises(ConfigError, match="--workers must be at least 1"):
         data.run(_args("--workers", "0"))
+
+
+def test_bench_data_formats_report(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every in-place format against its native loader, on a tiny configuration (figures are not asserted)."""
+    pytest.importorskip("datasets")
+    pytest.importorskip("torchdata")
+    from goodput.bench import _formats
+
+    argv = (
+        "--format",
+        ",".join(_formats.BENCHES),
+        "--rows",
+        "3000",
+        "--position",
+        "2048",
+        "--epoch-samples",
+        "1000",
+    )
+    assert data.run(_args(*argv, "--json")) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["formats"]) == set(_formats.BENCHES)
+    for figures in report["formats"].values():
+        assert figures["resume"]["goodput"]["state_bytes"] < 4096
+        assert set(figures["ratios"]) == {
+            "native_resume_over_goodput_resume",
+            "goodput_throughput_over_native",
+        }
+        assert all(value > 0 for value in figures["ratios"].values())
+    with pytest.raises(ConfigError, match="--format takes parquet, arrow, hf, tokens"):
+        data.run(_args("--format", "csv"))
+    with pytest.raises(ConfigError, match="must be positive and below --rows"):
+        data.run(_args("--format", "tokens", "--rows", "10", "--position", "20"))

@@ -176,3 +176,38 @@ def test_the_resilient_loop_runs_as_written(tmp_path: Path) -> None:
     assert max(_committed(launched)) == 12
     restored = [e for e in gp.read_events(str(launched), rank=0) if e["event"] == "checkpoint_restored"]
     assert restored and restored[-1]["step"] >= 1, "the restarted attempt did not resume from a checkpoint"
+
+
+def test_the_in_place_formats_snippet_reads_each_format(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("datasets")
+    import datasets
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    hub = tmp_path / "hub" / "data"
+    hub.mkdir(parents=True)
+    pq.write_table(pa.table({"text": ["a", "b"], "n": [1, 2]}), hub / "train-00000-of-00001.parquet")
+    pq.write_table(pa.table({"text": ["z"], "n": [0]}), hub / "test-00000-of-00001.parquet")
+    datasets.Dataset.from_dict({"text": ["good", "bad"], "label": [1, 0]}).save_to_disk(
+        str(tmp_path / "imdb")
+    )
+    np.arange(30, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    code = _substitute(
+        _python_block("gp.TokenDataset("),
+        {
+            '"s3://bucket/hub/wikitext"': repr(str(tmp_path / "hub")),
+            '"/data/imdb-train"': repr(str(tmp_path / "imdb")),
+            '"s3://bucket/fineweb/train.bin"': repr(str(tmp_path / "train.bin")),
+            "seq_len=1024": "seq_len=4",
+        },
+    )
+    cache = gp.CacheConfig(folder=str(tmp_path / "cache"), budget_bytes=1 << 20)
+    namespace: dict[str, Any] = {"gp": gp, "cache": cache}
+    exec(compile(code, "README.md (in-place formats)", "exec"), namespace)
+    assert [namespace["text"][i] for i in range(2)] == [{"text": "a"}, {"text": "b"}]
+    assert namespace["reviews"][1] == ("bad", 0)
+    assert len(namespace["tokens"]) == 6 and namespace["tokens"][5].tolist() == list(range(25, 30))
+    batches = [b.tolist() for b in namespace["loader"]]
+    assert sorted(w[0] for b in batches for w in b) == list(range(0, 30, 5))

@@ -19,6 +19,9 @@ Resume in the Hugging Face Trainer (``resume_hf``, needs ``goodput[hf]``; bench/
 own skip of the batches already trained against goodput's position, at sample 100,000 of 200,000;
 ``ratios.hf_skip_resume_over_goodput_resume`` is their quotient.
 
+In-place formats (``--format parquet,arrow,hf,tokens``, needs ``goodput[hf-datasets]``; bench/_formats.py):
+each format's resume and throughput against its native loader on the same files, instead of the above.
+
 Resume: a loader over 2,000,000 samples restores a position at sample 1,000,000 (JSON text) and takes its
 first batch; the same for a loader starting at sample 0 is the baseline. The dataset counts its fetches, so a
 replay of consumed batches would show.
@@ -27,6 +30,7 @@ replay of consumed batches would show.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -84,6 +88,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=100_000,
         help="sample at which the HF Trainer resume is measured (default 100000; 0 skips it)",
+    )
+    parser.add_argument(
+        "--format",
+        help="comma-separated in-place formats to measure against their native loaders instead "
+        "(parquet, arrow, hf, tokens); see bench/_formats.py",
+    )
+    parser.add_argument("--rows", type=int, default=1_048_576, help="samples written per format (--format)")
+    parser.add_argument(
+        "--position", type=int, default=1_000_000, help="sample at which resume is measured (--format)"
+    )
+    parser.add_argument(
+        "--epoch-samples", type=int, default=200_000, help="samples timed for throughput (--format)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -197,7 +213,34 @@ def _resume_hf(position: int) -> dict[str, Any]:
     return {"skipped": why_not} if why_not else _hf_resume.hf_resume(position)
 
 
+def _run_formats(args: argparse.Namespace) -> int:
+    from goodput.bench import _formats
+
+    names = [n.strip() for n in args.format.split(",") if n.strip()]
+    unknown = [n for n in names if n not in _formats.BENCHES]
+    if not names or unknown:
+        raise ConfigError(
+            f"--format takes {', '.join(_formats.BENCHES)} (comma-separated), got {args.format!r}"
+        )
+    missing = [m for m in ("pyarrow", "datasets", "torchdata") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"--format needs {', '.join(missing)}: pip install 'goodput[hf-datasets]'")
+    if not 0 < args.position < args.rows or not 0 < args.epoch_samples <= args.rows:
+        raise ConfigError(
+            f"--position ({args.position}) and --epoch-samples ({args.epoch_samples}) must be positive and "
+            f"below --rows ({args.rows})"
+        )
+    report = _formats.run_formats(names, args.rows, args.position, args.epoch_samples)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _formats.print_table(report)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.format is not None:
+        return _run_formats(args)
     compute = parse_duration(args.compute, what="--compute")
     if compute <= 0:
         raise ConfigError(f"--compute must be positive, got {args.compute!r}")

@@ -84,6 +84,11 @@ class Source:
         return self._cache
 
     @property
+    def options(self) -> dict[str, Any]:
+        """The storage options (credentials among them: never log or show them)."""
+        return self._options
+
+    @property
     def is_local(self) -> bool:
         """Whether the base URL is on a local disk (then there is nothing to cache)."""
         return self._local

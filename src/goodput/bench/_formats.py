@@ -1,0 +1,279 @@
+"""``goodput bench data --format F``: an in-place format against its native loader, on the same files.
+
+    goodput bench data --format parquet,arrow,hf,tokens [--rows 1048576] [--position 1000000] [--json]
+
+For each format the benchmark writes ``--rows`` samples with the format's own library into a temporary folder
+(local disk, so the files sit in the page cache: the warm-cache case) and measures, side by side:
+
+* resume: a ResumableLoader restoring a position at sample ``--position`` (JSON text) to its first batch,
+  against the native loader restoring its own state taken at the same sample (see ``_native``); the ratio is
+  native seconds / goodput seconds, and both states' sizes are printed;
+* throughput: samples per second over the first ``--epoch-samples`` of an epoch, goodput's over the native
+  loader's, in the same order kind (both shuffled, or both in file order as a stream reads).
+
+``BENCHES`` is the table: a format adds one ``FormatBench``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from goodput.bench import _native
+
+__all__ = ["BENCHES", "FormatBench", "run_formats"]
+
+_RESUME_BATCH, _EPOCH_BATCH, _REPEATS, _SEQ_LEN = 64, 256, 5, 15
+
+
+@dataclass(frozen=True)
+class FormatBench:
+    """One format: how to write ``rows`` samples, goodput's dataset over them, and the native baseline.
+
+    ``native_resume(root, position, repeats)`` and ``native_batches(root)`` (an iterable of batches) measure
+    the native loader; ``shuffle`` says whether both sides read in a shuffled order or in file order.
+    """
+
+    name: str
+    native: str
+    write: Callable[[str, int], str]
+    ours: Callable[[str], Any]
+    native_resume: Callable[[str, int, int], dict[str, Any]]
+    native_batches: Callable[[str], Any]
+    shuffle: bool
+
+
+def _table(rows: int) -> Any:
+    import pyarrow as pa
+
+    ids = np.arange(rows, dtype=np.int64)
+    return pa.table(
+        {"id": ids, "text": pa.array([f"sample {i} of the benchmark corpus" for i in range(rows)])}
+    )
+
+
+def _write_parquet(folder: str, rows: int) -> str:
+    import pyarrow.parquet as pq
+
+    root = os.path.join(folder, "parquet")
+    os.makedirs(os.path.join(root, "data"))
+    table, parts = _table(rows), 4
+    bounds = np.linspace(0, rows, parts + 1).astype(int)
+    for k in range(parts):
+        name = os.path.join(root, "data", f"train-{k:05d}-of-{parts:05d}.parquet")
+        pq.write_table(table.slice(bounds[k], bounds[k + 1] - bounds[k]), name, row_group_size=10_000)
+    return root
+
+
+def _write_saved(folder: str, rows: int) -> str:
+    import datasets
+
+    root = os.path.join(folder, "saved")
+    datasets.Dataset(_table(rows)).save_to_disk(root, num_shards=4)
+    return root
+
+
+def _write_tokens(folder: str, rows: int) -> str:
+    path = os.path.join(folder, "train.bin")
+    tokens = np.arange(rows * (_SEQ_LEN + 1), dtype=np.int64) % 50_000
+    tokens.astype(np.uint16).tofile(path)
+    return path
+
+
+def _parquet_stream(root: str) -> Any:
+    import datasets
+
+    files = sorted(
+        os.path.join(d, f) for d, _, names in os.walk(root) for f in names if f.endswith(".parquet")
+    )
+    return datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+
+
+def _hf_map(root: str) -> Any:
+    import datasets
+
+    return datasets.load_from_disk(root)
+
+
+def _hf_stream(root: str) -> Any:
+    return _hf_map(root).to_iterable_dataset(num_shards=4)
+
+
+def _stream_batches(make: Callable[[str], Any]) -> Callable[[str], Any]:
+    def batches(root: str) -> Any:
+        from torch.utils.data import DataLoader
+
+        return DataLoader(make(root), batch_size=_EPOCH_BATCH, collate_fn=_native._keep)
+
+    return batches
+
+
+def _map_batches(make: Callable[[str], Any], shuffle: bool) -> Callable[[str], Any]:
+    def batches(root: str) -> Any:
+        from torch.utils.data import DataLoader
+
+        return DataLoader(make(root), batch_size=_EPOCH_BATCH, shuffle=shuffle, collate_fn=_native._keep)
+
+    return batches
+
+
+def _tokens_native(root: str) -> Any:
+    return _native.TokenWindows(root, _SEQ_LEN, "uint16")
+
+
+def _ours_parquet(root: str) -> Any:
+    from goodput.data import ParquetDataset
+
+    return ParquetDataset(root, split="train")
+
+
+def _ours_arrow(root: str) -> Any:
+    from goodput.data import ArrowDataset
+
+    return ArrowDataset(root)
+
+
+def _ours_hf(root: str) -> Any:
+    from goodput.data import ArrowDataset
+
+    return ArrowDataset.from_hf(_hf_map(root))
+
+
+def _ours_tokens(root: str) -> Any:
+    from goodput.data import TokenDataset
+
+    return TokenDataset(root, seq_len=_SEQ_LEN, dtype="uint16")
+
+
+BENCHES: dict[str, FormatBench] = {
+    b.name: b
+    for b in (
+        FormatBench(
+            "parquet",
+            "datasets streaming IterableDataset (parquet)",
+            _write_parquet,
+            _ours_parquet,
+            lambda root, at, n: _native.hf_iterable_resume(lambda: _parquet_stream(root), at, n),
+            _stream_batches(_parquet_stream),
+            shuffle=False,
+        ),
+        FormatBench(
+            "arrow",
+            "torchdata StatefulDataLoader over datasets.Dataset (save_to_disk)",
+            _write_saved,
+            _ours_arrow,
+            lambda root, at, n: _native.stateful_loader_resume(_hf_map(root), at, _RESUME_BATCH, n, True),
+            _map_batches(_hf_map, shuffle=True),
+            shuffle=True,
+        ),
+        FormatBench(
+            "hf",
+            "datasets IterableDataset (Dataset.to_iterable_dataset)",
+            _write_saved,
+            _ours_hf,
+            lambda root, at, n: _native.hf_iterable_resume(lambda: _hf_stream(root), at, n),
+            _stream_batches(_hf_stream),
+            shuffle=False,
+        ),
+        FormatBench(
+            "tokens",
+            "torchdata StatefulDataLoader over a memory-mapped .bin (nanoGPT windows)",
+            _write_tokens,
+            _ours_tokens,
+            lambda root, at, n: _native.stateful_loader_resume(
+                _tokens_native(root), at, _RESUME_BATCH, n, True
+            ),
+            _map_batches(_tokens_native, shuffle=True),
+            shuffle=True,
+        ),
+    )
+}
+
+
+def _our_resume(bench: FormatBench, root: str, position: int) -> dict[str, Any]:
+    from goodput.data import ResumableLoader
+
+    times, size = [], 0
+    for _ in range(_REPEATS):
+        loader = ResumableLoader(
+            bench.ours(root),
+            batch_size=_RESUME_BATCH,
+            seed=1,
+            shuffle=bench.shuffle,
+            collate_fn=_native._keep,
+        )
+        text = json.dumps({**loader.state_dict(), "consumed": position})
+        start = time.perf_counter()
+        loader.load_state_dict(json.loads(text))
+        next(iter(loader))
+        times.append(time.perf_counter() - start)
+        size = len(text)
+    return {"seconds": min(times), "state_bytes": size, "state_encoding": "json"}
+
+
+def _our_batches(bench: FormatBench, dataset: Any) -> Callable[[], Any]:
+    from goodput.data import ResumableLoader
+
+    return lambda: ResumableLoader(
+        dataset, batch_size=_EPOCH_BATCH, seed=0, shuffle=bench.shuffle, collate_fn=_native._keep
+    )
+
+
+def bench_format(bench: FormatBench, rows: int, position: int, samples: int) -> dict[str, Any]:
+    """Resume and throughput of one format against its native loader, on files written for this run."""
+    with tempfile.TemporaryDirectory(prefix=f"goodput-bench-{bench.name}-") as folder:
+        root = bench.write(folder, rows)
+        ours_resume = _our_resume(bench, root, position)
+        native_resume = bench.native_resume(root, position, _REPEATS)
+        ours = _native.epoch_seconds(_our_batches(bench, bench.ours(root)), samples, 2)
+        native = _native.epoch_seconds(lambda: bench.native_batches(root), samples, 2)
+    return {
+        "native": bench.native,
+        "order": "shuffled" if bench.shuffle else "file order",
+        "resume": {"goodput": ours_resume, "native": native_resume},
+        "samples_per_second": {"goodput": samples / ours, "native": samples / native},
+        "ratios": {
+            "native_resume_over_goodput_resume": native_resume["seconds"] / ours_resume["seconds"],
+            "goodput_throughput_over_native": native / ours,
+        },
+    }
+
+
+def run_formats(names: list[str], rows: int, position: int, samples: int) -> dict[str, Any]:
+    return {
+        "config": {
+            "rows": rows,
+            "position": position,
+            "epoch_samples": samples,
+            "resume_batch": _RESUME_BATCH,
+        },
+        "formats": {name: bench_format(BENCHES[name], rows, position, samples) for name in names},
+    }
+
+
+def print_table(report: dict[str, Any]) -> None:
+    cfg = report["config"]
+    print(
+        f"goodput bench data --format: {cfg['rows']:,} samples on local disk (warm), resume at sample "
+        f"{cfg['position']:,}, throughput over {cfg['epoch_samples']:,} samples"
+    )
+    for name, r in report["formats"].items():
+        ours, native = r["resume"]["goodput"], r["resume"]["native"]
+        print(f"{name} ({r['order']}) against {r['native']}:")
+        print(
+            f"  resume: goodput {ours['seconds'] * 1e3:.2f} ms, state {ours['state_bytes']} B; native "
+            f"{native['seconds'] * 1e3:.2f} ms, state {native['state_bytes']} B ({native['state_encoding']}); "
+            f"native/goodput {r['ratios']['native_resume_over_goodput_resume']:.1f}x"
+        )
+        rate = r["samples_per_second"]
+        print(
+            f"  throughput: goodput {rate['goodput']:,.0f}/s, native {rate['native']:,.0f}/s; "
+            f"goodput/native {r['ratios']['goodput_throughput_over_native']:.2f}x"
+        )
