@@ -82,14 +82,17 @@ def test_file_in_use_is_never_evicted(tmp_path, s3_server, s3_url) -> None:
         assert os.path.exists(path)
 
 
-def test_a_read_with_no_room_goes_uncached_and_open_says_why(tmp_path, s3_server, s3_url) -> None:
+def test_a_read_with_no_room_goes_uncached(tmp_path, s3_server, s3_url) -> None:
     objects = list(upload(s3_server, s3_url, 2, 100 * KB).items())
     cache = _cache(tmp_path, s3_server, budget_bytes=150 * KB, prefetch_bytes=0, wait_seconds=0.2)
     with cache.open(objects[0][0]):
         assert cache.read(objects[1][0]) == objects[1][1]  # the other file holds the room: read uncached
         assert cache.metrics()["uncached_reads"] == 1 and cache.usage_bytes() <= 150 * KB
-        with pytest.raises(DataError, match="no room in the cache"), cache.open(objects[1][0]):
-            pass  # a caller that needs a path cannot go uncached
+        with cache.open(objects[1][0]) as path:  # a caller that needs a path gets a private copy
+            with open(path, "rb") as f:
+                assert f.read() == objects[1][1]
+            assert os.path.dirname(path).endswith("uncached")
+        assert not os.path.exists(path) and cache.metrics()["uncached_reads"] == 2
 
 
 def test_a_reader_lets_go_of_its_idle_files_before_it_waits(tmp_path, s3_server, s3_url) -> None:

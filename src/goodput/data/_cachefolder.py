@@ -44,13 +44,13 @@ class FileLocks:
 def clean_stale(folder: str, index: CacheIndex) -> None:
     """Drop rows of dead processes, temp files they left, and ready rows whose file is gone."""
     index.drop_dead_owners()
-    tmp_dir = os.path.join(folder, "tmp")
-    for name in os.listdir(tmp_dir):
-        parts = name.split(".")
-        owner = parts[1].replace("-", ":", 1) if len(parts) == 3 else ""
-        if not owner or not owner_alive(owner):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(tmp_dir, name))
+    for sub in ("tmp", "uncached"):  # <key>.<owner>.<suffix>: downloads in flight, private copies
+        for name in os.listdir(os.path.join(folder, sub)):
+            parts = name.split(".")
+            owner = parts[1].replace("-", ":", 1) if len(parts) == 3 else ""
+            if not owner or not owner_alive(owner):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(folder, sub, name))
     files_dir = os.path.join(folder, "files")
     for key in index.ready_keys():
         if not os.path.exists(os.path.join(files_dir, key)):

@@ -12,8 +12,8 @@ open, and there may be more of them than the budget holds (8 ranks x 4 workers x
 finds no room (a) evicts unpinned files, then files pinned only by a prefetch window (a lease on a file nobody
 reads yet: its reader downloads it again if needed), (b) lets go of what its own process holds and is not
 using (``release``: the dataset's idle open shards), (c) waits at most ``wait_seconds`` for room, holding
-nothing but the file it asks for, and then (d) ``view`` reads the file straight from the store, uncached,
-instead of waiting longer (``open``, whose caller needs a path, raises DataError). No read waits without bound
+nothing but the file it asks for, and then (d) reads the file uncached instead of waiting longer: ``view``
+into memory, ``open`` into a private copy under ``uncached/`` removed after use. No read waits without bound
 on anything another reader holds (the per-file download lock is held for one bounded download), so no set of
 readers can deadlock, whatever their number; pinned bytes are files counted in the budget, so they never
 exceed it; a reader holds at most its own open files in memory when it reads uncached.
@@ -23,6 +23,7 @@ Layout of the folder::
     index.sqlite      entries (ready / loading, size, owner), pins, node-wide counters
     files/<key>       complete, verified files (key = SHA-256 of the URL)
     tmp/<key>.<owner>.part   downloads in flight; removed when their owner is gone
+    uncached/<key>.<owner>.<n>   private copies read when the budget has no room (outside it); likewise
     locks/<key>.lock  one download per file per node
 """
 
@@ -157,7 +158,7 @@ class RemoteCache:
         self._setup()
 
     def _setup(self) -> None:
-        for sub in ("files", "tmp", "locks"):
+        for sub in ("files", "tmp", "locks", "uncached"):
             os.makedirs(os.path.join(self.config.folder, sub), exist_ok=True)
         self._pid = os.getpid()
         self._owner = owner_token()
@@ -167,6 +168,7 @@ class RemoteCache:
         self._counters = _Counters()
         self._file_lock = FileLocks(os.path.join(self.config.folder, "locks"))
         self._prefetcher: Any = None
+        self._uncached = 0  # names this process's private copies
         clean_stale(self.config.folder, self._index)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -188,31 +190,44 @@ class RemoteCache:
     ) -> Iterator[str]:
         """The local path of ``url``, downloaded if needed and kept from eviction inside the block.
 
+        When the budget has no room because other readers hold it, the path is a private copy outside the
+        budget, removed when the block ends (counted in ``uncached_reads``): a read never waits on other
+        readers for longer than ``wait_seconds``.
+
         Args:
             url: fsspec URL of the remote file.
             expected: its size and MD5 when the caller knows them (saves a metadata request).
             release: called when the budget has no room, to let go of files this process holds and is not
-                using (a dataset's idle open shards), before waiting for others.
+                using (a dataset's idle open files), before waiting for others.
 
         Raises:
             StorageError: the store failed after every retry, or refused permanently.
-            DataError: the budget has no room for this file (other readers hold the rest) in time.
+            DataError: the file is larger than the whole budget.
         """
-        with self._held(url, expected, release, uncached=False) as path:
-            assert path is not None
-            yield path
+        with self._held(url, expected, release) as path:
+            if path is not None:
+                yield path
+                return
+            fs, remote = self._filesystem(url)
+            info = expected if expected is not None else self._retried(lambda: info_of(fs, remote), url)
+            self._uncached += 1
+            name = f"{self.key(url)}.{self._owner.replace(':', '-')}.{self._uncached}"
+            private = os.path.join(self.config.folder, "uncached", name)
+            try:
+                self._retried(lambda: self._download_once(fs, remote, private, info), url)
+                self._count_uncached()
+                yield private
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(private)
 
     @contextlib.contextmanager
     def view(
         self, url: str, *, expected: RemoteInfo | None = None, release: Callable[[], None] | None = None
     ) -> Iterator[bytes | mmap.mmap]:
-        """The content of ``url`` as a read-only buffer, kept valid inside the block.
-
-        A map of the cached file; or, when the budget has no room because other readers hold it, the bytes
-        read straight from the store (verified, counted in ``uncached_reads``): a read never waits on other
-        readers for longer than ``wait_seconds``. Arguments and errors as :meth:`open` (no DataError for room).
-        """
-        with self._held(url, expected, release, uncached=True) as path:
+        """The content of ``url`` as a read-only buffer, kept valid inside the block: a map of the cached file,
+        or the bytes read straight from the store when the budget has no room (as :meth:`open`)."""
+        with self._held(url, expected, release) as path:
             if path is None:
                 yield self._read_uncached(url, expected)
                 return
@@ -227,15 +242,15 @@ class RemoteCache:
                 mapped.close()
 
     def read(self, url: str, *, expected: RemoteInfo | None = None) -> bytes:
-        """The whole content of ``url``, read through the cache (uncached when it has no room, see ``view``)."""
+        """The whole content of ``url``, read through the cache (uncached when it has no room, see ``open``)."""
         with self.view(url, expected=expected) as data:
             return data if isinstance(data, bytes) else data[:]
 
     @contextlib.contextmanager
     def _held(
-        self, url: str, expected: RemoteInfo | None, release: Callable[[], None] | None, *, uncached: bool
+        self, url: str, expected: RemoteInfo | None, release: Callable[[], None] | None
     ) -> Iterator[str | None]:
-        """The cached file's path, pinned inside the block; None when it has no room and ``uncached``."""
+        """The cached file's path, pinned inside the block; None when the budget has no room for it."""
         key = self.key(url)
         self._check_fork()
         entry, lead = self._index.pin_and_hit(key, self._owner, time.time())
@@ -247,7 +262,7 @@ class RemoteCache:
                 yield path
                 return
             started = time.monotonic()
-            cached = self._ensure(url, key, expected, demand=True, release=release, uncached=uncached)
+            cached = self._ensure(url, key, expected, demand=True, release=release)
             waited = time.monotonic() - started
             self._counters.add(misses=1, wait_seconds=waited)
             self._index.mark_hit(key, time.time(), {"misses": 1, "wait_seconds": waited})
@@ -362,12 +377,10 @@ class RemoteCache:
         demand: bool,
         cancelled: Any = None,
         release: Callable[[], None] | None = None,
-        uncached: bool = False,
     ) -> bool:
         """Make ``key`` ready, downloading it unless another process is doing so (then wait for it).
 
-        Returns False when the budget has no room and the caller can do without: a prefetch, or a read that
-        goes uncached.
+        Returns False when the budget has no room: a prefetch skips the file, a read goes uncached.
         """
         with self._file_lock(key):
             if self._is_ready(key):
@@ -376,7 +389,7 @@ class RemoteCache:
             info = (
                 expected if expected is not None else self._retried(lambda: info_of(fs, path), url, cancelled)
             )
-            if not self._reserve(key, info.size, url, demand=demand, release=release, uncached=uncached):
+            if not self._reserve(key, info.size, url, demand=demand, release=release):
                 return False
             started = time.monotonic()
             tmp_dir = os.path.join(self.config.folder, "tmp")
@@ -411,7 +424,6 @@ class RemoteCache:
         *,
         demand: bool,
         release: Callable[[], None] | None = None,
-        uncached: bool = False,
     ) -> bool:
         """Count ``size`` bytes for ``key``, following the steps of the module docstring; False: no room."""
         if size > self.config.budget_bytes:
@@ -435,13 +447,8 @@ class RemoteCache:
                 release = None
                 continue
             if time.monotonic() > deadline:
-                if uncached:
-                    return False
-                raise DataError(
-                    f"no room in the cache for {redact_url(url)}: {pinned} of {self.config.budget_bytes} "
-                    "budget bytes are held by files other readers have open; raise "
-                    "CacheConfig.budget_bytes or lower the readers' open files"
-                )
+                log.info("no room in the cache for %s (%d bytes in use): reading it uncached", key, pinned)
+                return False
             time.sleep(delay)  # a bounded wait for other readers to close files (see the module docstring)
             delay = min(delay * 2, 0.2)
 
@@ -449,9 +456,12 @@ class RemoteCache:
         fs, path = self._filesystem(url)
         info = expected if expected is not None else self._retried(lambda: info_of(fs, path), url)
         data: bytes = self._retried(lambda: fetch_verified(fs, path, info), url)
+        self._count_uncached()
+        return data
+
+    def _count_uncached(self) -> None:
         self._counters.add(uncached_reads=1)
         self._index.bump({"uncached_reads": 1})
-        return data
 
     def _evict_file(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):

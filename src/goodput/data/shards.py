@@ -19,9 +19,9 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from goodput.data._openshards import Buffer, OpenShards
+from goodput.data._files import Handles
 from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries, secret_values
-from goodput.data._source import Source, join_url
+from goodput.data._source import Buffer, Source, join_url
 from goodput.data.cache import CacheConfig
 from goodput.errors import ConfigError, DataError
 
@@ -234,7 +234,7 @@ class ShardedDataset(Generic[T]):
         self._reset_handles()
 
     def _reset_handles(self) -> None:
-        self._open = OpenShards(self._source, self.open_shards)
+        self._open: Handles[Buffer | None] = Handles(self.open_shards)
         self._headers: dict[int, tuple[tuple[int, ...], int]] = {}  # parsed once: a shard never changes
 
     def __getstate__(self) -> dict[str, Any]:
@@ -292,7 +292,7 @@ class ShardedDataset(Generic[T]):
 
     def close(self) -> None:
         """Release the open shards and stop prefetching."""
-        self._open.release()
+        self._open.close()
         self._source.close()
 
     def _info(self, shard: int) -> RemoteInfo:
@@ -300,10 +300,13 @@ class ShardedDataset(Generic[T]):
         return RemoteInfo(size=int(entry["bytes"]), md5=entry.get("md5"))
 
     def _sample(self, shard: int, local: int) -> bytes:
-        if self._open.ranged:
-            return self._direct_sample(shard, local)
         url = self.shard_url(shard)
-        view = self._open.buffer(url, self._info(shard))
+        view = self._open.get(
+            shard,
+            lambda stack: stack.enter_context(self._source.buffer(url, self._info(shard), self._open.close)),
+        )
+        if view is None:
+            return self._direct_sample(shard, local)
         if shard not in self._headers:
             self._headers[shard] = _parse_header(view[: _header_probe(view)], url)
         offsets, base = self._headers[shard]
