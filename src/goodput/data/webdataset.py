@@ -99,6 +99,7 @@ class WebDataset(FileDataset[T]):
         base, listing = _listing(urls, cache, storage_options)
         source = Source(base, cache=cache, storage_options=storage_options)
         self._source = source  # _index needs it before _setup
+        source.cache  # noqa: B018 - opened here once, not by each indexing thread at the same moment
         with ThreadPoolExecutor(8, thread_name_prefix="goodput-wds-index") as pool:
             indexes = list(pool.map(lambda item: self._index(*item), listing))
         self._samples = indexes
