@@ -1,5 +1,6 @@
-"""Hugging Face Trainer through goodput: a tiny GPT-2 (from a config) under ``goodput launch`` is SIGKILLed,
-resumes mid-epoch from goodput's data position without replaying a batch, and writes a ledger."""
+"""Hugging Face Trainer through goodput: a tiny GPT-2 (from a config, AdamW, a cosine schedule) under
+``goodput launch`` is SIGKILLed, resumes mid-epoch from goodput's data position without replaying a batch, and
+writes a ledger; ``goodput verify-resume`` checks the script on 2 ranks."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 
+from goodput.run.records import read_records
 from tests._history import assert_exactly_once, attempts_seen, surviving_samples
 
 pytest.importorskip("transformers")
@@ -43,6 +45,36 @@ def test_hf_trainer_resumes_mid_epoch_with_exactly_once_data(tmp_path: os.PathLi
     assert data["restarts"] == 1 and data["failures"] == 1
     assert data["attempts"][-1]["restored_step"] == 4 and data["attempts"][-1]["last_step"] == STEPS
     assert data["categories"]["checkpoint_stall"] > 0 and data["categories"]["lost_work"] > 0
+    listing = subprocess.run(
+        [sys.executable, "-m", "goodput", "ls", os.path.join(run_dir, "out"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listing.returncode == 0, listing.stderr
+    rows = json.loads(listing.stdout)["checkpoints"]
+    assert [(r["step"], r["status"], r["strategy"]) for r in rows] == [
+        (step, "committed", "hf_trainer") for step in (16, 12, 8, 4)
+    ]
+
+
+@pytest.mark.slow
+def test_verify_resume_checks_a_trainer_script(tmp_path: os.PathLike[str]) -> None:
+    # seed 1 kills rank 0 after step 8 and rank 1 between the Trainer's write of a checkpoint and goodput's
+    # data position beside it (that checkpoint is then not resumed from)
+    command = ["verify-resume", "--nproc", "2", "--kills", "2", "--seed", "1", "--work-dir", str(tmp_path)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "goodput", *command, "--", SCRIPT, "12"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "IDENTICAL" in proc.stdout and "after 2 restarts (2 kills fired)" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    final = read_records(os.path.join(tmp_path, "interrupted")).final
+    assert sorted(final) == [0, 1] and "scheduler.last_epoch" in final[0]["state"]
+    assert any(name.endswith(".exp_avg") for name in final[0]["state"])  # AdamW's moments were compared
 
 
 def test_bench_data_measures_the_trainer_resume(capsys: pytest.CaptureFixture[str]) -> None:

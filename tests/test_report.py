@@ -60,6 +60,19 @@ def test_interval_advice_when_far_from_the_optimum() -> None:
     assert "interval" not in _kinds(every_steps=260)
 
 
+def test_a_trainer_run_is_advised_in_save_steps() -> None:
+    """The Hugging Face Trainer's save_steps sets its interval: goodput's every= does not apply there."""
+    far = _kinds(every_steps=600, crashes=(700.0, 1500.0), strategy="hf_trainer")["interval"]
+    best = build_report(_events(every_steps=600, strategy="hf_trainer")).prediction.optimal_interval_seconds
+    assert best is not None
+    assert (
+        far.text.startswith("save_steps=600 (a checkpoint every 5.0m)")
+        and "longer than the optimum" in far.text
+    )
+    assert far.text.endswith(f"set save_steps={round(best / 0.5)} in TrainingArguments"), far.text
+    assert "every=" not in far.text and far.gain_points > 0
+
+
 def test_async_advice_for_a_blocking_strategy_only() -> None:
     sync = _kinds(strategy="torch_save", stall=30.0)
     assert sync["async"].gain_points > 0 and "dcp_async" in sync["async"].text

@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from goodput.errors import (
+    AccessRefused,
     CheckpointCorrupt,
     CheckpointError,
     ConfigError,
@@ -434,6 +435,7 @@ __all__ = [
     "PHASES",
     "RECORDS_ENV",
     "STRATEGIES",
+    "AccessRefused",
     "Accounting",
     "Advice",
     "ArrowDataset",

@@ -11,14 +11,18 @@ The tree::
     ├── DataError                     the data pipeline cannot go on
     │   └── FingerprintMismatch (ValueError) the dataset differs from the one the position was saved with
     ├── StorageError                  remote storage failed after every retry (names the URL and last cause)
+    │   └── AccessRefused (ConfigError) the store refused the credentials or the permission: no restart
+    │                                 fixes it (names the URL and where credentials are read from)
     └── CrashLoop                     attempts keep failing without progress; restarting is pointless
 
-A ``ConfigError`` reaching the command line prints one line and exits with code 2.
+A ``ConfigError`` (``AccessRefused`` included) reaching the command line prints one line and exits with code 2;
+inside a run under ``goodput launch`` it stops the job at once with ``EXIT_FATAL`` (78).
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "AccessRefused",
     "CheckpointCorrupt",
     "CheckpointError",
     "ConfigError",
@@ -66,6 +70,14 @@ class FingerprintMismatch(DataError, ValueError):
 
 class StorageError(GoodputError):
     """Remote storage failed after every retry."""
+
+
+class AccessRefused(StorageError, ConfigError):
+    """The store refused access: no credentials found, a wrong key or signature, or no permission (401/403).
+
+    Every retry and every restarted attempt fails the same way, so it is a configuration error: the message
+    names the URL and where credentials are read from, never a secret.
+    """
 
 
 class CrashLoop(GoodputError):

@@ -1,6 +1,8 @@
-"""A tiny GPT-2 (built from a config, nothing downloaded) trained by GoodputTrainer; run under ``goodput launch``.
+"""A tiny GPT-2 (built from a config, nothing downloaded) trained by GoodputTrainer with AdamW and a cosine
+LR schedule; run under ``goodput launch`` or ``goodput verify-resume``.
 
     goodput launch --run-dir RUN -- tests/scripts/hf_train.py STEPS
+    goodput verify-resume --nproc 2 --kills 2 -- tests/scripts/hf_train.py STEPS
 
 Each rank appends ``attempt step sample...`` for every trained batch to ``RUN/samples-rank<r>.txt`` (fsynced).
 """
@@ -8,9 +10,11 @@ Each rank appends ``attempt step sample...`` for every trained batch to ``RUN/sa
 from __future__ import annotations
 
 import os
+import random
 import sys
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
@@ -55,20 +59,26 @@ class Recorded(GPT2LMHeadModel):
 def main() -> None:
     steps = int(sys.argv[1])
     run_dir = os.environ["GOODPUT_RUN_DIR"]
+    random.seed(0)  # verify-resume compares every generator, so seed them all
+    np.random.seed(0)
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     model = Recorded(config)
-    loader = gp.ResumableLoader(Tokens(), batch_size=4, seed=5, drop_last=True, collate_fn=collate)
     args = TrainingArguments(
         output_dir=os.path.join(run_dir, "out"),
         max_steps=steps,
         save_steps=4,
+        optim="adamw_torch",
+        learning_rate=1e-3,
+        lr_scheduler_type="cosine",
         logging_steps=1000,
         report_to=[],
         use_cpu=True,
         disable_tqdm=True,
         seed=0,
     )
+    # after TrainingArguments, which joins the process group: each rank reads its share
+    loader = gp.ResumableLoader(Tokens(), batch_size=4, seed=5, drop_last=True, collate_fn=collate)
     trainer = GoodputTrainer(model=model, args=args, goodput_loader=loader)
     Recorded.log_path = os.path.join(run_dir, f"samples-rank{trainer.goodput_callback.rank}.txt")
     Recorded.attempt = trainer.goodput_callback.ledger.attempt

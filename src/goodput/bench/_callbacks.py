@@ -67,7 +67,7 @@ def _lightning(folder: str, steps: int) -> tuple[float, Any]:
     trainer = SimpleNamespace(
         global_step=0, max_steps=-1, global_rank=0, world_size=1, lightning_module=model,
         optimizers=[torch.optim.SGD(model.parameters(), lr=0.1)], lr_scheduler_configs=[],
-        strategy=SimpleNamespace(checkpoint_io=callback.checkpoint_io),
+        strategy=SimpleNamespace(checkpoint_io=callback.checkpoint_io, restore_checkpoint_after_setup=True),
     )  # fmt: skip
     callback.setup(trainer, model, "fit")
     callback.on_train_start(trainer, model)

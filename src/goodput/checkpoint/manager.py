@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import CheckpointException
 
+from goodput._storage_errors import refusals_named
 from goodput.checkpoint._groups import release_groups
 from goodput.checkpoint._memory_setup import open_memory_tier
 from goodput.checkpoint._restoring import _RestorePath
@@ -101,7 +102,7 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         self.results: list[SaveResult] = []
         self._restore_parts: dict[str, float] = {}
         if self.rank == 0:
-            self._layout.clean_partials(stale_after=config.seconds("partial_grace"))
+            self._check_root()
         self.memory: MemoryCheckpointer | None = None
         self._memory_group: Any = None
         self._memory_policy: SavePolicy | None = None
@@ -116,6 +117,18 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         self._barrier()
 
     # ---- plumbing -------------------------------------------------------------------------------------------
+    def _check_root(self) -> None:
+        """Rank 0, before any training: remove crashed saves' folders and, under a remote root, write and remove
+        a probe object. Credentials the store refuses (none, wrong ones, read-only) stop the job here with one
+        line (``AccessRefused``, fatal: no restarted attempt can fix them), not at every attempt or first save."""
+        config = self.config
+        with refusals_named(config.root, config.storage_options, verb="write checkpoints to"):
+            self._layout.clean_partials(stale_after=config.seconds("partial_grace"))
+            if not self._layout.local:
+                probe = self._layout.join(f".goodput-probe-{self._token}")
+                self._layout.fs.pipe_file(probe, b"")
+                self._layout.fs.rm_file(probe)
+
     def _make_policy(self) -> SavePolicy:
         cfg = self.config
         if cfg.every_steps is not None:

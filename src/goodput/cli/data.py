@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from goodput.errors import ConfigError, StorageError
+from goodput.errors import AccessRefused, ConfigError, StorageError
 from goodput.units import parse_bytes
 
 __all__ = ["register"]
@@ -93,8 +93,10 @@ def _inspect(args: argparse.Namespace) -> int:
         opened = time.perf_counter()
         sample = dataset[0]
         first = time.perf_counter()
+    except AccessRefused:
+        raise  # a ConfigError already: its line says where credentials are read from
     except (DataError, StorageError, PermissionError) as err:
-        raise ConfigError(f"{err}{_credentials_hint(args.url, err)}") from None
+        raise ConfigError(str(err)) from None
     describe = getattr(dataset, "describe", None)
     summary: dict[str, Any] = {"url": args.url, "format": entry.name, "samples": len(dataset)}
     summary.update(describe() if callable(describe) else {"shards": len(getattr(dataset, "shard_sizes", ()))})
@@ -127,8 +129,10 @@ def _write(args: argparse.Namespace) -> int:
         options["client_kwargs"] = {"endpoint_url": args.endpoint_url}
     try:
         index = write_folder_shards(args.src, args.url, shard_bytes=shard_bytes, storage_options=options)
+    except AccessRefused:
+        raise  # a ConfigError already: its line says where credentials are read from
     except (StorageError, PermissionError) as err:
-        raise ConfigError(f"{err}{_credentials_hint(args.url, err)}") from None
+        raise ConfigError(str(err)) from None
     summary = {
         "url": args.url,
         "samples": index["samples"],
@@ -142,17 +146,3 @@ def _write(args: argparse.Namespace) -> int:
             f"wrote {summary['samples']} samples in {summary['shards']} shards ({summary['bytes']} bytes) to {args.url}"
         )
     return 0
-
-
-def _credentials_hint(url: str, err: BaseException) -> str:
-    """What to check when the store refused the write (credentials are never printed)."""
-    text = str(err).lower()
-    if url.startswith(("s3://", "s3a://")) and any(
-        word in text
-        for word in ("credential", "access denied", "forbidden", "403", "signature", "permission")
-    ):
-        return (
-            "; check the credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
-            "and --endpoint-url for an S3-compatible store"
-        )
-    return ""

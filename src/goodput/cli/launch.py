@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 __all__ = ["register"]
 
 _EPILOG = """examples:
   goodput launch --nproc 2 --max-restarts 10 --run-dir runs/exp1 -- train.py --lr 3e-4
-  goodput launch --nproc 8 --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29500 -- train.py
+  goodput launch --nproc 8 --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29500 --run-dir runs/exp1 -- train.py
   goodput launch --nproc 2 --faults 'kill@step=30,rank=1' --run-dir runs/drill -- train.py
 
-The run folder has one source: --run-dir is exported as GOODPUT_RUN_DIR, and a script whose Run() names
-another folder is stopped with one line. A run already complete trains nothing and says so (exit 0).
+The run folder has one source: --run-dir (default: $GOODPUT_RUN_DIR) is exported as GOODPUT_RUN_DIR, and a
+script whose Run() names another folder is stopped with one line. It is required: launching again with the same
+folder resumes the run. A run already complete trains nothing and says so (exit 0).
+
+Before anything starts, one line and exit 2 for: a script that does not exist (or -m MODULE whose package is
+not found), no --run-dir, a run folder that cannot be created or written. The checkpoint root is the script's;
+a remote one is checked (listed, a probe object written and removed) by rank 0 at the start of the first
+attempt, and credentials the store refuses stop the job there with one line naming the URL and where
+credentials are read from (exit 78).
 
 Preemption: the first SIGTERM, SIGINT (Ctrl-C) or --preempt-signal makes every rank finish its step; the job
 saves one durable checkpoint within --grace seconds, prints where, and exits 75; run the same command to
@@ -27,8 +35,10 @@ elastic job.
 
 exit status: the script's; 3 when consecutive attempts of this launch made no progress (a crash loop; a new
 launch starts a new count); 75 after a preemption save (a scheduler may requeue); 78 when a rank raised an
-error a restart cannot fix (ConfigError, StateMismatch); 2 for a mistake in the command line.
-The last error of the failing rank is quoted from torch's error files (<run-dir>/launches/<launch>/logs)."""
+error a restart cannot fix (ConfigError, StateMismatch, AccessRefused: storage that refuses the credentials);
+2 for a mistake in the command line or a failed pre-flight check. A crash loop quotes the failing rank's last
+error from torch's error files (<run-dir>/launches/<launch>/logs): the newest that is not a peer's reaction
+(a collective failing because another rank died)."""
 
 
 def register(sub: Any) -> None:
@@ -51,7 +61,12 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--max-restarts", type=int, default=3, help="restarts of the worker group (default 3)"
     )
-    parser.add_argument("--run-dir", default=None, help="the run folder (checkpoints, ledger)")
+    parser.add_argument(
+        "--run-dir",
+        default=os.environ.get("GOODPUT_RUN_DIR") or None,
+        help="the run folder (checkpoints, ledger, launch history); required (default: $GOODPUT_RUN_DIR); "
+        "the same folder again resumes the run",
+    )
     parser.add_argument("--faults", default="", help="fault plan, e.g. 'kill@step=30,rank=1' (see docs)")
     parser.add_argument(
         "--crash-loop", type=int, default=3, help="attempts without progress that stop the job (default 3)"

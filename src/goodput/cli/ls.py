@@ -1,4 +1,6 @@
-"""``goodput ls DIR_OR_URL``: one row per checkpoint (step, saved at, size, strategy, ranks, status and why)."""
+"""``goodput ls DIR_OR_URL``: one row per checkpoint (step, saved at, size, strategy, ranks, status and why).
+
+goodput's ``step-N`` folders, and a Hugging Face Trainer's ``checkpoint-N`` folders (an ``output_dir``)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import json
 import os
 from typing import Any
 
-from goodput.errors import ConfigError
+from goodput.errors import AccessRefused, ConfigError
 
 __all__ = ["register"]
 
@@ -18,8 +20,8 @@ def register(sub: Any) -> None:
         "ls",
         help="list the checkpoints under a folder or URL and whether each is usable",
         description="List every checkpoint under DIR_OR_URL: committed, partial (never committed) or corrupt "
-        "(with the reason). Remote URLs use fsspec; credentials come from the environment (AWS_* for s3://) "
-        "or --option.",
+        "(with the reason); also a Hugging Face Trainer's output_dir (its checkpoint-N folders). Remote URLs "
+        "use fsspec; credentials come from the environment (AWS_* for s3://) or --option.",
     )
     parser.add_argument("root", metavar="DIR_OR_URL", help="checkpoint root: a folder or an fsspec URL")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -92,15 +94,24 @@ def _print_memory(rows: list[dict[str, Any]], folder: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from goodput._storage_errors import refusals_named
+    from goodput.checkpoint._trainer_folders import list_trainer_checkpoints
     from goodput.checkpoint.layout import list_checkpoints
 
     root: str = args.root
     if "://" not in root and not os.path.isdir(root):
         raise ConfigError(f"{root!r} is not a folder; give a checkpoint root folder or an fsspec URL")
+    options = _options(args.option)
     try:
-        rows = list_checkpoints(root, storage_options=_options(args.option), checksums=args.checksums)
+        with refusals_named(root, options, verb="list"):
+            rows = list_checkpoints(root, storage_options=options, checksums=args.checksums)
+    except AccessRefused:
+        raise  # a ConfigError already: one line naming where credentials are read from
     except (OSError, ValueError, ImportError) as err:
         raise ConfigError(f"cannot list {root!r}: {type(err).__name__}: {err}") from None
+    trainer_rows = list_trainer_checkpoints(root) if "://" not in root else []
+    if trainer_rows:
+        rows = sorted([*rows, *trainer_rows], key=lambda r: -r.step)
     memory = _memory_rows(root, args)
     if args.json:
         print(

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from goodput.data._remote import call_with_retries, secret_values
+from goodput._storage_errors import secret_values
+from goodput.data._remote import call_with_retries
 from goodput.data._source import DEFAULT_RETRY, Source, join_url
 from goodput.errors import ConfigError, DataError
 

@@ -18,6 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from goodput._storage_errors import (
+    access_refused,
+    code_of,
+    describe,
+    is_refusal,
+    redact_url,
+    status_of,
+)
 from goodput.errors import StorageError
 from goodput.faults import fault_point
 
@@ -53,7 +61,6 @@ _PERMANENT_NAMES = frozenset(
         "SignatureDoesNotMatch",
     }
 )
-_SECRET_KEY_HINTS = ("key", "secret", "token", "pass", "cred", "sig", "auth", "sas")
 
 
 class ChecksumMismatch(OSError):
@@ -86,10 +93,10 @@ def is_transient(err: BaseException) -> bool:
     names = {cls.__name__ for cls in type(err).__mro__}
     if names & _PERMANENT_NAMES:
         return False
-    status = _status_of(err)
+    status = status_of(err)
     if status is not None:
         return status >= 500 or status in (408, 429)
-    code = _code_of(err)
+    code = code_of(err)
     if code is not None:
         return code in _TRANSIENT_CODES
     if isinstance(err, (ConnectionError, TimeoutError, ChecksumMismatch)):
@@ -97,77 +104,6 @@ def is_transient(err: BaseException) -> bool:
     # botocore/aiohttp connection and read errors, and OSError(EIO) from s3fs's translation of 5xx.
     transient_families = {"BotoCoreError", "ClientError", "ClientPayloadError", "ServerDisconnectedError"}
     return bool(names & transient_families) or type(err) is OSError
-
-
-def _status_of(err: BaseException) -> int | None:
-    for source in (err, err.__cause__, err.__context__):
-        if source is None:
-            continue
-        status = getattr(source, "status", None)
-        if isinstance(status, int) and 100 <= status < 600:
-            return status
-        response = getattr(source, "response", None)
-        if isinstance(response, dict):
-            meta = response.get("ResponseMetadata", {})
-            if isinstance(meta.get("HTTPStatusCode"), int):
-                return int(meta["HTTPStatusCode"])
-    return None
-
-
-def _code_of(err: BaseException) -> str | None:
-    for source in (err, err.__cause__, err.__context__):
-        response = getattr(source, "response", None)
-        if isinstance(response, dict):
-            code = response.get("Error", {}).get("Code")
-            if isinstance(code, str):
-                return code
-    return None
-
-
-def secret_values(storage_options: Mapping[str, Any]) -> list[str]:
-    """Every string in the options stored under a key that looks like a credential (to scrub from text)."""
-    found: list[str] = []
-
-    def walk(value: Any, key: str) -> None:
-        if isinstance(value, Mapping):
-            for k, v in value.items():
-                walk(v, str(k).lower())
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v, key)
-        elif isinstance(value, str) and len(value) >= 4 and any(h in key for h in _SECRET_KEY_HINTS):
-            found.append(value)
-
-    walk(storage_options, "")
-    return sorted(found, key=len, reverse=True)
-
-
-_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
-
-
-def redact_url(url: str) -> str:
-    """The URL without user:password@ and without a query string (which may hold a signature)."""
-    url = _USERINFO.sub(r"\1", url)
-    return url.split("?", 1)[0] + ("?<redacted>" if "?" in url else "")
-
-
-def scrub(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret replaced by ``<redacted>``."""
-    for secret in secrets:
-        text = text.replace(secret, "<redacted>")
-    return text
-
-
-def describe(err: BaseException, secrets: Iterable[str]) -> str:
-    """One line about an error for a message: its type and text, credentials removed."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    status, code = _status_of(err), _code_of(err)
-    parts = [str(status)] if status is not None else []
-    if code is not None and code not in parts:
-        parts.append(code)
-    http = " ".join(parts)
-    line = f"{type(err).__name__}: {text}" if text else type(err).__name__
-    return scrub(f"{line} (HTTP {http})" if http else line, secrets)
 
 
 def call_with_retries(
@@ -185,6 +121,8 @@ def call_with_retries(
     Raises:
         StorageError: after the last attempt, or at once for a permanent error; names the URL (without
             credentials) and the last cause.
+        AccessRefused: at once when the store refused the credentials or the permission (a StorageError and
+            a ConfigError: it says where credentials are read from).
     """
     secrets = list(secrets)
     for attempt in range(1, policy.attempts + 1):
@@ -192,6 +130,8 @@ def call_with_retries(
             return fn()
         except Exception as err:
             transient = is_transient(err)
+            if not transient and is_refusal(err):  # no retry, and no restarted attempt, can fix it
+                raise access_refused(url, err, verb=verb, secrets=secrets) from None
             if not transient or attempt == policy.attempts:
                 what = f"after {attempt} attempts" if transient else "(not retried: permanent error)"
                 message = f"cannot {verb} {redact_url(url)} {what}: {describe(err, secrets)}"

@@ -12,7 +12,8 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries, secret_values
+from goodput._storage_errors import secret_values
+from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries
 from goodput.data.cache import CacheConfig, RemoteCache
 
 Buffer = bytes | mmap.mmap

@@ -17,8 +17,9 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from goodput._storage_errors import secret_values
 from goodput.data._files import FileSpan, list_files
-from goodput.data._remote import RemoteInfo, call_with_retries, info_of, secret_values
+from goodput.data._remote import RemoteInfo, call_with_retries, info_of
 from goodput.data._source import DEFAULT_RETRY, Source, join_url
 from goodput.data._tables import TableDataset, block_starts, check_columns, import_pyarrow
 from goodput.data.cache import CacheConfig

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from goodput._storage_errors import redact_url, secret_values
 from goodput.data._cacheconfig import CacheConfig
 from goodput.data._cachefolder import FileLocks, clean_stale
 from goodput.data._cacheindex import READY, CacheIndex, owner_token
@@ -51,8 +52,6 @@ from goodput.data._remote import (
     download,
     fetch_verified,
     info_of,
-    redact_url,
-    secret_values,
 )
 from goodput.errors import DataError, StorageError
 

@@ -10,7 +10,8 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from goodput.data._remote import RemoteInfo, call_with_retries, md5_from_details, secret_values
+from goodput._storage_errors import secret_values
+from goodput.data._remote import RemoteInfo, call_with_retries, md5_from_details
 from goodput.data._source import DEFAULT_RETRY, Source, join_url
 from goodput.data.cache import CacheConfig
 from goodput.errors import DataError

@@ -15,8 +15,9 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from goodput._storage_errors import secret_values
 from goodput.data._files import FileSpan, list_files
-from goodput.data._remote import RemoteInfo, call_with_retries, secret_values
+from goodput.data._remote import RemoteInfo, call_with_retries
 from goodput.data._source import DEFAULT_RETRY, Source
 from goodput.data._tables import TableDataset, block_starts, check_columns, check_keep, import_pyarrow
 from goodput.data.cache import CacheConfig

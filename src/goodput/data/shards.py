@@ -19,8 +19,9 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+from goodput._storage_errors import secret_values
 from goodput.data._files import Handles
-from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries, secret_values
+from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries
 from goodput.data._source import Buffer, Source, join_url
 from goodput.data.cache import CacheConfig
 from goodput.errors import ConfigError, DataError

@@ -100,10 +100,21 @@ def run_demo(config: DemoConfig) -> int:
 
 
 def _needs_data(url: str) -> bool:
+    """Whether the corpus must be written to ``url`` (no index there yet); the first touch of the store, so
+    storage that refuses the credentials or cannot be reached is one line (exit 2) before anything starts."""
     import fsspec
 
-    fs, path = fsspec.core.url_to_fs(url)
-    return not fs.exists(f"{path.rstrip('/')}/index.json")
+    from goodput._storage_errors import describe, redact_url, refusals_named
+    from goodput.errors import AccessRefused
+
+    try:
+        with refusals_named(url, verb="read the demo's data at"):
+            fs, path = fsspec.core.url_to_fs(url)
+            return not fs.exists(f"{path.rstrip('/')}/index.json")
+    except AccessRefused:
+        raise
+    except Exception as err:  # an endpoint that does not answer, a bucket that does not exist, ...
+        raise ConfigError(f"--data-url {redact_url(url)}: cannot reach it: {describe(err, ())}") from None
 
 
 def _summarise(config: DemoConfig) -> None:

@@ -6,8 +6,11 @@
     trainer.train(resume_from_checkpoint=trainer.resume_path)
 
 * :class:`GoodputTrainerCallback` writes the ledger from the Trainer's hooks (steps, each step's wait for data,
-  checkpoint stalls, the restored step, attempts) and fires goodput's fault plan (``$GOODPUT_FAULTS``), so
-  ``goodput report`` and ``goodput launch --faults`` work on a Trainer run.
+  checkpoint stalls, the restored step, attempts) and fires goodput's fault plan (``$GOODPUT_FAULTS``; its
+  ``checkpoint_write`` fires after the Trainer wrote a checkpoint and before goodput's data position is beside
+  it, ``restore`` while the position is restored), so ``goodput report`` and ``goodput launch --faults`` work
+  on a Trainer run. Under ``goodput verify-resume`` it records each step (with :class:`GoodputTrainer`, its
+  loss too) and the final state as ``goodput.Run`` does.
 * Resume without replaying data: on resume the Trainer's own code fast-forwards its dataloader through every
   batch of the epoch already trained (accelerate's ``skip_first_batches``), a cost that grows with the resume
   point. :class:`GoodputTrainer` trains from a :class:`~goodput.data.ResumableLoader` instead, stores the data
@@ -34,6 +37,8 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
+from goodput.checkpoint import TrainingState
+from goodput.checkpoint._trainer_folders import DATA_FILE, resumable_trainer_checkpoint
 from goodput.errors import ConfigError
 from goodput.faults import FaultPlan, install_faults
 from goodput.integrations._faults import export as _export
@@ -41,10 +46,9 @@ from goodput.integrations._faults import install_plan
 from goodput.integrations._tracked import TrackedLoader
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
+from goodput.run.records import StepRecorder
 
 __all__ = ["GoodputTrainer", "GoodputTrainerCallback"]
-
-DATA_FILE = "goodput-data-rank{rank}.json"
 
 
 class GoodputTrainerCallback(TrainerCallback):
@@ -74,6 +78,14 @@ class GoodputTrainerCallback(TrainerCallback):
         self._accumulation = 1
         self._max_steps = -1
         self._exporters = list(exporters)
+        # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.run.records.
+        self._records = StepRecorder.from_env(run_dir, rank=self.rank, attempt=self.ledger.attempt)
+        self._loss: float | None = None  # the current step's loss, summed over its micro-batches
+
+    def add_loss(self, loss: Any) -> None:
+        """Count a micro-batch's loss into the step's (read only when verify-resume records the run)."""
+        if self._records is not None:
+            self._loss = (self._loss or 0.0) + float(loss)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = int(state.global_step)
@@ -88,6 +100,7 @@ class GoodputTrainerCallback(TrainerCallback):
         )
         if step > 0:  # the Trainer restored a checkpoint before this hook
             self.ledger.restore_start()
+            self._faults.check(phase="restore", step=step)
             self._load_position(os.path.join(args.output_dir, f"checkpoint-{step}"))
             self.ledger.restore_end(step)
         keys = ["model", "optimizer", "scheduler", "rng", "step"] + (
@@ -104,8 +117,11 @@ class GoodputTrainerCallback(TrainerCallback):
         fetch = 0.0
         if self.loader is not None:
             fetch = self.loader.take_wait()
-            self.loader.trained += self._accumulation
+            self.loader.step_trained(self._accumulation)
         self.ledger.step_end(step, fetch_seconds=fetch)
+        if self._records is not None:
+            self._records.step(step, loaders=(self.loader,), loss=self._loss)
+        self._loss = None
         if self._exporters:
             _export(self._exporters, step, self.ledger, fetch, None)
         if self._faults is not None:
@@ -119,6 +135,8 @@ class GoodputTrainerCallback(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = int(state.global_step)
         folder = os.path.join(args.output_dir, f"checkpoint-{step}")
+        if self._faults is not None:  # the Trainer's files are written, goodput's position not yet
+            self._faults.check(phase="checkpoint_write", step=step)
         if self.loader is not None:
             _write_json(os.path.join(folder, DATA_FILE.format(rank=self.rank)), self.loader.state_dict())
         if self._stall_start is not None:
@@ -132,6 +150,11 @@ class GoodputTrainerCallback(TrainerCallback):
                 self.ledger.step_start(step + 1)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._records is not None:
+            self._records.final(
+                _final_state(kwargs, self.loader, int(state.global_step)), int(state.global_step)
+            )
+            self._records.close()
         for exporter in self._exporters:
             exporter.close()
         self.ledger.close("ok")
@@ -175,27 +198,37 @@ class GoodputTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.args.ignore_data_skip = True  # the position is restored by goodput, not by replaying batches
 
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.goodput_callback.add_loss(loss)
+        return loss
+
     def get_train_dataloader(self) -> Any:
         assert self.goodput_callback.loader is not None
         return self.goodput_callback.loader
 
     @property
     def resume_path(self) -> str | None:
-        """The newest ``checkpoint-N`` folder in ``output_dir`` holding goodput's data position (None: none)."""
+        """The newest ``checkpoint-N`` folder in ``output_dir`` that the Trainer finished and where every rank
+        wrote goodput's data position (None: none), the same folder on every rank."""
         folder = self.args.output_dir
-        if not folder or not os.path.isdir(folder):
+        if not folder:
             return None
-        steps = []
-        for name in os.listdir(folder):
-            if (
-                name.startswith("checkpoint-")
-                and name[11:].isdigit()
-                and os.path.exists(
-                    os.path.join(folder, name, DATA_FILE.format(rank=self.goodput_callback.rank))
-                )
-            ):
-                steps.append(int(name[11:]))
-        return os.path.join(folder, f"checkpoint-{max(steps)}") if steps else None
+        return resumable_trainer_checkpoint(folder, self.goodput_callback.rank)
+
+
+def _final_state(hook_kwargs: dict[str, Any], loader: TrackedLoader | None, step: int) -> TrainingState:
+    """The Trainer's model, optimizer and scheduler (unwrapped from accelerate's), the RNG and data position."""
+    optimizer = hook_kwargs.get("optimizer")
+    scheduler = hook_kwargs.get("lr_scheduler")
+    state = TrainingState(
+        model=hook_kwargs.get("model"),
+        optimizer=getattr(optimizer, "optimizer", optimizer),
+        scheduler=getattr(scheduler, "scheduler", scheduler),
+        loader=loader,
+    )
+    state.step = step
+    return state
 
 
 def _write_json(path: str, value: Any) -> None:

@@ -8,14 +8,18 @@
 
 * :class:`GoodputCallback` writes the ledger (steps, each step's wait for data, checkpoint stalls, restores,
   attempts), fires goodput's fault plan (``$GOODPUT_FAULTS``) and saves when goodput's policy says so, so
-  ``goodput report`` works on a Lightning run and ``goodput launch --faults`` drills it.
+  ``goodput report`` works on a Lightning run and ``goodput launch --faults`` drills it; under
+  ``goodput verify-resume`` it records each step and the final state as ``goodput.Run`` does.
 * :class:`GoodputCheckpointIO` is Lightning's ``CheckpointIO`` extension point backed by goodput's
   :class:`~goodput.checkpoint.CheckpointManager`: every strategy (``torch_save``, ``dcp``, ``dcp_async``), the
   verified commit, retention, and restore of the newest valid checkpoint with fallback. The tensors travel
   through goodput's :class:`~goodput.checkpoint.TrainingState` (model, optimizer, scheduler, RNG, data position);
   Lightning's loop progress rides along as JSON.
 * goodput's manager is collective (every rank saves its part), while Lightning's stock strategies call a
-  ``CheckpointIO`` on rank 0 only. :class:`GoodputDDPStrategy` is DDP that hands the save to every rank.
+  ``CheckpointIO`` on rank 0 only, and restore before they create the optimizers and LR schedulers.
+  :class:`GoodputDDPStrategy` is DDP that hands the save to every rank and restores after its setup, so the
+  live optimizer and scheduler (and the precision plugin's gradient scaler) are saved and restored; use it
+  for one process too.
 * Exactly-once data: Lightning fetches one batch ahead, so the loader's live position is one batch past the
   step being saved. ``goodput_cb.loader`` wraps the :class:`~goodput.data.ResumableLoader` and remembers the
   position after each delivered batch; a checkpoint of step ``s`` holds the position right after batch ``s``.
@@ -43,6 +47,7 @@ from goodput.integrations._faults import install_plan
 from goodput.integrations._tracked import TrackedLoader
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
+from goodput.run.records import StepRecorder
 
 __all__ = ["GoodputCallback", "GoodputCheckpointIO", "GoodputDDPStrategy"]
 
@@ -77,23 +82,29 @@ class GoodputCheckpointIO(CheckpointIO):
                 raise ConfigError(
                     "GoodputCheckpointIO is not attached: add its GoodputCallback to the Trainer"
                 )
-            optimizers = list(self._trainer.optimizers)
-            schedulers = [c.scheduler for c in self._trainer.lr_scheduler_configs]
-            if len(optimizers) > 1 or len(schedulers) > 1:
-                raise ConfigError("GoodputCheckpointIO supports one optimizer and at most one LR scheduler")
-            state = TrainingState(
-                model=self._trainer.lightning_module,
-                optimizer=optimizers[0] if optimizers else None,
-                scheduler=schedulers[0] if schedulers else None,
-                loader=self._loader,
-            )
+            state = TrainingState(loader=self._loader)
             on_event = self._ledger.on_event if self._ledger is not None else None
             self._manager = CheckpointManager(self.config, state, on_event=on_event)
         return self._manager
 
+    def bound_state(self) -> TrainingState:
+        """The state the checkpoints are made of, bound to what the trainer owns now (see :meth:`_bound`)."""
+        return self._bound().state
+
+    def _bound(self) -> CheckpointManager:
+        """The manager, its state bound to what the trainer owns now.
+
+        Lightning creates the optimizers and schedulers in the strategy's setup, after the callbacks' ``setup``
+        and (for most strategies) after it restores a checkpoint; and a strategy may replace them. So the
+        state is bound anew before every restore and save, never once for all.
+        """
+        manager = self.manager
+        _bind(manager.state, self._trainer)
+        return manager
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         """Save the live state as the checkpoint's ``global_step`` (Lightning's non-tensor progress as JSON)."""
-        manager = self.manager
+        manager = self._bound()
         step = int(checkpoint["global_step"])
         manager.state.extras = {"lightning": _json_part(checkpoint)}
         manager.save(step)
@@ -106,7 +117,7 @@ class GoodputCheckpointIO(CheckpointIO):
             raise ConfigError(
                 f"GoodputCheckpointIO restores {RESUME_PATH!r} (goodput_cb.resume_path), not {path!r}"
             )
-        manager = self.manager
+        manager = self._bound()
         if self._ledger is not None:
             self._ledger.restore_start()
         step = manager.restore_latest()
@@ -136,7 +147,15 @@ class GoodputCheckpointIO(CheckpointIO):
 
 
 class GoodputDDPStrategy(DDPStrategy):
-    """DDP whose checkpoint saves run on every rank, as goodput's collective checkpoint manager needs."""
+    """DDP whose checkpoint saves run on every rank, as goodput's collective checkpoint manager needs.
+
+    It also restores after its setup: goodput loads the checkpoint into the live optimizers and schedulers,
+    which Lightning creates in the setup (DDP's stock order restores before it, into no optimizer at all).
+    """
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         self.checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
@@ -179,6 +198,8 @@ class GoodputCallback(pl.Callback):
         self._last_saved: int | None = None
         self._max_steps = -1
         self._exporters = list(exporters)
+        # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.run.records.
+        self._records = StepRecorder.from_env(run_dir, rank=self.ledger.rank, attempt=self.ledger.attempt)
 
     @property
     def resume_path(self) -> str | None:
@@ -222,8 +243,10 @@ class GoodputCallback(pl.Callback):
         loss = _loss(outputs)
         fetch = self.loader.take_wait() if self.loader is not None else 0.0
         if self.loader is not None:
-            self.loader.trained += 1
+            self.loader.step_trained()
         self.ledger.step_end(step, fetch_seconds=fetch, loss=loss)
+        if self._records is not None:
+            self._records.step(step, loaders=(self.loader,), loss=loss)
         if self._exporters:
             _export(self._exporters, step, self.ledger, fetch, loss)
         if self._faults is not None:
@@ -236,6 +259,8 @@ class GoodputCallback(pl.Callback):
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self._last_saved != int(trainer.global_step):
             self._save(trainer, int(trainer.global_step))
+        if self._records is not None:
+            self._record_final(self._records, int(trainer.global_step))
         self.checkpoint_io.teardown()
         self._finish("ok")
 
@@ -247,10 +272,29 @@ class GoodputCallback(pl.Callback):
 
     # ---- internals ------------------------------------------------------------------------------------
     def _save(self, trainer: Any, step: int) -> None:
-        trainer.save_checkpoint(f"{self.checkpoint_io.config.root}/step-{step}")
+        # weights_only=False is Lightning's default; left unset, Lightning logs that it defaulted, every save
+        trainer.save_checkpoint(f"{self.checkpoint_io.config.root}/step-{step}", weights_only=False)
         self._last_saved = step
 
+    def _record_final(self, records: StepRecorder, step: int) -> None:
+        """Record the final state for verify-resume, all of it but Lightning's loop counters.
+
+        The counters count hook calls, and Lightning's own resume skips some (a run restored from the last
+        batch of an epoch does not count the next epoch's start), so they differ after a resume that trained
+        exactly the same; Lightning's epoch and global step are compared.
+        """
+        state = self.checkpoint_io.bound_state()
+        saved = state.extras
+        lightning = {k: v for k, v in saved.get("lightning", {}).items() if k != "loops"}
+        state.extras = {**saved, "lightning": lightning}
+        try:
+            records.final(state, step)
+        finally:
+            state.extras = saved
+
     def _finish(self, status: str) -> None:
+        if self._records is not None:
+            self._records.close()
         for exporter in self._exporters:
             exporter.close()
         self.ledger.close(status)
@@ -258,18 +302,36 @@ class GoodputCallback(pl.Callback):
 
 
 def _check_strategy(trainer: Any, io: GoodputCheckpointIO) -> None:
-    """Refuse set-ups where saves would bypass goodput, or run on rank 0 only (a collective would hang)."""
+    """Refuse set-ups where saves would bypass goodput, run on rank 0 only (a collective would hang), or a
+    restore would come before the optimizers exist (their state would be lost)."""
     if trainer.strategy.checkpoint_io is not io:
         raise ConfigError(
             "the Trainer does not save through goodput: pass "
-            "strategy=GoodputDDPStrategy(checkpoint_io=goodput_cb.checkpoint_io) (one process: "
-            "plugins=[goodput_cb.checkpoint_io])"
+            "strategy=GoodputDDPStrategy(checkpoint_io=goodput_cb.checkpoint_io) (one process too)"
         )
     if trainer.world_size > 1 and not isinstance(trainer.strategy, GoodputDDPStrategy):
         raise ConfigError(
             f"{type(trainer.strategy).__name__} saves on rank 0 only, but goodput saves on every rank: "
             "use strategy=GoodputDDPStrategy(checkpoint_io=goodput_cb.checkpoint_io)"
         )
+    if not trainer.strategy.restore_checkpoint_after_setup:
+        raise ConfigError(
+            f"{type(trainer.strategy).__name__} restores a checkpoint before it creates the optimizers, so "
+            "their state would be lost: use strategy=GoodputDDPStrategy(checkpoint_io=goodput_cb.checkpoint_io) "
+            "(one process too)"
+        )
+
+
+def _bind(state: TrainingState, trainer: Any) -> None:
+    """Point ``state`` at the trainer's model, optimizer, LR scheduler and gradient scaler as they are now."""
+    optimizers = list(trainer.optimizers)
+    schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
+    if len(optimizers) > 1 or len(schedulers) > 1:
+        raise ConfigError("GoodputCheckpointIO supports one optimizer and at most one LR scheduler")
+    state.model = trainer.lightning_module
+    state.optimizer = optimizers[0] if optimizers else None
+    state.scheduler = schedulers[0] if schedulers else None
+    state.scaler = getattr(trainer.precision_plugin, "scaler", None)
 
 
 def _loss(outputs: Any) -> float | None:

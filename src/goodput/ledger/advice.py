@@ -25,6 +25,9 @@ COLD_HIT_RATE = 0.5
 # An async save blocks only for its staging copy: 5-10% of a synchronous save in shared/NOTES-torch.md.
 ASYNC_STALL_FRACTION = 0.1
 BLOCKING_STRATEGIES = ("torch_save", "dcp", "sync")
+HF_TRAINER = (
+    "hf_trainer"  # the checkpoint_config strategy of GoodputTrainerCallback: save_steps sets the interval
+)
 
 
 def _points(better: float | None, worse: float | None, share: float) -> float | None:
@@ -56,10 +59,29 @@ def _interval(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice
         return None
     gain = _points(model.goodput(best), model.goodput(), pred.modelled_share)
     how = f"{ratio:.1f}x longer than" if ratio > 1 else f"{1 / ratio:.1f}x shorter than"
+    if acc.info.get("checkpoint_config", {}).get("strategy") == HF_TRAINER:
+        return _save_steps_advice(acc, model, pred, how, gain)
     text = (
         f"checkpoint every {fd(tau)} is {how} the optimum {fd(best)} (C {fd(model.stall)}, "
         f"W {fd(model.persist)}, MTBF {fd(model.mtbf)} {pred.mtbf_source}): checkpoint every {fd(best)}, "
         'or let every="auto" tune it'
+    )
+    return _advice("interval", text, gain)
+
+
+def _save_steps_advice(
+    acc: Accounting, model: MeasuredModel, pred: Prediction, how: str, gain: float | None
+) -> Advice | None:
+    """The interval advice for a Hugging Face Trainer, whose ``save_steps`` sets it (None: no step time)."""
+    best = pred.optimal_interval_seconds
+    config = acc.info.get("checkpoint_config", {})
+    if acc.step_stats is None or acc.step_stats.median <= 0 or not best or not config.get("every_steps"):
+        return None
+    steps = max(1, round(best / acc.step_stats.median))
+    text = (
+        f"save_steps={config['every_steps']} (a checkpoint every {fd(model.interval or 0.0)}) is {how} the "
+        f"optimum {fd(best)} (C {fd(model.stall)}, MTBF {fd(model.mtbf or 0.0)} {pred.mtbf_source}): "
+        f"set save_steps={steps} in TrainingArguments"
     )
     return _advice("interval", text, gain)
 

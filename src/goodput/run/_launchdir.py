@@ -9,7 +9,8 @@ small files there, and the launcher, which watches the folder while torchrun run
     PREEMPTED         JSON {step, url, run_dir} of the checkpoint saved after a preemption signal (rank 0)
     pids/rank-R       the pid of rank R's process, written once its preemption handler is installed
     logs/             torchrun's ``--log-dir`` (or the warm agent's, a folder a process): each worker's
-                      ``error.json`` (torch's error-file mechanism; goodput's own name the global rank)
+                      ``error.json`` (torch's error-file mechanism; goodput's own name the global rank and
+                      whether the error is a peer's reaction: a collective failing because another rank died)
 
 The launch id (``$GOODPUT_LAUNCH_ID``) names the launch in crash-loop records, so attempts of earlier launches
 do not count against this one.
@@ -35,8 +36,10 @@ __all__ = [
     "FATAL_FILE",
     "LAUNCH_DIR_ENV",
     "LAUNCH_ID_ENV",
+    "PEER_FAILURE_MARKERS",
     "PREEMPTED_FILE",
     "install_error_report",
+    "is_peer_failure_line",
     "last_error",
     "launch_dir",
     "launch_id",
@@ -55,8 +58,22 @@ LOGS_DIR = "logs"
 
 EXIT_USAGE = 2  # a user's mistake, as on the command line
 
-# Errors a restart cannot fix: the same configuration or the same checkpoint fails again in every attempt.
+# Errors a restart cannot fix: the same configuration or the same checkpoint fails again in every attempt
+# (AccessRefused, a ConfigError, among them: storage that refuses the credentials).
 FATAL_ERRORS: tuple[type[BaseException], ...] = (ConfigError, StateMismatch, FingerprintMismatch)
+
+# Substrings of the errors a collective raises when a peer died or stopped answering (gloo, NCCL, c10d).
+PEER_FAILURE_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Timed out",
+    "timed out",
+    "Socket Timeout",
+    "NCCL",
+    "gloo",
+    "ProcessGroup",
+)
 
 
 def launch_dir() -> str | None:
@@ -113,7 +130,9 @@ def install_error_report(rank: int) -> None:
     """Report this process's uncaught exception: to torch's error file (``$TORCHELASTIC_ERROR_FILE``, which
     torchrun and ``goodput launch`` read), and, for an error a restart cannot fix, as the launch's ``FATAL``.
 
-    goodput's own errors that a user acts on (``FATAL_ERRORS``, ``CrashLoop``) print one line, not a traceback.
+    goodput's own errors that a user acts on (``FATAL_ERRORS``, ``CrashLoop``) print one line, not a traceback;
+    a peer's reaction to a rank that already stopped the launch (``FATAL``) prints nothing: the launcher quotes
+    that rank, and the reaction's callstack stays in the error file.
     """
     previous = sys.excepthook
 
@@ -125,6 +144,8 @@ def install_error_report(rank: int) -> None:
                 print(f"goodput: rank {rank}: {line}", file=sys.__stderr__ or sys.stderr, flush=True)
                 _exit_now(EXIT_USAGE if isinstance(err, ConfigError) else EXIT_FATAL)
             return
+        if _reacts_to_fatal(err):
+            return  # the launcher quotes the rank that failed; this callstack is in the error file
         previous(kind, err, tb)
 
     sys.excepthook = hook
@@ -139,7 +160,7 @@ def report_failure(rank: int, err: BaseException) -> str:
     with contextlib.suppress(Exception):
         if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
             callstack = "".join(traceback.format_exception(kind, err, err.__traceback__))
-            _record_error_file(line, callstack, rank)
+            _record_error_file(line, callstack, rank, peer=_is_peer_failure(err))
     if isinstance(err, FATAL_ERRORS):
         with contextlib.suppress(OSError):
             write_marker(FATAL_FILE, f"rank {rank}: {line}", exclusive=True)
@@ -153,19 +174,41 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _record_error_file(message: str, callstack: str, rank: int) -> None:
+def _is_peer_failure(err: BaseException) -> bool:
+    from goodput.run.warm import is_peer_failure  # torch: in a worker only, never in the launcher
+
+    return is_peer_failure(err)
+
+
+def _reacts_to_fatal(err: BaseException) -> bool:
+    """Whether ``err`` is a peer's reaction to a rank that stopped the launch with an error no restart fixes."""
+    folder = launch_dir()
+    return folder is not None and read_marker(folder, FATAL_FILE) is not None and _is_peer_failure(err)
+
+
+def _record_error_file(message: str, callstack: str, rank: int, *, peer: bool) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or os.path.exists(path):  # a script's own @record wrote it already
         return
-    info = {"py_callstack": callstack, "timestamp": str(int(time.time())), "goodput_rank": str(rank)}
+    info = {
+        "py_callstack": callstack,
+        "timestamp": str(int(time.time())),
+        "goodput_rank": str(rank),
+        "goodput_peer_failure": "1" if peer else "0",
+    }
     data = {"message": {"message": message, "extraInfo": info}}
     with open(path, "w") as f:
         json.dump(data, f)
 
 
 def last_error(folder: str) -> str | None:
-    """The newest error any worker of this launch recorded in torch's error files: ``local rank R: line``."""
-    newest: tuple[float, str] | None = None
+    """The error to quote for this launch from torch's error files: ``rank R: line``.
+
+    A peer's reaction (a collective failing because another rank died: gloo's "Connection closed by peer") is
+    never the root of a failure: the newest error that is not one is quoted, and only when every recorded error
+    is such a reaction, the newest of those.
+    """
+    found: list[tuple[bool, float, str]] = []  # (a peer's reaction, when, "who: line")
     for root, _dirs, files in os.walk(os.path.join(folder, LOGS_DIR)):
         if "error.json" not in files:
             continue
@@ -178,11 +221,26 @@ def last_error(folder: str) -> str | None:
             continue
         text = message["message"] if isinstance(message, dict) else str(message)
         extra = message.get("extraInfo") if isinstance(message, dict) else None
+        extra = extra if isinstance(extra, dict) else {}
         # goodput's own error files name the global rank (a warm-restart agent starts every process as its
         # own local rank 0); torch's name the local rank by their folder.
-        rank = extra.get("goodput_rank") if isinstance(extra, dict) else None
+        rank = extra.get("goodput_rank")
         who = f"rank {rank}" if rank is not None else f"local rank {os.path.basename(root)}"
-        lines = [ln for ln in str(text).splitlines() if ln.strip()]
-        if lines and (newest is None or stamp >= newest[0]):
-            newest = (stamp, f"{who}: {lines[0].strip()}")
-    return None if newest is None else newest[1]
+        lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+        if lines:
+            flag = extra.get("goodput_peer_failure")
+            peer = flag == "1" if flag is not None else is_peer_failure_line(lines[0])
+            found.append((peer, stamp, f"{who}: {lines[0]}"))
+    if not found:
+        return None
+    roots = [e for e in found if not e[0]] or found
+    return max(roots, key=lambda e: e[1])[2]
+
+
+def is_peer_failure_line(line: str) -> bool:
+    """Whether an error's one line (``Type: message``) reads like a peer's reaction (for error files that
+    goodput did not write, which carry no flag)."""
+    kind = line.split(":", 1)[0].rsplit(".", 1)[-1]
+    if kind.startswith("Dist") and kind.endswith("Error"):  # torch.distributed's DistBackendError, ...
+        return True
+    return kind == "RuntimeError" and any(marker in line for marker in PEER_FAILURE_MARKERS)

@@ -495,11 +495,11 @@ def launch_warm(launch: LaunchConfig, warm: WarmConfig) -> int:
     every promise of a cold one: the launch folder, preemption with one agreed save (``EXIT_PREEMPTED``), the
     crash-loop and fatal-error verdicts (``EXIT_CRASH_LOOP``, ``EXIT_FATAL``) and no process left behind.
     """
+    from goodput.run._preflight import check_before_launch
     from goodput.run._supervise import Supervisor
 
     check_warm(launch)
-    if launch.run_dir is not None:
-        os.makedirs(launch.run_dir, exist_ok=True)
+    check_before_launch(launch)
     spec = json.dumps({"launch": dataclasses.asdict(launch), "warm": dataclasses.asdict(warm)})
     supervisor = Supervisor(launch, command=[sys.executable, "-m", "goodput.run._agent_main", spec])
     try:

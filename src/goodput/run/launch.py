@@ -143,7 +143,14 @@ def torchrun_command(config: LaunchConfig, *, log_dir: str | None = None) -> lis
 
 
 def launch_job(config: LaunchConfig) -> int:
-    """Run torchrun for ``config``; returns its exit status, or one of the EXIT_* codes (see the module)."""
+    """Run torchrun for ``config``; returns its exit status, or one of the EXIT_* codes (see the module).
+
+    Raises:
+        ConfigError: before anything starts, for a script or run folder that cannot work (see
+            ``goodput.run._preflight``).
+    """
+    from goodput.run._preflight import check_before_launch
     from goodput.run._supervise import Supervisor
 
+    check_before_launch(config)
     return Supervisor(config).run()

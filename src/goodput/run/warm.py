@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from goodput.run._launchdir import PEER_FAILURE_MARKERS
 from goodput.run._warm_record import RecordFiles, record_folder
 from goodput.run._warm_rng import RngCapture, restore_rng
 from goodput.run._warm_watch import EndWatch, connect_store, install_optimizer_guard
@@ -54,19 +55,6 @@ SPARE_ENV = "GOODPUT_WARM_SPARE_ID"
 PREFIX_ENV = "GOODPUT_WARM_PREFIX"
 PG_TIMEOUT_ENV = "GOODPUT_WARM_PG_TIMEOUT"
 REFORM_TIMEOUT_ENV = "GOODPUT_WARM_REFORM_TIMEOUT"
-
-# Substrings of the errors a collective raises when a peer died or stopped answering (gloo, NCCL, c10d).
-_PEER_MARKERS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "Timed out",
-    "timed out",
-    "Socket Timeout",
-    "NCCL",
-    "gloo",
-    "ProcessGroup",
-)
 
 
 def warm_enabled() -> bool:
@@ -88,7 +76,7 @@ def is_peer_failure(err: BaseException) -> bool:
             return False
         if isinstance(seen, dist.DistError):
             return True
-        if isinstance(seen, RuntimeError) and any(m in str(seen) for m in _PEER_MARKERS):
+        if isinstance(seen, RuntimeError) and any(m in str(seen) for m in PEER_FAILURE_MARKERS):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
