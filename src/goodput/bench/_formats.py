@@ -48,6 +48,7 @@ class FormatBench:
     native_resume: Callable[[str, int, int], dict[str, Any]]
     native_batches: Callable[[str], Any]
     shuffle: bool
+    needs: tuple[str, ...] = ("pyarrow", "datasets", "torchdata")  # modules both sides import
 
 
 def _table(rows: int) -> Any:

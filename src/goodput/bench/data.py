@@ -222,9 +222,12 @@ def _run_formats(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--format takes {', '.join(_formats.BENCHES)} (comma-separated), got {args.format!r}"
         )
-    missing = [m for m in ("pyarrow", "datasets", "torchdata") if importlib.util.find_spec(m) is None]
+    needed = sorted({m for n in names for m in _formats.BENCHES[n].needs})
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
-        raise ConfigError(f"--format needs {', '.join(missing)}: pip install 'goodput[hf-datasets]'")
+        raise ConfigError(
+            f"--format {args.format} needs {', '.join(missing)}: pip install them (goodput's extras)"
+        )
     if not 0 < args.position < args.rows or not 0 < args.epoch_samples <= args.rows:
         raise ConfigError(
             f"--position ({args.position}) and --epoch-samples ({args.epoch_samples}) must be positive and "

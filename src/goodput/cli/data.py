@@ -99,7 +99,8 @@ def _inspect(args: argparse.Namespace) -> int:
         raise ConfigError(str(err)) from None
     describe = getattr(dataset, "describe", None)
     summary: dict[str, Any] = {"url": args.url, "format": entry.name, "samples": len(dataset)}
-    summary.update(describe() if callable(describe) else {"shards": len(getattr(dataset, "shard_sizes", ()))})
+    sizes = getattr(dataset, "shard_sizes", None)  # a folder has no shards: each file is one
+    summary.update(describe() if callable(describe) else {"shards": len(dataset if sizes is None else sizes)})
     summary["format"] = entry.name
     summary.update(open_seconds=opened - start, first_sample_seconds=first - start, sample=_preview(sample))
     if args.json:

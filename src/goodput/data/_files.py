@@ -14,14 +14,13 @@ import contextlib
 import hashlib
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from goodput._storage_errors import secret_values
 from goodput.data._remote import RemoteInfo, call_with_retries, md5_from_details
 from goodput.data._source import DEFAULT_RETRY, Buffer, Source, join_url
-from goodput.data.cache import CacheConfig
 from goodput.errors import ConfigError, DataError
 
 T = TypeVar("T")
@@ -234,14 +233,3 @@ class FileDataset(Generic[T]):
 
     def _load(self, file: int, local: int) -> T:
         raise NotImplementedError
-
-
-def spans_from(files: Sequence[tuple[str, RemoteInfo]], counts: Sequence[int]) -> Iterator[FileSpan]:
-    """FileSpans from a listing and each file's sample count."""
-    for (name, info), count in zip(files, counts, strict=True):
-        yield FileSpan(name=name, size=info.size, samples=int(count), md5=info.md5)
-
-
-def make_source(url: str, cache: CacheConfig | None, storage_options: Mapping[str, Any] | None) -> Source:
-    """The Source a format reads through (cache None: local files in place, remote ones by ranged reads)."""
-    return Source(url, cache=cache, storage_options=storage_options)

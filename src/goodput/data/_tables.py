@@ -72,7 +72,7 @@ class TableDataset(FileDataset[T]):
         in one conversion."""
         pa = import_pyarrow(type(self).__name__)
         starts, size, slices = self._starts, len(self), []
-        whole: dict[int, Sequence[Any]] = {}  # files whose blocks are all held (Arrow maps), for this batch
+        whole: dict[int, Any] = {}  # files whose blocks are all held (Arrow maps), for this batch
         for index in indices:
             index = int(index)
             if not 0 <= index < size:
@@ -94,8 +94,9 @@ class TableDataset(FileDataset[T]):
             rows = [row.to_pylist()[0] for row in slices]
         return rows if self.decode is None else [self.decode(row) for row in rows]
 
-    def _all_blocks(self, file: int) -> Sequence[Any] | None:
-        """Every block of ``file`` when a format holds them all at no cost (None: read them one by one)."""
+    def _all_blocks(self, file: int) -> Any:
+        """The blocks of ``file`` indexable by number, when a format holds them at no cost (None: read them one
+        by one through the kept blocks)."""
         return None
 
     def _block(self, file: int, block: int) -> Any:

@@ -73,8 +73,9 @@ class ArrowDataset(TableDataset[T]):
         self._types = {field.name: str(field.type) for field in schema}
         first = url if not listing[0][0] else join_url(url, listing[0][0])
         self.columns = check_columns(first, schema.names, columns)
-        spans = [_span(name, info, rows) for (name, info), (_, rows) in zip(listing, scanned, strict=True)]
-        self._blocks = [block_starts(rows) for _, rows in scanned if sum(rows) > 0]
+        spans = [_span(name, info, rows) for (name, info), (_, rows, _) in zip(listing, scanned, strict=True)]
+        self._blocks = [block_starts(rows) for _, rows, _ in scanned if sum(rows) > 0]
+        self._layouts = [(schema, offsets) for schema, rows, offsets in scanned if sum(rows) > 0]
         self._setup(source, spans, augment=augment, open_files=open_files, extra=",".join(self.columns))
 
     @classmethod
@@ -98,15 +99,14 @@ class ArrowDataset(TableDataset[T]):
         root = os.path.commonpath([os.path.dirname(p) for p in paths])
         return cls(root, files=[os.path.relpath(p, root) for p in paths], **options)
 
-    def _all_blocks(self, file: int) -> list[Any]:
-        # the batches point into the file's memory map (or the bytes read): keeping them all costs nothing
-        found: list[Any] = self._handles.get(file, lambda stack: self._open(file, stack))
+    def _all_blocks(self, file: int) -> _ArrowFile:
+        found: _ArrowFile = self._handles.get(file, lambda stack: self._open(file, stack))
         return found
 
     def _block(self, file: int, block: int) -> Any:
         return self._all_blocks(file)[block]
 
-    def _open(self, file: int, stack: contextlib.ExitStack) -> list[Any]:
+    def _open(self, file: int, stack: contextlib.ExitStack) -> _ArrowFile:
         import pyarrow as pa
 
         path = self.local_path(file, stack)
@@ -114,7 +114,34 @@ class ArrowDataset(TableDataset[T]):
             stream = pa.memory_map(path)
         else:
             stream = pa.BufferReader(self._source.direct(self.file_url(file)))
-        return [batch.select(self.columns) for batch in _batches(stream, self.file_url(file))[1]]
+        schema, offsets = self._layouts[file]
+        return _ArrowFile(stream, schema, offsets, self.columns, self.file_url(file))
+
+
+class _ArrowFile:
+    """The record batches of one open file, each read on first use from its known offset (zero-copy on a memory
+    map), or all at once for a file whose batches cannot be read alone (IPC file format, dictionaries)."""
+
+    def __init__(
+        self, stream: Any, schema: Any, offsets: list[int] | None, columns: list[str], url: str
+    ) -> None:
+        self._stream, self._schema, self._offsets, self._columns = stream, schema, offsets, columns
+        if offsets is None:
+            self._batches: list[Any] = [b.select(columns) for b in _batches(stream, url)[1]]
+        else:
+            self._batches = [None] * len(offsets)
+
+    def __getitem__(self, block: int) -> Any:
+        found = self._batches[block]
+        if found is None:
+            import pyarrow as pa
+
+            assert self._offsets is not None
+            self._stream.seek(self._offsets[block])
+            message = pa.ipc.read_message(self._stream)
+            found = pa.ipc.read_record_batch(message, self._schema).select(self._columns)
+            self._batches[block] = found
+        return found
 
 
 def _span(name: str, info: RemoteInfo, rows: list[int]) -> FileSpan:
@@ -153,22 +180,59 @@ def _listing(source: Source, files: Sequence[str] | None) -> list[tuple[str, Rem
     return listing
 
 
-def _scan(source: Source, name: str, info: RemoteInfo) -> tuple[Any, list[int]]:
-    """The schema and each record batch's rows of one file (read once: see the module's docstring)."""
+def _scan(source: Source, name: str, info: RemoteInfo) -> tuple[Any, list[int], list[int] | None]:
+    """The schema, each record batch's rows and where each batch starts (None when the batches cannot be
+    read alone) of one file (read once: see the module's docstring)."""
     import pyarrow as pa
 
     url = source.url if not name else join_url(source.url, name)
     if source.is_local:
         with pa.memory_map(source.local_path(url)) as mapped:
-            schema, batches = _batches(mapped, url)
-    else:
-        cache = source.cache
-        if cache is not None:
-            with cache.open(url, expected=info) as path, pa.memory_map(path) as mapped:
-                schema, batches = _batches(mapped, url)
-        else:
-            schema, batches = _batches(pa.BufferReader(source.direct(url)), url)
-    return schema, [b.num_rows for b in batches]
+            return _index(mapped, url)
+    cache = source.cache
+    if cache is not None:
+        with cache.open(url, expected=info) as path, pa.memory_map(path) as mapped:
+            return _index(mapped, url)
+    return _index(pa.BufferReader(source.direct(url)), url)
+
+
+def _index(stream: Any, url: str) -> tuple[Any, list[int], list[int] | None]:
+    """Walk an IPC stream's messages: the schema, then each record batch's offset and rows. Anything else
+    (an IPC file, dictionary batches) falls back to reading every batch."""
+    import pyarrow as pa
+
+    rows: list[int] = []
+    offsets: list[int] = []
+    try:
+        reader = pa.ipc.MessageReader.open_stream(stream)
+        first = reader.read_next_message()
+        if first.type != "schema":
+            raise pa.ArrowInvalid(f"first message is a {first.type}")
+        schema = pa.ipc.read_schema(first)
+    except (pa.ArrowInvalid, OSError, StopIteration):
+        return _fallback(stream, url)
+    while True:
+        at = stream.tell()
+        try:
+            message = reader.read_next_message()
+            if message.type != "record batch":
+                return _fallback(stream, url)
+            rows.append(pa.ipc.read_record_batch(message, schema).num_rows)
+        except StopIteration:
+            break
+        except (pa.ArrowInvalid, OSError) as err:
+            raise DataError(
+                f"{url} is truncated after {sum(rows)} rows ({len(rows)} whole record batches; "
+                f"{str(err).splitlines()[0]}): the rows after it are lost, copy or save the dataset again"
+            ) from None
+        offsets.append(at)
+    return schema, rows, offsets
+
+
+def _fallback(stream: Any, url: str) -> tuple[Any, list[int], None]:
+    stream.seek(0)
+    schema, batches = _batches(stream, url)
+    return schema, [b.num_rows for b in batches], None
 
 
 def _batches(stream: Any, url: str) -> tuple[Any, list[Any]]:
