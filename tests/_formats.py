@@ -95,8 +95,8 @@ MDS_FIXTURES = os.path.join(os.path.dirname(__file__), "data", "mds")
 
 
 def write_webdataset(folder: str, n: int) -> str:
-    """Three tar shards in WebDataset's layout (``key.txt``, ``key.cls``, ``key.json`` per sample, written by
-    ``webdataset.TarWriter`` when installed, else by ``tarfile``); sample ``i``'s ``cls`` is ``i``."""
+    """Three tar shards in WebDataset's layout (``key.txt``, ``key.cls``, ``key.json`` per sample, consecutive,
+    as ``webdataset.TarWriter`` writes them), written with ``tarfile``; sample ``i``'s ``cls`` is ``i``."""
     import io
     import tarfile
 
