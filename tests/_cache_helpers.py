@@ -75,3 +75,42 @@ def read_one_in_process(options: dict[str, Any], folder: str, url: str) -> None:
         folder=folder, budget_bytes=1 << 30, prefetch_bytes=0, chunk_bytes=64 << 10, range_workers=1
     )
     RemoteCache(config, storage_options=options).read(url)
+
+
+def shard_sample(index: int) -> bytes:
+    """Sample ``index`` of the shared-cache tests: 4 to 60 KiB of bytes fixed by the index."""
+    rng = random.Random(index)
+    return rng.randbytes(rng.randint(4 << 10, 60 << 10))
+
+
+def read_shards_in_process(
+    url: str, options: dict[str, Any], config: Any, seed: int, prefetch: bool, halfway: Any, resume: Any
+) -> dict[str, Any]:
+    """One reader process: every sample of the sharded dataset at ``url`` once, in its own random order, through
+    the shared cache folder (``open_shards=4``). Sets ``halfway`` after half the samples and then waits for
+    ``resume`` (the test restarts the S3 server in between). Returns the wrong and failed reads."""
+    from goodput.data.shards import ShardedDataset
+
+    dataset: Any = ShardedDataset(url, cache=config, storage_options=options, open_shards=4)
+    order = list(range(len(dataset)))
+    random.Random(seed).shuffle(order)
+    if prefetch:
+        dataset.prefetch(order)
+    wrong, errors = 0, []
+    for step, index in enumerate(order):
+        if step == len(order) // 2:
+            halfway.set()
+            resume.wait(120)
+        try:
+            wrong += dataset[index] != shard_sample(index)
+        except Exception as err:
+            errors.append(f"sample {index}: {type(err).__name__}: {err}")
+            break
+    halfway.set()
+    dataset.close()
+    return {"wrong": wrong, "errors": errors, "metrics": dataset.cache_metrics()}
+
+
+def reader_main(queue: Any, *args: Any) -> None:
+    """Process target: run :func:`read_shards_in_process` and put its result on ``queue``."""
+    queue.put(read_shards_in_process(*args))

@@ -91,6 +91,55 @@ def open_tokens(url: str, **options: Any) -> Any:
     return TokenDataset(url, seq_len=SEQ_LEN, dtype="uint16", **options)
 
 
+MDS_FIXTURES = os.path.join(os.path.dirname(__file__), "data", "mds")
+
+
+def write_webdataset(folder: str, n: int) -> str:
+    """Three tar shards in WebDataset's layout (``key.txt``, ``key.cls``, ``key.json`` per sample, consecutive,
+    as ``webdataset.TarWriter`` writes them), written with ``tarfile``; sample ``i``'s ``cls`` is ``i``."""
+    import io
+    import tarfile
+
+    root = os.path.join(folder, "webdataset")
+    os.makedirs(root, exist_ok=True)
+    bounds = np.linspace(0, n, 4).astype(int)
+    for k in range(3):
+        with tarfile.open(os.path.join(root, f"shard-{k:06d}.tar"), "w") as tar:
+            for i in range(bounds[k], bounds[k + 1]):
+                for ext, data in (("txt", f"row {i}"), ("cls", str(i)), ("json", f'{{"i": {i}}}')):
+                    member = tarfile.TarInfo(f"sample{i:05d}.{ext}")
+                    member.size = len(data.encode())
+                    tar.addfile(member, io.BytesIO(data.encode()))
+    return root
+
+
+def open_webdataset(url: str, **options: Any) -> Any:
+    from goodput.data import WebDataset
+
+    return WebDataset(url, extensions=["cls", "txt"], **options)
+
+
+def write_mds(folder: str, n: int) -> str:
+    """An MDS dataset written by Mosaic's MDSWriter (committed fixtures, tests/scripts/make_mds_fixtures.py):
+    zstd-compressed shards for 60 samples, raw ones for 96."""
+    import shutil
+
+    name = {60: "zstd-60", 96: "plain-96"}[n]
+    root = os.path.join(folder, "mds")
+    shutil.copytree(os.path.join(MDS_FIXTURES, name), root)
+    return root
+
+
+def open_mds(url: str, **options: Any) -> Any:
+    from goodput.data import MDSDataset
+
+    return MDSDataset(url, columns=["id", "text"], **options)
+
+
+def cls_id(sample: Mapping[str, Any]) -> int:
+    return int(sample["cls"])
+
+
 def row_id(row: Mapping[str, Any]) -> int:
     return int(row["id"])
 
@@ -103,6 +152,8 @@ BUILDERS: list[Builder] = [
     Builder("parquet", write_parquet, open_parquet, row_id),
     Builder("arrow", write_arrow, open_arrow, row_id),
     Builder("tokens", write_tokens, open_tokens, window_id),
+    Builder("webdataset", write_webdataset, open_webdataset, cls_id),
+    Builder("mds", write_mds, open_mds, row_id),
 ]
 
 

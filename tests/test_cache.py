@@ -82,11 +82,41 @@ def test_file_in_use_is_never_evicted(tmp_path, s3_server, s3_url) -> None:
         assert os.path.exists(path)
 
 
-def test_a_read_waits_for_room_and_then_says_why(tmp_path, s3_server, s3_url) -> None:
+def test_a_read_with_no_room_goes_uncached(tmp_path, s3_server, s3_url) -> None:
     objects = list(upload(s3_server, s3_url, 2, 100 * KB).items())
     cache = _cache(tmp_path, s3_server, budget_bytes=150 * KB, prefetch_bytes=0, wait_seconds=0.2)
-    with cache.open(objects[0][0]), pytest.raises(DataError, match="no room in the cache"):
-        cache.read(objects[1][0])
+    with cache.open(objects[0][0]):
+        assert cache.read(objects[1][0]) == objects[1][1]  # the other file holds the room: read uncached
+        assert cache.metrics()["uncached_reads"] == 1 and cache.usage_bytes() <= 150 * KB
+        with cache.open(objects[1][0]) as path:  # a caller that needs a path gets a private copy
+            with open(path, "rb") as f:
+                assert f.read() == objects[1][1]
+            assert os.path.dirname(path).endswith("uncached")
+        assert not os.path.exists(path) and cache.metrics()["uncached_reads"] == 2
+
+
+def test_a_reader_lets_go_of_its_idle_files_before_it_waits(tmp_path, s3_server, s3_url) -> None:
+    objects = list(upload(s3_server, s3_url, 2, 100 * KB).items())
+    cache = _cache(tmp_path, s3_server, budget_bytes=150 * KB, prefetch_bytes=0, wait_seconds=60)
+    idle = cache.open(objects[0][0])
+    idle.__enter__()  # a shard this process keeps open but is not reading
+    started = time.monotonic()
+    with cache.view(objects[1][0], release=lambda: idle.__exit__(None, None, None)) as data:
+        assert data[:] == objects[1][1]
+    assert time.monotonic() - started < 30  # no wait for the room it held itself
+    assert cache.metrics()["uncached_reads"] == 0 and cache.metrics()["evictions"] == 1
+
+
+def test_a_read_breaks_a_prefetch_window_before_going_uncached(tmp_path, s3_server, s3_url) -> None:
+    objects = list(upload(s3_server, s3_url, 3, 100 * KB).items())
+    cache = _cache(tmp_path, s3_server, budget_bytes=250 * KB, prefetch_bytes=250 * KB, wait_seconds=60)
+    windowed = [url for url, _ in objects[:2]]
+    for url in windowed:
+        cache.read(url)
+        cache._pin_window(url)  # what a prefetcher holds for reads to come
+    assert cache.read(objects[2][0]) == objects[2][1]
+    assert cache.metrics()["uncached_reads"] == 0 and cache.metrics()["evictions"] == 1
+    assert cache.read(windowed[0]) == objects[0][1]  # its reader downloads it again
 
 
 def test_file_larger_than_budget_is_refused(tmp_path, s3_server, s3_url) -> None:

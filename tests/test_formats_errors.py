@@ -172,8 +172,10 @@ def test_the_formats_stay_optional() -> None:
 
     code = (
         "import sys, goodput, goodput.data\n"
-        "goodput.ParquetDataset, goodput.ArrowDataset, goodput.TokenDataset\n"
-        "print(sorted(m for m in ('pyarrow', 'datasets', 'torchdata', 'pandas') if m in sys.modules))\n"
+        "goodput.ParquetDataset, goodput.ArrowDataset, goodput.TokenDataset, goodput.WebDataset\n"
+        "goodput.MDSDataset\n"
+        "mods = ('pyarrow', 'datasets', 'torchdata', 'pandas', 'zstandard', 'webdataset')\n"
+        "print(sorted(m for m in mods if m in sys.modules))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
@@ -188,5 +190,6 @@ def test_the_formats_stay_optional() -> None:
     pins = {
         line.split("==")[0] for line in (root / "constraints.txt").read_text().splitlines() if "==" in line
     }
-    assert {"pyarrow", "datasets", "torchdata"} <= pins
-    assert {"pyarrow", "datasets", "torchdata"} <= {d.split(">")[0] for d in extras["dev"]}
+    assert {"pyarrow", "datasets", "torchdata", "zstandard"} <= pins
+    assert {"pyarrow", "datasets", "torchdata", "zstandard"} <= {d.split(">")[0] for d in extras["dev"]}
+    assert [d.split(">")[0] for d in extras["mds"]] == ["zstandard"]

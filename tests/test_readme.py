@@ -339,6 +339,17 @@ def test_the_in_place_formats_snippet_reads_each_format(tmp_path: Path) -> None:
         str(tmp_path / "imdb")
     )
     np.arange(30, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    import io
+    import tarfile
+
+    (tmp_path / "wds").mkdir()
+    for k in range(2):
+        with tarfile.open(tmp_path / "wds" / f"shard-{k:06d}.tar", "w") as tar:
+            for name in (f"s{k}.jpg", f"s{k}.txt", f"s{k}.json"):
+                member = tarfile.TarInfo(name)
+                member.size = len(name)
+                tar.addfile(member, io.BytesIO(name.encode()))
+    mds = Path(__file__).parent / "data" / "mds" / "zstd-60"
     code = _substitute(
         _python_block("gp.TokenDataset("),
         {
@@ -346,6 +357,10 @@ def test_the_in_place_formats_snippet_reads_each_format(tmp_path: Path) -> None:
             '"/data/imdb-train"': repr(str(tmp_path / "imdb")),
             '"s3://bucket/fineweb/train.bin"': repr(str(tmp_path / "train.bin")),
             "seq_len=1024": "seq_len=4",
+            '"s3://bucket/laion/shard-{000000..000099}.tar"': repr(
+                str(tmp_path / "wds" / "shard-{000000..000001}.tar")
+            ),
+            '"s3://bucket/mds/c4"': repr(str(mds)),
         },
     )
     cache = gp.CacheConfig(folder=str(tmp_path / "cache"), budget_bytes=1 << 20)
@@ -354,5 +369,12 @@ def test_the_in_place_formats_snippet_reads_each_format(tmp_path: Path) -> None:
     assert [namespace["text"][i] for i in range(2)] == [{"text": "a"}, {"text": "b"}]
     assert namespace["reviews"][1] == ("bad", 0)
     assert len(namespace["tokens"]) == 6 and namespace["tokens"][5].tolist() == list(range(25, 30))
+    assert namespace["pairs"][1] == {
+        "__key__": "s1",
+        "__url__": str(tmp_path / "wds" / "shard-000001.tar"),
+        "jpg": b"s1.jpg",
+        "txt": b"s1.txt",
+    }
+    assert len(namespace["c4"]) == 60 and namespace["c4"][7] == {"text": "row 7"}
     batches = [b.tolist() for b in namespace["loader"]]
     assert sorted(w[0] for b in batches for w in b) == list(range(0, 30, 5))

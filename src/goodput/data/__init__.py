@@ -14,6 +14,7 @@ from goodput.data.arrow import ArrowDataset
 from goodput.data.cache import CacheConfig, RemoteCache
 from goodput.data.folder import FolderDataset
 from goodput.data.loader import FetchTimes, LoaderConfig, ResumableLoader
+from goodput.data.mds import MDSDataset
 from goodput.data.order import EpochOrder, rank_batch_count, rank_batch_range, sample_seed, sample_seeds
 from goodput.data.parquet import ParquetDataset
 from goodput.data.prefetch import DevicePrefetcher
@@ -21,6 +22,7 @@ from goodput.data.randomness import loader_seed, sample_np_rng, sample_rng
 from goodput.data.sampler import BatchPlan, ResumableSampler
 from goodput.data.shards import ShardedDataset, ShardWriter, write_folder_shards, write_shards
 from goodput.data.tokens import TokenDataset
+from goodput.data.webdataset import WebDataset
 
 __all__ = [
     "ArrowDataset",
@@ -31,6 +33,7 @@ __all__ = [
     "FetchTimes",
     "FolderDataset",
     "LoaderConfig",
+    "MDSDataset",
     "ParquetDataset",
     "RemoteCache",
     "ResumableLoader",
@@ -38,6 +41,7 @@ __all__ = [
     "ShardWriter",
     "ShardedDataset",
     "TokenDataset",
+    "WebDataset",
     "loader_seed",
     "rank_batch_count",
     "rank_batch_range",

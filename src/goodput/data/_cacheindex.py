@@ -230,10 +230,15 @@ class CacheIndex:
         owner: str,
         budget: int,
         evict: Callable[[str], None],
+        *,
+        break_windows: bool = False,
     ) -> tuple[bool, int, int]:
         """Count ``size`` bytes for a download of ``key``, evicting least-recently-used unpinned files.
 
-        Returns (reserved, evictions, pinned_bytes). Nothing changes when the budget cannot be met.
+        With ``break_windows`` (a read that needs the file now) files pinned only by prefetch windows may go
+        too, after every unpinned one: a window is a lease on a file nobody reads yet, and its reader will
+        download it again if it comes to need it. Returns (reserved, evictions, bytes of files in use).
+        Nothing changes when the budget cannot be met.
         """
         with self._tx() as db:
             self._drop_dead_owners(db)
@@ -241,9 +246,10 @@ class CacheIndex:
             used = int(db.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0])
             victims: list[tuple[str, int]] = []
             if used + size > budget:
+                held = "SELECT key FROM pins" + (" WHERE kind='use'" if break_windows else "")
                 rows = db.execute(
-                    "SELECT key, size FROM entries WHERE state=? AND key NOT IN (SELECT key FROM pins)"
-                    " ORDER BY last_used",
+                    f"SELECT key, size FROM entries WHERE state=? AND key NOT IN ({held})"
+                    " ORDER BY key IN (SELECT key FROM pins), last_used",
                     (READY,),
                 )
                 for victim, victim_size in rows:
@@ -254,7 +260,8 @@ class CacheIndex:
             if used + size > budget:
                 pinned = int(
                     db.execute(
-                        "SELECT COALESCE(SUM(size), 0) FROM entries WHERE key IN (SELECT key FROM pins)"
+                        "SELECT COALESCE(SUM(size), 0) FROM entries WHERE key IN "
+                        "(SELECT key FROM pins WHERE kind='use')"
                     ).fetchone()[0]
                 )
                 db.rollback_requested = True

@@ -52,6 +52,28 @@ def _is_hf_saved(_source: Source, names: Sequence[str]) -> bool:
     return STATE_NAME in names or any(n.endswith(".arrow") for n in names)
 
 
+def _is_mds(source: Source, names: Sequence[str]) -> bool:
+    if "index.json" not in names:
+        return False
+    try:
+        shards = json.loads(source.direct(join_url(source.url, "index.json"))).get("shards", [])
+    except ValueError:
+        return False
+    return bool(shards) and all(isinstance(s, dict) and s.get("format") == "mds" for s in shards)
+
+
+def _open_mds(url: str, **kw: Any) -> Any:
+    from goodput.data.mds import MDSDataset
+
+    return MDSDataset(url, **kw)
+
+
+def _open_webdataset(url: str, **kw: Any) -> Any:
+    from goodput.data.webdataset import WebDataset
+
+    return WebDataset(url, **kw)
+
+
 def _open_shards(url: str, **kw: Any) -> Any:
     from goodput.data.shards import ShardedDataset
 
@@ -88,6 +110,8 @@ def _open_folder(url: str, **kw: Any) -> Any:
 # A new format adds its entry before "folder" (goodput-shards only claims an index.json whose "format" is its own).
 FORMATS: list[Format] = [
     Format("goodput-shards", _is_goodput_shards, _open_shards),
+    Format("mds", _is_mds, _open_mds, ("columns",)),
+    Format("webdataset", _suffix(".tar"), _open_webdataset),
     Format("arrow", _is_hf_saved, _open_arrow, ("columns",)),
     Format("parquet", _suffix(".parquet"), _open_parquet, ("columns", "split")),
     Format("tokens", _suffix(".bin", ".npy"), _open_tokens, ("seq_len", "dtype")),

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 from goodput._storage_errors import secret_values
 from goodput.data._remote import RemoteInfo, call_with_retries, md5_from_details
-from goodput.data._source import DEFAULT_RETRY, Source, join_url
+from goodput.data._source import DEFAULT_RETRY, Buffer, Source, join_url
 from goodput.errors import ConfigError, DataError
 
 T = TypeVar("T")
@@ -210,6 +210,12 @@ class FileDataset(Generic[T]):
         self._handles.close()
         self._source.close()
 
+    def buffer(self, file: int, stack: contextlib.ExitStack) -> Buffer | None:
+        """File ``file``'s bytes for the life of ``stack`` (see :meth:`Source.buffer`; when the cache needs
+        room, this process's idle open files go first), or None when it is remote without a cache."""
+        url, info = self.file_url(file), self.file_info(file)
+        return stack.enter_context(self._source.buffer(url, info, self._handles.close))
+
     def local_path(self, file: int, stack: contextlib.ExitStack) -> str | None:
         """A local path holding file ``file`` for the life of ``stack`` (through the cache, pinned), or None
         when the file is remote and there is no cache (then read it with ranged requests)."""
@@ -218,7 +224,8 @@ class FileDataset(Generic[T]):
         cache = self._source.cache
         if cache is None:
             return None
-        return str(stack.enter_context(cache.open(self.file_url(file), expected=self.file_info(file))))
+        url, info = self.file_url(file), self.file_info(file)
+        return str(stack.enter_context(cache.open(url, expected=info, release=self._handles.close)))
 
     def describe(self) -> dict[str, Any]:
         """What ``goodput data inspect`` prints: format, samples, files, and the format's own fields."""

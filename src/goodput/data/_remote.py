@@ -212,6 +212,22 @@ def download(
         raise ChecksumMismatch(f"MD5 {digest.hexdigest()} differs from the store's {expected.md5}")
 
 
+def fetch_verified(fs: Any, path: str, expected: RemoteInfo) -> bytes:
+    """The whole object at ``path`` in memory, checked against ``expected``'s size and MD5.
+
+    Raises:
+        ChecksumMismatch: when the bytes do not match ``expected``.
+    """
+    data = bytes(fs.cat_file(path))
+    if len(data) != expected.size:
+        raise ChecksumMismatch(f"got {len(data)} bytes, expected {expected.size}")
+    if expected.md5 is not None:
+        digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        if digest != expected.md5:
+            raise ChecksumMismatch(f"MD5 {digest} differs from the store's {expected.md5}")
+    return data
+
+
 def _parallel_ranges(fs: Any, path: str, fd: int, size: int, chunk: int, workers: int) -> int:
     def part(start: int) -> int:
         data = fs.cat_file(path, start=start, end=min(start + chunk, size))

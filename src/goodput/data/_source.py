@@ -6,14 +6,17 @@ worker, rank) reopens its filesystem and cache lazily, on first use.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from goodput._storage_errors import secret_values
 from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries
 from goodput.data.cache import CacheConfig, RemoteCache
 
+Buffer = bytes | mmap.mmap
 DEFAULT_RETRY = RetryPolicy(attempts=6, backoff_s=0.2, max_backoff_s=5.0)
 
 
@@ -113,6 +116,31 @@ class Source:
             secrets=secret_values(self._options),
         )
         return data
+
+    @contextlib.contextmanager
+    def buffer(
+        self, url: str, info: RemoteInfo, release: Callable[[], None] | None = None
+    ) -> Iterator[Buffer | None]:
+        """The whole file at ``url`` inside the block: mapped when local, through the cache when there is one
+        (pinned, or read uncached when other readers hold the budget; ``release`` lets go of this process's
+        idle files first, see :meth:`RemoteCache.view`), or None when it is remote without a cache (read it
+        by ranges with :meth:`direct`)."""
+        cache = self.cache
+        if cache is not None:
+            with cache.view(url, expected=info, release=release) as data:
+                yield data
+        elif self._local:
+            with open(self.local_path(url), "rb") as f:
+                if not f.seek(0, os.SEEK_END):
+                    yield b""  # an empty file cannot be mapped
+                    return
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                yield mapped
+            finally:
+                mapped.close()
+        else:
+            yield None
 
     def prefetch(self, urls: Sequence[str], expected: Sequence[RemoteInfo | None]) -> None:
         cache = self.cache

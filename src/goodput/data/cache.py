@@ -7,40 +7,53 @@ process on the node wait for the one download instead of starting its own; one S
 for all of them. Eviction is least-recently-used and skips files that a reader has open or that sit inside a
 prefetch window. ``prefetch(urls)`` downloads the files in the order they will be needed, in the background.
 
+Readers never wait on each other for room (no hold and wait). Every reader of the node pins the files it has
+open, and there may be more of them than the budget holds (8 ranks x 4 workers x 4 open shards). A read that
+finds no room (a) evicts unpinned files, then files pinned only by a prefetch window (a lease on a file nobody
+reads yet: its reader downloads it again if needed), (b) lets go of what its own process holds and is not
+using (``release``: the dataset's idle open shards), (c) waits at most ``wait_seconds`` for room, holding
+nothing but the file it asks for, and then (d) reads the file uncached instead of waiting longer: ``view``
+into memory, ``open`` into a private copy under ``uncached/`` removed after use. No read waits without bound
+on anything another reader holds (the per-file download lock is held for one bounded download), so no set of
+readers can deadlock, whatever their number; pinned bytes are files counted in the budget, so they never
+exceed it; a reader holds at most its own open files in memory when it reads uncached.
+
 Layout of the folder::
 
     index.sqlite      entries (ready / loading, size, owner), pins, node-wide counters
     files/<key>       complete, verified files (key = SHA-256 of the URL)
     tmp/<key>.<owner>.part   downloads in flight; removed when their owner is gone
+    uncached/<key>.<owner>.<n>   private copies read when the budget has no room (outside it); likewise
     locks/<key>.lock  one download per file per node
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import logging
+import mmap
 import os
-import random
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from goodput._storage_errors import redact_url, secret_values
-from goodput.data._cacheindex import READY, CacheIndex, owner_alive, owner_token
+from goodput.data._cacheconfig import CacheConfig
+from goodput.data._cachefolder import FileLocks, clean_stale
+from goodput.data._cacheindex import READY, CacheIndex, owner_token
 from goodput.data._remote import (
     RemoteInfo,
     RetryPolicy,
     call_with_retries,
     download,
+    fetch_verified,
     info_of,
 )
-from goodput.errors import ConfigError, DataError, StorageError
+from goodput.errors import DataError, StorageError
 
 __all__ = ["CacheConfig", "RemoteCache"]
 
@@ -60,58 +73,8 @@ METRIC_NAMES = (
     "prefetch_lead_seconds",
     "evictions",
     "retries",
+    "uncached_reads",
 )
-
-
-DEFAULT_PREFETCH_BYTES = 256 << 20
-
-
-@dataclass(frozen=True, kw_only=True)
-class CacheConfig:
-    """How the local cache behaves.
-
-    Args:
-        folder: local directory of the cache (created; shared by every process on the node).
-        budget_bytes: most bytes of cached files kept on disk, in-flight downloads included.
-        prefetch_bytes: most bytes downloaded ahead of the readers by ``prefetch`` (the default 256 MiB is
-            clamped to ``budget_bytes`` when the budget is smaller; a larger explicit value is an error).
-        prefetch_workers: downloads in flight at once during prefetch.
-        chunk_bytes: objects larger than this are fetched as range requests of this size.
-        range_workers: range requests in flight at once for one large object (1: sequential).
-        attempts: tries per request before giving up with a ``StorageError``.
-        backoff_seconds: first backoff delay; doubles each retry, with full jitter.
-        max_backoff_seconds: the largest backoff delay.
-        wait_seconds: how long a read waits for budget space held by files other readers are using.
-    """
-
-    folder: str
-    budget_bytes: int
-    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
-    prefetch_workers: int = 4
-    chunk_bytes: int = 16 << 20
-    range_workers: int = 4
-    attempts: int = 6
-    backoff_seconds: float = 0.2
-    max_backoff_seconds: float = 5.0
-    wait_seconds: float = 300.0
-
-    def __post_init__(self) -> None:
-        if not self.folder or "://" in self.folder:
-            raise ConfigError(f"CacheConfig.folder must be a local directory, got {self.folder!r}")
-        positive = ("budget_bytes", "chunk_bytes", "prefetch_workers", "range_workers", "attempts")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"CacheConfig.{name} must be at least 1, got {getattr(self, name)!r}")
-        for name in ("prefetch_bytes", "backoff_seconds", "max_backoff_seconds", "wait_seconds"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"CacheConfig.{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.prefetch_bytes == DEFAULT_PREFETCH_BYTES and self.budget_bytes < DEFAULT_PREFETCH_BYTES:
-            object.__setattr__(self, "prefetch_bytes", self.budget_bytes)  # a small cache, a smaller window
-        if self.prefetch_bytes > self.budget_bytes:
-            raise ConfigError(
-                f"CacheConfig.prefetch_bytes ({self.prefetch_bytes}) must not exceed budget_bytes "
-                f"({self.budget_bytes}): the prefetch window has to fit in the cache"
-            )
 
 
 @dataclass
@@ -143,7 +106,7 @@ class RemoteCache:
         self._setup()
 
     def _setup(self) -> None:
-        for sub in ("files", "tmp", "locks"):
+        for sub in ("files", "tmp", "locks", "uncached"):
             os.makedirs(os.path.join(self.config.folder, sub), exist_ok=True)
         self._pid = os.getpid()
         self._owner = owner_token()
@@ -151,10 +114,10 @@ class RemoteCache:
         self._fs: dict[str, Any] = {}
         self._fs_lock = threading.Lock()
         self._counters = _Counters()
-        self._key_locks: dict[str, threading.Lock] = {}
-        self._key_locks_guard = threading.Lock()
+        self._file_lock = FileLocks(os.path.join(self.config.folder, "locks"))
         self._prefetcher: Any = None
-        self._clean_stale()
+        self._uncached = 0  # names this process's private copies
+        clean_stale(self.config.folder, self._index)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"config": self.config, "options": self._options}
@@ -170,17 +133,72 @@ class RemoteCache:
 
     # ---- public API --------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def open(self, url: str, *, expected: RemoteInfo | None = None) -> Iterator[str]:
+    def open(
+        self, url: str, *, expected: RemoteInfo | None = None, release: Callable[[], None] | None = None
+    ) -> Iterator[str]:
         """The local path of ``url``, downloaded if needed and kept from eviction inside the block.
+
+        When the budget has no room because other readers hold it, the path is a private copy outside the
+        budget, removed when the block ends (counted in ``uncached_reads``): a read never waits on other
+        readers for longer than ``wait_seconds``.
 
         Args:
             url: fsspec URL of the remote file.
             expected: its size and MD5 when the caller knows them (saves a metadata request).
+            release: called when the budget has no room, to let go of files this process holds and is not
+                using (a dataset's idle open files), before waiting for others.
 
         Raises:
             StorageError: the store failed after every retry, or refused permanently.
-            DataError: the budget has no room for this file (other readers hold the rest) in time.
+            DataError: the file is larger than the whole budget.
         """
+        with self._held(url, expected, release) as path:
+            if path is not None:
+                yield path
+                return
+            fs, remote = self._filesystem(url)
+            info = expected if expected is not None else self._retried(lambda: info_of(fs, remote), url)
+            self._uncached += 1
+            name = f"{self.key(url)}.{self._owner.replace(':', '-')}.{self._uncached}"
+            private = os.path.join(self.config.folder, "uncached", name)
+            try:
+                self._retried(lambda: self._download_once(fs, remote, private, info), url)
+                self._count_uncached()
+                yield private
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(private)
+
+    @contextlib.contextmanager
+    def view(
+        self, url: str, *, expected: RemoteInfo | None = None, release: Callable[[], None] | None = None
+    ) -> Iterator[bytes | mmap.mmap]:
+        """The content of ``url`` as a read-only buffer, kept valid inside the block: a map of the cached file,
+        or the bytes read straight from the store when the budget has no room (as :meth:`open`)."""
+        with self._held(url, expected, release) as path:
+            if path is None:
+                yield self._read_uncached(url, expected)
+                return
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    yield b""  # an empty file cannot be mapped
+                    return
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                yield mapped
+            finally:
+                mapped.close()
+
+    def read(self, url: str, *, expected: RemoteInfo | None = None) -> bytes:
+        """The whole content of ``url``, read through the cache (uncached when it has no room, see ``open``)."""
+        with self.view(url, expected=expected) as data:
+            return data if isinstance(data, bytes) else data[:]
+
+    @contextlib.contextmanager
+    def _held(
+        self, url: str, expected: RemoteInfo | None, release: Callable[[], None] | None
+    ) -> Iterator[str | None]:
+        """The cached file's path, pinned inside the block; None when the budget has no room for it."""
         key = self.key(url)
         self._check_fork()
         entry, lead = self._index.pin_and_hit(key, self._owner, time.time())
@@ -189,23 +207,19 @@ class RemoteCache:
             if entry is not None and entry.state == READY and os.path.exists(path):
                 self._counters.add(hits=1)
                 self._record_lead(lead)
-            else:
-                started = time.monotonic()
-                self._ensure(url, key, expected, demand=True)
-                waited = time.monotonic() - started
-                self._counters.add(misses=1, wait_seconds=waited)
-                self._index.mark_hit(key, time.time(), {"misses": 1, "wait_seconds": waited})
-            yield path
+                yield path
+                return
+            started = time.monotonic()
+            cached = self._ensure(url, key, expected, demand=True, release=release)
+            waited = time.monotonic() - started
+            self._counters.add(misses=1, wait_seconds=waited)
+            self._index.mark_hit(key, time.time(), {"misses": 1, "wait_seconds": waited})
+            yield path if cached else None
         finally:
             # At interpreter exit a frozen daemon thread (a prefetch download) may hold the index lock
             # forever; the pin dies with this process anyway (pins name their owner, checked for liveness).
             if not sys.is_finalizing():
                 self._index.unpin(key, self._owner, _USE)
-
-    def read(self, url: str, *, expected: RemoteInfo | None = None) -> bytes:
-        """The whole content of ``url``, read through the cache."""
-        with self.open(url, expected=expected) as path, open(path, "rb") as f:
-            return f.read()
 
     def prefetch(self, urls: Sequence[str], *, expected: Sequence[RemoteInfo | None] | None = None) -> None:
         """Download ``urls`` in this order in the background, a bounded window ahead of the readers.
@@ -303,11 +317,18 @@ class RemoteCache:
         return fs, fs._strip_protocol(url)
 
     def _ensure(
-        self, url: str, key: str, expected: RemoteInfo | None, *, demand: bool, cancelled: Any = None
+        self,
+        url: str,
+        key: str,
+        expected: RemoteInfo | None,
+        *,
+        demand: bool,
+        cancelled: Any = None,
+        release: Callable[[], None] | None = None,
     ) -> bool:
         """Make ``key`` ready, downloading it unless another process is doing so (then wait for it).
 
-        Returns False only for a prefetch that found no room in the budget.
+        Returns False when the budget has no room: a prefetch skips the file, a read goes uncached.
         """
         with self._file_lock(key):
             if self._is_ready(key):
@@ -316,7 +337,7 @@ class RemoteCache:
             info = (
                 expected if expected is not None else self._retried(lambda: info_of(fs, path), url, cancelled)
             )
-            if not self._reserve(key, info.size, url, demand=demand):
+            if not self._reserve(key, info.size, url, demand=demand, release=release):
                 return False
             started = time.monotonic()
             tmp_dir = os.path.join(self.config.folder, "tmp")
@@ -343,7 +364,16 @@ class RemoteCache:
             fs, path, tmp, info, chunk_bytes=self.config.chunk_bytes, range_workers=self.config.range_workers
         )
 
-    def _reserve(self, key: str, size: int, url: str, *, demand: bool) -> bool:
+    def _reserve(
+        self,
+        key: str,
+        size: int,
+        url: str,
+        *,
+        demand: bool,
+        release: Callable[[], None] | None = None,
+    ) -> bool:
+        """Count ``size`` bytes for ``key``, following the steps of the module docstring; False: no room."""
         if size > self.config.budget_bytes:
             raise DataError(
                 f"{redact_url(url)} has {size} bytes, more than the cache budget "
@@ -353,21 +383,33 @@ class RemoteCache:
         delay = 0.01
         while True:
             ok, evicted, pinned = self._index.reserve(
-                key, size, self._owner, self.config.budget_bytes, self._evict_file
+                key, size, self._owner, self.config.budget_bytes, self._evict_file, break_windows=demand
             )
             if ok:
                 self._counters.add(evictions=evicted)
                 return True
             if not demand:
                 return False
+            if release is not None:
+                release()  # this process's idle files first: then it holds nothing while it waits
+                release = None
+                continue
             if time.monotonic() > deadline:
-                raise DataError(
-                    f"no room in the cache for {redact_url(url)}: {pinned} of {self.config.budget_bytes} "
-                    "budget bytes are held by files in use or in prefetch windows; raise "
-                    "CacheConfig.budget_bytes or lower prefetch_bytes"
-                )
-            time.sleep(delay)  # waiting for other readers to release their files
+                log.info("no room in the cache for %s (%d bytes in use): reading it uncached", key, pinned)
+                return False
+            time.sleep(delay)  # a bounded wait for other readers to close files (see the module docstring)
             delay = min(delay * 2, 0.2)
+
+    def _read_uncached(self, url: str, expected: RemoteInfo | None) -> bytes:
+        fs, path = self._filesystem(url)
+        info = expected if expected is not None else self._retried(lambda: info_of(fs, path), url)
+        data: bytes = self._retried(lambda: fetch_verified(fs, path, info), url)
+        self._count_uncached()
+        return data
+
+    def _count_uncached(self) -> None:
+        self._counters.add(uncached_reads=1)
+        self._index.bump({"uncached_reads": 1})
 
     def _evict_file(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -386,59 +428,3 @@ class RemoteCache:
             mean = self._counters.values["prefetch_lead_seconds"]
             self._counters.values["prefetch_lead_seconds"] = (mean * n + lead) / (n + 1)
             self._counters.leads = n + 1
-
-    @contextlib.contextmanager
-    def _file_lock(self, key: str) -> Iterator[None]:
-        # A POSIX record lock excludes other processes and is released by the kernel when its holder dies; a
-        # forked child does not inherit it (flock's would be shared with the child and outlive the parent's
-        # download). Threads of this process are excluded by a lock per key.
-        with self._key_locks_guard:
-            thread_lock = self._key_locks.setdefault(key, threading.Lock())
-        with thread_lock:
-            path = os.path.join(self.config.folder, "locks", f"{key}.lock")
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                _lock_exclusive(fd)
-                yield
-            finally:
-                os.close(fd)
-
-    def _clean_stale(self) -> None:
-        """Drop rows of dead processes, temp files they left, and ready rows whose file is gone."""
-        self._index.drop_dead_owners()
-        tmp_dir = os.path.join(self.config.folder, "tmp")
-        for name in os.listdir(tmp_dir):
-            parts = name.split(".")
-            owner = parts[1].replace("-", ":", 1) if len(parts) == 3 else ""
-            if not owner or not owner_alive(owner):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(tmp_dir, name))
-        for key in self._index.ready_keys():
-            if not os.path.exists(self._local(key)):
-                self._index.forget(key)
-        known = self._index.ready_keys()
-        files_dir = os.path.join(self.config.folder, "files")
-        for name in os.listdir(files_dir):
-            # A file with no row was renamed by a process that died before recording it: not trusted.
-            if name not in known and self._index.entry(name) is None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(files_dir, name))
-
-
-def _lock_exclusive(fd: int) -> None:
-    """Take a POSIX record lock, retrying when the kernel reports a deadlock.
-
-    The kernel tracks record locks per process, not per thread: when two processes each have one thread
-    holding a file's lock and another waiting for the other's, it sees a cycle that the threads do not have
-    and answers EDEADLK. Waiting a moment and asking again resolves it.
-    """
-    delay = 0.001
-    while True:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX)
-            return
-        except OSError as err:
-            if err.errno != errno.EDEADLK:
-                raise
-        time.sleep(random.uniform(0, delay))  # back off: the other process's thread is about to finish
-        delay = min(delay * 2, 0.05)

@@ -101,7 +101,7 @@ class FolderDataset(Generic[T]):
     def cache_metrics(self) -> dict[str, float]:
         """The cache's counters summed over every process on this node that reads through its folder
         (DataLoader workers included): hits, misses, bytes_downloaded, download_seconds, wait_seconds,
-        prefetch_lead_seconds, evictions, retries. Empty when the dataset has no cache."""
+        prefetch_lead_seconds, evictions, retries, uncached_reads. Empty when the dataset has no cache."""
         return self._source.cache_metrics()
 
     def close(self) -> None:

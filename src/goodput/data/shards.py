@@ -10,21 +10,19 @@ written last, so a dataset is readable only once complete. Samples are bytes; th
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import mmap
 import os
 import struct
 import tempfile
 from bisect import bisect_right
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from goodput._storage_errors import secret_values
+from goodput.data._files import Handles
 from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries
-from goodput.data._source import Source, join_url
+from goodput.data._source import Buffer, Source, join_url
 from goodput.data.cache import CacheConfig
 from goodput.errors import ConfigError, DataError
 
@@ -237,10 +235,7 @@ class ShardedDataset(Generic[T]):
         self._reset_handles()
 
     def _reset_handles(self) -> None:
-        # shard -> (its open handles, its mapping, sample offsets, data start), most recently used last
-        self._open: OrderedDict[int, tuple[contextlib.ExitStack, mmap.mmap, tuple[int, ...], int]] = (
-            OrderedDict()
-        )
+        self._open: Handles[Buffer | None] = Handles(self.open_shards)
         self._headers: dict[int, tuple[tuple[int, ...], int]] = {}  # parsed once: a shard never changes
 
     def __getstate__(self) -> dict[str, Any]:
@@ -293,13 +288,12 @@ class ShardedDataset(Generic[T]):
     def cache_metrics(self) -> dict[str, float]:
         """The cache's counters summed over every process on this node that reads through its folder
         (DataLoader workers included): hits, misses, bytes_downloaded, download_seconds, wait_seconds,
-        prefetch_lead_seconds, evictions, retries. Empty when the dataset has no cache."""
+        prefetch_lead_seconds, evictions, retries, uncached_reads. Empty when the dataset has no cache."""
         return self._source.cache_metrics()
 
     def close(self) -> None:
         """Release the open shards and stop prefetching."""
-        while self._open:
-            self._close_oldest()
+        self._open.close()
         self._source.close()
 
     def _info(self, shard: int) -> RemoteInfo:
@@ -307,43 +301,17 @@ class ShardedDataset(Generic[T]):
         return RemoteInfo(size=int(entry["bytes"]), md5=entry.get("md5"))
 
     def _sample(self, shard: int, local: int) -> bytes:
-        held = self._open.get(shard)
-        if held is None:
-            if self._source.cache is None and not self._source.is_local:
-                return self._direct_sample(shard, local)
-            held = self._open_shard(shard)
-        else:
-            self._open.move_to_end(shard)
-        _, view, offsets, base = held
-        return view[base + offsets[local] : base + offsets[local + 1]]
-
-    def _open_shard(self, shard: int) -> tuple[contextlib.ExitStack, mmap.mmap, tuple[int, ...], int]:
-        while len(self._open) >= self.open_shards:
-            self._close_oldest()
-        stack = contextlib.ExitStack()
-        try:
-            url = self.shard_url(shard)
-            cache = self._source.cache
-            if cache is not None:
-                path = stack.enter_context(cache.open(url, expected=self._info(shard)))
-            else:
-                path = self._source.local_path(url)
-            with open(path, "rb") as f:
-                view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            stack.callback(view.close)
-            if shard not in self._headers:
-                self._headers[shard] = _parse_header(view[: _header_probe(view)], url)
-        except BaseException:
-            stack.close()
-            raise
+        url = self.shard_url(shard)
+        view = self._open.get(
+            shard,
+            lambda stack: stack.enter_context(self._source.buffer(url, self._info(shard), self._open.close)),
+        )
+        if view is None:
+            return self._direct_sample(shard, local)
+        if shard not in self._headers:
+            self._headers[shard] = _parse_header(view[: _header_probe(view)], url)
         offsets, base = self._headers[shard]
-        held = (stack, view, offsets, base)
-        self._open[shard] = held
-        return held
-
-    def _close_oldest(self) -> None:
-        _, (stack, _, _, _) = self._open.popitem(last=False)
-        stack.close()
+        return view[base + offsets[local] : base + offsets[local + 1]]
 
     def _direct_sample(self, shard: int, local: int) -> bytes:
         url = self.shard_url(shard)
@@ -359,7 +327,7 @@ def _header_size(count: int) -> int:
     return len(MAGIC) + 8 + 8 * (count + 1)
 
 
-def _header_probe(view: mmap.mmap) -> int:
+def _header_probe(view: Buffer) -> int:
     return _header_size(_U64.unpack(view[len(MAGIC) : len(MAGIC) + 8])[0])
 
 
