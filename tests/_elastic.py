@@ -26,3 +26,23 @@ def effective_steps(run_dir: str) -> dict[int, list[dict]]:
         last = max(r["attempt"] for r in rows)
         effective[step] = [r for r in rows if r["attempt"] == last]
     return effective
+
+
+def check_one_numbering(run_dir: str) -> dict[int, int]:
+    """Attempt -> world size, after checking that every rank of each round recorded the same attempt number:
+    the ranks that started an attempt are exactly ``0 .. world_size - 1`` of that attempt, and numbers only grow
+    with the rounds' start times."""
+    from goodput.ledger import read_events
+
+    starts = [e for e in read_events(run_dir, rank=None) if e["event"] == "attempt_start"]
+    worlds: dict[int, set[int]] = defaultdict(set)
+    ranks: dict[int, set[int]] = defaultdict(set)
+    for event in starts:
+        worlds[event["attempt"]].add(event["world_size"])
+        ranks[event["attempt"]].add(event["rank"])
+    for attempt, sizes in worlds.items():
+        assert len(sizes) == 1, f"attempt {attempt} names rounds of world sizes {sorted(sizes)}"
+        assert ranks[attempt] == set(range(next(iter(sizes)))), (attempt, sorted(ranks[attempt]), sizes)
+    first_wall = {a: min(e["wall"] for e in starts if e["attempt"] == a) for a in worlds}
+    assert sorted(first_wall, key=first_wall.__getitem__) == sorted(first_wall), first_wall
+    return {attempt: next(iter(sizes)) for attempt, sizes in worlds.items()}

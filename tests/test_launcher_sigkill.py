@@ -88,6 +88,8 @@ def test_a_sigkilled_launcher_takes_torchrun_every_worker_and_their_data_workers
 def test_a_sigkilled_warm_launcher_takes_the_agent_workers_data_workers_and_spare_with_it(
     tmp_path: Path,
 ) -> None:
+    """And its RNG records' RAM folder, which nothing of the killed launch could remove, is swept by the next
+    warm launch on the machine (its owner, the killed agent, provably ended)."""
     run_dir = str(tmp_path / "run")
     proc = start_launch(
         "--restart", "warm", "--nproc", "2", "--run-dir", run_dir, "--",
@@ -96,8 +98,18 @@ def test_a_sigkilled_warm_launcher_takes_the_agent_workers_data_workers_and_spar
     samples = os.path.join(run_dir, "samples", "rank-0.jsonl")
     # the agent, 2 ranks, their 2 DataLoader worker processes each, and a spare
     _wait_until(lambda: os.path.exists(samples) and len(processes_with(run_dir)) >= 8, proc, "a spare")
+    launches = glob.glob(os.path.join(run_dir, "launches", "*"))
+    left = [record_folder("", "", launch=os.path.basename(launch)) for launch in launches]
     try:
         _killed_leaves_nothing(proc, run_dir)
-    finally:  # the RNG records' RAM folder, which a SIGKILLed launcher cannot remove
-        for launch in glob.glob(os.path.join(run_dir, "launches", "*")):
-            shutil.rmtree(record_folder("", "", launch=os.path.basename(launch)), ignore_errors=True)
+        assert left and all(os.path.isdir(folder) for folder in left)  # what a SIGKILL cannot clean up
+        nxt = start_launch(
+            "--restart", "warm", "--nproc", "2", "--run-dir", str(tmp_path / "next"), "--",
+            WARM_SCRIPT, "--steps", "2", "--step-seconds", "0.01",
+        )  # fmt: skip
+        _, err = nxt.communicate(timeout=300)
+        assert nxt.returncode == 0, err[-3000:]
+        assert [folder for folder in left if os.path.exists(folder)] == []
+    finally:  # leave the machine clean even when the test fails
+        for folder in left:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -6,7 +6,9 @@ axis of the lowest rank present, and counts each job event once (:mod:`goodput.l
 one process lifetime of the run (under warm restarts, a surviving process opens a new attempt for each
 generation it joins); its number is one more than
 the highest this rank has already written in the folder (torchrun's ``TORCHELASTIC_RESTART_COUNT`` is
-recorded beside it, but resets when a scheduler relaunches torchrun, so it does not name the file).
+recorded beside it, but resets when a scheduler relaunches torchrun, so it does not name the file). ``goodput.Run``
+passes the number its round's ranks agreed on instead (:mod:`goodput.run._attempt`), so that every rank of a
+round records the same one when the world size changes.
 
 Writing never blocks training on I/O: an event is serialised into a memory buffer and a background thread
 appends the buffer to the file every ``flush_seconds`` (0.5 s by default) with one ``write`` and, by

@@ -12,7 +12,9 @@ the middle of the system call (the kernel may stop a write between pages on SIGK
 the reader takes the other slot (one step older: the documented case where a replacement's randomness may
 differ). The folder is named after the launch (or the job's store address), so the workers and spares of one job
 on one node share it and no two jobs do; the agent removes it at the end, and ``launch_warm`` again after the
-launcher ended the job (it may have had to kill the agent).
+launcher ended the job (it may have had to kill the agent). A launcher SIGKILLed itself runs neither, so the
+agent claims the folder with an owner record (:mod:`goodput.run._warm_owner`) and sweeps the folders whose
+owners are provably gone when it starts.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import tempfile
 import zlib
 
 from goodput.run._launchdir import LAUNCH_ID_ENV
+from goodput.run._warm_owner import record_owner, sweep_stale
 
-__all__ = ["RecordFiles", "record_folder", "remove_folder"]
+__all__ = ["RecordFiles", "claim_folder", "record_folder", "remove_folder"]
 
 _HEADER = struct.Struct("<qQI")  # step, length, crc32
 
@@ -44,6 +47,14 @@ def record_folder(store_address: str, prefix: str, launch: str | None = None) ->
     key = f"launch|{launch}" if launch else f"{store_address}|{prefix}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return os.path.join(base, f"goodput-warm-{os.getuid()}-{digest}")
+
+
+def claim_folder(folder: str) -> None:
+    """Create this job's record folder with this process (the agent) as its owner, after removing the folders
+    of this user's earlier jobs whose owners are provably gone (a SIGKILLed launcher's)."""
+    sweep_stale(os.path.dirname(folder), f"goodput-warm-{os.getuid()}-")
+    os.makedirs(folder, exist_ok=True)
+    record_owner(folder)
 
 
 def remove_folder(folder: str) -> None:

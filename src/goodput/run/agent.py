@@ -50,7 +50,7 @@ from goodput.errors import ConfigError
 from goodput.run._idle import can_return, make_idle, make_normal
 from goodput.run._launchdir import LOGS_DIR, launch_dir, write_notice
 from goodput.run._output import describe_exit
-from goodput.run._warm_record import record_folder, remove_folder
+from goodput.run._warm_record import claim_folder, record_folder, remove_folder
 from goodput.run.launch import LaunchConfig
 from goodput.run.warm import (
     GEN_ENV,
@@ -244,6 +244,7 @@ class WarmAgent:
         if self.node_rank == 0:
             self._publish("cold", failed=[])
             self.store.set("gen/current", "0")
+        claim_folder(record_folder(self.address, self.prefix))  # and sweep a SIGKILLed launch's
         try:
             for rank in self.ranks:
                 self._start_worker(rank)

@@ -45,6 +45,7 @@ from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.ledger.tiers import live_recovered_share
 from goodput.run import _runhooks
+from goodput.run._attempt import agreed_attempt
 from goodput.run._cachestats import CacheStatsRecorder
 from goodput.run._gcboot import release as release_gc
 from goodput.run._launchdir import FATAL_ERRORS, install_error_report, register_pid, report_failure
@@ -123,7 +124,11 @@ class Run:
         self._preempt = PreemptionWatch(rank=self.info.rank, world_size=self.info.world_size)
         register_pid(self.info.rank)
         end_with_launcher()  # this process ends with its parent under goodput launch (also when not booted by it)
-        self.ledger = Ledger(run_dir, rank=self.info.rank, began=self._warm.began if self._warm else None)
+        # One numbering for the job: every rank of this round records the same attempt (see _attempt).
+        attempt = None if self._warm is not None else agreed_attempt(run_dir)
+        self.ledger = Ledger(
+            run_dir, rank=self.info.rank, attempt=attempt, began=self._warm.began if self._warm else None
+        )
         self.attempt = self.ledger.attempt
         self._plan_text = faults if faults is not None else os.environ.get("GOODPUT_FAULTS", "")
         check_plan(parse_faults(self._plan_text), world_size=self.info.world_size, total_steps=total_steps)
