@@ -19,6 +19,7 @@ from goodput.errors import (
     DataError,
     FingerprintMismatch,
     GoodputError,
+    NoValidCheckpoint,
     NumericFault,
     SaveFailed,
     StateMismatch,
@@ -27,6 +28,7 @@ from goodput.errors import (
 
 if TYPE_CHECKING:
     from goodput.checkpoint import (
+        ALLOW_FRESH_START_ENV,
         MANIFEST_NAME,
         STRATEGIES,
         AutoInterval,
@@ -260,6 +262,7 @@ _LAZY = {
     "account": "goodput.ledger.accounting",
     "goodput_over_time": "goodput.ledger.accounting",
     "AutoInterval": "goodput.checkpoint",
+    "ALLOW_FRESH_START_ENV": "goodput.checkpoint",
     "CheckpointConfig": "goodput.checkpoint",
     "CheckpointInfo": "goodput.checkpoint",
     "CheckpointLayout": "goodput.checkpoint",
@@ -432,6 +435,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "ALLOW_FRESH_START_ENV",
     "CATEGORIES",
     "CHECKSUM_ALGORITHMS",
     "EXIT_CRASH_LOOP",
@@ -494,6 +498,7 @@ __all__ = [
     "MemoryStore",
     "MemoryTier",
     "MetricsExporter",
+    "NoValidCheckpoint",
     "NumericConfig",
     "NumericFault",
     "NumericGuard",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +11,9 @@ from goodput.checkpoint.strategy import STRATEGIES
 from goodput.errors import ConfigError
 from goodput.units import parse_duration
 
-__all__ = ["CheckpointConfig"]
+__all__ = ["ALLOW_FRESH_START_ENV", "CheckpointConfig"]
+
+ALLOW_FRESH_START_ENV = "GOODPUT_ALLOW_FRESH_START"  # set to 1 by ``goodput launch --allow-fresh-start``
 
 _SECONDS_PER_YEAR = 365.0 * 86400.0
 
@@ -47,6 +50,11 @@ class CheckpointConfig:
         partial_grace: a partial folder whose save cannot be proven dead (another host) is removed at start-up
             only when older than this.
         memory: a node-local RAM tier saved often and restored first (None: the durable tier only).
+        allow_fresh_start: what a restore does when committed checkpoints exist and none of them loads (each
+            failed verification or loading): False stops the run with ``NoValidCheckpoint`` (a restart cannot
+            fix it: exit 78 under ``goodput launch``); True warns and starts from step 0 beside them. None
+            reads ``$GOODPUT_ALLOW_FRESH_START`` (``goodput launch --allow-fresh-start`` sets it to 1). Folders
+            of saves that never committed (a job killed inside its first save) never stop a run.
     """
 
     root: str
@@ -65,6 +73,7 @@ class CheckpointConfig:
     detect: str | float = 0.0
     partial_grace: str | float = "1h"
     memory: MemoryTier | None = None
+    allow_fresh_start: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.root, str) or not self.root:
@@ -103,6 +112,10 @@ class CheckpointConfig:
                 raise ConfigError(f"{name} must not be negative, got {value!r}")
         if self.memory is not None and not isinstance(self.memory, MemoryTier):
             raise ConfigError(f"memory must be a MemoryTier or None, got {self.memory!r}")
+        if self.allow_fresh_start is not None and not isinstance(self.allow_fresh_start, bool):
+            raise ConfigError(
+                f"allow_fresh_start must be True, False or None, got {self.allow_fresh_start!r}"
+            )
         if self.async_checkpointer == "process" and self.strategy != "dcp_async":
             import warnings
 
@@ -124,6 +137,12 @@ class CheckpointConfig:
     def prior_mtbf(self, world_size: int) -> float:
         """Seconds between failures expected before any is observed: a year over (GPUs x annual failure rate)."""
         return _SECONDS_PER_YEAR / ((self.gpus or world_size) * self.afr)
+
+    def fresh_start_allowed(self) -> bool:
+        """Whether a restore that finds committed checkpoints and loads none may start from step 0."""
+        if self.allow_fresh_start is not None:
+            return self.allow_fresh_start
+        return os.environ.get(ALLOW_FRESH_START_ENV, "") not in ("", "0")
 
     def checksums(self, local: bool) -> bool:
         return local if self.verify_checksums is None else self.verify_checksums
