@@ -153,9 +153,12 @@ class _RestorePath:
         count = len({step for step, _ in skipped}) + len({step for step, _ in memory})
         step, reason = failures[0]
         where = "memory-tier " if not skipped else ""
+        which = (
+            "the only committed checkpoint" if count == 1 else f"none of the {count} committed checkpoints"
+        )
         what = (
-            f"none of the {count} committed checkpoint{'s' if count > 1 else ''} under {self._layout.root}"
-            f" could be loaded (newest failure: {where}step {step}: {reason.splitlines()[0] if reason else '?'})"
+            f"{which} under {self._layout.root} could be loaded"
+            f" (newest failure: {where}step {step}: {reason.splitlines()[0] if reason else '?'})"
         )
         if not self.config.fresh_start_allowed():
             raise NoValidCheckpoint(
