@@ -197,6 +197,8 @@ if TYPE_CHECKING:
     from goodput.run.compare import (
         Difference,
         compare_records,
+        drawn_generators,
+        idle_generators,
     )
     from goodput.run.crashloop import (
         CrashLoopDetector,
@@ -415,6 +417,8 @@ _LAZY = {
     "parse_duration": "goodput.units",
     "Difference": "goodput.run.compare",
     "compare_records": "goodput.run.compare",
+    "drawn_generators": "goodput.run.compare",
+    "idle_generators": "goodput.run.compare",
     "RECORDS_ENV": "goodput.run.records",
     "RunRecords": "goodput.run.records",
     "StepRecord": "goodput.run.records",
@@ -553,6 +557,7 @@ __all__ = [
     "daly_expected_time",
     "daly_interval",
     "dist_info",
+    "drawn_generators",
     "durable_share",
     "effective_samples",
     "failure_probability",
@@ -567,6 +572,7 @@ __all__ = [
     "goodput_over_time",
     "goodput_two_level",
     "gradient_sum",
+    "idle_generators",
     "init_distributed",
     "install_faults",
     "is_peer_failure",
