@@ -91,6 +91,7 @@ class _RestorePath:
         if at_most is not None:
             self._discard_newer([(step, url) for step, url in candidates if step > at_most])
             candidates = [(step, url) for step, url in candidates if step <= at_most]
+            skipped = [(step, why) for step, why in skipped if step <= at_most]  # the abandoned timeline's
         self._committed = {step for step, _ in candidates}
         self._failed = {step for step, _ in skipped}  # failed to load: saved over, not skipped (``_begin``)
         self._restore_parts = {"find": self._clock() - started}
