@@ -46,7 +46,9 @@ def save_then_refused_restore(rank: int, world: int, root: str) -> dict[str, Any
     if rank == 0:
         _corrupt_shards(root, 1)
     dist.barrier()
-    restorer = CheckpointManager(CheckpointConfig(root=root, strategy="dcp"), job.state)
+    # allowed to start fresh, so the refused checkpoint ends in None rather than NoValidCheckpoint
+    config = CheckpointConfig(root=root, strategy="dcp", allow_fresh_start=True)
+    restorer = CheckpointManager(config, job.state)
     restored = restorer.restore_latest()
     restorer.close()
     return {

@@ -14,6 +14,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from goodput.checkpoint import (
+    ALLOW_FRESH_START_ENV,
     MANIFEST_NAME,
     CheckpointConfig,
     CheckpointManager,
@@ -21,7 +22,7 @@ from goodput.checkpoint import (
     list_checkpoints,
 )
 from goodput.checkpoint.dcp import SafeLoadPlanner, safe_unpickle_metadata
-from goodput.errors import CheckpointCorrupt, StateMismatch
+from goodput.errors import CheckpointCorrupt, NoValidCheckpoint, StateMismatch
 
 
 def _manager(
@@ -227,3 +228,74 @@ def test_a_corrupt_step_is_saved_again_and_a_committed_one_is_never_overwritten(
     fresh, _ = _manager(tmp_path)  # a manager that restored nothing still finds step 4 committed on disk
     assert fresh.save(4).skipped is True
     fresh.close()
+
+
+@pytest.mark.parametrize("strategy", ["dcp", "torch_save"])
+def test_committed_checkpoints_of_which_none_loads_stop_the_restore(tmp_path: Path, strategy: str) -> None:
+    _train_and_save(tmp_path, steps=(2, 4), strategy=strategy)
+    (tmp_path / "step-4.partial-0123abcd").mkdir()  # a save killed before it committed is no checkpoint
+    for step, damage in ((2, "truncate"), (4, "flip")):
+        (data,) = [p for p in (tmp_path / f"step-{step}").iterdir() if p.suffix in (".distcp", ".pt")][:1]
+        blob = bytearray(data.read_bytes())
+        if damage == "truncate":
+            blob = blob[:10]
+        else:
+            blob[len(blob) // 2] ^= 0x01
+        data.write_bytes(bytes(blob))
+    manager, model = _manager(tmp_path, strategy)
+    before = model.weight.detach().clone()
+    with pytest.raises(NoValidCheckpoint) as refused:
+        manager.restore_latest()
+    manager.close()
+    (line,) = str(refused.value).splitlines()
+    assert f"none of the 2 committed checkpoints under {tmp_path} could be loaded" in line
+    assert "newest failure: step 4:" in line and "--allow-fresh-start" in line
+    assert "allow_fresh_start=True" in line
+    # with consent the run starts from step 0 and saves over the damaged step, so the next restore finds it
+    fresh, model = _manager(tmp_path, strategy, allow_fresh_start=True)
+    assert fresh.restore_latest() is None
+    assert torch.equal(model.weight.detach(), before)
+    assert fresh.save(4).skipped is False
+    fresh.close()
+    step, weight = _restore(tmp_path, strategy)
+    assert step == 4 and torch.equal(weight, before)
+
+
+def test_only_uncommitted_saves_start_from_scratch_without_consent(tmp_path: Path) -> None:
+    """A job killed inside its very first save left folders without a manifest: nothing was ever committed."""
+    (tmp_path / "step-2.partial-0123abcd").mkdir()
+    (tmp_path / "step-2.partial-0123abcd" / "__0_0.distcp").write_bytes(b"half")
+    (tmp_path / "step-3").mkdir()  # on an object store a killed first save leaves step-N/ without a manifest
+    manager, _ = _manager(tmp_path)
+    assert manager.restore_latest() is None
+    manager.close()
+
+
+def test_the_environment_allows_a_fresh_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """goodput launch --allow-fresh-start exports the variable to every worker; an explicit False wins."""
+    _train_and_save(tmp_path, steps=(2,))
+    (tmp_path / "step-2" / MANIFEST_NAME).write_text("{not json")
+    monkeypatch.setenv(ALLOW_FRESH_START_ENV, "1")
+    allowed, _ = _manager(tmp_path)
+    assert allowed.restore_latest() is None
+    allowed.close()
+    refused, _ = _manager(tmp_path, allow_fresh_start=False)
+    with pytest.raises(NoValidCheckpoint, match="unreadable manifest"):
+        refused.restore_latest()
+    refused.close()
+
+
+def test_lightning_resumes_into_damaged_checkpoints_so_that_the_restore_stops(tmp_path: Path) -> None:
+    """GoodputCallback.resume_path: checkpoints that all fail the listing's checks are no fresh start."""
+    pytest.importorskip("lightning")
+    from goodput.integrations.lightning import RESUME_PATH, GoodputCallback
+
+    root = tmp_path / "ckpt"
+    _train_and_save(root, steps=(2,))
+    with open(_shard(root / "step-2"), "r+b") as f:
+        f.truncate(10)
+    for allow, expected in ((None, RESUME_PATH), (True, None)):
+        config = CheckpointConfig(root=str(root), strategy="dcp", every=2, allow_fresh_start=allow)
+        callback = GoodputCallback(str(tmp_path), checkpoint=config)
+        assert callback.resume_path == expected
+        callback.ledger.close("ok")

@@ -20,6 +20,7 @@ from goodput.checkpoint import (
 )
 from goodput.checkpoint.staging import Stager
 from goodput.cli import main
+from goodput.errors import NoValidCheckpoint
 from goodput.testing.dist import run_ranks
 from tests._io_ranks import schedule_saves
 
@@ -156,7 +157,8 @@ def test_sha256_option_and_old_sha256_manifests_still_verify(tmp_path: Path) -> 
     fresh.close()
     _flip(next(folder.glob("__0_*.distcp")))
     fresh, *_ = _job(tmp_path, strategy="dcp")
-    assert fresh.restore_latest() is None  # the only checkpoint no longer verifies
+    with pytest.raises(NoValidCheckpoint, match="sha256"):
+        fresh.restore_latest()  # the only checkpoint no longer verifies: no silent fresh start
     fresh.close()
     assert "sha256" in layout.scan(checksums=True)[0].reason
 

@@ -75,7 +75,8 @@ def test_auto_manager_reevaluates_from_measured_saves(tmp_path: Path) -> None:
     assert manager.should_save(2)
     result = manager.save(2)
     assert result.persist_seconds is not None
-    expected = optimal_interval(result.stall_seconds, policy.mtbf, persist=result.persist_seconds)
+    assert policy.planned_mtbf == pytest.approx(policy.mtbf + 600.0)  # the prior, 600 s without failure later
+    expected = optimal_interval(result.stall_seconds, policy.planned_mtbf, persist=result.persist_seconds)
     assert policy.interval == pytest.approx(min(max(expected, result.persist_seconds), 1800.0))
     manager.close()
 
@@ -109,3 +110,31 @@ def test_auto_reports_interval_changes_beyond_ten_percent() -> None:
         policy.measured(16.0, 4.0)
     intervals = [i for i, _ in changes]
     assert len(intervals) == 3 and intervals == sorted(intervals) and intervals[-1] > 2 * intervals[0]
+
+
+def test_auto_before_any_failure_plans_for_an_hour_that_grows_with_each_failure_free_second() -> None:
+    """A job of unknown size: no year-long prior from an AFR, so a kill soon after the start loses seconds."""
+    config = CheckpointConfig(root="/tmp/x", every="auto")
+    assert config.prior_mtbf(world_size=2) == config.prior_mtbf(world_size=1024) == 3600.0
+    policy = AutoInterval(mtbf=config.prior_mtbf(world_size=2), max_interval=config.seconds("max_interval"))
+    assert policy.interval == 0.0  # the first save comes at once, to measure what a save costs
+    policy.saved(2, 10.0)
+    policy.measured(stall=0.05, persist=0.5)  # an async save: a 50 ms staging copy
+    assert policy.interval == pytest.approx(optimal_interval(0.05, 3600.0, persist=0.5))
+    assert policy.interval < 30.0
+    assert policy.due(40, 10.0 + policy.interval)  # the next save comes that soon
+    policy.saved(40, 10.0 + 86400.0)  # a day later, still no failure: the prior grows by that day
+    policy.measured(stall=0.05, persist=0.5)
+    assert policy.planned_mtbf == pytest.approx(3600.0 + 86400.0)
+    assert policy.interval == pytest.approx(optimal_interval(0.05, 3600.0 + 86400.0, persist=0.5))
+    policy.observe_mtbf(1800.0)  # an observed failure rate replaces the prior (no growth any more)
+    policy.saved(41, 10.0 + 2 * 86400.0)
+    policy.measured(stall=0.05, persist=0.5)
+    assert policy.interval == pytest.approx(optimal_interval(0.05, 1800.0, persist=0.5))
+
+
+def test_a_prior_from_the_fleet_s_failure_rate_still_applies_and_gpus_alone_warns() -> None:
+    config = CheckpointConfig(root="/tmp/x", every="auto", gpus=16384, afr=0.05)
+    assert config.prior_mtbf(world_size=8) == pytest.approx(365 * 86400 / (16384 * 0.05))
+    with pytest.warns(UserWarning, match="gpus has no effect without afr"):
+        CheckpointConfig(root="/tmp/x", gpus=64)

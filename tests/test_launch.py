@@ -120,6 +120,35 @@ def test_an_error_a_restart_cannot_fix_stops_the_job_at_once(tmp_path: os.PathLi
 
 
 @pytest.mark.slow
+def test_checkpoints_that_all_fail_to_load_stop_the_job_unless_a_fresh_start_is_allowed(
+    tmp_path: os.PathLike[str],
+) -> None:
+    run_dir = str(tmp_path)
+    first = _launch("--run-dir", run_dir, "--", WORKER, "--every", "2", "--steps", "4")
+    assert first.returncode == 0, first.stderr[-3000:]
+    os.remove(os.path.join(run_dir, "finished"))
+    shards = glob.glob(os.path.join(run_dir, "checkpoints", "step-*", "*.distcp"))
+    assert len(shards) == 2  # steps 2 and 4, one rank each
+    for shard in shards:
+        with open(shard, "r+b") as f:
+            f.truncate(10)
+    longer = ("--", WORKER, "--every", "2", "--steps", "6")
+    stopped = _launch("--max-restarts", "3", "--run-dir", run_dir, *longer)
+    assert stopped.returncode == EXIT_FATAL, stopped.stderr[-3000:]
+    (line,) = _lines(stopped.stderr)
+    assert "rank 0: NoValidCheckpoint: none of the 2 committed checkpoints under" in line
+    assert "newest failure: step 4:" in line and "--allow-fresh-start" in line
+    assert "Traceback" not in stopped.stderr and "skipping checkpoint" not in stopped.stderr
+    assert not os.path.exists(os.path.join(run_dir, "finished"))  # nothing was trained
+    allowed = _launch("--allow-fresh-start", "--run-dir", run_dir, *longer)
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    with open(os.path.join(run_dir, "finished")) as f:
+        assert f.read() == "6"
+    restored = [e.get("step") for e in read_events(run_dir) if e["event"] == "restore_end"]
+    assert restored[-1] is None  # trained from step 1
+
+
+@pytest.mark.slow
 def test_a_script_that_names_another_run_folder_is_stopped(tmp_path: os.PathLike[str]) -> None:
     drill, other = os.path.join(tmp_path, "drill"), os.path.join(tmp_path, "exp1")
     proc = _launch("--run-dir", drill, "--", WORKER, "--run-dir", other)

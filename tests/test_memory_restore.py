@@ -14,7 +14,7 @@ import torch
 
 from goodput.checkpoint import EveryInterval
 from goodput.checkpoint.policy import StepSchedule
-from goodput.errors import CheckpointCorrupt, StateMismatch
+from goodput.errors import CheckpointCorrupt, NoValidCheckpoint, StateMismatch
 from tests.test_memory_tier import _equal, _kw, _manager, _parts, _snapshot, _train
 
 
@@ -72,7 +72,14 @@ def test_with_nothing_to_fall_back_to_a_part_is_checked_before_any_byte_is_loade
     _flip(_node(tmp_path / "shm") / "step-1" / "rank-0.part", 0.9)
     fresh = _parts(seed=1)
     before = _snapshot(fresh)
-    second = _manager(tmp_path / "ck", tmp_path / "shm", **_kw(fresh))
+    refused = _manager(tmp_path / "ck", tmp_path / "shm", **_kw(fresh))
+    with pytest.raises(
+        NoValidCheckpoint, match="memory-tier step 1: rank 0's part: CheckpointCorrupt: checksum"
+    ):
+        refused.restore_latest()  # a committed memory-tier step failed: no silent fresh start
+    refused.close(finished=False)
+    _equal(before, _snapshot(fresh))  # checked before a byte was loaded
+    second = _manager(tmp_path / "ck", tmp_path / "shm", allow_fresh_start=True, **_kw(fresh))
     assert second.restore_latest() is None
     _equal(before, _snapshot(fresh))  # the fresh start is really fresh
     second.close()
@@ -91,16 +98,22 @@ def test_a_damaged_part_read_in_place_with_no_checkpoint_left_to_load_stops_the_
     for path in (tmp_path / "ck").rglob("*"):
         if path.is_file() and path.suffix == ".distcp":
             _flip(path)
-    second = _manager(tmp_path / "ck", tmp_path / "shm", every=3, **_kw(_parts(seed=1)))
+    second = _manager(
+        tmp_path / "ck", tmp_path / "shm", every=3, allow_fresh_start=True, **_kw(_parts(seed=1))
+    )
     with pytest.raises(CheckpointCorrupt, match="restart the job"):
         second.restore_latest()
     second.close(finished=False)
     fresh = _parts(seed=2)
     before = _snapshot(fresh)
-    again = _manager(tmp_path / "ck", tmp_path / "shm", every=3, **_kw(fresh))
+    again = _manager(tmp_path / "ck", tmp_path / "shm", every=3, allow_fresh_start=True, **_kw(fresh))
     assert again.restore_latest() is None  # the restarted job starts from the beginning, not a crash loop
     _equal(before, _snapshot(fresh))
     again.close(finished=False)
+    refused = _manager(tmp_path / "ck", tmp_path / "shm", every=3, **_kw(_parts(seed=3)))
+    with pytest.raises(NoValidCheckpoint, match="the only committed checkpoint under"):
+        refused.restore_latest()  # without consent, the damaged durable step 3 stops the run
+    refused.close(finished=False)
 
 
 def test_a_part_of_another_model_is_refused_before_any_byte_is_loaded(tmp_path: Path) -> None:

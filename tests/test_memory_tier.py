@@ -43,9 +43,20 @@ def _parts(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, 
 
 
 def _manager(
-    root: Path, shm: Path, *, every: int = 100, events: list[Any] | None = None, **parts: Any
+    root: Path,
+    shm: Path,
+    *,
+    every: int = 100,
+    events: list[Any] | None = None,
+    allow_fresh_start: bool | None = None,
+    **parts: Any,
 ) -> CheckpointManager:
-    config = CheckpointConfig(root=str(root), every=every, memory=MemoryTier(every=1, folder=str(shm)))
+    config = CheckpointConfig(
+        root=str(root),
+        every=every,
+        memory=MemoryTier(every=1, folder=str(shm)),
+        allow_fresh_start=allow_fresh_start,
+    )
     state = TrainingState(**parts)
     hook = (lambda name, **f: events.append((name, f))) if events is not None else None
     return CheckpointManager(config, state, on_event=hook)

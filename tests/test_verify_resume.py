@@ -17,7 +17,7 @@ import torch
 
 import goodput as gp
 from goodput.faults import parse_faults
-from goodput.run.compare import compare_records
+from goodput.run.compare import compare_records, drawn_generators, idle_generators
 from goodput.run.records import RunRecords, StepRecord, StepRecorder, read_records, state_digests
 from goodput.run.verify_script import kill_plan
 
@@ -170,6 +170,46 @@ def test_a_generator_that_drifts_after_a_resume_is_named() -> None:
     )
 
 
+def _with_rng(record: StepRecord, **rng: str) -> StepRecord:
+    return StepRecord(**{**record.__dict__, "rng": {**record.rng, **rng}})
+
+
+def test_a_generator_the_run_never_drew_from_is_not_compared_but_named() -> None:
+    """An unseeded ``random`` that training never touches: its state differs between the runs, stays constant
+    within each, and cannot have changed the result."""
+    clean = _records(
+        {r: [_with_rng(_step(s, r), python="x") for s in range(1, 9)] for r in (0, 1)}, {0: FINAL, 1: FINAL}
+    )
+    after = {
+        r: [
+            _with_rng(_step(s, r, attempt=1 if s > 4 else 0, resumed=4 if s > 4 else 0), python="y")
+            for s in range(1, 9)
+        ]
+        for r in (0, 1)
+    }
+    final = {**FINAL, "rng.python": "json:other"}
+    resumed = _records(after, {0: final, 1: final})
+    assert drawn_generators(clean) == {0: {"torch"}, 1: {"torch"}}
+    assert compare_records(clean, resumed) == []
+    assert idle_generators(clean, resumed) == ["random"]
+    assert idle_generators(clean, clean) == []
+
+
+def test_a_generator_drawn_from_in_either_run_is_still_compared() -> None:
+    clean = _records({0: [_with_rng(_step(s, 0), python="x") for s in range(1, 5)]}, {0: FINAL})
+    # the interrupted run draws from ``random`` at step 3 (its state moves), the uninterrupted one never does
+    drawn = [_with_rng(_step(s, 0), python="x" if s < 3 else "z") for s in range(1, 5)]
+    (found,) = compare_records(clean, _records({0: drawn}, {0: FINAL}))
+    assert str(found).startswith("step 3: rank 0's random random generator state differs")
+    assert idle_generators(clean, _records({0: drawn}, {0: FINAL})) == []
+    # a state restored by a resume (attempt 0 -> 1) is no draw: constant within each attempt is idle
+    restored = [
+        _with_rng(_step(s, 0, attempt=s // 3, resumed=2 if s > 2 else 0), python=f"a{s // 3}")
+        for s in range(1, 5)
+    ]
+    assert drawn_generators(_records({0: restored}, {0: FINAL}))[0] == {"torch"}
+
+
 def test_kill_plan_hits_steps_after_the_first_save_and_every_save_phase() -> None:
     saves = [4, 8, 12, 16]
     plan = kill_plan(4, steps=16, saves=saves, nproc=2, seed=5, async_saves=True)
@@ -244,6 +284,53 @@ def test_unseeded_noise_fails_before_any_restart(tmp_path: os.PathLike[str]) -> 
     assert "DIFFERENT: step 1: rank 0's loss differs" in proc.stdout, proc.stdout
     assert "the runs differ without a resume" in proc.stdout
     assert "unseeded randomness" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_an_unseeded_generator_the_script_never_uses_is_a_warning_not_a_difference(
+    tmp_path: os.PathLike[str],
+) -> None:
+    args = (
+        "--nproc",
+        "1",
+        "--kills",
+        "1",
+        "--seed",
+        "2",
+        "--work-dir",
+        str(tmp_path),
+        "--",
+        SCRIPT,
+        "--steps",
+        "8",
+    )
+    proc = _verify(*args, "--python-random", "unused")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (warning,) = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
+    assert "the state of random differs between the two runs, but training never drew from it" in warning
+    assert "IDENTICAL" in proc.stdout
+
+
+@pytest.mark.slow
+def test_an_unseeded_generator_the_script_draws_from_still_fails(tmp_path: os.PathLike[str]) -> None:
+    args = (
+        "--nproc",
+        "1",
+        "--kills",
+        "1",
+        "--seed",
+        "2",
+        "--work-dir",
+        str(tmp_path),
+        "--",
+        SCRIPT,
+        "--steps",
+        "8",
+    )
+    proc = _verify(*args, "--python-random", "drawn")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "DIFFERENT: step 1: rank 0's random random generator state differs" in proc.stdout, proc.stdout
+    assert "warning:" not in proc.stdout
 
 
 @pytest.mark.slow

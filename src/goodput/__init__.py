@@ -19,6 +19,7 @@ from goodput.errors import (
     DataError,
     FingerprintMismatch,
     GoodputError,
+    NoValidCheckpoint,
     NumericFault,
     SaveFailed,
     StateMismatch,
@@ -27,6 +28,7 @@ from goodput.errors import (
 
 if TYPE_CHECKING:
     from goodput.checkpoint import (
+        ALLOW_FRESH_START_ENV,
         MANIFEST_NAME,
         STRATEGIES,
         AutoInterval,
@@ -197,6 +199,8 @@ if TYPE_CHECKING:
     from goodput.run.compare import (
         Difference,
         compare_records,
+        drawn_generators,
+        idle_generators,
     )
     from goodput.run.crashloop import (
         CrashLoopDetector,
@@ -262,6 +266,7 @@ _LAZY = {
     "account": "goodput.ledger.accounting",
     "goodput_over_time": "goodput.ledger.accounting",
     "AutoInterval": "goodput.checkpoint",
+    "ALLOW_FRESH_START_ENV": "goodput.checkpoint",
     "CheckpointConfig": "goodput.checkpoint",
     "CheckpointInfo": "goodput.checkpoint",
     "CheckpointLayout": "goodput.checkpoint",
@@ -416,6 +421,8 @@ _LAZY = {
     "parse_duration": "goodput.units",
     "Difference": "goodput.run.compare",
     "compare_records": "goodput.run.compare",
+    "drawn_generators": "goodput.run.compare",
+    "idle_generators": "goodput.run.compare",
     "RECORDS_ENV": "goodput.run.records",
     "RunRecords": "goodput.run.records",
     "StepRecord": "goodput.run.records",
@@ -436,6 +443,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "ALLOW_FRESH_START_ENV",
     "CATEGORIES",
     "CHECKSUM_ALGORITHMS",
     "EXIT_CRASH_LOOP",
@@ -499,6 +507,7 @@ __all__ = [
     "MemoryStore",
     "MemoryTier",
     "MetricsExporter",
+    "NoValidCheckpoint",
     "NumericConfig",
     "NumericFault",
     "NumericGuard",
@@ -554,6 +563,7 @@ __all__ = [
     "daly_expected_time",
     "daly_interval",
     "dist_info",
+    "drawn_generators",
     "durable_share",
     "effective_samples",
     "failure_probability",
@@ -568,6 +578,7 @@ __all__ = [
     "goodput_over_time",
     "goodput_two_level",
     "gradient_sum",
+    "idle_generators",
     "init_distributed",
     "install_faults",
     "is_peer_failure",

@@ -7,6 +7,7 @@ The tree::
     ├── CheckpointError               a checkpoint could not be saved or restored
     │   ├── CheckpointCorrupt         a checkpoint failed verification (names the file and the reason)
     │   ├── StateMismatch (ValueError) a checkpoint does not fit the model/optimizer/loader it is loaded into
+    │   ├── NoValidCheckpoint         committed checkpoints exist and none loads; a fresh start needs consent
     │   └── SaveFailed                a save failed; the previous checkpoint is untouched
     ├── DataError                     the data pipeline cannot go on
     │   └── FingerprintMismatch (ValueError) the dataset differs from the one the position was saved with
@@ -17,7 +18,9 @@ The tree::
     └── NumericFault                  a NaN/Inf, loss spike or corrupted replica survived the rollback ladder
 
 A ``ConfigError`` (``AccessRefused`` included) reaching the command line prints one line and exits with code 2;
-inside a run under ``goodput launch`` it stops the job at once with ``EXIT_FATAL`` (78).
+inside a run under ``goodput launch`` it stops the job at once with ``EXIT_FATAL`` (78), as do the other errors
+a restart cannot fix (``StateMismatch``, ``FingerprintMismatch``, ``NoValidCheckpoint``; see
+``goodput.run._launchdir``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "DataError",
     "FingerprintMismatch",
     "GoodputError",
+    "NoValidCheckpoint",
     "NumericFault",
     "SaveFailed",
     "StateMismatch",
@@ -56,6 +60,15 @@ class CheckpointCorrupt(CheckpointError):
 
 class StateMismatch(CheckpointError, ValueError):
     """A checkpoint does not fit what it is being loaded into."""
+
+
+class NoValidCheckpoint(CheckpointError):
+    """Committed checkpoints exist and none of them could be loaded.
+
+    Starting from step 0 beside them would silently throw their training away, and every restart would find
+    them damaged again, so the run stops unless a fresh start is allowed (``CheckpointConfig.allow_fresh_start``,
+    ``goodput launch --allow-fresh-start``).
+    """
 
 
 class SaveFailed(CheckpointError):

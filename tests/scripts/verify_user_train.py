@@ -4,6 +4,8 @@ goodput verify-resume --nproc 2 --kills 2 -- tests/scripts/verify_user_train.py 
 
 ``--broken rand`` adds noise from a torch generator seeded from the clock (randomness outside the checkpointed
 state); ``--broken loader`` keeps the loader's position out of the checkpoint (a loader outside ``Run``).
+``--python-random unused`` leaves Python's ``random`` unseeded and never draws from it (a script that seeds only
+what it uses); ``--python-random drawn`` leaves it unseeded and draws from it at every step.
 """
 
 import argparse
@@ -35,8 +37,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--broken", choices=["rand", "loader"], default=None)
+    p.add_argument("--python-random", choices=["seeded", "unused", "drawn"], default="seeded")
     args = p.parse_args()
-    random.seed(0)
+    if args.python_random == "seeded":
+        random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
@@ -60,6 +64,8 @@ def main() -> None:
     for x, y in run.batches(loader):
         if args.broken == "rand":
             x = x + 1e-3 * torch.rand(x.shape, generator=clock)
+        if args.python_random == "drawn" and random.random() < 0.0:  # drawn, never applied: p = 0
+            x = -x
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()

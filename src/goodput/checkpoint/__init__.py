@@ -6,7 +6,7 @@ the other names are its parts.
 
 from __future__ import annotations
 
-from goodput.checkpoint.config import CheckpointConfig
+from goodput.checkpoint.config import ALLOW_FRESH_START_ENV, CheckpointConfig
 from goodput.checkpoint.layout import (
     MANIFEST_NAME,
     CheckpointInfo,
@@ -24,6 +24,7 @@ from goodput.checkpoint.state import LoaderState, TrainingState, check_shapes, t
 from goodput.checkpoint.strategy import STRATEGIES, SaveContext, SaveStrategy, make_strategy
 
 __all__ = [
+    "ALLOW_FRESH_START_ENV",
     "MANIFEST_NAME",
     "STRATEGIES",
     "AutoInterval",

@@ -87,6 +87,7 @@ class _SavePath:
     _policy: SavePolicy
     _token: str
     _committed: set[int]
+    _failed: set[int]
     _inflight: Future[SaveResult] | None
     _finisher: ThreadPoolExecutor
     _algorithm: str | None
@@ -117,7 +118,8 @@ class _SavePath:
         begun: tuple[str, str, bool] = ("", "", False)
         if self.rank == 0:
             try:
-                if self._layout.is_committed(step):
+                # a committed step that failed to restore (a fresh start was allowed) is saved over
+                if step not in self._failed and self._layout.is_committed(step):
                     begun = (self._layout.final_dir(step), "", True)
                 else:
                     begun = (self._layout.begin(step, self._token), "", False)

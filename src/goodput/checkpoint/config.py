@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,9 +11,15 @@ from goodput.checkpoint.strategy import STRATEGIES
 from goodput.errors import ConfigError
 from goodput.units import parse_duration
 
-__all__ = ["CheckpointConfig"]
+__all__ = ["ALLOW_FRESH_START_ENV", "CheckpointConfig"]
+
+ALLOW_FRESH_START_ENV = "GOODPUT_ALLOW_FRESH_START"  # set to 1 by ``goodput launch --allow-fresh-start``
 
 _SECONDS_PER_YEAR = 365.0 * 86400.0
+# The prior MTBF of a job whose failure rate nobody gave: one hour. A new job fails early and not only for the
+# hardware reasons an AFR counts (configuration, bad nodes, out of memory), and published rates of large jobs
+# are a few hours (see the README's checkpoint section); ``auto`` grows it with every failure-free second.
+_PRIOR_MTBF = 3600.0
 
 
 def _seconds(value: str | float, what: str) -> float:
@@ -40,13 +47,19 @@ class CheckpointConfig:
         storage_options: fsspec options for remote roots (endpoint, credentials); never logged.
         async_checkpointer: for ``dcp_async``: ``"thread"`` or ``"process"``.
         max_interval: ``auto`` never waits longer than this between saves.
-        gpus: GPUs in the job, for the prior failure rate (None: the world size).
-        afr: annual failure rate per GPU (0.05 = 5 % a year): the prior until failures are observed.
+        gpus: GPUs in the job, for a prior from ``afr`` (None: the world size).
+        afr: annual failure rate per GPU (0.05 = 5 % a year) when the fleet's is known: ``auto``'s prior MTBF
+            is then a year over (GPUs x afr). None: one hour, whatever the job's size (see ``prior_mtbf``).
         restart: seconds (or a duration) a restart costs, for ``auto``.
         detect: seconds (or a duration) until a failure is noticed, for ``auto``.
         partial_grace: a partial folder whose save cannot be proven dead (another host) is removed at start-up
             only when older than this.
         memory: a node-local RAM tier saved often and restored first (None: the durable tier only).
+        allow_fresh_start: what a restore does when committed checkpoints exist and none of them loads (each
+            failed verification or loading): False stops the run with ``NoValidCheckpoint`` (a restart cannot
+            fix it: exit 78 under ``goodput launch``); True warns and starts from step 0 beside them. None
+            reads ``$GOODPUT_ALLOW_FRESH_START`` (``goodput launch --allow-fresh-start`` sets it to 1). Folders
+            of saves that never committed (a job killed inside its first save) never stop a run.
     """
 
     root: str
@@ -60,11 +73,12 @@ class CheckpointConfig:
     async_checkpointer: str = "thread"
     max_interval: str | float = "1h"
     gpus: int | None = None
-    afr: float = 0.05
+    afr: float | None = None
     restart: str | float = 0.0
     detect: str | float = 0.0
     partial_grace: str | float = "1h"
     memory: MemoryTier | None = None
+    allow_fresh_start: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.root, str) or not self.root:
@@ -95,14 +109,22 @@ class CheckpointConfig:
         _seconds(self.partial_grace, "partial_grace")
         if self.gpus is not None and (not isinstance(self.gpus, int) or self.gpus < 1):
             raise ConfigError(f"gpus must be None or an int >= 1, got {self.gpus!r}")
-        if not (isinstance(self.afr, int | float) and self.afr > 0):
+        if self.afr is not None and not (isinstance(self.afr, int | float) and self.afr > 0):
             raise ConfigError(f"afr must be a positive annual failure rate such as 0.05, got {self.afr!r}")
         for name in ("restart", "detect"):
             value = getattr(self, name)
             if (parse_duration(value, what=name) if isinstance(value, str) else float(value)) < 0:
                 raise ConfigError(f"{name} must not be negative, got {value!r}")
+        if self.gpus is not None and self.afr is None:
+            import warnings
+
+            warnings.warn("gpus has no effect without afr (the prior failure rate per GPU)", stacklevel=3)
         if self.memory is not None and not isinstance(self.memory, MemoryTier):
             raise ConfigError(f"memory must be a MemoryTier or None, got {self.memory!r}")
+        if self.allow_fresh_start is not None and not isinstance(self.allow_fresh_start, bool):
+            raise ConfigError(
+                f"allow_fresh_start must be True, False or None, got {self.allow_fresh_start!r}"
+            )
         if self.async_checkpointer == "process" and self.strategy != "dcp_async":
             import warnings
 
@@ -122,8 +144,17 @@ class CheckpointConfig:
         return parse_duration(value, what=name) if isinstance(value, str) else float(value)
 
     def prior_mtbf(self, world_size: int) -> float:
-        """Seconds between failures expected before any is observed: a year over (GPUs x annual failure rate)."""
+        """Seconds between failures of the job assumed before any is observed: a year over (GPUs x ``afr``), or
+        one hour without ``afr``. ``auto`` adds the failure-free time seen so far (``AutoInterval``)."""
+        if self.afr is None:
+            return _PRIOR_MTBF
         return _SECONDS_PER_YEAR / ((self.gpus or world_size) * self.afr)
+
+    def fresh_start_allowed(self) -> bool:
+        """Whether a restore that finds committed checkpoints and loads none may start from step 0."""
+        if self.allow_fresh_start is not None:
+            return self.allow_fresh_start
+        return os.environ.get(ALLOW_FRESH_START_ENV, "") not in ("", "0")
 
     def checksums(self, local: bool) -> bool:
         return local if self.verify_checksums is None else self.verify_checksums

@@ -93,6 +93,7 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         )
         self._token = self._bcast(uuid.uuid4().hex[:12] if self.rank == 0 else None)
         self._committed: set[int] = set()
+        self._failed: set[int] = set()  # steps whose committed checkpoint failed to restore (saved over)
         self._last_step: int | None = None  # the newest step given to maybe_save/save, for close()'s check
         self._inflight: Future[SaveResult] | None = None
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-ckpt")

@@ -121,6 +121,7 @@ class MemoryCheckpointer:
         self._held: Future[Any] | None = None  # a durable save writing from the staging buffer
         self.committed: list[int] = []  # steps every rank completed, newest first
         self.overwritten = False  # a restore wrote a damaged part's bytes into the live state (see restore)
+        self.failures: list[tuple[int, str]] = []  # (step, why): marked parts the last restore found damaged
         self.last_parts: dict[
             str, float
         ] = {}  # the last restore's seconds: agree, load, check (all ranks' word)
@@ -267,7 +268,9 @@ class MemoryCheckpointer:
         ``at_most``: a rollback's ceiling: parts of newer steps that this rank holds (its own, and the replicas
         its node holds) are discarded first, as the abandoned timeline's.
 
-        Returns None when there is none (the caller falls back to the durable tier).
+                Returns None when there is none (the caller falls back to the durable tier); ``failures`` then lists the
+        marked parts found damaged while loading (the same on every rank). Parts without a marker (never
+        completed) or of another world size are no checkpoints of this run and are not listed.
 
         Raises:
             StateMismatch: the newest agreed step does not fit this run's model or optimizer.
@@ -280,6 +283,7 @@ class MemoryCheckpointer:
         bad: set[tuple[int, int, int]] = set()  # (rank, step, holder) found damaged
         floor = -1 if at_least is None else at_least
         self.overwritten = False
+        self.failures = []
         self.last_parts = {"agree": self._clock() - begin, "load": 0.0, "check": 0.0}
         while (choice := _agree(inventories, self.world_size, bad, floor)) is not None:
             step, holders = choice
@@ -306,6 +310,7 @@ class MemoryCheckpointer:
             self.overwritten = self.overwritten or in_place  # some rank's live state may hold its bytes
             for r, detail in damaged:
                 log.warning("memory tier: skipping rank %d's part of step %d: %s", r, step, detail)
+                self.failures.append((step, f"rank {r}'s part: {detail}"))
                 bad.add((r, step, holders[r]))
         return None
 

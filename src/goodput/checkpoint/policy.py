@@ -2,9 +2,16 @@
 are measured and failures observed).
 
 Policies own no clock: the caller passes ``now`` (monotonic seconds). ``auto`` sets the interval to
-``goodput.planning.optimal_interval`` of the measured blocking stall C and persist time W and the failure rate
-(a prior MTBF until failures are observed), bounded below by W (a save cannot start before the previous one is
-durable) and above by the user's maximum. Every change of the interval is logged.
+``goodput.planning.optimal_interval`` of the measured blocking stall C and persist time W and the failure rate,
+bounded below by W (a save cannot start before the previous one is durable) and above by the user's maximum.
+Every change of the interval is logged.
+
+The failure rate before any failure is observed: a prior MTBF ``M0`` (``CheckpointConfig.prior_mtbf``: short,
+so that a new job, whose failure rate nobody knows, saves often) plus the failure-free time ``T`` seen so far,
+``M0 + T``: the mean of a gamma prior on the rate worth one failure in ``M0``, updated by ``T`` seconds without
+one. Saving too often costs a bounded, measured share C/interval; saving too rarely loses up to an interval per
+failure, so the prior errs towards the first, and the interval grows as the job proves itself. Observed
+failures (``observe_mtbf``) replace it.
 """
 
 from __future__ import annotations
@@ -89,7 +96,8 @@ class AutoInterval(EveryInterval):
     """The planner's optimal interval from measured save costs and the failure rate, within bounds.
 
     Args:
-        mtbf: prior mean time between failures of the whole job, seconds.
+        mtbf: prior mean time between failures of the whole job, seconds; until ``observe_mtbf`` the interval
+            is planned for ``mtbf`` plus the failure-free seconds seen so far (see the module).
         max_interval: never wait longer than this between saves.
         restart: seconds a restart costs.
         detect: seconds until a failure is noticed.
@@ -125,7 +133,28 @@ class AutoInterval(EveryInterval):
         self._failures: list[float] = []
         self._on_change = on_change
         self._reported: float | None = None
+        self._observed = False
+        self._span: tuple[float, float] | None = None  # the first and the latest ``now`` seen
         self.failure_share = 1.0
+
+    def due_within(self, step: int, now: float, slack: float) -> bool:
+        self._seen(now)
+        return super().due_within(step, now, slack)
+
+    def saved(self, step: int, now: float) -> None:
+        self._seen(now)
+        super().saved(step, now)
+
+    def _seen(self, now: float) -> None:
+        self._span = (now, now) if self._span is None else (self._span[0], max(self._span[1], now))
+
+    @property
+    def planned_mtbf(self) -> float:
+        """The job's MTBF the interval is planned for: the observed one, else the prior plus the failure-free
+        seconds seen so far (before ``failure_share``)."""
+        if self._observed or self._span is None:
+            return self.mtbf
+        return self.mtbf + (self._span[1] - self._span[0])
 
     def measured(self, stall: float, persist: float) -> None:
         self._stalls.append(stall)
@@ -136,6 +165,7 @@ class AutoInterval(EveryInterval):
         """Replace the prior with an observed mean time between failures (seconds)."""
         if mtbf > 0:
             self.mtbf = mtbf
+            self._observed = True
             self._update("the failure rate was updated")
 
     def _update(self, why: str) -> None:
@@ -145,7 +175,7 @@ class AutoInterval(EveryInterval):
             return
         stall = statistics.median(self._stalls)
         persist = statistics.median(self._persists)
-        mtbf = self.mtbf / max(self.failure_share, 1e-9)
+        mtbf = self.planned_mtbf / max(self.failure_share, 1e-9)
         best = optimal_interval(stall, mtbf, restart=self.restart, persist=persist, detect=self.detect)
         new = min(max(best, persist), self.max_interval)
         if abs(new - self.interval) > 1e-9 * max(1.0, self.interval):

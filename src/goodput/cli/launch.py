@@ -39,8 +39,9 @@ worker's stdout and stderr) are in <run-dir>/launches/<launch>/logs. --verbose s
 
 exit status: the script's; 3 when consecutive attempts of this launch made no progress (a crash loop; a new
 launch starts a new count); 75 after a preemption save (a scheduler may requeue); 78 when a rank raised an
-error a restart cannot fix (ConfigError, StateMismatch, AccessRefused: storage that refuses the credentials);
-2 for a mistake in the command line or a failed pre-flight check. A crash loop quotes the failing rank's last
+error a restart cannot fix (ConfigError, StateMismatch, AccessRefused: storage that refuses the credentials,
+or committed checkpoints of which none loads: --allow-fresh-start trains from step 0 instead); 2 for a mistake
+in the command line or a failed pre-flight check. A crash loop quotes the failing rank's last
 error from torch's error files (<run-dir>/launches/<launch>/logs): the newest that is not a peer's reaction
 (a collective failing because another rank died)."""
 
@@ -109,6 +110,12 @@ def register(sub: Any) -> None:
         help="show torchrun's and every worker's output on the terminal, tracebacks included (by default: the "
         "workers' prints, one line per failure, and the full logs in <run-dir>/launches/<launch>/logs)",
     )
+    parser.add_argument(
+        "--allow-fresh-start",
+        action="store_true",
+        help="when committed checkpoints exist and none of them loads, train from step 0 beside them "
+        "(without it the job stops: exit 78)",
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- script.py and its arguments")
     parser.set_defaults(handler=_run)
 
@@ -132,6 +139,7 @@ def _run(args: argparse.Namespace) -> int:
         preempt_signal=args.preempt_signal,
         grace=parse_duration(args.grace, what="--grace"),
         verbose=args.verbose,
+        allow_fresh_start=args.allow_fresh_start,
     )
     if args.restart == "warm":
         from goodput.run.agent import WarmConfig, launch_warm

@@ -203,10 +203,18 @@ class GoodputCallback(pl.Callback):
 
     @property
     def resume_path(self) -> str | None:
-        """``ckpt_path`` for ``fit``: :data:`RESUME_PATH` when a committed checkpoint exists, else None."""
+        """``ckpt_path`` for ``fit``: :data:`RESUME_PATH` when a committed checkpoint exists, else None.
+
+        Committed checkpoints that all fail even the listing's checks also give :data:`RESUME_PATH`, so the
+        restore stops the run (``NoValidCheckpoint``) rather than train from step 0 beside them, unless
+        ``CheckpointConfig.fresh_start_allowed()``.
+        """
         config = self.checkpoint_io.config
         rows = list_checkpoints(config.root, storage_options=config.storage_options)
-        return RESUME_PATH if any(r.status == "committed" for r in rows) else None
+        if any(r.status == "committed" for r in rows):
+            return RESUME_PATH
+        damaged = any(r.status == "corrupt" for r in rows)
+        return RESUME_PATH if damaged and not config.fresh_start_allowed() else None
 
     # ---- Lightning hooks ------------------------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:

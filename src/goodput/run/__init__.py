@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from goodput.run.agent import WarmAgent, WarmConfig, launch_warm
-    from goodput.run.compare import Difference, compare_records
+    from goodput.run.compare import Difference, compare_records, drawn_generators, idle_generators
     from goodput.run.crashloop import CrashLoopDetector
     from goodput.run.launch import (
         EXIT_CRASH_LOOP,
@@ -61,6 +61,8 @@ _LAZY = {
     "read_run": "goodput.run.verify",
     "Difference": "goodput.run.compare",
     "compare_records": "goodput.run.compare",
+    "drawn_generators": "goodput.run.compare",
+    "idle_generators": "goodput.run.compare",
     "RECORDS_ENV": "goodput.run.records",
     "RunRecords": "goodput.run.records",
     "StepRecord": "goodput.run.records",
@@ -94,8 +96,10 @@ __all__ = [
     "WarmWorker",
     "Watchdog",
     "compare_records",
+    "drawn_generators",
     "effective_samples",
     "first_difference",
+    "idle_generators",
     "is_peer_failure",
     "kill_plan",
     "launch_job",

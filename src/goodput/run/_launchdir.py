@@ -32,7 +32,14 @@ import traceback
 from types import TracebackType
 from typing import Any
 
-from goodput.errors import ConfigError, CrashLoop, FingerprintMismatch, NumericFault, StateMismatch
+from goodput.errors import (
+    ConfigError,
+    CrashLoop,
+    FingerprintMismatch,
+    NoValidCheckpoint,
+    NumericFault,
+    StateMismatch,
+)
 from goodput.ledger.ledger import LAUNCH_ID_ENV  # the ledger records the id in each attempt_start
 from goodput.run.launch import EXIT_FATAL, EXIT_NUMERIC
 
@@ -69,7 +76,12 @@ EXIT_USAGE = 2  # a user's mistake, as on the command line
 
 # Errors a restart cannot fix: the same configuration or the same checkpoint fails again in every attempt
 # (AccessRefused, a ConfigError, among them: storage that refuses the credentials).
-FATAL_ERRORS: tuple[type[BaseException], ...] = (ConfigError, StateMismatch, FingerprintMismatch)
+FATAL_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError,
+    StateMismatch,
+    FingerprintMismatch,
+    NoValidCheckpoint,
+)
 
 # Substrings of the errors a collective raises when a peer died or stopped answering (gloo, NCCL, c10d).
 PEER_FAILURE_MARKERS = (

@@ -161,6 +161,8 @@ class Supervisor:
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         env["GOODPUT_FAULTS"] = self.config.faults
         env["GOODPUT_CRASH_LOOP"] = str(self.config.crash_loop)
+        if self.config.allow_fresh_start:
+            env["GOODPUT_ALLOW_FRESH_START"] = "1"  # read by CheckpointConfig.fresh_start_allowed
         env[LAUNCH_DIR_ENV] = self.folder
         env[LAUNCH_ID_ENV] = os.path.basename(self.folder)
         env[PREEMPT_SIGNAL_ENV] = self.preempt_signal.name

@@ -159,6 +159,8 @@ class WarmAgent:
             **{STORE_ENV: self.address, PREFIX_ENV: self.prefix},
             **{PG_TIMEOUT_ENV: str(self.warm.pg_timeout), REFORM_TIMEOUT_ENV: str(self.warm.reform_timeout)},
         )
+        if self.launch.allow_fresh_start:
+            env["GOODPUT_ALLOW_FRESH_START"] = "1"  # read by CheckpointConfig.fresh_start_allowed
         if self.nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for several processes per node
         env.update(extra)

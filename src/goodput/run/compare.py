@@ -5,15 +5,21 @@ interrupted one. Each step is compared as it was last trained (the result that s
 sample indices, loss, then the random generators; then the final state, piece by piece in the state's order.
 Where the interrupted run trained the first differing step says a lot: before any restart, the training is
 not deterministic at all; right after a resume, something the checkpoint does not hold changed.
+
+Only the random generators a run draws from are compared: on each rank, those whose recorded state changed
+between two steps of one attempt, in either run. A generator whose state never changes cannot have changed the
+result, and its state differs between two runs whenever it is unseeded (Python's ``random`` in a script that
+seeds only torch): :func:`idle_generators` names those, for a warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from goodput.run.records import DIGEST_PREFIXES, RunRecords, StepRecord
 
-__all__ = ["Difference", "compare_records"]
+__all__ = ["Difference", "compare_records", "drawn_generators", "idle_generators"]
 
 _BEFORE_RESTART = (
     "unseeded randomness: seed random, numpy and torch at the start of the script (libraries draw from them "
@@ -58,16 +64,52 @@ def compare_records(reference: RunRecords, other: RunRecords) -> list[Difference
     last trained (the result that survived), rank by rank: sample indices, loss, then random generators.
     """
     found = []
-    step_difference = _first_step_difference(reference, other)
+    drawn = _drawn_by_either(reference, other)
+    step_difference = _first_step_difference(reference, other, drawn)
     if step_difference is not None:
         found.append(step_difference)
-    final_difference = _first_final_difference(reference, other)
+    final_difference = _first_final_difference(reference, other, drawn)
     if final_difference is not None:
         found.append(final_difference)
     return found
 
 
-def _first_step_difference(reference: RunRecords, other: RunRecords) -> Difference | None:
+def drawn_generators(records: RunRecords) -> dict[int, set[str]]:
+    """Rank -> the generators (``python``, ``numpy``, ``torch``, ``cuda``) whose recorded state changed
+    between two consecutive records of one attempt: the ones that rank drew from while training."""
+    drawn: dict[int, set[str]] = {}
+    for rank, steps in records.steps.items():
+        names = drawn.setdefault(rank, set())
+        ordered = [steps[step] for step in sorted(steps)]
+        for before, after in itertools.pairwise(ordered):
+            if before.attempt == after.attempt:  # a restore in between sets the state: not a draw
+                names |= {n for n in {*before.rng, *after.rng} if before.rng.get(n) != after.rng.get(n)}
+    return drawn
+
+
+def idle_generators(reference: RunRecords, other: RunRecords) -> list[str]:
+    """The generators (as a script names them: ``random``, ``np.random``, ...) that no rank drew from in
+    either run and whose recorded state still differs between the runs: not compared, worth a warning."""
+    drawn = _drawn_by_either(reference, other)
+    idle = set()
+    for rank in sorted(set(reference.steps) | set(other.steps)):
+        ref_steps, got_steps = reference.steps.get(rank, {}), other.steps.get(rank, {})
+        for step in set(ref_steps) & set(got_steps):
+            ref, got = ref_steps[step].rng, got_steps[step].rng
+            idle |= {n for n in {*ref, *got} if n not in drawn.get(rank, ()) and ref.get(n) != got.get(n)}
+    return sorted(_RNG_NAMES.get(name, name) for name in idle)
+
+
+def _drawn_by_either(reference: RunRecords, other: RunRecords) -> dict[int, set[str]]:
+    drawn = drawn_generators(reference)
+    for rank, names in drawn_generators(other).items():
+        drawn.setdefault(rank, set()).update(names)
+    return drawn
+
+
+def _first_step_difference(
+    reference: RunRecords, other: RunRecords, drawn: dict[int, set[str]]
+) -> Difference | None:
     ranks = sorted(set(reference.steps) | set(other.steps))
     steps = sorted({s for r in ranks for s in (*reference.steps.get(r, {}), *other.steps.get(r, {}))})
     for step in steps:
@@ -80,13 +122,13 @@ def _first_step_difference(reference: RunRecords, other: RunRecords) -> Differen
                     f"step {step}", f"rank {rank} did not train this step in the {missing} run", "",
                     ("a loop that does not run the same number of steps each time (total_steps, epochs)",),
                 )  # fmt: skip
-            difference = _step_difference(ref, got)
+            difference = _step_difference(ref, got, drawn.get(rank, set()))
             if difference is not None:
                 return difference
     return None
 
 
-def _step_difference(ref: StepRecord, got: StepRecord) -> Difference | None:
+def _step_difference(ref: StepRecord, got: StepRecord, drawn: set[str]) -> Difference | None:
     where, rank = f"step {ref.step}", ref.rank
     context, resumed = _context(got)
     causes = _AFTER_RESTART if resumed else _BEFORE_RESTART
@@ -105,7 +147,7 @@ def _step_difference(ref: StepRecord, got: StepRecord) -> Difference | None:
         values = f"{_float(ref.loss)} uninterrupted, {_float(got.loss)} interrupted"
         return Difference(where, f"rank {rank}'s loss differs", f"{values}; {context}", causes)
     for name in [*ref.rng, *(n for n in got.rng if n not in ref.rng)]:
-        if ref.rng.get(name) != got.rng.get(name):
+        if name in drawn and ref.rng.get(name) != got.rng.get(name):
             generator = _RNG_NAMES.get(name, name)
             what = f"rank {rank}'s {generator} random generator state differs"
             if resumed:
@@ -136,7 +178,9 @@ def _float(text: str | None) -> str:
     return "none" if text is None else repr(float.fromhex(text))
 
 
-def _first_final_difference(reference: RunRecords, other: RunRecords) -> Difference | None:
+def _first_final_difference(
+    reference: RunRecords, other: RunRecords, drawn: dict[int, set[str]]
+) -> Difference | None:
     for rank in sorted(set(reference.final) | set(other.final)):
         if rank not in reference.final or rank not in other.final:
             run = "uninterrupted" if rank not in reference.final else "interrupted"
@@ -147,8 +191,9 @@ def _first_final_difference(reference: RunRecords, other: RunRecords) -> Differe
     pieces: dict[str, list[int]] = {}
     for rank in sorted(reference.final):
         ref, got = reference.final[rank]["state"], other.final[rank]["state"]
+        idle = {f"rng.{n}" for n in _RNG_NAMES if n not in drawn.get(rank, set())}
         for name in [*ref, *(k for k in got if k not in ref)]:
-            if ref.get(name) != got.get(name):
+            if name not in idle and ref.get(name) != got.get(name):
                 pieces.setdefault(name, []).append(rank)
     if not pieces:
         return None

@@ -2,12 +2,13 @@
 
 goodput adds these around torchrun and re-implements none of it:
 
-* the run folder, the fault plan and the crash-loop limit reach every worker through environment variables
-  (``GOODPUT_RUN_DIR``, ``GOODPUT_FAULTS``, ``GOODPUT_CRASH_LOOP``), so they work on every node and rank;
+* the run folder, the fault plan, the crash-loop limit and consent to a fresh start reach every worker through
+  environment variables (``GOODPUT_RUN_DIR``, ``GOODPUT_FAULTS``, ``GOODPUT_CRASH_LOOP``,
+  ``GOODPUT_ALLOW_FRESH_START``), so they work on every node and rank;
 * single-node jobs use torchrun's ``--standalone`` c10d rendezvous on a free local port; multi-node jobs pass
   ``--nnodes``/``--node-rank``/``--rdzv-endpoint``/``--rdzv-id`` through to torchrun's c10d rendezvous;
 * a launch folder (see ``goodput.run._launchdir``) where workers report a crash loop, an error a restart cannot
-  fix (``ConfigError``, ``StateMismatch``, ``FingerprintMismatch``) and a preemption save; the launcher stops
+  fix (``ConfigError``, ``StateMismatch``, ``FingerprintMismatch``, ``NoValidCheckpoint``) and a preemption save; the launcher stops
   torchrun at once instead of burning the restart budget, prints one line (quoting the failing rank's last
   error, read from torch's per-worker error files) and exits with ``EXIT_CRASH_LOOP`` or ``EXIT_FATAL``;
 * a quiet terminal (``goodput.run._output``): the workers' prints, one line per failure and the final line;
@@ -73,6 +74,8 @@ class LaunchConfig:
         verbose: leave torchrun's and every worker's output on the terminal as torchrun prints it; by default
             the terminal shows the workers' prints without tracebacks and one line per failure, and the full
             logs go to the launch folder (see ``goodput.run._output``).
+        allow_fresh_start: a run whose committed checkpoints all fail to load starts from step 0 instead of
+            stopping (exported as ``GOODPUT_ALLOW_FRESH_START=1``; see ``CheckpointConfig.allow_fresh_start``).
     """
 
     script: tuple[str, ...]
@@ -89,6 +92,7 @@ class LaunchConfig:
     preempt_signal: str = "USR1"
     grace: float = 60.0
     verbose: bool = False
+    allow_fresh_start: bool = False
 
     def __post_init__(self) -> None:
         if not self.script:

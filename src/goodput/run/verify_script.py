@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from goodput.errors import ConfigError
-from goodput.run.compare import compare_records
+from goodput.run.compare import compare_records, idle_generators
 from goodput.run.launch import LaunchConfig, launch_job
 from goodput.run.records import RECORDS_ENV, RunRecords, read_records
 
@@ -208,6 +208,13 @@ def _verdict(reference: RunRecords, other: RunRecords, killed_dir: str, say: Cal
     markers = os.path.join(killed_dir, "faults")  # one per fault that fired (see goodput.faults)
     fired = len(os.listdir(markers)) if os.path.isdir(markers) else 0
     after = f"after {restarts} restart{'' if restarts == 1 else 's'} ({fired} kill{'' if fired == 1 else 's'} fired)"
+    idle = idle_generators(reference, other)
+    if idle:
+        it = "it" if len(idle) == 1 else "them"
+        say(
+            f"warning: the state of {' and '.join(idle)} differs between the two runs, but training never drew "
+            f"from {it} (unseeded and unused): not compared"
+        )
     differences = compare_records(reference, other)
     if not differences:
         say(
