@@ -2,8 +2,9 @@
 
 Four processes read one sharded dataset on the real S3 server, each in its own random order and keeping four
 shards open, through one cache folder whose budget is a third of the data: more open shards than the budget
-holds. The S3 server is killed and restarted half-way. Every read must return the right bytes, none may fail,
-and the budget must hold, in seconds rather than after the cache's wait for room.
+holds. The S3 server is killed and restarted half-way. Every read must return the right bytes, none may fail
+(before the fix, readers that held their shards and waited for room failed with "no room in the cache" after
+``wait_seconds``), and the budget must hold; a reader that hangs fails the bounded wait for its result.
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ def test_readers_that_share_a_small_cache_never_wait_on_each_other(
         )
         for seed in range(READERS)
     ]
-    started = time.monotonic()
     for reader in readers:
         reader.start()
     try:
@@ -77,10 +77,8 @@ def test_readers_that_share_a_small_cache_never_wait_on_each_other(
             reader.join(timeout=30)
             if reader.is_alive():
                 reader.kill()
-    elapsed = time.monotonic() - started
 
     assert [r["errors"] for r in results] == [[]] * READERS
     assert [r["wrong"] for r in results] == [0] * READERS
     assert RemoteCache(CacheConfig(folder=config.folder, budget_bytes=budget)).usage_bytes() <= budget
     assert results[0]["metrics"]["evictions"] > 0  # the budget really was smaller than the data
-    assert elapsed < 90

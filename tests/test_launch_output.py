@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -84,9 +85,14 @@ def test_a_killed_rank_is_one_line_and_the_workers_prints_still_show(tmp_path: o
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "worker says: step 8" in proc.stdout  # the user's prints and logging reach the terminal
     assert "worker logs: step 8" in proc.stderr
-    assert launch_lines(proc.stderr) == [
-        "goodput launch: rank 1 killed by SIGKILL; torchrun restarts the job (restart 1 of 3)"
-    ]
+    # torchrun names the failure whose time is the earliest, in whole seconds: the SIGKILLed rank 1, or rank 0
+    # when torchrun's SIGTERM to it lands in the same second (seen once on a loaded machine)
+    lines = launch_lines(proc.stderr)
+    assert len(lines) == 1 and re.fullmatch(
+        r"goodput launch: rank (1 killed by SIGKILL|0 killed by SIGTERM); torchrun restarts the job "
+        r"\(restart 1 of 3\)",
+        lines[0],
+    ), lines
     terminal = _terminal(proc)
     assert len(terminal) <= _FEW and not any(
         "Traceback" in line or "exitcode" in line for line in terminal

@@ -1,4 +1,5 @@
-"""The cache folder's files: a download lock per file, and the cleanup of what dead processes left.
+"""The cache folder's files: a download lock per file, a read-only map of one, and the cleanup of what dead
+processes left.
 
 A POSIX record lock excludes other processes and is released by the kernel when its holder dies; a forked
 child does not inherit it (flock's would be shared with the child and outlive the parent's download). Threads
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import mmap
 import os
 import random
 import threading
@@ -17,6 +19,21 @@ import time
 from collections.abc import Iterator
 
 from goodput.data._cacheindex import CacheIndex, owner_alive
+
+
+@contextlib.contextmanager
+def mapped_file(path: str) -> Iterator[bytes | mmap.mmap]:
+    """The content of the local file ``path`` as a read-only map, valid inside the block (an empty file, which
+    cannot be mapped, as ``b""``)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield b""
+            return
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        yield mapped
+    finally:
+        mapped.close()
 
 
 class FileLocks:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from goodput._storage_errors import secret_values
+from goodput.data._cachefolder import mapped_file
 from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries
 from goodput.data.cache import CacheConfig, RemoteCache
 
@@ -130,15 +131,8 @@ class Source:
             with cache.view(url, expected=info, release=release) as data:
                 yield data
         elif self._local:
-            with open(self.local_path(url), "rb") as f:
-                if not f.seek(0, os.SEEK_END):
-                    yield b""  # an empty file cannot be mapped
-                    return
-                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            try:
-                yield mapped
-            finally:
-                mapped.close()
+            with mapped_file(self.local_path(url)) as data:
+                yield data
         else:
             yield None
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from goodput._storage_errors import redact_url, secret_values
 from goodput.data._cacheconfig import CacheConfig
-from goodput.data._cachefolder import FileLocks, clean_stale
+from goodput.data._cachefolder import FileLocks, clean_stale, mapped_file
 from goodput.data._cacheindex import READY, CacheIndex, owner_token
 from goodput.data._remote import (
     RemoteInfo,
@@ -179,15 +179,8 @@ class RemoteCache:
             if path is None:
                 yield self._read_uncached(url, expected)
                 return
-            with open(path, "rb") as f:
-                if os.fstat(f.fileno()).st_size == 0:
-                    yield b""  # an empty file cannot be mapped
-                    return
-                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            try:
-                yield mapped
-            finally:
-                mapped.close()
+            with mapped_file(path) as data:
+                yield data
 
     def read(self, url: str, *, expected: RemoteInfo | None = None) -> bytes:
         """The whole content of ``url``, read through the cache (uncached when it has no room, see ``open``)."""

@@ -22,12 +22,15 @@ _OWNER = "owner-"
 
 
 def _start_time(pid: int) -> str | None:
-    """The start time of process ``pid`` in clock ticks since boot (None: no such process, or no ``/proc``)."""
+    """The start time of process ``pid`` in clock ticks since boot (None: no such process, a process that has
+    ended and waits to be reaped, or no ``/proc``)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
         # The command name (field 2) may hold spaces and parentheses: count fields after its closing one.
-        return stat[stat.rindex(")") + 2 :].split()[19]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        # A zombie has ended: an orphan re-parented to a subreaper that never reaps it stays one.
+        return None if fields[0] in ("Z", "X") else fields[19]
     except (OSError, ValueError, IndexError):
         return None
 
