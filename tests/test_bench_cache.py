@@ -43,11 +43,13 @@ def test_tiny_run_prints_every_ratio(capsys, tmp_path) -> None:
     assert set(ratios) == {
         "warm_over_local_floor",
         "cold_over_mosaic_cold",
+        "mds_cold_over_mosaic_cold",
         "warm_over_mosaic_warm",
         "cold_over_naive",
     }
     assert ratios["warm_over_local_floor"] > 0 and ratios["cold_over_naive"] > 0
-    assert ratios["cold_over_mosaic_cold"] is None and "skipped" in result["mosaic_note"]
+    assert ratios["cold_over_mosaic_cold"] is None and ratios["mds_cold_over_mosaic_cold"] is None
+    assert "skipped" in result["mosaic_note"]
     assert result["cold_cache_metrics"]["bytes_downloaded"] > 64 * 4096
 
 

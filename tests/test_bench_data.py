@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -31,12 +32,17 @@ def test_bench_data_bad_arguments() -> None:
         data.run(_args("--workers", "0"))
 
 
-def test_bench_data_formats_report(capsys: pytest.CaptureFixture[str]) -> None:
-    """Every in-place format against its native loader, on a tiny configuration (figures are not asserted)."""
+def test_bench_data_formats_report(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Every in-place format against its native loader, on a tiny configuration (figures are not asserted);
+    MDS, whose peer (Mosaic Streaming) needs its own venv, reports why it cannot run instead of a ratio."""
     pytest.importorskip("datasets")
     pytest.importorskip("torchdata")
+    pytest.importorskip("webdataset")
     from goodput.bench import _formats
 
+    monkeypatch.setenv("GOODPUT_MOSAIC_PYTHON", str(tmp_path / "no-mosaic" / "python"))
     argv = (
         "--format",
         ",".join(_formats.BENCHES),
@@ -49,15 +55,23 @@ def test_bench_data_formats_report(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert data.run(_args(*argv, "--json")) == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(report["formats"]) == set(_formats.BENCHES)
-    for figures in report["formats"].values():
+    assert set(report["formats"]) == set(_formats.BENCHES) >= {"wds", "mds"}
+    assert report["formats"]["mds"]["unavailable"].startswith("peer unavailable: no Mosaic Streaming venv")
+    measured = {name: r for name, r in report["formats"].items() if name != "mds"}
+    for figures in measured.values():
         assert figures["resume"]["goodput"]["state_bytes"] < 4096
         assert set(figures["ratios"]) == {
             "native_resume_over_goodput_resume",
             "goodput_throughput_over_native",
         }
         assert all(value > 0 for value in figures["ratios"].values())
-    with pytest.raises(ConfigError, match="--format takes parquet, arrow, hf, tokens"):
+    assert measured["wds"]["resume"]["native"]["state_encoding"] == "json (skip count)"
+    assert (
+        data.run(_args("--format", "mds", "--rows", "3000", "--position", "2048", "--epoch-samples", "9"))
+        == 0
+    )
+    assert "mds against Mosaic Streaming" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="--format takes parquet, arrow, hf, tokens, wds, mds"):
         data.run(_args("--format", "csv"))
     with pytest.raises(ConfigError, match="must be positive and below --rows"):
         data.run(_args("--format", "tokens", "--rows", "10", "--position", "20"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -86,6 +87,13 @@ def measure(
             )
             metrics = _cache_epochs(url, config, options, local, order, total, seconds)
             note = _mosaic(mosaic_python, work, server, port, shard_bytes, index, seconds)
+            # goodput's MDSDataset, cold, on the files Mosaic wrote (only there when Mosaic ran)
+            mds_config = dataclasses.replace(config, folder=os.path.join(work, "mds-cache"))
+            seconds["mds_cold"] = (
+                None
+                if mosaic_python is None
+                else _mds_cold(f"s3://{_BUCKET}/mds", mds_config, options, order, total)
+            )
         finally:
             proxy.kill()
             proxy.wait()
@@ -157,6 +165,23 @@ def _cached_epoch(
     metrics = ds._source.cache.metrics() if ds._source.cache else {}
     ds.close()
     return seconds, metrics
+
+
+def _mds_cold(url: str, config: CacheConfig, options: dict[str, Any], order: list[int], total: int) -> float:
+    """A cold epoch of goodput's MDSDataset over the MDS shards Mosaic wrote (fresh cache, prefetch)."""
+    from goodput.data import MDSDataset
+
+    ds: MDSDataset[dict[str, Any]] = MDSDataset(url, cache=config, storage_options=options)
+
+    def epoch() -> None:
+        ds.prefetch(order)
+        read = sum(len(ds[i]["data"]) for i in order)
+        if read != total:
+            raise RuntimeError(f"an MDS epoch read {read} bytes, expected {total}")
+
+    seconds = time_call(epoch)
+    ds.close()
+    return seconds
 
 
 def _mosaic(

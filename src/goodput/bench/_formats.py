@@ -1,6 +1,6 @@
 """``goodput bench data --format F``: an in-place format against its native loader, on the same files.
 
-    goodput bench data --format parquet,arrow,hf,tokens [--rows 1048576] [--position 1000000] [--json]
+    goodput bench data --format parquet,arrow,hf,tokens,wds,mds [--rows 1048576] [--position 1000000] [--json]
 
 For each format the benchmark writes ``--rows`` samples with the format's own library into a temporary folder
 (local disk, so the files sit in the page cache: the warm-cache case) and measures, side by side:
@@ -11,7 +11,8 @@ For each format the benchmark writes ``--rows`` samples with the format's own li
 * throughput: samples per second over the first ``--epoch-samples`` of an epoch, goodput's over the native
   loader's, in the same order kind (both shuffled, or both in file order as a stream reads).
 
-``BENCHES`` is the table: a format adds one ``FormatBench``.
+``BENCHES`` is the table: a format adds one ``FormatBench``. A row whose native peer cannot run here (Mosaic
+Streaming without its venv) reports why instead of figures (``_native_tar_mds.PeerUnavailable``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from goodput.bench import _native
+from goodput.bench import _native_tar_mds as _tm
 
 __all__ = ["BENCHES", "FormatBench", "run_formats"]
 
@@ -38,7 +40,8 @@ class FormatBench:
     """One format: how to write ``rows`` samples, goodput's dataset over them, and the native baseline.
 
     ``native_resume(root, position, repeats)`` and ``native_batches(root)`` (an iterable of batches) measure
-    the native loader; ``shuffle`` says whether both sides read in a shuffled order or in file order.
+    the native loader, or ``native_epoch(root, samples)`` (seconds) where it runs in another process;
+    ``shuffle`` says whether both sides read in a shuffled order or in file order.
     """
 
     name: str
@@ -46,9 +49,10 @@ class FormatBench:
     write: Callable[[str, int], str]
     ours: Callable[[str], Any]
     native_resume: Callable[[str, int, int], dict[str, Any]]
-    native_batches: Callable[[str], Any]
+    native_batches: Callable[[str], Any] | None
     shuffle: bool
     needs: tuple[str, ...] = ("pyarrow", "datasets", "torchdata")  # modules both sides import
+    native_epoch: Callable[[str, int], float] | None = None
 
 
 def _table(rows: int) -> Any:
@@ -194,6 +198,27 @@ BENCHES: dict[str, FormatBench] = {
             _map_batches(_tokens_native, shuffle=True),
             shuffle=True,
         ),
+        FormatBench(
+            "wds",
+            "webdataset.WebDataset pipeline (its resume: skip the samples seen)",
+            _tm.write_wds,
+            _tm.ours_wds,
+            lambda root, at, n: _tm.wds_resume(root, at, 1),  # a skip re-reads every sample: once
+            _tm.wds_batches,
+            shuffle=False,
+            needs=("webdataset",),
+        ),
+        FormatBench(
+            "mds",
+            "Mosaic Streaming StreamingDataset (state_dict / load_state_dict), own venv",
+            _tm.write_mds,
+            _tm.ours_mds,
+            _tm.mds_resume,
+            None,
+            shuffle=False,
+            needs=(),
+            native_epoch=lambda root, samples: _tm.mds_epoch_seconds(root, samples, _EPOCH_BATCH, 2),
+        ),
     )
 }
 
@@ -230,11 +255,14 @@ def _our_batches(bench: FormatBench, dataset: Any) -> Callable[[], Any]:
 def bench_format(bench: FormatBench, rows: int, position: int, samples: int) -> dict[str, Any]:
     """Resume and throughput of one format against its native loader, on files written for this run."""
     with tempfile.TemporaryDirectory(prefix=f"goodput-bench-{bench.name}-") as folder:
-        root = bench.write(folder, rows)
+        try:
+            root = bench.write(folder, rows)
+        except _tm.PeerUnavailable as why:
+            return {"native": bench.native, "unavailable": str(why)}
         ours_resume = _our_resume(bench, root, position)
         native_resume = bench.native_resume(root, position, _REPEATS)
         ours = _native.epoch_seconds(_our_batches(bench, bench.ours(root)), samples, 2)
-        native = _native.epoch_seconds(lambda: bench.native_batches(root), samples, 2)
+        native = _native_epoch(bench, root, samples)
     return {
         "native": bench.native,
         "order": "shuffled" if bench.shuffle else "file order",
@@ -245,6 +273,14 @@ def bench_format(bench: FormatBench, rows: int, position: int, samples: int) -> 
             "goodput_throughput_over_native": native / ours,
         },
     }
+
+
+def _native_epoch(bench: FormatBench, root: str, samples: int) -> float:
+    if bench.native_epoch is not None:
+        return bench.native_epoch(root, samples)
+    make = bench.native_batches
+    assert make is not None, f"{bench.name} has neither native_batches nor native_epoch"
+    return _native.epoch_seconds(lambda: make(root), samples, 2)
 
 
 def run_formats(names: list[str], rows: int, position: int, samples: int) -> dict[str, Any]:
@@ -266,6 +302,9 @@ def print_table(report: dict[str, Any]) -> None:
         f"{cfg['position']:,}, throughput over {cfg['epoch_samples']:,} samples"
     )
     for name, r in report["formats"].items():
+        if "unavailable" in r:
+            print(f"{name} against {r['native']}: {r['unavailable']}")
+            continue
         ours, native = r["resume"]["goodput"], r["resume"]["native"]
         print(f"{name} ({r['order']}) against {r['native']}:")
         print(

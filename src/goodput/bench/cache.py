@@ -7,7 +7,8 @@ to every request and caps each connection's bandwidth. Measured in one run, each
 the same samples in the same order: naive reads (one range request per sample, no cache), a cold epoch through
 the cache with prefetch, a warm epoch (new dataset object on the same cache folder), direct reads of the same
 shard files from local disk (the floor), and Mosaic Streaming's StreamingDataset over the same samples (MDS
-shards of the same size, on the same server, behind the same proxy), cold and warm.
+shards of the same size, on the same server, behind the same proxy), cold and warm, and goodput's MDSDataset
+reading those same MDS files cold through the cache (``mds_cold``).
 
 Mosaic Streaming runs in its own venv (it needs numpy<2.2 and pins its own cloud SDKs): make it once with
 ``goodput bench cache --make-mosaic-venv .venv-mosaic`` (about 2.5 min, 1.9 GB). Its torchvision is replaced by
@@ -90,6 +91,7 @@ def _report(results: dict[str, Any], args: argparse.Namespace) -> None:
     ratios = {
         "warm_over_local_floor": _ratio(rate["warm"], rate["local_floor"]),
         "cold_over_mosaic_cold": _ratio(rate["cold"], rate.get("mosaic_cold")),
+        "mds_cold_over_mosaic_cold": _ratio(rate.get("mds_cold"), rate.get("mosaic_cold")),
         "warm_over_mosaic_warm": _ratio(rate["warm"], rate.get("mosaic_warm")),
         "cold_over_naive": _ratio(rate["cold"], rate["naive"]),
     }

@@ -19,8 +19,10 @@ Resume in the Hugging Face Trainer (``resume_hf``, needs ``goodput[hf]``; bench/
 own skip of the batches already trained against goodput's position, at sample 100,000 of 200,000;
 ``ratios.hf_skip_resume_over_goodput_resume`` is their quotient.
 
-In-place formats (``--format parquet,arrow,hf,tokens``, needs ``goodput[hf-datasets]``; bench/_formats.py):
-each format's resume and throughput against its native loader on the same files, instead of the above.
+In-place formats (``--format parquet,arrow,hf,tokens,wds,mds``, needs ``goodput[hf-datasets]`` and, for wds,
+``webdataset``; mds runs Mosaic Streaming in the venv of ``goodput bench cache --make-mosaic-venv`` and reports
+"peer unavailable" without it; bench/_formats.py): each format's resume and throughput against its native
+loader on the same files, instead of the above.
 
 Resume: a loader over 2,000,000 samples restores a position at sample 1,000,000 (JSON text) and takes its
 first batch; the same for a loader starting at sample 0 is the baseline. The dataset counts its fetches, so a
@@ -92,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format",
         help="comma-separated in-place formats to measure against their native loaders instead "
-        "(parquet, arrow, hf, tokens); see bench/_formats.py",
+        "(parquet, arrow, hf, tokens, wds, mds); see bench/_formats.py",
     )
     parser.add_argument("--rows", type=int, default=1_048_576, help="samples written per format (--format)")
     parser.add_argument(
