@@ -286,25 +286,18 @@ def test_unseeded_noise_fails_before_any_restart(tmp_path: os.PathLike[str]) -> 
     assert "unseeded randomness" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
 
 
+def _verify_python_random(tmp_path: os.PathLike[str], mode: str) -> subprocess.CompletedProcess[str]:
+    """verify-resume (one rank, one kill) of the user script, which leaves Python's `random` unseeded and
+    draws from it (`mode` "drawn") or never touches it ("unused")."""
+    args = ("--nproc", "1", "--kills", "1", "--seed", "2", "--work-dir", str(tmp_path))
+    return _verify(*args, "--", SCRIPT, "--steps", "8", "--python-random", mode)
+
+
 @pytest.mark.slow
 def test_an_unseeded_generator_the_script_never_uses_is_a_warning_not_a_difference(
     tmp_path: os.PathLike[str],
 ) -> None:
-    args = (
-        "--nproc",
-        "1",
-        "--kills",
-        "1",
-        "--seed",
-        "2",
-        "--work-dir",
-        str(tmp_path),
-        "--",
-        SCRIPT,
-        "--steps",
-        "8",
-    )
-    proc = _verify(*args, "--python-random", "unused")
+    proc = _verify_python_random(tmp_path, "unused")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (warning,) = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
     assert "the state of random differs between the two runs, but training never drew from it" in warning
@@ -313,21 +306,7 @@ def test_an_unseeded_generator_the_script_never_uses_is_a_warning_not_a_differen
 
 @pytest.mark.slow
 def test_an_unseeded_generator_the_script_draws_from_still_fails(tmp_path: os.PathLike[str]) -> None:
-    args = (
-        "--nproc",
-        "1",
-        "--kills",
-        "1",
-        "--seed",
-        "2",
-        "--work-dir",
-        str(tmp_path),
-        "--",
-        SCRIPT,
-        "--steps",
-        "8",
-    )
-    proc = _verify(*args, "--python-random", "drawn")
+    proc = _verify_python_random(tmp_path, "drawn")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "DIFFERENT: step 1: rank 0's random random generator state differs" in proc.stdout, proc.stdout
     assert "warning:" not in proc.stdout
