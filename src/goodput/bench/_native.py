@@ -44,6 +44,18 @@ def _keep(batch: Any) -> Any:
     return batch
 
 
+def _best_resume(make: Callable[[], Any], restore: Callable[[Any], None], repeats: int) -> float:
+    """Best time over ``repeats`` to restore a saved state into a fresh ``make()`` and draw its first item."""
+    times = []
+    for _ in range(repeats):
+        fresh = make()
+        start = time.perf_counter()
+        restore(fresh)
+        next(iter(fresh))
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
 def hf_iterable_resume(make: Callable[[], Any], position: int, repeats: int) -> dict[str, Any]:
     """A ``datasets.IterableDataset`` iterated to ``position``, its ``state_dict`` restored into a fresh one."""
     dataset = make()
@@ -51,14 +63,8 @@ def hf_iterable_resume(make: Callable[[], Any], position: int, repeats: int) -> 
         if seen == position:
             break
     text = json.dumps(dataset.state_dict())
-    times = []
-    for _ in range(repeats):
-        fresh = make()
-        start = time.perf_counter()
-        fresh.load_state_dict(json.loads(text))
-        next(iter(fresh))
-        times.append(time.perf_counter() - start)
-    return {"seconds": min(times), "state_bytes": len(text), "state_encoding": "json"}
+    seconds = _best_resume(make, lambda fresh: fresh.load_state_dict(json.loads(text)), repeats)
+    return {"seconds": seconds, "state_bytes": len(text), "state_encoding": "json"}
 
 
 def stateful_loader_resume(
@@ -76,14 +82,8 @@ def stateful_loader_resume(
         next(it)
     state = first.state_dict()
     data = pickle.dumps(state)
-    times = []
-    for _ in range(repeats):
-        fresh = loader()
-        start = time.perf_counter()
-        fresh.load_state_dict(pickle.loads(data))
-        next(iter(fresh))
-        times.append(time.perf_counter() - start)
-    return {"seconds": min(times), "state_bytes": len(data), "state_encoding": "pickle"}
+    seconds = _best_resume(loader, lambda fresh: fresh.load_state_dict(pickle.loads(data)), repeats)
+    return {"seconds": seconds, "state_bytes": len(data), "state_encoding": "pickle"}
 
 
 def epoch_seconds(batches: Callable[[], Iterable[Any]], samples: int, repeats: int) -> float:
