@@ -95,21 +95,22 @@ MDS_FIXTURES = os.path.join(os.path.dirname(__file__), "data", "mds")
 
 
 def write_webdataset(folder: str, n: int) -> str:
-    """Three tar shards in WebDataset's layout (``key.txt``, ``key.cls``, ``key.json`` per sample, consecutive,
-    as ``webdataset.TarWriter`` writes them), written with ``tarfile``; sample ``i``'s ``cls`` is ``i``."""
-    import io
-    import tarfile
+    """Three tar shards written by ``webdataset.TarWriter`` (``key.txt``, ``key.cls``, ``key.json`` per
+    sample); sample ``i``'s ``cls`` is ``i``."""
+    import webdataset
 
     root = os.path.join(folder, "webdataset")
     os.makedirs(root, exist_ok=True)
     bounds = np.linspace(0, n, 4).astype(int)
     for k in range(3):
-        with tarfile.open(os.path.join(root, f"shard-{k:06d}.tar"), "w") as tar:
+        with webdataset.TarWriter(os.path.join(root, f"shard-{k:06d}.tar")) as sink:
             for i in range(bounds[k], bounds[k + 1]):
-                for ext, data in (("txt", f"row {i}"), ("cls", str(i)), ("json", f'{{"i": {i}}}')):
-                    member = tarfile.TarInfo(f"sample{i:05d}.{ext}")
-                    member.size = len(data.encode())
-                    tar.addfile(member, io.BytesIO(data.encode()))
+                sample = {
+                    "txt": f"row {i}".encode(),
+                    "cls": str(i).encode(),
+                    "json": f'{{"i": {i}}}'.encode(),
+                }
+                sink.write({"__key__": f"sample{i:05d}", **sample})
     return root
 
 

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("pyarrow")
 pytest.importorskip("datasets")
+pytest.importorskip("webdataset")
 
 from goodput.testing import free_port
 from tests import _formats_ranks

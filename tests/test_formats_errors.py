@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("pyarrow")
 pytest.importorskip("datasets")
+pytest.importorskip("webdataset")
 
 from goodput.cli import main
 from goodput.data import ArrowDataset, ParquetDataset, TokenDataset, write_shards

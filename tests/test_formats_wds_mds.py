@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from goodput.data import CacheConfig, MDSDataset, ResumableLoader, WebDataset
+from goodput.data._tarscan import regular_members
 from goodput.data.webdataset import expand_urls
 from goodput.errors import ConfigError, DataError, FingerprintMismatch
 from tests._formats import MDS_FIXTURES, write_webdataset
@@ -30,6 +31,12 @@ def _one_line(error: type[Exception], pattern: str, make: Callable[[], Any]) -> 
         make()
     message = str(caught.value)
     assert "\n" not in message and re.search(pattern, message), message
+
+
+def _webdataset(folder: Path) -> Path:
+    """N samples in 3 shards written by ``webdataset.TarWriter`` (skips where webdataset is not installed)."""
+    pytest.importorskip("webdataset")
+    return Path(write_webdataset(str(folder), N))
 
 
 def _tar(path: Path, members: list[tuple[str, bytes]]) -> None:
@@ -46,7 +53,7 @@ def test_brace_patterns_expand_as_webdataset_does() -> None:
 
 
 def test_webdataset_groups_members_by_key(tmp_path: Path) -> None:
-    root = Path(write_webdataset(str(tmp_path), N))
+    root = _webdataset(tmp_path)
     pattern = str(root / "shard-{000000..000002}.tar")
     dataset = WebDataset(pattern)
     assert len(dataset) == N and dataset.shard_sizes == [20, 20, 20]
@@ -58,8 +65,53 @@ def test_webdataset_groups_members_by_key(tmp_path: Path) -> None:
     assert dataset.describe()["keys"] == ["cls", "json", "txt"]
 
 
+def test_samples_are_the_ones_the_webdataset_library_reads(tmp_path: Path) -> None:
+    import webdataset
+
+    root = _webdataset(tmp_path)
+    shards = sorted(str(p) for p in root.iterdir())
+    theirs = [
+        {k: v for k, v in sample.items() if not k.startswith("__")} | {"__key__": sample["__key__"]}
+        for sample in webdataset.WebDataset(shards, shardshuffle=False, empty_check=False)
+    ]
+    ours = [{k: v for k, v in sample.items() if k != "__url__"} for sample in WebDataset(str(root))]
+    assert len(ours) == N and ours == theirs
+
+
+@pytest.mark.parametrize("form", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_tar_headers_are_read_as_tarfile_reads_them(form: int) -> None:
+    """The header reader's members (long names, prefixes, pax records, directories, links) equal tarfile's;
+    a file it leaves to tarfile (bad checksum, global pax header, cut short, bytes after the end) gives None."""
+    buf, long_dir = io.BytesIO(), "d" * 70 + "/" + "e" * 70
+    with tarfile.open(fileobj=buf, mode="w", format=form) as tar:
+        for i in range(12):
+            for name in (f"k{i}.txt", f"{long_dir}/k{i}.cls", f"dé{i}/k{i}.json"):
+                data = bytes(range(i * 37 % 256)) * (i + 1)
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = len(data), 1.5 * i
+                tar.addfile(info, io.BytesIO(data))
+            for kind, name in ((tarfile.DIRTYPE, f"dir{i}"), (tarfile.SYMTYPE, f"link{i}.x")):
+                info = tarfile.TarInfo(name)
+                info.type, info.linkname = kind, "t" * (40 if form == tarfile.USTAR_FORMAT else 120)
+                tar.addfile(info)
+    data = buf.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        expected = [(m.name, m.offset_data, m.size) for m in tar if m.isreg()]
+    assert len(expected) == 36 and regular_members(data) == expected
+    assert regular_members(bytes(1024)) == []
+    damaged = bytearray(data)
+    damaged[expected[5][1] - 512] ^= 1  # a name byte of the sixth member's header: its checksum fails
+    assert regular_members(bytes(damaged)) is None
+    assert regular_members(data[: expected[-1][1] + 3]) is None
+    assert regular_members(data + b"junk") is None
+    globals_ = io.BytesIO()
+    with tarfile.open(fileobj=globals_, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"a": "b"}) as tar:
+        tar.addfile(tarfile.TarInfo("k.txt"), io.BytesIO(b""))
+    assert regular_members(globals_.getvalue()) is None
+
+
 def test_webdataset_index_is_built_once_and_kept_in_the_cache(tmp_path: Path) -> None:
-    root = write_webdataset(str(tmp_path), N)
+    root = str(_webdataset(tmp_path))
     cache = CacheConfig(folder=str(tmp_path / "cache"), budget_bytes=1 << 30)
     first = WebDataset(root, cache=cache)
     kept = sorted(os.listdir(tmp_path / "cache" / "wds-index"))
@@ -85,7 +137,7 @@ def test_webdataset_bad_files(tmp_path: Path) -> None:
         r"sample 'k2' \(sample 1 of the shard\) has no cls member",
         lambda: WebDataset(str(tmp_path / "lacking"), extensions=["txt", "cls"]),
     )
-    root = Path(write_webdataset(str(tmp_path / "cut"), N))
+    root = _webdataset(tmp_path / "cut")
     shard = root / "shard-000002.tar"
     data = shard.read_bytes()
     shard.write_bytes(data[: data.index(b"row 55") + 3])  # inside sample 55's txt member
@@ -147,7 +199,7 @@ def test_mds_bad_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["webdataset", "mds"])
 def test_a_changed_dataset_refuses_the_saved_position(kind: str, tmp_path: Path) -> None:
     if kind == "webdataset":
-        root = Path(write_webdataset(str(tmp_path), N))
+        root = _webdataset(tmp_path)
         make: Callable[[], Any] = lambda: WebDataset(str(root))  # noqa: E731
     else:
         root = tmp_path / "mds"

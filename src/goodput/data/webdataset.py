@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from goodput.data._files import FileDataset, FileSpan, list_files
 from goodput.data._remote import RemoteInfo
 from goodput.data._source import Buffer, Source
+from goodput.data._tarscan import regular_members
 from goodput.data.cache import CacheConfig
 from goodput.errors import ConfigError, DataError
 
@@ -183,39 +184,50 @@ def _listing(
 
 def _scan(data: Buffer | bytes, url: str) -> list[tuple[str, Members]]:
     """Every sample of a tar shard from its headers: WebDataset's grouping of consecutive ``key.ext``."""
+    listed = regular_members(data)  # None: a tar to leave to tarfile (which also names what is wrong)
+    members, clean_end = (listed, True) if listed is not None else _tarfile_members(data, url)
     total = len(data)
     samples: list[tuple[str, Members]] = []
+    for name, offset, size in members:
+        if _META.match(name):
+            continue
+        match = _KEY.match(name)
+        if match is None:
+            raise DataError(f"{url}: member {name!r} has no extension: WebDataset members are named key.ext")
+        key, ext = match.group(1), match.group(2).lower()
+        if offset + size > total:
+            raise DataError(
+                f"{url} is truncated at byte {total}: sample {key!r} (sample {len(samples)} of the "
+                "shard) is cut off; the shard must be written again or copied whole"
+            )
+        if not samples or samples[-1][0] != key:
+            samples.append((key, []))
+        elif any(e == ext for e, _, _ in samples[-1][1]):
+            raise DataError(f"{url}: sample {key!r} has two members with extension {ext!r}")
+        samples[-1][1].append((ext, offset, size))
+    if not clean_end:
+        after = f"after sample {samples[-1][0]!r}" if samples else "in its first header"
+        raise DataError(f"{url} is truncated {after}: the shard must be written again or copied whole")
+    return samples
+
+
+def _tarfile_members(data: Buffer | bytes, url: str) -> tuple[list[tuple[str, int, int]], bool]:
+    """The regular members as ``tarfile`` reads them, and whether only zeros follow the last header it read
+    (it stops quietly at a header cut short)."""
+    members = []
     try:
         with _BufferFile(data) as file, tarfile.open(fileobj=file, mode="r:") as tar:
             for member in tar:
-                if not member.isreg() or _META.match(member.name):
-                    continue
-                match = _KEY.match(member.name)
-                if match is None:
-                    raise DataError(
-                        f"{url}: member {member.name!r} has no extension: WebDataset members are named key.ext"
-                    )
-                key, ext = match.group(1), match.group(2).lower()
-                if member.offset_data + member.size > total:
-                    raise DataError(
-                        f"{url} is truncated at byte {total}: sample {key!r} (sample {len(samples)} of the "
-                        "shard) is cut off; the shard must be written again or copied whole"
-                    )
-                if not samples or samples[-1][0] != key:
-                    samples.append((key, []))
-                elif any(e == ext for e, _, _ in samples[-1][1]):
-                    raise DataError(f"{url}: sample {key!r} has two members with extension {ext!r}")
-                samples[-1][1].append((ext, member.offset_data, member.size))
-            if bytes(data[tar.offset :]).strip(b"\0"):  # tarfile stops quietly at a header cut short
-                after = f"after sample {samples[-1][0]!r}" if samples else "in its first header"
-                raise DataError(
-                    f"{url} is truncated {after}: the shard must be written again or copied whole"
-                )
+                if member.isreg():
+                    members.append((member.name, member.offset_data, member.size))
+                    if member.offset_data + member.size > len(data):
+                        return members, True  # cut off: _scan names the sample; nothing follows it
+            clean_end = not bytes(data[tar.offset :]).strip(b"\0")
     except tarfile.TarError as err:
         raise DataError(
             f"{url} is not a tar file ({err}): a WebDataset shard is a tar of key.ext members"
         ) from None
-    return samples
+    return members, clean_end
 
 
 def _select(
