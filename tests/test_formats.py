@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("pyarrow")
 pytest.importorskip("datasets")
+pytest.importorskip("webdataset")
 
 from goodput.data import CacheConfig, ResumableLoader
 from goodput.data.order import sample_seed
@@ -118,6 +119,24 @@ def test_a_changed_dataset_refuses_the_saved_position(tmp_path: Path) -> None:
     table = pq.read_table(file)
     pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), file)  # one row more
     with pytest.raises(FingerprintMismatch, match=r"identity .parquet:3files:61samples") as err:
+        ResumableLoader(builder.open(url), batch_size=4, seed=0).load_state_dict(state)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("builder", IDS)
+def test_every_format_refuses_a_position_saved_for_other_data(builder: Builder, tmp_path: Path) -> None:
+    """The same folder written again with 96 samples instead of 60: the saved position is refused, one line."""
+    import shutil
+
+    from goodput.errors import FingerprintMismatch
+
+    url = builder.write(str(tmp_path), N)
+    loader = ResumableLoader(builder.open(url), batch_size=4, seed=0)
+    next(iter(loader))
+    state = json.loads(json.dumps(loader.state_dict()))
+    shutil.rmtree(url)
+    assert builder.write(str(tmp_path), 96) == url
+    with pytest.raises(FingerprintMismatch, match=rf"identity .{builder.name}:\d+files:96samples") as err:
         ResumableLoader(builder.open(url), batch_size=4, seed=0).load_state_dict(state)
     assert "\n" not in str(err.value)
 
