@@ -45,8 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--naive-seconds", type=float, default=5.0, help="time spent on naive reads (5)")
     parser.add_argument(
         "--mosaic-python",
-        default=os.path.join(".venv-mosaic", "bin", "python"),
-        help="python of the Mosaic Streaming venv (default .venv-mosaic/bin/python); skipped when missing",
+        default=os.environ.get("GOODPUT_MOSAIC_PYTHON", os.path.join(".venv-mosaic", "bin", "python")),
+        help="python of the Mosaic Streaming venv (default $GOODPUT_MOSAIC_PYTHON or .venv-mosaic/bin/python); "
+        "skipped when missing",
     )
     parser.add_argument("--make-mosaic-venv", metavar="DIR", help="create the Mosaic Streaming venv and exit")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
