@@ -107,10 +107,10 @@ class MeasuredRatios:
     """
 
     durable_write: float = 1.0
-    durable_read: float = 1.4
-    async_stall: float = 1.1
-    memory_stall: float = 1.2
-    memory_restore: float = 1.6
+    durable_read: float = 1.3
+    async_stall: float = 1.06
+    memory_stall: float = 1.0
+    memory_restore: float = 1.3
     warm_over_cold_restart: float = 1 / 12.3
 
     def __post_init__(self) -> None:
