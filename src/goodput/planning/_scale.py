@@ -106,7 +106,7 @@ class MeasuredRatios:
         warm_over_cold_restart: a warm restart's downtime over a cold restart's (without checkpoint loads).
     """
 
-    durable_write: float = 1.0
+    durable_write: float = 1.14
     durable_read: float = 1.3
     async_stall: float = 1.06
     memory_stall: float = 1.0
