@@ -25,6 +25,9 @@ def test_bench_data_json_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(report["fetch_seconds"]["l_eq_c"]) == {"p50", "p95"}
     assert report["resume"]["state_bytes"] < 4096 and report["resume"]["batches_fetched"] == 1
     assert report["resume"]["position"] == 1_000_000
+    by_size = report["resume_by_size"]  # 10^8 samples are a length only: no sample data is written
+    assert [(r["samples"], r["position"]) for r in by_size] == [(10**k, 10**k // 2) for k in (4, 6, 8)]
+    assert all(r["state_bytes"] < 4096 and r["batches_fetched"] == 1 for r in by_size)
 
 
 def test_bench_data_bad_arguments() -> None:

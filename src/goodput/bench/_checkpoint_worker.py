@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from goodput.bench import _durable_write as durable_write
 from goodput.bench._checkpoint_io import restore_cost, run_step_overhead, s3_cost
 from goodput.bench.checkpoint import RssSampler, median, ratio
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
@@ -115,32 +116,43 @@ def timed(fn: Callable[[], Any], repeats: int) -> float:
 
 
 class Floors:
-    """The physical floors of a save, measured on the same bytes: memcpy into preallocated buffers, and a
-    raw write + fsync of every local tensor (all ranks at once, as the strategies write)."""
+    """The physical floors of a save, measured on the same bytes, all ranks at once (as the strategies save):
+    a memcpy into preallocated buffers, and the fastest durable write of every local tensor into new files
+    (goodput.bench._durable_write: one file, several files by several threads, or O_DIRECT; the fastest on
+    this disk is chosen by one timed write of each at the start, then used before every save)."""
 
     def __init__(self, local: list[torch.Tensor], root: str, rank: int) -> None:
         self.local = local
         self.buffers = [torch.empty_like(t) for t in local]
-        self.path = os.path.join(root, f"raw-write-{rank}.bin")
+        self.path = os.path.join(root, f"raw-write-{rank}")
+        self.method = ""
+        self.calibration: dict[str, float] = {}
 
     def _memcpy(self) -> None:
         for b, t in zip(self.buffers, self.local, strict=True):
             b.copy_(t)
 
-    def _raw_write(self) -> None:
-        with open(self.path, "wb") as f:
-            for t in self.local:
-                f.write(t.contiguous().numpy().data)
-            f.flush()
-            os.fsync(f.fileno())
-
     def memcpy(self) -> float:
         return timed(self._memcpy, 1)
 
-    def raw_write(self) -> float:
-        seconds = timed(self._raw_write, 1)
-        os.remove(self.path)
+    def _write(self, method: str) -> float:
+        views = [t.contiguous().numpy() for t in self.local]
+        settle_disk()
+        seconds = timed(lambda: durable_write.METHODS[method](views, self.path), 1)
+        durable_write.remove(self.path)
         return seconds
+
+    def raw_write(self) -> float:
+        if not self.method:
+            self.calibration = {m: self._write(m) for m in durable_write.METHODS}
+            self.method = min(self.calibration, key=lambda m: self.calibration[m])
+        return self._write(self.method)
+
+
+def settle_disk() -> None:
+    """Write back every dirty page and pending deletion (untimed), so that a timed write does not pay for
+    an earlier one's: on a file system mounted with ``discard`` a commit also discards freed blocks."""
+    os.sync()
 
 
 def measure(
@@ -174,6 +186,7 @@ def measure(
         memcpy = floors.memcpy()
         raw_write = floors.raw_write() if name == "dcp" else float("nan")
         without = timed(functools.partial(loop.window, steps), 1)
+        settle_disk()  # as before the floor: the save starts with no earlier write or deletion pending
         dist.barrier()
         t0 = time.perf_counter()
         first = manager.save(i + 1)
@@ -292,6 +305,8 @@ def main(cfg: dict[str, Any]) -> None:
         "floors": {
             "memcpy_s": median(da.get("per_save", {}).get("memcpy", [])),
             "raw_write_s": median(dc.get("per_save", {}).get("raw_write", [])),
+            "raw_write_method": floors.method,
+            "raw_write_calibration_s": floors.calibration,
         },
         "strategies": strategies,
         "idle_host": {

@@ -9,6 +9,7 @@ import json
 import math
 import statistics
 import sys
+import threading
 import time
 from typing import Any
 
@@ -78,6 +79,34 @@ def _fingerprint(state: TrainingState) -> float:
     return float(sum(t.double().sum() for t in _tensors(state)))
 
 
+class _MemorySampler:
+    """Peak private (``RssAnon``) and shared (``RssShmem``: the tier's RAM files) resident memory of this
+    process, sampled every 2 ms in a thread, as increases over the level at the start."""
+
+    def __init__(self) -> None:
+        self.start = self._now()
+        self.peak = dict(self.start)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _now() -> dict[str, int]:
+        with open("/proc/self/status", encoding="ascii") as f:
+            fields = dict(line.split(":", 1) for line in f if line.startswith(("RssAnon", "RssShmem")))
+        return {k: int(v.split()[0]) * 1024 for k, v in fields.items()}
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.002):
+            for k, v in self._now().items():
+                self.peak[k] = max(self.peak[k], v)
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        self._thread.join()
+        return {k: self.peak[k] - self.start[k] for k in self.start}
+
+
 class _Events:
     def __init__(self) -> None:
         self.rows: list[tuple[float, str, dict[str, Any]]] = []
@@ -103,12 +132,14 @@ def _costs(cfg: dict[str, Any], state: TrainingState) -> dict[str, Any]:
     manager = CheckpointManager(_config(cfg, root, tier, every=10**9), state, on_event=events)
     manager.restore_latest()
     stalls = []
+    sampler = _MemorySampler()
     for step in range(1, cfg["saves"] + 1):
         with torch.no_grad():
             next(iter(state.model.parameters())).add_(1e-3)  # type: ignore[union-attr]
         stalls.append(manager.save_memory(step))
         assert manager.memory is not None
         manager.memory.wait()
+    grown = sampler.stop()
     saved_step = cfg["saves"]
     start = time.perf_counter()
     manager.save(saved_step)
@@ -139,6 +170,9 @@ def _costs(cfg: dict[str, Any], state: TrainingState) -> dict[str, Any]:
         again.close(finished=last)
     return {
         "memory_stall_s": statistics.median(stalls[1:]),  # the first save allocates the staging buffer
+        # resident memory above the level before the memory saves: private (staging) and the tier's RAM files
+        "memory_staging_peak_bytes": grown["RssAnon"],
+        "memory_tier_peak_bytes": grown["RssShmem"],
         "memory_stalls_s": stalls,
         "durable_save_s": durable_save,
         "memory_restore_s": statistics.median(restores["memory"]),
@@ -198,6 +232,31 @@ def _lost_steps(timeline: dict[str, Any], failures: list[float]) -> float:
     return float(np.mean(lost)) if lost else float("nan")
 
 
+def _max(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _lost_work(cfg: dict[str, Any], state: TrainingState) -> dict[str, Any]:
+    """Steps re-done per failure with and without the memory tier (the two loops; figures on rank 0)."""
+    with_memory = _loop(cfg, state, "loop-memory", memory=True)
+    durable_only = _loop(cfg, state, "loop-durable", memory=False)
+    length = min(with_memory["step_ends"][-1], durable_only["step_ends"][-1])
+    rng = np.random.default_rng(cfg["seed"])
+    failures = [float(t) for t in rng.uniform(0, length, cfg["failures"])]
+    return {
+        "failures": len(failures),
+        "lost_steps_per_failure": _lost_steps(with_memory, failures),
+        "lost_steps_per_failure_durable_only": _lost_steps(durable_only, failures),
+        "commits_with_memory": len(with_memory["commits"]),
+        "commits_durable_only": len(durable_only["commits"]),
+        "auto_memory": {  # what the memory tier's auto cadence saw and picked in the lost-work loop
+            key: with_memory[key] for key in ("memory_interval_s", "memory_stall_s", "memory_persist_s")
+        },
+    }
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     torch.set_num_threads(1)
@@ -206,25 +265,18 @@ def main() -> None:
     state = _state(cfg["state_bytes"])
     floor, nbytes = _memcpy_floor(state)
     costs = _costs(cfg, state)
-    with_memory = _loop(cfg, state, "loop-memory", memory=True)
-    durable_only = _loop(cfg, state, "loop-durable", memory=False)
+    for key in ("memory_staging_peak_bytes", "memory_tier_peak_bytes"):
+        costs[key] = _max(float(costs[key]))
+    lost = _lost_work(cfg, state) if cfg.get("loops", True) else {}
     if rank == 0:
-        length = min(with_memory["step_ends"][-1], durable_only["step_ends"][-1])
-        rng = np.random.default_rng(cfg["seed"])
-        failures = [float(t) for t in rng.uniform(0, length, cfg["failures"])]
         result = {
             "state_bytes_per_rank": nbytes,
             "world_size": dist.get_world_size(),
             "memcpy_floor_s": floor,
             **costs,
-            "failures": len(failures),
-            "lost_steps_per_failure": _lost_steps(with_memory, failures),
-            "lost_steps_per_failure_durable_only": _lost_steps(durable_only, failures),
-            "commits_with_memory": len(with_memory["commits"]),
-            "commits_durable_only": len(durable_only["commits"]),
-            "auto_memory": {  # what the memory tier's auto cadence saw and picked in the lost-work loop
-                key: with_memory[key] for key in ("memory_interval_s", "memory_stall_s", "memory_persist_s")
-            },
+            "lost_steps_per_failure": None,
+            "lost_steps_per_failure_durable_only": None,
+            **lost,
         }
         with open(cfg["out"], "w", encoding="utf-8") as f:
             json.dump(result, f)

@@ -2,12 +2,16 @@
 
     goodput bench checkpoint                      # 512 MiB of model + AdamW state, FSDP2-sharded over 2 ranks
     goodput bench checkpoint --state-size 64MiB --saves 3 --staging-saves 5 --json    # a quick run
+    goodput bench checkpoint --state-size 256MiB,1GiB,2GiB --strategies dcp,dcp_async --no-idle-host --no-s3
+                                                  # cost as the state grows: one run per size, one table
 
 It starts itself under torchrun. Each rank runs a loop of fixed compute per step that also changes the weights,
 and saves every strategy several times. Per strategy it reports the blocking stall (median), the loop time lost
 per save (a window of steps with a save minus the same window without), time until durable, bytes and peak
-extra host memory; the floors are a memcpy of the same bytes into preallocated buffers and a raw write + fsync
-of the same bytes. Ratios compare them; read ratios, not absolute times (the machine is shared).
+extra host memory; the floors are a memcpy of the same bytes into preallocated buffers and the fastest durable
+write of the same bytes into new files (bench/_durable_write.py). Ratios compare them; read ratios, not
+absolute times (the machine is shared). With several sizes, each ratio to a floor is also shown over its value
+at the smallest size (bench/_sizes.py).
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ _GOALS = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--state-size", default="512MiB", help="model + optimizer state in all (default 512MiB)"
+        "--state-size",
+        default="512MiB",
+        help="model + optimizer state in all (default 512MiB); a comma list runs each size in turn",
     )
     parser.add_argument("--saves", type=int, default=4, help="measured saves per strategy (default 4)")
     parser.add_argument("--staging-saves", type=int, default=20, help="async saves for the memory check (20)")
@@ -78,14 +84,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Launch the measurement under torchrun and print what rank 0 reports."""
-    from goodput.errors import ConfigError
-    from goodput.units import parse_bytes
+_FLOOR_RATIOS = {  # True: a cost over its floor; False: a floor over its cost
+    "async_stall_over_memcpy_floor": True,
+    "dcp_write_over_raw_write": False,
+    "restore_over_read_floor": True,
+    "s3_write_over_raw_put": False,
+    "s3_restore_over_raw_get": False,
+}
 
-    state_bytes = parse_bytes(args.state_size, what="--state-size")
-    if state_bytes < (1 << 20) or args.saves < 2 or args.window < 2 or args.nproc < 1:
-        raise ConfigError("--state-size must be >= 1MiB, --saves and --window >= 2, --nproc >= 1")
+
+def run(args: argparse.Namespace) -> int:
+    """Launch the measurement under torchrun (once per size) and print what rank 0 reports."""
+    from goodput.bench._sizes import parse_sizes, print_scale, scale_table
+    from goodput.errors import ConfigError
+
+    sizes = parse_sizes(args.state_size)
+    if args.saves < 2 or args.window < 2 or args.nproc < 1:
+        raise ConfigError("--saves and --window must be >= 2, --nproc >= 1")
+    results = []
+    for size in sizes:
+        result = _measure(args, size)
+        if result is None:
+            return 1
+        results.append(result)
+        if not args.json:
+            _print(result)
+    if len(sizes) == 1:
+        if args.json:
+            print(json.dumps(results[0], indent=1))
+        return 0
+    table = scale_table(results, _FLOOR_RATIOS, "staging_memory_over_state_bytes")
+    if args.json:
+        print(json.dumps({"sizes": sizes, "results": results, "scale": table}, indent=1))
+    else:
+        print_scale(sizes, table)
+    return 0
+
+
+def _measure(args: argparse.Namespace, state_bytes: int) -> dict[str, Any] | None:
+    """One torchrun measurement at ``state_bytes``; None (after one line on stderr) when it failed."""
     with tempfile.TemporaryDirectory(prefix="goodput-bench-ckpt-") as tmp, contextlib.ExitStack() as stack:
         out = os.path.join(tmp, "result.json")
         config = {
@@ -117,14 +154,10 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"goodput bench checkpoint: the measurement failed (exit {done.returncode})", file=sys.stderr
             )
-            return 1
+            return None
         with open(out, encoding="utf-8") as f:
-            result = json.load(f)
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        _print(result)
-    return 0
+            result: dict[str, Any] = json.load(f)
+            return result
 
 
 def _print(result: dict[str, Any]) -> None:
@@ -140,7 +173,12 @@ def _print(result: dict[str, Any]) -> None:
             f"{s['bytes'] / 2**20:>7.0f}MiB{s['peak_extra_mem_bytes'] / 2**20:>13.0f}MiB"
         )
     floors = result["floors"]
-    print(f"floors: memcpy {floors['memcpy_s']:.3f}s, raw write+fsync {floors['raw_write_s']:.2f}s")
+    print(
+        f"floors: memcpy {floors['memcpy_s']:.3f}s, durable write {floors['raw_write_s']:.2f}s "
+        f"({floors.get('raw_write_method') or 'n/a'}; "
+        + ", ".join(f"{k} {v:.2f}s" for k, v in floors.get("raw_write_calibration_s", {}).items())
+        + ")"
+    )
     for name, part in result.get("idle_host", {}).items():
         print(f"idle host {name:<10} stall {part['stall_s']:.3f}s, lost/save {part['lost_s']:.3f}s")
     restore = result.get("restore") or {}

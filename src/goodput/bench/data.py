@@ -26,7 +26,10 @@ loader on the same files, instead of the above.
 
 Resume: a loader over 2,000,000 samples restores a position at sample 1,000,000 (JSON text) and takes its
 first batch; the same for a loader starting at sample 0 is the baseline. The dataset counts its fetches, so a
-replay of consumed batches would show.
+replay of consumed batches would show. The same again over 10^4, 10^6 and 10^8 samples, at the middle of each
+(``resume_by_size``): the dataset is only a length (its items are their indices, made when fetched), so 10^8
+samples cost no storage; the sample order is computed at any position without materialising it
+(goodput.data.order), so state and time do not grow with the dataset.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from goodput.units import parse_duration
 __all__ = ["add_arguments", "run"]
 
 _CASES = (("l_lt_c", 0.5), ("l_eq_c", 1.0), ("l_gt_c", 2.0))
+_RESUME_SAMPLES = (10**4, 10**6, 10**8)
 _BATCH = 8
 
 
@@ -178,10 +182,8 @@ def _case(load: float, compute: float, steps: int, workers: int, repeats: int) -
     }
 
 
-def _resume(repeats: int = 15) -> dict[str, Any]:
+def _resume(n: int = 2_000_000, position: int = 1_000_000, repeats: int = 15) -> dict[str, Any]:
     from goodput.data import ResumableLoader
-
-    n, position = 2_000_000, 1_000_000
 
     def first_batch(consumed: int) -> tuple[float, int, int]:
         dataset = _Synthetic(n, 0.0)
@@ -199,6 +201,7 @@ def _resume(repeats: int = 15) -> dict[str, Any]:
     seconds = min(r[0] for r in resumed)
     baseline = min(r[0] for r in fresh)
     return {
+        "samples": n,
         "position": position,
         "seconds": seconds,
         "fresh_start_seconds": baseline,
@@ -260,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
         for name, factor in _CASES
     }
     resume = _resume()
+    by_size = [_resume(n, n // 2) for n in _RESUME_SAMPLES]
     resume_hf = _resume_hf(args.hf_resume_at)
     report = {
         "config": {
@@ -279,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
         },
         "goodput": {name: c["goodput"] for name, c in cases.items()},
         "resume": resume,
+        "resume_by_size": by_size,
         "resume_hf": resume_hf,
     }
     if args.json:
@@ -309,6 +314,12 @@ def _print_table(report: dict[str, Any], cases: dict[str, dict[str, Any]]) -> No
         f"({res['over_fresh_start']:.2f}x a fresh start), state {res['state_bytes']} bytes, "
         f"{res['batches_fetched']} batch fetched"
     )
+    for r in report["resume_by_size"]:
+        print(
+            f"  of {r['samples']:>11,} samples, at {r['position']:>11,}: {r['seconds'] * 1e3:.2f} ms "
+            f"({r['over_fresh_start']:.2f}x a fresh start), state {r['state_bytes']} bytes, "
+            f"{r['batches_fetched']} batch fetched"
+        )
     hf = report["resume_hf"]
     if "skipped" in hf:
         print(f"resume in the HF Trainer: skipped ({hf['skipped']})")

@@ -2,6 +2,7 @@
 
     goodput bench recovery                          # 256 MiB of model + AdamW state per rank, 2 ranks
     goodput bench recovery --state-size 64MiB --steps 40 --no-node-loss --json     # a quick run
+    goodput bench recovery --state-size 128MiB,512MiB,1GiB     # cost as the state grows (costs only, one table)
 
 It starts itself under torchrun (2 ranks, gloo) beside a real S3 server (SeaweedFS on 127.0.0.1) behind
 goodput's fault proxy with ``bench cache``'s default latency (30 ms a request) and bandwidth (16 MB/s a
@@ -17,6 +18,10 @@ connection), which holds the durable tier. Measured in one run:
   the newest step committed (memory or durable) at that moment;
 - a node loss on a two-agent job (``--nnodes 2`` on this machine): the tier it restored from and whether the
   resumed run is bitwise identical to an uninterrupted one (``goodput verify-resume``'s comparison).
+
+With several sizes (a comma list), each size runs the first two parts only (save stall, restores), the
+resident memory the memory saves add is measured against the state, and one table shows each ratio to its
+floor over its value at the smallest size (bench/_sizes.py).
 
 Read ratios, not absolute times: the machine may be shared.
 """
@@ -39,12 +44,18 @@ _GOALS = {
     "durable_restore_over_memory_restore": ">= 10",
     "lost_steps_per_failure": "<= 2",
     "durable_only_over_memory_lost_steps": "(the ratio)",
+    "staging_memory_over_state_bytes": "<= 1.1 (private memory the memory saves add)",
+    "memory_tier_over_state_bytes": "report (the tier's RAM files: the newest step and the one being written)",
 }
 _BUCKET = "goodput-bench-recovery"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-size", default="256MiB", help="model + optimizer state per rank (256MiB)")
+    parser.add_argument(
+        "--state-size",
+        default="256MiB",
+        help="model + optimizer state per rank (256MiB); a comma list runs each size in turn (costs only)",
+    )
     parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--saves", type=int, default=4, help="memory-tier saves measured (default 4)")
     parser.add_argument("--steps", type=int, default=40, help="steps of each lost-work loop (default 40)")
@@ -58,19 +69,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+_FLOOR_RATIOS = {"memory_stall_over_memcpy_floor": True, "memory_restore_over_memcpy_floor": True}
+
+
 def run(args: argparse.Namespace) -> int:
-    """Start the S3 server and proxy, measure under torchrun, run the node loss, print ratios."""
-    from goodput.bench._cache_run import _start_proxy
+    """Start the S3 server and proxy, measure under torchrun (once per size), run the node loss, print ratios."""
+    from goodput.bench._sizes import parse_sizes, print_scale, scale_table
     from goodput.errors import ConfigError
-    from goodput.testing import S3Server
     from goodput.units import parse_bytes
 
-    state_bytes = parse_bytes(args.state_size, what="--state-size")
+    sizes = parse_sizes(args.state_size)
     bandwidth = parse_bytes(args.bandwidth, what="--bandwidth")
-    if state_bytes < (1 << 20) or args.saves < 2 or args.steps < 10 or args.nproc < 1 or args.mtbf <= 0:
-        raise ConfigError(
-            "--state-size must be >= 1MiB, --saves >= 2, --steps >= 10, --nproc >= 1, --mtbf > 0"
-        )
+    if args.saves < 2 or args.steps < 10 or args.nproc < 1 or args.mtbf <= 0:
+        raise ConfigError("--saves must be >= 2, --steps >= 10, --nproc >= 1, --mtbf > 0")
+    several = len(sizes) > 1
+    results = []
+    for size in sizes:
+        result = _measure(args, size, bandwidth, loops=not several)
+        if result is None:
+            return 1
+        result["ratios"] = _ratios(result)
+        results.append(result)
+        if not args.json:
+            _print(result)
+    if not several:
+        if args.json:
+            print(json.dumps(results[0], indent=1))
+        return 0
+    table = scale_table(results, _FLOOR_RATIOS, "staging_memory_over_state_bytes")
+    if args.json:
+        print(json.dumps({"sizes": sizes, "results": results, "scale": table}, indent=1))
+    else:
+        print_scale(sizes, table)
+    return 0
+
+
+def _measure(
+    args: argparse.Namespace, state_bytes: int, bandwidth: int, *, loops: bool
+) -> dict[str, Any] | None:
+    """One measurement at ``state_bytes`` per rank; None (after one line on stderr) when it failed."""
+    from goodput.bench._cache_run import _start_proxy
+    from goodput.testing import S3Server
+
     ram = "/dev/shm" if os.path.isdir("/dev/shm") else None  # the memory tier belongs on a RAM file system
     with (
         tempfile.TemporaryDirectory(prefix="goodput-bench-recovery-") as tmp,
@@ -88,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
                     "state_bytes": state_bytes, "saves": args.saves, "steps": args.steps, "step_ms": args.step_ms,
                     "mtbf": args.mtbf, "failures": args.failures, "seed": args.seed, "out": out,
                     "root": f"s3://{_BUCKET}/run", "storage_options": options,
-                    "memory_folder": os.path.join(shm, "memory"),
+                    "memory_folder": os.path.join(shm, "memory"), "loops": loops,
                 }  # fmt: skip
                 code = _torchrun(config, args.nproc, quiet=args.json)
             finally:
@@ -96,18 +136,13 @@ def run(args: argparse.Namespace) -> int:
                 proxy.wait()
         if code != 0 or not os.path.exists(out):
             print(f"goodput bench recovery: the measurement failed (exit {code})", file=sys.stderr)
-            return 1
+            return None
         with open(out, encoding="utf-8") as f:
             result: dict[str, Any] = json.load(f)
         result["setup"] = {"latency_s": args.latency, "bandwidth_bps": bandwidth, "step_ms": args.step_ms,
                            "mtbf_s": args.mtbf, "steps": args.steps}  # fmt: skip
-        result["node_loss"] = None if args.no_node_loss else _node_loss(tmp)
-    result["ratios"] = _ratios(result)
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        _print(result)
-    return 0
+        result["node_loss"] = None if args.no_node_loss or not loops else _node_loss(tmp)
+    return result
 
 
 def _torchrun(config: dict[str, Any], nproc: int, *, quiet: bool) -> int:
@@ -173,6 +208,10 @@ def _ratios(r: dict[str, Any]) -> dict[str, Any]:
         "durable_only_over_memory_lost_steps": _ratio(
             r["lost_steps_per_failure_durable_only"], r["lost_steps_per_failure"]
         ),
+        "staging_memory_over_state_bytes": _ratio(
+            r.get("memory_staging_peak_bytes"), r["state_bytes_per_rank"]
+        ),
+        "memory_tier_over_state_bytes": _ratio(r.get("memory_tier_peak_bytes"), r["state_bytes_per_rank"]),
         "node_loss": r["node_loss"],
     }
 
@@ -184,8 +223,9 @@ def _print(r: dict[str, Any]) -> None:
     print(f"memcpy floor {r['memcpy_floor_s']:.3f}s  memory stall {r['memory_stall_s']:.3f}s  memory restore"
           f" {r['memory_restore_s']:.3f}s  durable restore {r['durable_restore_s']:.2f}s")  # fmt: skip
     auto = r.get("auto_memory") or {}
-    print("memory tier at auto in the lost-work loop: " + ", ".join(
-        f"{k.removeprefix('memory_')} {'n/a' if v is None else f'{v:.3f}s'}" for k, v in auto.items()))  # fmt: skip
+    if auto:
+        print("memory tier at auto in the lost-work loop: " + ", ".join(
+            f"{k.removeprefix('memory_')} {'n/a' if v is None else f'{v:.3f}s'}" for k, v in auto.items()))  # fmt: skip
     for key, value in r["ratios"].items():
         if key == "node_loss":
             continue

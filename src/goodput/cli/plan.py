@@ -14,6 +14,8 @@ from typing import Any
 
 from goodput.cli._paths import check_output_file
 from goodput.cli._plan_plot import short_duration
+from goodput.cli._plan_scale import add_arguments as add_scale_arguments
+from goodput.cli._plan_scale import run_scale
 from goodput.cli._plan_twolevel import add_arguments as add_two_level_arguments
 from goodput.cli._plan_twolevel import two_level_lines, two_level_section
 from goodput.errors import ConfigError
@@ -107,6 +109,7 @@ def register(sub: Any) -> None:
     )
     out.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo runs (default 0)")
     add_two_level_arguments(parser)
+    add_scale_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -322,6 +325,10 @@ def _table(plan: dict[str, Any], inputs: PlanInputs) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cluster_gpus is not None:
+        if args.plot:
+            check_output_file(args.plot, "--plot")
+        return run_scale(args)
     inputs = _inputs(args)
     intervals = _intervals(args.interval)
     if args.simulate is not None and args.simulate < 2:

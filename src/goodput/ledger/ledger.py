@@ -140,11 +140,20 @@ def ledger_files(run_dir: str | os.PathLike[str]) -> list[LedgerFile]:
     return sorted(found)
 
 
-def read_events(run_dir: str | os.PathLike[str], *, rank: int | None = 0) -> list[dict[str, Any]]:
+def read_events(
+    run_dir: str | os.PathLike[str], *, rank: int | None = 0, steps_of: int | None = None
+) -> list[dict[str, Any]]:
     """Every event of one rank (all attempts, in file order), or of every rank with ``rank=None``.
 
     When ``rank`` has no files, the lowest rank that has them is read instead. A torn last line (a process
     killed mid-write) is ignored with a warning, as is any other line that is not a JSON object.
+
+    Args:
+        run_dir: the run folder.
+        rank: whose events (None: every rank's).
+        steps_of: with ``rank=None``, read every ``step_start``/``step_end`` of this rank only; of the other
+            ranks only each file's last ``step_end`` (the report's merge counts no other rank's steps, and a
+            long run's ledger is mostly steps). None reads every line.
 
     Raises:
         ConfigError: when ``run_dir`` holds no ledger.
@@ -161,17 +170,29 @@ def read_events(run_dir: str | os.PathLike[str], *, rank: int | None = 0) -> lis
         files = [f for f in files if f.rank == chosen]
     events: list[dict[str, Any]] = []
     for f in files:
-        events.extend(_read_file(f.path))
+        events.extend(_read_file(f.path, steps=steps_of is None or f.rank == steps_of))
     return events
 
 
-def _read_file(path: Path) -> list[dict[str, Any]]:
+# The step events as Ledger writes them (compact) and as json.dumps would (a space after the colon).
+_STEP_PREFIXES = (b'{"event":"step_', b'{"event": "step_')
+_STEP_END_PREFIXES = (b'{"event":"step_end"', b'{"event": "step_end"')
+
+
+def _read_file(path: Path, *, steps: bool = True) -> list[dict[str, Any]]:
     data = path.read_bytes()
     lines = data.split(b"\n")
+    last_step_end = -1
+    if not steps:
+        last_step_end = next(
+            (i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith(_STEP_END_PREFIXES)), -1
+        )
     events = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
+        if not steps and i != last_step_end and line.startswith(_STEP_PREFIXES):
+            continue  # another rank's step: not parsed (see read_events)
         try:
             event = json.loads(line)
             if not isinstance(event, dict) or "event" not in event:

@@ -188,5 +188,11 @@ def load_report(
     Raises:
         ConfigError: when ``run_dir`` holds no ledger.
     """
-    events = read_events(run_dir, rank=None)
+    from goodput.ledger.ledger import ledger_files
+
+    ranks = {f.rank for f in ledger_files(run_dir)}
+    primary = rank if rank in ranks else min(ranks, default=None)
+    events = read_events(run_dir, rank=None, steps_of=primary)
+    if not any(e.get("event") == "attempt_start" and e.get("rank", 0) == primary for e in events):
+        events = read_events(run_dir, rank=None)  # the merge will take another rank's time axis: read it all
     return build_report(events, run_dir=os.fspath(run_dir), mtbf=mtbf, rank=rank)
