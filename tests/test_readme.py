@@ -15,6 +15,7 @@ import torch
 
 import goodput as gp
 from goodput.checkpoint import list_checkpoints
+from tests.helpers.paths import FIXTURES
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -205,7 +206,7 @@ def test_the_warm_restart_example_survives_a_kill_and_a_train_without_the_run_is
     """The README's warm example under `goodput launch --restart warm`: a SIGKILLed rank is replaced warm and the
     run ends with its last step saved. The same script with `def train():` stops at once with exit 78 and one
     line naming the fix (before: every attempt raised a TypeError, a crash loop)."""
-    from goodput.run.launch import EXIT_FATAL
+    from goodput.launch.launcher import EXIT_FATAL
 
     run_dir = tmp_path / "warm"
     done = _launch_warm(run_dir, _warm_script(tmp_path, "train.py", {}), "--faults", "kill@step=6,rank=1")
@@ -349,7 +350,7 @@ def test_the_in_place_formats_snippet_reads_each_format(tmp_path: Path) -> None:
                 member = tarfile.TarInfo(name)
                 member.size = len(name)
                 tar.addfile(member, io.BytesIO(name.encode()))
-    mds = Path(__file__).parent / "data" / "mds" / "zstd-60"
+    mds = FIXTURES / "mds" / "zstd-60"
     code = _substitute(
         _python_block("gp.TokenDataset("),
         {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from goodput.testing import run_ranks
-from tests import _ranks
+from tests.helpers import ranks as _ranks
 
 
 def test_allreduce_over_two_processes() -> None:

@@ -131,6 +131,15 @@ if TYPE_CHECKING:
     from goodput.integrations.lightning import GoodputCheckpointIO as GoodputCheckpointIO
     from goodput.integrations.lightning import GoodputDDPStrategy as GoodputDDPStrategy
     from goodput.integrations.prometheus import PrometheusExporter as PrometheusExporter
+    from goodput.launch.launcher import (
+        EXIT_CRASH_LOOP,
+        EXIT_FATAL,
+        EXIT_NUMERIC,
+        EXIT_PREEMPTED,
+        LaunchConfig,
+        launch_job,
+        torchrun_command,
+    )
     from goodput.ledger import (
         Ledger,
         LedgerConfig,
@@ -191,58 +200,15 @@ if TYPE_CHECKING:
     from goodput.run import (
         Run,
     )
-    from goodput.run.agent import (
-        WarmAgent,
-        WarmConfig,
-        launch_warm,
-    )
-    from goodput.run.compare import (
-        Difference,
-        compare_records,
-        drawn_generators,
-        idle_generators,
-    )
     from goodput.run.crashloop import (
         CrashLoopDetector,
-    )
-    from goodput.run.launch import (
-        EXIT_CRASH_LOOP,
-        EXIT_FATAL,
-        EXIT_NUMERIC,
-        EXIT_PREEMPTED,
-        LaunchConfig,
-        launch_job,
-        torchrun_command,
     )
     from goodput.run.numeric import NumericConfig, NumericGuard, gather_rows, gradient_sum, read_skips
     from goodput.run.progress import (
         Progress,
     )
-    from goodput.run.records import (
-        RECORDS_ENV,
-        RunRecords,
-        StepRecord,
-        StepRecorder,
-        read_records,
-        state_digests,
-    )
     from goodput.run.signals import (
         PreemptionWatch,
-    )
-    from goodput.run.verify import (
-        effective_samples,
-        first_difference,
-        read_run,
-    )
-    from goodput.run.verify_script import (
-        kill_plan,
-        run_captured,
-        verify_resume,
-    )
-    from goodput.run.warm import (
-        WarmWorker,
-        is_peer_failure,
-        warm_enabled,
     )
     from goodput.run.watchdog import (
         EXIT_HANG,
@@ -252,6 +218,40 @@ if TYPE_CHECKING:
         format_duration,
         parse_bytes,
         parse_duration,
+    )
+    from goodput.verify.compare import (
+        Difference,
+        compare_records,
+        drawn_generators,
+        idle_generators,
+    )
+    from goodput.verify.demo import (
+        effective_samples,
+        first_difference,
+        read_run,
+    )
+    from goodput.verify.records import (
+        RECORDS_ENV,
+        RunRecords,
+        StepRecord,
+        StepRecorder,
+        read_records,
+        state_digests,
+    )
+    from goodput.verify.script import (
+        kill_plan,
+        run_captured,
+        verify_resume,
+    )
+    from goodput.warm.agent import (
+        WarmAgent,
+        WarmConfig,
+        launch_warm,
+    )
+    from goodput.warm.worker import (
+        WarmWorker,
+        is_peer_failure,
+        warm_enabled,
     )
 
 __version__ = "0.1.0"
@@ -368,25 +368,25 @@ _LAZY = {
     "fault_point": "goodput.faults",
     "install_faults": "goodput.faults",
     "parse_faults": "goodput.faults",
-    "EXIT_CRASH_LOOP": "goodput.run.launch",
-    "EXIT_FATAL": "goodput.run.launch",
-    "EXIT_NUMERIC": "goodput.run.launch",
+    "EXIT_CRASH_LOOP": "goodput.launch.launcher",
+    "EXIT_FATAL": "goodput.launch.launcher",
+    "EXIT_NUMERIC": "goodput.launch.launcher",
     "NumericConfig": "goodput.run.numeric",
     "NumericGuard": "goodput.run.numeric",
     "read_skips": "goodput.run.numeric",
     "gather_rows": "goodput.run.numeric",
     "gradient_sum": "goodput.run.numeric",
     "NUMERIC_ACTIONS": "goodput.faults",
-    "EXIT_PREEMPTED": "goodput.run.launch",
-    "LaunchConfig": "goodput.run.launch",
-    "launch_job": "goodput.run.launch",
-    "torchrun_command": "goodput.run.launch",
-    "WarmAgent": "goodput.run.agent",
-    "WarmConfig": "goodput.run.agent",
-    "launch_warm": "goodput.run.agent",
-    "WarmWorker": "goodput.run.warm",
-    "is_peer_failure": "goodput.run.warm",
-    "warm_enabled": "goodput.run.warm",
+    "EXIT_PREEMPTED": "goodput.launch.launcher",
+    "LaunchConfig": "goodput.launch.launcher",
+    "launch_job": "goodput.launch.launcher",
+    "torchrun_command": "goodput.launch.launcher",
+    "WarmAgent": "goodput.warm.agent",
+    "WarmConfig": "goodput.warm.agent",
+    "launch_warm": "goodput.warm.agent",
+    "WarmWorker": "goodput.warm.worker",
+    "is_peer_failure": "goodput.warm.worker",
+    "warm_enabled": "goodput.warm.worker",
     "Ledger": "goodput.ledger",
     "LedgerConfig": "goodput.ledger",
     "LedgerFile": "goodput.ledger",
@@ -419,22 +419,22 @@ _LAZY = {
     "format_duration": "goodput.units",
     "parse_bytes": "goodput.units",
     "parse_duration": "goodput.units",
-    "Difference": "goodput.run.compare",
-    "compare_records": "goodput.run.compare",
-    "drawn_generators": "goodput.run.compare",
-    "idle_generators": "goodput.run.compare",
-    "RECORDS_ENV": "goodput.run.records",
-    "RunRecords": "goodput.run.records",
-    "StepRecord": "goodput.run.records",
-    "StepRecorder": "goodput.run.records",
-    "read_records": "goodput.run.records",
-    "state_digests": "goodput.run.records",
-    "kill_plan": "goodput.run.verify_script",
-    "run_captured": "goodput.run.verify_script",
-    "verify_resume": "goodput.run.verify_script",
-    "effective_samples": "goodput.run.verify",
-    "first_difference": "goodput.run.verify",
-    "read_run": "goodput.run.verify",
+    "Difference": "goodput.verify.compare",
+    "compare_records": "goodput.verify.compare",
+    "drawn_generators": "goodput.verify.compare",
+    "idle_generators": "goodput.verify.compare",
+    "RECORDS_ENV": "goodput.verify.records",
+    "RunRecords": "goodput.verify.records",
+    "StepRecord": "goodput.verify.records",
+    "StepRecorder": "goodput.verify.records",
+    "read_records": "goodput.verify.records",
+    "state_digests": "goodput.verify.records",
+    "kill_plan": "goodput.verify.script",
+    "run_captured": "goodput.verify.script",
+    "verify_resume": "goodput.verify.script",
+    "effective_samples": "goodput.verify.demo",
+    "first_difference": "goodput.verify.demo",
+    "read_run": "goodput.verify.demo",
     "fault_plan": "goodput.demo.verify_train",
     "prepare_data": "goodput.demo.verify_train",
     "train": "goodput.demo.verify_train",

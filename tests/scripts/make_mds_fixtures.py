@@ -2,7 +2,7 @@
 
     pip install --no-deps --target /tmp/mds mosaicml-streaming==0.13.0 zstd Brotli python-snappy catalogue
     # plus the torchvision stand-in of goodput.bench._mosaic_venv._STANDIN under /tmp/mds/torchvision
-    PYTHONPATH=/tmp/mds python tests/scripts/make_mds_fixtures.py tests/data/mds
+    PYTHONPATH=/tmp/mds python tests/scripts/make_mds_fixtures.py tests/fixtures/mds
 
 Sample ``i`` has ``id`` = i (int), ``text`` (str), ``meta`` (json), ``vec`` (ndarray, dynamic shape) and
 ``score`` (float32); small ``size_limit`` so every dataset has several shards.

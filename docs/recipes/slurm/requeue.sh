@@ -1,5 +1,5 @@
 # goodput's exit codes -> what the Slurm batch script does next. Sourced by goodput.sbatch; tested by
-# tests/test_recipes.py. The codes are goodput's (goodput/run/launch.py): keep them in step with it.
+# tests/test_recipes.py. The codes are goodput's (goodput/launch/launcher.py): keep them in step with it.
 #
 #   0    the run finished                                     -> done
 #   75   EXIT_PREEMPTED: saved after the warning signal       -> requeue (the next start resumes from that save)

@@ -123,8 +123,8 @@ def _node_loss(work: str) -> dict[str, Any]:
 
     from goodput.demo.verify_train import prepare_data, train
     from goodput.ledger import read_events
-    from goodput.run.verify import first_difference, read_run
     from goodput.testing import free_port
+    from goodput.verify.demo import first_difference, read_run
 
     data = prepare_data(work)
     common: dict[str, Any] = {"data": data, "nproc": 1, "steps": 40, "every": 8, "strategy": "dcp_async",

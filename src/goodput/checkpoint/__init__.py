@@ -16,8 +16,8 @@ from goodput.checkpoint.layout import (
     list_checkpoints,
 )
 from goodput.checkpoint.manager import CheckpointManager, SaveResult
-from goodput.checkpoint.memory import MemoryStore, MemoryTier
-from goodput.checkpoint.memory_tier import MemoryCheckpointer, MemoryRestore, list_memory_checkpoints
+from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer, MemoryRestore, list_memory_checkpoints
+from goodput.checkpoint.memory.store import MemoryStore, MemoryTier
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
 from goodput.checkpoint.rng import capture_rng, rank_seed, restore_rng, seed_new_rank
 from goodput.checkpoint.state import LoaderState, TrainingState, check_shapes, tensor_shapes

@@ -27,7 +27,7 @@ from goodput.errors import CheckpointError, SaveFailed
 from goodput.faults import fault_point
 
 if TYPE_CHECKING:
-    from goodput.checkpoint.memory_tier import MemoryCheckpointer
+    from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer
 
 __all__ = ["SaveResult"]
 

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from goodput.checkpoint.memory import MemoryTier
+from goodput.checkpoint.memory.store import MemoryTier
 from goodput.checkpoint.strategy import STRATEGIES
 from goodput.errors import ConfigError
 from goodput.units import parse_duration

@@ -22,13 +22,13 @@ from torch.distributed.checkpoint import CheckpointException
 
 from goodput._storage_errors import refusals_named
 from goodput.checkpoint._groups import release_groups
-from goodput.checkpoint._memory_setup import open_memory_tier
 from goodput.checkpoint._restoring import _RestorePath
 from goodput.checkpoint._retention import _Retention
 from goodput.checkpoint._saving import SaveResult, _quiet_single_process, _raiser, _SavePath
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import CheckpointLayout
-from goodput.checkpoint.memory_tier import MemoryCheckpointer
+from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer
+from goodput.checkpoint.memory.setup import open_memory_tier
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy, StepSchedule
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.strategy import Completion, SaveContext, make_strategy

@@ -121,7 +121,7 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from goodput.run.launch import LaunchConfig, launch_job
+    from goodput.launch.launcher import LaunchConfig, launch_job
     from goodput.units import parse_duration
 
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
@@ -142,7 +142,7 @@ def _run(args: argparse.Namespace) -> int:
         allow_fresh_start=args.allow_fresh_start,
     )
     if args.restart == "warm":
-        from goodput.run.agent import WarmConfig, launch_warm
+        from goodput.warm.agent import WarmConfig, launch_warm
 
         return launch_warm(config, WarmConfig(spares=args.spares, pg_timeout=args.collective_timeout))
     return launch_job(config)

@@ -90,8 +90,8 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from goodput.demo.verify_train import fault_plan, prepare_data, train, train_two_nodes
     from goodput.errors import ConfigError
-    from goodput.run.verify import first_difference, read_run
-    from goodput.run.verify_script import run_captured
+    from goodput.verify.demo import first_difference, read_run
+    from goodput.verify.script import run_captured
 
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
     if script:
@@ -168,7 +168,7 @@ def _restored_from(work: str) -> str:
 
 def _run_script(args: argparse.Namespace, script: list[str]) -> int:
     from goodput.errors import ConfigError
-    from goodput.run.verify_script import verify_resume
+    from goodput.verify.script import verify_resume
 
     demo_only = [
         f"--{name}" for name in ("steps", "every", "strategy", "memory") if getattr(args, name) is not None
@@ -193,7 +193,7 @@ def _restarts(run_dir: str) -> str:
     """How the interrupted run restarted: "N restarts", or "N restarts (W warm, C cold)" under the warm agent."""
     import json
 
-    from goodput.run.agent import AGENT_LOG
+    from goodput.warm.agent import AGENT_LOG
 
     log = os.path.join(run_dir, AGENT_LOG)
     if not os.path.exists(log):

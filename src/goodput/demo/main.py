@@ -54,7 +54,7 @@ class DemoConfig:
 
 def run_demo(config: DemoConfig) -> int:
     """Prepare the data, train under torchrun with faults, and report; returns the exit status."""
-    from goodput.run.launch import LaunchConfig, launch_job
+    from goodput.launch.launcher import LaunchConfig, launch_job
 
     os.makedirs(config.run_dir, exist_ok=True)
     data = config.data_url or os.path.join(config.run_dir, "remote-data")
@@ -87,7 +87,7 @@ def run_demo(config: DemoConfig) -> int:
         faults=faults,
     )
     if config.restart == "warm":
-        from goodput.run.agent import WarmConfig, launch_warm
+        from goodput.warm.agent import WarmConfig, launch_warm
 
         # Two spares: at one failure every 40 s, two failures within a spare's start (~10 s of imports on 2
         # busy cores) are common enough that a lone spare is often still importing when the second one comes.

@@ -11,7 +11,7 @@ import numpy as np
 
 from goodput.demo.main import TRAIN_SCRIPT
 from goodput.errors import ConfigError
-from goodput.run.launch import LaunchConfig, launch_job
+from goodput.launch.launcher import LaunchConfig, launch_job
 
 __all__ = ["fault_plan", "prepare_data", "train", "train_two_nodes"]
 
@@ -138,7 +138,7 @@ def train(
         verbose=True,  # the caller keeps all of it in output.log
     )
     if restart == "warm":
-        from goodput.run.agent import WarmConfig, launch_warm
+        from goodput.warm.agent import WarmConfig, launch_warm
 
         return launch_warm(config, WarmConfig(spares=1))
     return launch_job(config)

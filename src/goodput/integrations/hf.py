@@ -46,7 +46,7 @@ from goodput.integrations._faults import install_plan
 from goodput.integrations._tracked import TrackedLoader
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
-from goodput.run.records import StepRecorder
+from goodput.verify.records import StepRecorder
 
 __all__ = ["GoodputTrainer", "GoodputTrainerCallback"]
 

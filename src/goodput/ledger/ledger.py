@@ -95,7 +95,7 @@ _FILE = re.compile(r"^attempt-(\d+)\.rank-(\d+)\.jsonl$")
 _RESERVED = frozenset({"event", "wall", "mono", "attempt", "rank"})
 _ENCODER = json.JSONEncoder(allow_nan=False)
 _CACHE_COUNTERS = ("hits", "misses", "bytes_downloaded", "wait_seconds")
-# goodput launch exports its launch id here (one per launch; goodput.run._launchdir reads the same name).
+# goodput launch exports its launch id here (one per launch; goodput.launch.folder reads the same name).
 LAUNCH_ID_ENV = "GOODPUT_LAUNCH_ID"
 
 

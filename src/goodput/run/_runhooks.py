@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError
-from goodput.run._launchdir import PREEMPTED_FILE, launch_dir, write_marker
+from goodput.launch.folder import PREEMPTED_FILE, launch_dir, write_marker
 
 if TYPE_CHECKING:
     from goodput.run.run import Run
@@ -82,7 +82,7 @@ def already_complete(run: Run) -> bool:
 
 def stop_preempted(run: Run, why: str) -> None:
     """Save the current step durably on every rank, report it, close the run and end the process."""
-    from goodput.run.launch import EXIT_PREEMPTED
+    from goodput.launch.launcher import EXIT_PREEMPTED
 
     manager = run.manager
     if run._last_saved != run.step:

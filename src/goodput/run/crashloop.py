@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from goodput.errors import CrashLoop
-from goodput.run._launchdir import launch_dir, launch_id
+from goodput.launch.folder import launch_dir, launch_id
 
 __all__ = ["CrashLoopDetector"]
 

@@ -295,7 +295,7 @@ class NumericGuard:
     def _roll_back(self, found: Verdict, step: int, ceiling: int) -> int:
         """Restore the newest checkpoint at or before ``ceiling`` in place, as a new ledger attempt."""
         from goodput.ledger.ledger import Ledger
-        from goodput.run.records import StepRecorder
+        from goodput.verify.records import StepRecorder
 
         run = self._run
         assert run is not None and found.kind is not None
@@ -366,7 +366,7 @@ class NumericGuard:
             )
 
     def _stop(self, seen: str, why: str) -> None:
-        from goodput.run.launch import EXIT_NUMERIC
+        from goodput.launch.launcher import EXIT_NUMERIC
 
         run = self._run
         assert run is not None

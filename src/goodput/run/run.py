@@ -40,6 +40,7 @@ from goodput.faults import (
     install_faults,
     parse_faults,
 )
+from goodput.launch.folder import FATAL_ERRORS, install_error_report, register_pid, report_failure
 from goodput.ledger.accounting import account
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger, read_events
@@ -47,16 +48,15 @@ from goodput.ledger.tiers import live_recovered_share
 from goodput.run import _runhooks
 from goodput.run._attempt import agreed_attempt
 from goodput.run._cachestats import CacheStatsRecorder
-from goodput.run._gcboot import release as release_gc
-from goodput.run._launchdir import FATAL_ERRORS, install_error_report, register_pid, report_failure
 from goodput.run._runhooks import already_complete, resolve_run_dir, single_process_group, stop_preempted
 from goodput.run.crashloop import CrashLoopDetector
 from goodput.run.numeric import NumericConfig, NumericGuard
 from goodput.run.progress import Progress
-from goodput.run.records import StepRecorder
 from goodput.run.signals import PreemptionWatch, end_with_launcher
-from goodput.run.warm import WarmWorker, is_peer_failure, warm_enabled
 from goodput.run.watchdog import Watchdog
+from goodput.verify.records import StepRecorder
+from goodput.warm.boot import release as release_gc
+from goodput.warm.worker import WarmWorker, is_peer_failure, warm_enabled
 
 __all__ = ["Run"]
 
@@ -222,7 +222,7 @@ class Run:
         self._preempt.start(self.step)
         already_complete(self)
         self.ledger.init_done()
-        release_gc()  # the collector's thresholds back, the set-up's objects frozen (goodput.run._gcboot)
+        release_gc()  # the collector's thresholds back, the set-up's objects frozen (goodput.warm.boot)
         if self._progress_on or self._exporters:
             self._progress = Progress(
                 total=self.total_steps,

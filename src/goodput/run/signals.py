@@ -21,7 +21,7 @@ step, and stops after it. Cost: one 2-integer CPU all-reduce per ``check_seconds
 price is a delay of at most ``check_seconds`` plus two steps between the signal and the agreed save, far
 inside a scheduler's grace period. A single process checks its flag at every step, for free.
 
-The launcher side (``descendants``, ``become_subreaper``, used by ``goodput.run._supervise``) makes sure that no
+The launcher side (``descendants``, ``become_subreaper``, used by ``goodput.launch.supervise``) makes sure that no
 process of the job outlives ``goodput launch``: the launcher becomes a child subreaper (Linux), so workers
 orphaned by a dying torchrun are re-parented to it and can still be found and ended.
 """

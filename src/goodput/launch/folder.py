@@ -1,0 +1,277 @@
+"""The launch folder: how a launch's workers tell ``goodput launch`` what happened.
+
+``goodput launch`` makes one folder per launch (``<run_dir>/launches/<time>-<pid>/`` with ``--run-dir``, so it
+stays in the run's history; a temporary one without) and exports it as ``$GOODPUT_LAUNCH_DIR``. Workers drop
+small files there, and the launcher, which watches the folder while torchrun runs, acts on them:
+
+    CRASH_LOOP        the crash-loop verdict (rank 0): stop torchrun, exit EXIT_CRASH_LOOP
+    FATAL             "rank R: Type: message" of an error a restart cannot fix: stop, exit EXIT_FATAL
+    NUMERIC           "rank R: line" of a numeric fault the ladder could not fix: stop, exit EXIT_NUMERIC
+    PREEMPTED         JSON {step, url, run_dir} of the checkpoint saved after a preemption signal (rank 0)
+    pids/rank-R       the pid of rank R's process, written once its preemption handler is installed
+    logs/             torchrun's ``--log-dir`` (or the warm agent's, a folder a process): each worker's
+                      ``error.json`` (torch's error-file mechanism; goodput's own name the global rank and
+                      whether the error is a peer's reaction: a collective failing because another rank died)
+                      and, unless ``--verbose``, its ``stdout.log``/``stderr.log`` and torchrun's (the agent's)
+                      own output (see ``goodput.launch.output``)
+    notices.log       one line per failure and what the warm agent did about it, for the terminal
+
+The launch id (``$GOODPUT_LAUNCH_ID``) names the launch in crash-loop records, so attempts of earlier launches
+do not count against this one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from types import TracebackType
+from typing import Any
+
+from goodput.errors import (
+    ConfigError,
+    CrashLoop,
+    FingerprintMismatch,
+    NoValidCheckpoint,
+    NumericFault,
+    StateMismatch,
+)
+from goodput.launch.launcher import EXIT_FATAL, EXIT_NUMERIC
+from goodput.ledger.ledger import LAUNCH_ID_ENV  # the ledger records the id in each attempt_start
+
+__all__ = [
+    "FATAL_ERRORS",
+    "FATAL_FILE",
+    "LAUNCH_DIR_ENV",
+    "LAUNCH_ID_ENV",
+    "NOTICES_FILE",
+    "NUMERIC_FILE",
+    "PEER_FAILURE_MARKERS",
+    "PREEMPTED_FILE",
+    "install_error_report",
+    "is_peer_failure_line",
+    "last_error",
+    "launch_dir",
+    "launch_id",
+    "read_marker",
+    "register_pid",
+    "report_failure",
+    "write_marker",
+    "write_notice",
+]
+
+LAUNCH_DIR_ENV = "GOODPUT_LAUNCH_DIR"
+FATAL_FILE = "FATAL"
+NUMERIC_FILE = "NUMERIC"
+PREEMPTED_FILE = "PREEMPTED"
+PIDS_DIR = "pids"
+LOGS_DIR = "logs"
+NOTICES_FILE = "notices.log"
+
+EXIT_USAGE = 2  # a user's mistake, as on the command line
+
+# Errors a restart cannot fix: the same configuration or the same checkpoint fails again in every attempt
+# (AccessRefused, a ConfigError, among them: storage that refuses the credentials).
+FATAL_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError,
+    StateMismatch,
+    FingerprintMismatch,
+    NoValidCheckpoint,
+)
+
+# Substrings of the errors a collective raises when a peer died or stopped answering (gloo, NCCL, c10d).
+PEER_FAILURE_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Timed out",
+    "timed out",
+    "Socket Timeout",
+    "NCCL",
+    "gloo",
+    "ProcessGroup",
+)
+
+
+def launch_dir() -> str | None:
+    """This process's launch folder (None when not started by ``goodput launch``)."""
+    return os.environ.get(LAUNCH_DIR_ENV) or None
+
+
+def launch_id() -> str:
+    """This launch's id: goodput launch's, else torchrun's run id (a fresh one per ``--standalone`` start)."""
+    return os.environ.get(LAUNCH_ID_ENV) or os.environ.get("TORCHELASTIC_RUN_ID", "")
+
+
+def write_marker(name: str, content: str | dict[str, Any], *, exclusive: bool = False) -> bool:
+    """Write ``name`` into the launch folder atomically; False when there is none (or, exclusive, it exists)."""
+    folder = launch_dir()
+    if folder is None:
+        return False
+    path = os.path.join(folder, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if exclusive and os.path.exists(path):
+        return False
+    text = content if isinstance(content, str) else json.dumps(content)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text + "\n")
+    if exclusive:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+        return True
+    os.replace(tmp, path)
+    return True
+
+
+def write_notice(text: str) -> None:
+    """Append one line for the launcher to show on the terminal (nothing without a launch folder)."""
+    folder = launch_dir()
+    if folder is not None:
+        with open(os.path.join(folder, NOTICES_FILE), "a") as f:
+            f.write(text.replace("\n", " ") + "\n")
+
+
+def read_marker(folder: str, name: str) -> str | None:
+    """The text of a marker in ``folder`` (None when absent)."""
+    try:
+        with open(os.path.join(folder, name)) as f:
+            return f.read().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def register_pid(rank: int) -> None:
+    """Tell the launcher which process is ``rank`` (it forwards the preemption signal there)."""
+    write_marker(os.path.join(PIDS_DIR, f"rank-{rank}"), str(os.getpid()))
+
+
+def install_error_report(rank: int) -> None:
+    """Report this process's uncaught exception: to torch's error file (``$TORCHELASTIC_ERROR_FILE``, which
+    torchrun and ``goodput launch`` read), and, for an error a restart cannot fix, as the launch's ``FATAL``.
+
+    goodput's own errors that a user acts on (``FATAL_ERRORS``, ``CrashLoop``) print one line, not a traceback;
+    a peer's reaction to a rank that already stopped the launch (``FATAL``) prints nothing: the launcher quotes
+    that rank, and the reaction's callstack stays in the error file.
+    """
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], err: BaseException, tb: TracebackType | None) -> None:
+        line = report_failure(rank, err)
+        if isinstance(err, (*FATAL_ERRORS, CrashLoop, NumericFault)):
+            if launch_dir() is None:  # under goodput launch, the launcher prints the one line
+                # sys.__stderr__: torch's own excepthook (init_process_group's) captures sys.stderr around ours.
+                print(f"goodput: rank {rank}: {line}", file=sys.__stderr__ or sys.stderr, flush=True)
+                code = EXIT_NUMERIC if isinstance(err, NumericFault) else EXIT_FATAL
+                _exit_now(EXIT_USAGE if isinstance(err, ConfigError) else code)
+            return
+        if _reacts_to_fatal(err):
+            return  # the launcher quotes the rank that failed; this callstack is in the error file
+        previous(kind, err, tb)
+
+    sys.excepthook = hook
+
+
+def report_failure(rank: int, err: BaseException) -> str:
+    """Report the error that ends this process (the excepthook's, or a warm-restart worker's own failure):
+    to torch's error file, and, for an error a restart cannot fix, as the launch's ``FATAL``. Returns its
+    one line (``Type: message``)."""
+    kind = type(err)
+    line = f"{kind.__name__}: {err}".splitlines()[0] if str(err) else kind.__name__
+    with contextlib.suppress(Exception):
+        if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
+            callstack = "".join(traceback.format_exception(kind, err, err.__traceback__))
+            _record_error_file(line, callstack, rank, peer=_is_peer_failure(err))
+    if isinstance(err, (*FATAL_ERRORS, NumericFault)):
+        with contextlib.suppress(OSError):
+            name = NUMERIC_FILE if isinstance(err, NumericFault) else FATAL_FILE
+            write_marker(name, f"rank {rank}: {line}", exclusive=True)
+    return line
+
+
+def _exit_now(code: int) -> None:
+    """Exit with ``code`` from an excepthook (which cannot set the status): finish atexit work (the ledger's
+    last flush) first."""
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
+def _is_peer_failure(err: BaseException) -> bool:
+    from goodput.warm.worker import is_peer_failure  # torch: in a worker only, never in the launcher
+
+    return is_peer_failure(err)
+
+
+def _reacts_to_fatal(err: BaseException) -> bool:
+    """Whether ``err`` is a peer's reaction to a rank that stopped the launch with an error no restart fixes."""
+    folder = launch_dir()
+    return folder is not None and read_marker(folder, FATAL_FILE) is not None and _is_peer_failure(err)
+
+
+def _record_error_file(message: str, callstack: str, rank: int, *, peer: bool) -> None:
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):  # a script's own @record wrote it already
+        return
+    info = {
+        "py_callstack": callstack,
+        "timestamp": str(int(time.time())),
+        "goodput_rank": str(rank),
+        "goodput_peer_failure": "1" if peer else "0",
+    }
+    data = {"message": {"message": message, "extraInfo": info}}
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def last_error(folder: str) -> str | None:
+    """The error to quote for this launch from torch's error files: ``rank R: line``.
+
+    A peer's reaction (a collective failing because another rank died: gloo's "Connection closed by peer") is
+    never the root of a failure: the newest error that is not one is quoted, and only when every recorded error
+    is such a reaction, the newest of those.
+    """
+    found: list[tuple[bool, float, str]] = []  # (a peer's reaction, when, "who: line")
+    for root, _dirs, files in os.walk(os.path.join(folder, LOGS_DIR)):
+        if "error.json" not in files:
+            continue
+        path = os.path.join(root, "error.json")
+        try:
+            with open(path) as f:
+                message = json.load(f)["message"]
+            stamp = os.path.getmtime(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        text = message["message"] if isinstance(message, dict) else str(message)
+        extra = message.get("extraInfo") if isinstance(message, dict) else None
+        extra = extra if isinstance(extra, dict) else {}
+        # goodput's own error files name the global rank (a warm-restart agent starts every process as its
+        # own local rank 0); torch's name the local rank by their folder.
+        rank = extra.get("goodput_rank")
+        who = f"rank {rank}" if rank is not None else f"local rank {os.path.basename(root)}"
+        lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+        if lines:
+            flag = extra.get("goodput_peer_failure")
+            peer = flag == "1" if flag is not None else is_peer_failure_line(lines[0])
+            found.append((peer, stamp, f"{who}: {lines[0]}"))
+    if not found:
+        return None
+    roots = [e for e in found if not e[0]] or found
+    return max(roots, key=lambda e: e[1])[2]
+
+
+def is_peer_failure_line(line: str) -> bool:
+    """Whether an error's one line (``Type: message``) reads like a peer's reaction (for error files that
+    goodput did not write, which carry no flag)."""
+    kind = line.split(":", 1)[0].rsplit(".", 1)[-1]
+    if kind.startswith("Dist") and kind.endswith("Error"):  # torch.distributed's DistBackendError, ...
+        return True
+    return kind == "RuntimeError" and any(marker in line for marker in PEER_FAILURE_MARKERS)

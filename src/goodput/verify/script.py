@@ -1,0 +1,231 @@
+"""``goodput verify-resume -- train.py``: a user's script run twice under ``goodput launch``, compared.
+
+The first run is uninterrupted; the second is SIGKILLed at random steps and inside checkpoint writes, async
+uploads and restores (the fault plan, drawn from where the first run saved). Both run with
+``GOODPUT_RECORDS=1``, so ``Run`` records each step's samples, loss and random generators and the final
+state (:mod:`goodput.verify.records`); :func:`~goodput.run.compare.compare_records` names the first difference.
+The workers' output (tracebacks of the ranks that survive a kill included) goes to ``output.log`` in each
+run folder, so nothing but the verdict reaches the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from goodput.errors import ConfigError
+from goodput.launch.launcher import LaunchConfig, launch_job
+from goodput.verify.compare import compare_records, idle_generators
+from goodput.verify.records import RECORDS_ENV, RunRecords, read_records
+
+__all__ = ["kill_plan", "run_captured", "verify_resume"]
+
+OUTPUT_LOG = "output.log"
+
+
+@contextlib.contextmanager
+def _captured_output(path: str) -> Iterator[None]:
+    """Send this process's stdout and stderr, and so its children's, to the file ``path`` meanwhile."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    finally:
+        for fd in saved:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _records_enabled(on: bool) -> Iterator[None]:
+    before = os.environ.get(RECORDS_ENV)
+    os.environ[RECORDS_ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(RECORDS_ENV, None)
+        else:
+            os.environ[RECORDS_ENV] = before
+
+
+def run_captured(
+    run: Callable[[], int], run_dir: str, name: str, say: Callable[[str], None], *, records: bool = True
+) -> bool:
+    """Run one launch with its output in ``run_dir/output.log`` (and ``Run``'s records on); say why it failed."""
+    os.makedirs(run_dir, exist_ok=True)
+    log = os.path.join(run_dir, OUTPUT_LOG)
+    with _records_enabled(records), _captured_output(log):
+        status = run()
+    if status == 0:
+        return True
+    say(f"the {name} run failed with exit status {status}; its output is in {log}, ending:")
+    for line in _tail(log, 8):
+        say(f"  | {line}")
+    return False
+
+
+def _tail(path: str, lines: int) -> list[str]:
+    with open(path, errors="replace") as f:
+        return [line.rstrip("\n") for line in f.readlines()[-lines:]]
+
+
+def verify_resume(
+    script: Sequence[str],
+    *,
+    nproc: int,
+    kills: int,
+    seed: int,
+    work_dir: str | None,
+    say: Callable[[str], None] = print,
+    restart: str = "cold",
+) -> int:
+    """Run ``script`` uninterrupted and with ``kills`` SIGKILLs; 0 when identical, 1 with the difference.
+
+    ``restart="warm"`` runs both under the warm-restart agent (``goodput launch --restart warm``, one spare).
+
+    Raises:
+        ConfigError: the script is missing, a flag is out of range, or the script does not use ``Run``.
+    """
+    _check(script, nproc=nproc, kills=kills)
+    work = work_dir or tempfile.mkdtemp(prefix="goodput-verify-")
+    clean_dir, killed_dir = os.path.join(work, "uninterrupted"), os.path.join(work, "interrupted")
+    for folder in (clean_dir, killed_dir):
+        if os.path.exists(folder):
+            raise ConfigError(f"{folder} already exists (an earlier verify?): choose an empty --work-dir")
+    say(f"goodput verify-resume: {' '.join(script)}, {nproc} ranks, {restart} restarts, in {work}")
+
+    def launch(run_dir: str, faults: str, restarts: int) -> Callable[[], int]:
+        config = LaunchConfig(
+            script=tuple(script), nproc=nproc, max_restarts=restarts, run_dir=run_dir, faults=faults,
+            crash_loop=restarts + 1, rdzv_id="goodput-verify", verbose=True,  # all of it in output.log
+        )  # fmt: skip
+        if restart == "warm":
+            from goodput.warm.agent import WarmConfig, launch_warm
+
+            return lambda: launch_warm(config, WarmConfig(spares=1))
+        return lambda: launch_job(config)
+
+    if not run_captured(launch(clean_dir, "", 0), clean_dir, "uninterrupted", say):
+        return 1
+    reference = _records(clean_dir, script)
+    steps = max(max(steps, default=0) for steps in reference.steps.values())
+    saves, async_saves = _saves(clean_dir)
+    plan = kill_plan(kills, steps=steps, saves=saves, nproc=nproc, seed=seed, async_saves=async_saves)
+    say(f"uninterrupted: {steps} steps, saved at {_steps_text(saves)}; faults: {plan or 'none'}")
+    # Under the warm agent a script that does not hand its training to run.warm loses its survivor too: each
+    # kill is then a warm restart and the cold one that follows it.
+    budget = 2 * kills + 2 if restart == "warm" else kills + 2
+    if not run_captured(launch(killed_dir, plan, budget), killed_dir, "interrupted", say):
+        return 1
+    return _verdict(reference, _records(killed_dir, script), killed_dir, say)
+
+
+def kill_plan(
+    kills: int, *, steps: int, saves: Sequence[int], nproc: int, seed: int, async_saves: bool
+) -> str:
+    """A fault plan of ``kills`` SIGKILLs at seeded random points of a run of ``steps`` steps.
+
+    Even-numbered kills land after random steps past the first save (so the restart resumes from a checkpoint);
+    odd-numbered ones inside a checkpoint write, an async upload (with async saves) and a restore, in turn, at
+    a step where the uninterrupted run saved (``saves``).
+    """
+    rng = np.random.default_rng(seed)
+    first = min(saves, default=0)
+    low = first + 1 if first + 1 < steps else 1
+    phases = ["checkpoint_write", *(["async_upload"] if async_saves else []), "restore"]
+    points = [s for s in saves if s < steps] or list(saves)
+    faults = []
+    for n in range(kills):
+        rank = int(rng.integers(nproc))
+        if n % 2 == 1 and points:
+            phase = phases[(n // 2) % len(phases)]
+            if phase == "restore":
+                faults.append(f"kill@phase=restore,rank={rank},attempt={n}")
+            else:
+                faults.append(f"kill@phase={phase},step={int(rng.choice(points))},rank={rank}")
+        else:
+            faults.append(f"kill@step={int(rng.integers(low, max(steps, low + 1)))},rank={rank}")
+    return "; ".join(faults)
+
+
+def _check(script: Sequence[str], *, nproc: int, kills: int) -> None:
+    if not script:
+        raise ConfigError(
+            "give the training script after '--', e.g. goodput verify-resume -- train.py --lr 1e-3"
+        )
+    if script[0].endswith(".py") and not os.path.isfile(script[0]):
+        raise ConfigError(f"the training script {script[0]!r} does not exist")
+    if nproc < 1 or kills < 0:
+        raise ConfigError(f"need --nproc >= 1 and --kills >= 0, got --nproc {nproc} --kills {kills}")
+
+
+def _records(run_dir: str, script: Sequence[str]) -> RunRecords:
+    try:
+        records = read_records(run_dir)
+    except FileNotFoundError:
+        records = RunRecords(steps={}, final={}, attempts=[])
+    if not any(records.steps.values()):
+        raise ConfigError(
+            f"{script[0]} recorded no step: train with goodput.Run and call run.step_done() after each step"
+        )
+    return records
+
+
+def _saves(run_dir: str) -> tuple[list[int], bool]:
+    """The steps the run saved at (durable), and whether its saves were asynchronous."""
+    from goodput.ledger import read_events
+
+    events = read_events(run_dir)
+    saves = sorted({int(e["step"]) for e in events if e["event"] == "checkpoint_durable"})
+    strategies = {e.get("strategy") for e in events if e["event"] == "checkpoint_config"}
+    return saves, "dcp_async" in strategies
+
+
+def _steps_text(steps: list[int]) -> str:
+    if not steps:
+        return "no step"
+    shown = ", ".join(map(str, steps[:8]))
+    return shown + (f", ... ({len(steps)} saves)" if len(steps) > 8 else "")
+
+
+def _verdict(reference: RunRecords, other: RunRecords, killed_dir: str, say: Callable[[str], None]) -> int:
+    restarts = len(other.attempts) - 1
+    markers = os.path.join(killed_dir, "faults")  # one per fault that fired (see goodput.faults)
+    fired = len(os.listdir(markers)) if os.path.isdir(markers) else 0
+    after = f"after {restarts} restart{'' if restarts == 1 else 's'} ({fired} kill{'' if fired == 1 else 's'} fired)"
+    idle = idle_generators(reference, other)
+    if idle:
+        it = "it" if len(idle) == 1 else "them"
+        say(
+            f"warning: the state of {' and '.join(idle)} differs between the two runs, but training never drew "
+            f"from {it} (unseeded and unused): not compared"
+        )
+    differences = compare_records(reference, other)
+    if not differences:
+        say(
+            "IDENTICAL: every step's samples, loss and random generators, and the final model, optimizer, "
+            f"scheduler, RNG and data position match {after}"
+        )
+        return 0
+    for difference in differences:
+        say(f"DIFFERENT: {difference}")
+    say("check:")
+    for cause in differences[0].causes:  # later differences follow from the first
+        say(f"  - {cause}")
+    say(f"({after}; the workers' output is in {killed_dir}/{OUTPUT_LOG})")
+    return 1

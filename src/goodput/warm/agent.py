@@ -1,0 +1,534 @@
+"""The warm-restart agent behind ``goodput launch --restart warm``: replace only the failed worker.
+
+torchrun's elastic agent (``LocalElasticAgent._invoke_run``) answers any worker's failure with
+``_restart_workers``: it stops every worker, re-rendezvouses and starts a whole new group, so each restart
+pays for new Python processes, ``import torch``, model construction and a checkpoint restore on every rank.
+This agent keeps torch.distributed.elastic's parts and changes that one decision:
+
+* workers and hot spares are started with elastic's ``start_processes`` (one process context per slot, so one
+  slot can be replaced while the others run), and coordinate through a c10d ``TCPStore`` the agent hosts for
+  the job's whole life (see ``goodput.warm.worker`` for the keys);
+* on a worker's failure (non-zero exit, signal, or the hang watchdog's exit) the agent hands the dead rank to
+  a spare that has already imported torch and the script's imports, publishes the next generation, and
+  starts a new spare in the background; the survivors, whose collectives failed, leave the failed step in
+  their own process, form the new generation's group and recover live from a surviving replica;
+* when the warm path cannot recover (a failure during a warm restart, the group not recovered within the
+  re-form timeout, a worker that already finished), it falls back to a cold restart of the whole group, like
+  torchrun's, from the newest checkpoint.
+
+Every decision is appended to ``RUN_DIR/warm/agent.jsonl`` (one JSON object a line), and each worker's ledger
+records the restart's parts as seen by that rank.
+
+The launcher around it: ``launch_warm`` runs the agent as a process under torchrun's supervisor
+(``goodput.launch.supervise``), so a warm launch keeps every promise of a cold one: preemption (exit 75), the
+crash-loop verdict (each generation is an attempt; exit 3), errors a restart cannot fix (a worker reports its
+own as ``FATAL`` before it exits, so no spare is handed it; exit 78), and no process left behind. An elastic
+``--nnodes MIN:MAX`` is refused: a generation keeps the world size.
+
+Several nodes: each node runs an agent (``--nnodes N --rdzv-endpoint HOST:PORT``); the agents meet through
+elastic's c10d rendezvous and share its store. Generations are numbered by a store counter; the agent that
+sees a failure claims the next generation of the current one (a compare-and-set, so two nodes failing at
+once cannot both restart it warm: the loser restarts cold), hands the rank to its own node's spare, and the
+other nodes' survivors join without their agent doing anything. A cold restart is announced through the store
+(``gen/current``), and every agent restarts its node's workers in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from goodput.errors import ConfigError
+from goodput.launch.folder import LOGS_DIR, launch_dir, write_notice
+from goodput.launch.launcher import LaunchConfig
+from goodput.launch.output import describe_exit
+from goodput.warm.idle import can_return, make_idle, make_normal
+from goodput.warm.record import claim_folder, record_folder, remove_folder
+from goodput.warm.worker import (
+    GEN_ENV,
+    PG_TIMEOUT_ENV,
+    PREFIX_ENV,
+    REFORM_TIMEOUT_ENV,
+    ROLE_ENV,
+    SPARE_ENV,
+    STORE_ENV,
+)
+
+__all__ = ["WarmAgent", "WarmConfig", "launch_warm"]
+
+AGENT_LOG = os.path.join("warm", "agent.jsonl")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WarmConfig:
+    """How warm restarts behave.
+
+    Args:
+        spares: hot spare processes kept per node (0: a replacement is started cold and survivors wait).
+        reform_timeout: seconds for a warm restart to re-form the group and recover before a cold restart.
+        pg_timeout: seconds a collective may wait before it fails. A survivor blocked in a collective with a
+            hung peer leaves it after this long, so keep it shorter than the script's ``Run(hang_timeout=)``:
+            the hung rank's own watchdog then ends it and a spare takes its place.
+        first_spare_delay: at most this many seconds from the start before the first spares are started (they
+            start as soon as every worker has finished its first step; 0: at once, with the workers).
+    """
+
+    spares: int = 1
+    reform_timeout: float = 30.0
+    pg_timeout: float = 30.0
+    first_spare_delay: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.spares < 0:
+            raise ConfigError(f"--spares must be >= 0, got {self.spares}")
+        for name in ("reform_timeout", "pg_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"WarmConfig.{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class _Slot:
+    ctx: Any  # torch.distributed.elastic.multiprocessing.PContext of one process
+    pid: int
+    spare: int | None = None  # the spare id this process was started as
+
+
+class WarmAgent:
+    """Starts the workers and spares of one node and restarts failed workers warm (else cold)."""
+
+    def __init__(self, launch: LaunchConfig, warm: WarmConfig) -> None:
+        import torch.distributed as dist
+
+        check_warm(launch)
+        self.launch = launch
+        self.warm = warm
+        self.nproc = launch.nproc
+        self.nnodes = int(launch.nnodes)
+        if self.nnodes == 1:
+            self.node_rank, prefix = 0, ""
+            base = dist.TCPStore(
+                "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+            )
+            self.address = f"127.0.0.1:{base.port}"
+        else:
+            self.node_rank, self.address, self._rdzv = _rendezvous(launch)
+            host, port = self.address.rsplit(":", 1)
+            base = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60))
+            prefix = f"goodput-warm/{launch.rdzv_id}/"
+        self._base = base  # the connection (and, on one node, the server) lives as long as the agent
+        self.prefix = prefix
+        self.store: Any = dist.PrefixStore(prefix, base) if prefix else base
+        self.world_size = self.nnodes * self.nproc
+        self.ranks = [self.node_rank * self.nproc + i for i in range(self.nproc)]
+        self.gen = 0
+        self.cold_restarts = 0
+        self.restarts = 0
+        self.workers: dict[int, _Slot] = {}
+        self.spares: list[_Slot] = []
+        self._idle_spares = can_return()  # spares wait under SCHED_IDLE when they can be put back
+        self._next_spare = 0
+        self._pending: tuple[int, float] | None = (
+            None  # (generation, deadline) of an unconfirmed warm restart
+        )
+        self._done: set[int] = set()
+        self._failures: dict[int, str] = {}  # rank -> how its last process ended, for the terminal's line
+        self._log_path = os.path.join(launch.run_dir, AGENT_LOG) if launch.run_dir else None
+        self._started = time.monotonic()
+        self._spares_started = warm.first_spare_delay <= 0
+
+    # ---- processes ---------------------------------------------------------------------------------------
+    def _env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.launch.run_dir is not None:
+            env["GOODPUT_RUN_DIR"] = os.path.abspath(self.launch.run_dir)
+        env.update(
+            GOODPUT_FAULTS=self.launch.faults,
+            GOODPUT_CRASH_LOOP=str(self.launch.crash_loop),
+            TORCHELASTIC_RUN_ID=self.launch.rdzv_id,
+            TORCHELASTIC_RESTART_COUNT=str(self.cold_restarts),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=self.address.rsplit(":", 1)[1],
+            **{STORE_ENV: self.address, PREFIX_ENV: self.prefix},
+            **{PG_TIMEOUT_ENV: str(self.warm.pg_timeout), REFORM_TIMEOUT_ENV: str(self.warm.reform_timeout)},
+        )
+        if self.launch.allow_fresh_start:
+            env["GOODPUT_ALLOW_FRESH_START"] = "1"  # read by CheckpointConfig.fresh_start_allowed
+        if self.nproc > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for several processes per node
+        env.update(extra)
+        return env
+
+    def _spawn(self, name: str, env: dict[str, str]) -> _Slot:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
+
+        # torch's error file of each process goes to the launch folder, where the launcher quotes the last one;
+        # so do its stdout and stderr, which the launcher follows, unless --verbose (goodput.launch.output).
+        folder = launch_dir()
+        logs = os.path.join(folder, LOGS_DIR, name) if folder else os.devnull
+        redirects = Std.NONE if self.launch.verbose or folder is None else Std.ALL
+        ctx = start_processes(
+            name=name,
+            entrypoint=sys.executable,
+            args={0: ("-u", *_boot(self.launch.script))},
+            envs={0: env},
+            logs_specs=DefaultLogsSpecs(log_dir=logs, redirects=redirects),
+        )
+        return _Slot(ctx=ctx, pid=ctx.pids()[0])
+
+    def _start_worker(self, rank: int) -> None:
+        env = self._env(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank - self.ranks[0]),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_WORLD_SIZE=str(self.nproc),
+            GROUP_RANK=str(self.node_rank),
+            **{ROLE_ENV: "worker", GEN_ENV: str(self.gen)},
+        )
+        self.workers[rank] = self._spawn(f"rank{rank}", env)
+
+    def _start_spare(self) -> None:
+        spare = self._next_spare
+        self._next_spare += 1
+        env = self._env(**{ROLE_ENV: "spare", SPARE_ENV: f"{self.node_rank}-{spare}"})
+        slot = self._spawn(f"spare{spare}", env)
+        if self._idle_spares:
+            make_idle(slot.pid)  # its imports use only CPU time the ranks leave (goodput.warm.idle)
+        slot.spare = spare
+        self.spares.append(slot)
+
+    def _fill_spares(self) -> None:
+        if not self._spares_due():
+            return
+        alive = []
+        for slot in self.spares:
+            if slot.ctx.wait(0) is None:
+                alive.append(slot)
+            else:
+                self._record("spare_died", spare=slot.spare, pid=slot.pid)
+        self.spares = alive
+        while len(self.spares) < self.warm.spares:
+            self._start_spare()
+
+    def _spares_due(self) -> bool:
+        """Whether to start spares yet: not while the first workers are still starting.
+
+        A spare imports torch and the script's imports: started together with the first workers it competes
+        with them for the CPU and lengthens the job's first init (measured on 2 busy cores: three processes
+        importing at once instead of two). So the first spares start once every worker of this node has
+        finished a step (its ``stepped/<rank>`` key exists), or after ``first_spare_delay`` seconds at most; a
+        failure before that starts the rank's replacement cold.
+        """
+        if self._spares_started:
+            return True
+        if time.monotonic() - self._started >= self.warm.first_spare_delay or self.store.check(
+            [f"stepped/{rank}" for rank in self.ranks]
+        ):
+            self._spares_started = True
+        return self._spares_started
+
+    def _publish(self, kind: str, **fields: Any) -> None:
+        info = {"kind": kind, "gen": self.gen, **fields}
+        self.store.set(f"gen/{self.gen}/info", json.dumps(info))
+
+    # ---- the loop ----------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run the job to its end; returns its exit status."""
+        import torch.distributed as dist
+
+        if self.node_rank == 0:
+            self._publish("cold", failed=[])
+            self.store.set("gen/current", "0")
+        claim_folder(record_folder(self.address, self.prefix))  # and sweep a SIGKILLed launch's
+        try:
+            for rank in self.ranks:
+                self._start_worker(rank)
+            self._fill_spares()
+            status = self._monitor()
+        finally:
+            self._stop(list(self.workers.values()) + self.spares)
+            remove_folder(record_folder(self.address, self.prefix))
+        if status == 0 and self.nnodes > 1:
+            # One agent hosts the rendezvous store: keep it up until every node's workers are done.
+            # (The host's agent may leave as soon as the count is full: a closed store then means "all done".)
+            with contextlib.suppress(dist.DistError):
+                self.store.add("nodes_done", 1)
+                deadline = time.monotonic() + 60
+                while self.store.add("nodes_done", 0) < self.nnodes and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        return status
+
+    def _monitor(self) -> int:
+        # The crash-loop and fatal-error verdicts, and preemption, are the launcher's (goodput.launch.supervise),
+        # which ends this agent with its workers; this loop only restarts failed workers.
+        while True:
+            time.sleep(self.launch.monitor_interval)
+            self._follow()
+            failed = self._poll_workers()
+            if not failed:
+                if len(self._done) == self.nproc:
+                    return 0
+                self._check_pending()
+                self._fill_spares()
+                continue
+            detected = time.time()
+            if self.restarts >= self.launch.max_restarts:
+                self._record("give_up", failed=failed, restarts=self.restarts)
+                self._notice(
+                    sorted(failed),
+                    f"no restarts left (--max-restarts {self.launch.max_restarts}): the job stops",
+                )
+                return 1
+            self.restarts += 1
+            reason = self._cold_reason()
+            if reason is None:
+                self._warm_restart(sorted(failed), detected)
+            else:
+                self._cold_restart(sorted(failed), detected, reason)
+
+    def _poll_workers(self) -> dict[int, int]:
+        failed: dict[int, int] = {}
+        for rank, slot in self.workers.items():
+            if rank in self._done:
+                continue
+            result = slot.ctx.wait(0)
+            if result is None:
+                continue
+            if result.is_failed():
+                failure = next(iter(result.failures.values()))
+                failed[rank] = failure.exitcode
+                self._failures[rank] = describe_exit(failure.exitcode, failure.error_file)
+                # Its children (forked data-loader workers) hold copies of its sockets: until they go, the
+                # survivors' collectives see no closed connection (the workers notice a dead parent only
+                # every 5 s). The worker leads its own session, so its process group is its children.
+                _kill_group(slot.pid)
+            else:
+                self._done.add(rank)
+        return failed
+
+    def _cold_reason(self) -> str | None:
+        # A warm restart that recovered since the last poll is done: a failure right after it (a rank that
+        # fails at the same step every time) is a new failure, to restart warm again, not one during it.
+        self._confirm_recovered()
+        if self._pending is not None or self._unrecovered():
+            return "a failure during a warm restart"
+        if self._done:
+            return "a worker had already finished"
+        return None
+
+    def _confirm_recovered(self) -> bool:
+        """Whether the pending warm restart (if any) has recovered on every rank; it is then done."""
+        if self._pending is None:
+            return False
+        gen = self._pending[0]
+        if self.store.add(f"gen/{gen}/recovered", 0) < self.world_size:
+            return False
+        self._record("warm_restart_done", gen=gen)
+        self._pending = None
+        return True
+
+    def _check_pending(self) -> None:
+        if self._pending is None or self._confirm_recovered():
+            return
+        if time.monotonic() > self._pending[1]:
+            self.restarts += 1
+            self._cold_restart(
+                [], time.time(), f"warm restart not recovered within {self.warm.reform_timeout}s"
+            )
+
+    # ---- restarts ----------------------------------------------------------------------------------------
+    def _unrecovered(self) -> bool:
+        """Whether the current generation was formed by a warm restart that has not recovered yet."""
+        if self.gen == 0:
+            return False
+        info = json.loads(self.store.get(f"gen/{self.gen}/info"))
+        return bool(
+            info["kind"] == "warm" and self.store.add(f"gen/{self.gen}/recovered", 0) < self.world_size
+        )
+
+    def _new_generation(self) -> int:
+        return int(self.store.add("gen/counter", 1))
+
+    def _follow(self) -> None:
+        """Join a generation another node's agent made: a cold one restarts this node's workers too."""
+        if self.nnodes == 1:
+            return
+        current = int(self.store.get("gen/current"))
+        if current <= self.gen:
+            return
+        info = json.loads(self.store.get(f"gen/{current}/info"))
+        self.gen = current
+        if info["kind"] == "cold":
+            self._stop(list(self.workers.values()))
+            self.workers.clear()
+            self._done.clear()
+            self._pending = None
+            self.cold_restarts += 1
+            self._record("cold_restart_followed", gen=current, reason=info.get("reason"))
+            self._notice(
+                [], f"cold restart of every rank, as another node's agent decided ({info.get('reason')})"
+            )
+            for rank in self.ranks:
+                self._start_worker(rank)
+
+    def _warm_restart(self, failed: list[int], detected: float) -> None:
+        """Hand each failed rank to a spare (or a fresh process) and let the survivors join the next group."""
+        old, new = self.gen, self._new_generation()
+        won = self.store.compare_set(f"gen/{old}/next", "", json.dumps({"gen": new})).decode()
+        if json.loads(won)["gen"] != new:  # another node's agent restarted generation `old` first
+            self._cold_restart(failed, detected, "failures on two nodes at once")
+            return
+        self.gen = new
+        handed = [self._hand_over(rank) for rank in failed]
+        handover = time.time()
+        self._publish("warm", failed=failed, detected_wall=detected, from_gen=old, handover_wall=handover)
+        self.store.set("gen/current", str(new))
+        self._pending = (new, time.monotonic() + self.warm.reform_timeout)
+        self._record(
+            "warm_restart",
+            gen=new,
+            failed=failed,
+            detected_wall=detected,
+            handed=handed,
+            handover_seconds=round(handover - detected, 6),
+        )
+        to = ", ".join(f"spare {h['spare']}" if h["spare"] is not None else "a new process" for h in handed)
+        self._notice(failed, f"warm hand-over to {to} (generation {new})")
+        self._fill_spares()
+
+    def _hand_over(self, rank: int) -> dict[str, Any]:
+        spare = self._take_spare()
+        if spare is None:
+            self._start_worker(rank)
+            return {"rank": rank, "spare": None, "pid": self.workers[rank].pid}
+        assign = {
+            "rank": rank,
+            "local_rank": rank - self.ranks[0],
+            "world_size": self.world_size,
+            "local_world_size": self.nproc,
+            "group_rank": self.node_rank,
+            "gen": self.gen,
+            "restart_count": self.cold_restarts,
+        }
+        ready = self.store.check([f"spare/{self.node_rank}-{spare.spare}/ready"])  # False: still importing
+        if self._idle_spares:
+            make_normal(spare.pid)
+        self.store.set(f"spare/{self.node_rank}-{spare.spare}/assign", json.dumps(assign))
+        self.workers[rank] = spare
+        return {"rank": rank, "spare": spare.spare, "pid": spare.pid, "ready": ready}
+
+    def _take_spare(self) -> _Slot | None:
+        while self.spares:
+            slot = self.spares.pop(0)
+            if slot.ctx.wait(0) is None:
+                return slot
+            self._record("spare_died", spare=slot.spare, pid=slot.pid)
+        return None
+
+    def _cold_restart(self, failed: list[int], detected: float, reason: str) -> None:
+        """Stop every worker and start the whole group anew from the newest checkpoint (torchrun's restart)."""
+        self._stop(list(self.workers.values()))
+        self.workers.clear()
+        self._done.clear()
+        self._pending = None
+        self.gen = self._new_generation()
+        self.cold_restarts += 1
+        self._publish("cold", failed=failed, detected_wall=detected, reason=reason)
+        self.store.set("gen/current", str(self.gen))
+        self._record("cold_restart", gen=self.gen, failed=failed, reason=reason, detected_wall=detected)
+        self._notice(failed, f"cold restart of every rank ({reason})")
+        for rank in self.ranks:
+            self._start_worker(rank)
+        self._fill_spares()
+
+    def _stop(self, slots: list[_Slot]) -> None:
+        for slot in slots:
+            with contextlib.suppress(Exception):
+                slot.ctx.close(death_sig=signal.SIGKILL, timeout=5)
+            _kill_group(slot.pid)
+
+    def _notice(self, failed: Sequence[int], done: str) -> None:
+        """One line for the terminal: what failed and what was done (see ``goodput.launch.output``)."""
+        what = "; ".join(f"rank {rank} {self._failures.get(rank, 'failed')}" for rank in failed)
+        write_notice(f"{what}; {done}" if what else done)
+
+    def _record(self, event: str, **fields: Any) -> None:
+        if self._log_path is None:
+            return
+        os.makedirs(os.path.dirname(self._log_path), exist_ok=True)
+        with open(self._log_path, "a") as f:
+            f.write(json.dumps({"event": event, "wall": time.time(), **fields}) + "\n")
+
+
+def _rendezvous(launch: LaunchConfig) -> tuple[int, str, Any]:
+    """Meet the other nodes' agents through torch elastic's c10d rendezvous: this node's rank, and the
+    ``host:port`` of the store the rendezvous hosts (shared by every agent, worker and spare of the job), and
+    the rendezvous handler, which must stay alive: on the node that hosts the store it owns the server."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    if launch.rdzv_endpoint is None:
+        raise ConfigError("--restart warm with --nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+    nnodes = int(launch.nnodes)
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=launch.rdzv_endpoint,
+        run_id=launch.rdzv_id,
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        local_addr="127.0.0.1" if launch.rdzv_endpoint.startswith(("127.0.0.1:", "localhost:")) else None,
+    )
+    handler = get_rendezvous_handler(params)
+    info = handler.next_rendezvous()
+    return info.rank, launch.rdzv_endpoint, handler
+
+
+def _boot(script: tuple[str, ...]) -> tuple[str, ...]:
+    """The script's command line behind ``-m goodput.warm.boot`` (its imports with the collector held back)."""
+    return ("-m", "goodput.warm.boot", *script) if os.path.isfile(script[0]) else script
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def check_warm(launch: LaunchConfig) -> None:
+    """Refuse what warm restarts do not support, in one line.
+
+    Raises:
+        ConfigError: for an elastic node count (``--nnodes MIN:MAX``).
+    """
+    if not launch.nnodes.isdigit():
+        raise ConfigError(
+            f"--restart warm needs a fixed node count, got --nnodes {launch.nnodes}: pass --nnodes N (the same "
+            "on every node), or use --restart cold for an elastic MIN:MAX"
+        )
+
+
+def launch_warm(launch: LaunchConfig, warm: WarmConfig) -> int:
+    """Run ``launch``'s script under the warm-restart agent; returns the job's exit status.
+
+    The agent runs as a child of ``goodput launch``'s supervisor, in torchrun's place, so a warm launch keeps
+    every promise of a cold one: the launch folder, preemption with one agreed save (``EXIT_PREEMPTED``), the
+    crash-loop and fatal-error verdicts (``EXIT_CRASH_LOOP``, ``EXIT_FATAL``) and no process left behind.
+    """
+    from goodput.launch.preflight import check_before_launch
+    from goodput.launch.supervise import Supervisor
+
+    check_warm(launch)
+    check_before_launch(launch)
+    spec = json.dumps({"launch": dataclasses.asdict(launch), "warm": dataclasses.asdict(warm)})
+    supervisor = Supervisor(launch, command=[sys.executable, "-m", "goodput.warm", spec])
+    try:
+        return supervisor.run()
+    finally:
+        if supervisor.folder:  # the agent removes it, unless the launcher had to kill it first
+            remove_folder(record_folder("", "", launch=os.path.basename(supervisor.folder)))

@@ -1,0 +1,346 @@
+"""Warm restarts, the worker's side: survivors keep their process, a hot spare takes the dead rank's place.
+
+Under ``goodput launch --restart warm`` (see ``goodput.warm.agent``) every worker and spare talks to the
+agent's TCP store, which outlives every worker. The protocol, in store keys:
+
+* ``gen/<g>/info``      JSON written by the agent before generation ``g`` forms: ``kind`` ("cold": every
+  process is new and restores from the newest checkpoint; "warm": survivors and a replacement recover live),
+  the failed ranks and the agent's detection and hand-over times.
+* ``gen/<g>/next``      JSON ``{"gen": g2}``: generation ``g`` has ended; its survivors join ``g2``. Each rank
+  watches for it in a thread (:mod:`goodput.warm.watch`): from then on no optimizer step applies, and on
+  NCCL the communicators are aborted, so a collective blocked on the dead peer returns at once.
+* ``pg/<g>/...``        the store namespace of generation ``g``'s process group (a fresh prefix per
+  generation, so nobody reads a dead peer's address).
+* ``gen/<g>/recovered`` a counter each rank bumps when it has recovered: the agent's sign the warm restart
+  worked (else, after a timeout, it restarts the whole group cold).
+* ``spare/<k>/ready``, ``spare/<k>/assign``: a spare announces itself, then waits inside ``Run()`` (torch and the
+  script's imports already loaded) until the agent hands it a rank and a generation.
+* ``stepped/<rank>``    set once, at a rank's first completed step (the agent starts the first spares then).
+
+Each rank's RNG state after its last completed step is written at every ``step_done`` to a node-local RAM file
+(:mod:`goodput.warm.record`), outside the process, so a replacement (a spare of the same node) can take over
+its dead predecessor's random streams exactly.
+
+Live recovery (``kind == "warm"``): every rank of the new group says which step it holds (a survivor: its last
+completed step; the replacement: none). The group adopts the highest; the lowest rank holding it broadcasts
+model, optimizer, scheduler, scaler, loader position and step to every rank, which load them into the
+objects the re-entered training function built. With DDP every rank contributed its gradients to any step one
+survivor completed, so adopting it loses no work: at most the failed step is redone. Every rank then restores
+its RNG from its record (:mod:`goodput.warm.record`). Sharded models (FSDP/DTensor parameters) hold no full replica, so they fall back
+to the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from goodput.launch.folder import PEER_FAILURE_MARKERS
+from goodput.warm.record import RecordFiles, record_folder
+from goodput.warm.rng import RngCapture, restore_rng
+from goodput.warm.watch import EndWatch, connect_store, install_optimizer_guard
+
+__all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
+
+STORE_ENV = "GOODPUT_WARM_STORE"
+ROLE_ENV = "GOODPUT_WARM_ROLE"
+GEN_ENV = "GOODPUT_WARM_GEN"
+SPARE_ENV = "GOODPUT_WARM_SPARE_ID"
+PREFIX_ENV = "GOODPUT_WARM_PREFIX"
+PG_TIMEOUT_ENV = "GOODPUT_WARM_PG_TIMEOUT"
+REFORM_TIMEOUT_ENV = "GOODPUT_WARM_REFORM_TIMEOUT"
+
+
+def warm_enabled() -> bool:
+    """True in a worker or spare started by the warm-restart agent."""
+    return bool(os.environ.get(STORE_ENV))
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """Whether ``err`` (or its cause) looks like a collective failing because another rank failed.
+
+    Such an error leaves this process healthy: it may restart warm. Anything else is this rank's own failure,
+    and the process exits so the agent replaces it.
+    """
+    import torch.distributed as dist
+
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, dist.DistError):
+            return True
+        if isinstance(seen, RuntimeError) and any(m in str(seen) for m in PEER_FAILURE_MARKERS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+@dataclass
+class Snapshot:
+    """A survivor's state after its last completed step, taken from the objects of the failed generation."""
+
+    step: int
+    parts: dict[str, Any] = field(default_factory=dict)
+
+
+class WarmWorker:
+    """This process's place in a warm-restartable job: its store, generation and process group."""
+
+    def __init__(self) -> None:
+        prefix = os.environ.get(PREFIX_ENV, "")  # several nodes share the rendezvous's store
+        self.store: Any = connect_store(os.environ[STORE_ENV], prefix)
+        self.pg_timeout = float(os.environ.get(PG_TIMEOUT_ENV, "60"))
+        self.reform_timeout = float(os.environ.get(REFORM_TIMEOUT_ENV, "60"))
+        self.spare_wait: float | None = None  # seconds this process waited as a spare
+        self.began: float | None = None  # a spare's attempt begins when it is handed a rank
+        if os.environ.get(ROLE_ENV) == "spare":
+            self._wait_for_rank()
+        self.gen = int(os.environ[GEN_ENV])
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.info: dict[str, Any] = {}
+        self._rng_records = RecordFiles(record_folder(os.environ[STORE_ENV], prefix), self.rank)
+        self._stepped = False
+        self.joined_wall = 0.0
+        self._last_loader: Any = None
+        self._failed_wall: float | None = None
+        self._pending_rng: bytes | None = None
+        self._rng = RngCapture()
+        self._backend: str | None = None  # the script's choice, kept for every later generation
+        self._ctl: Any = None  # a gloo group of the generation: live recovery's CPU tensors, on any backend
+        self._watch: EndWatch | None = None
+        self.step_of: Callable[[], int] | None = None  # the last completed step (Run's), for the records
+
+    # ---- joining -------------------------------------------------------------------------------------------
+    def _wait_for_rank(self) -> None:
+        """Block as a hot spare until the agent assigns a rank and generation (then export them)."""
+        spare = os.environ[SPARE_ENV]
+        self.store.set(f"spare/{spare}/ready", str(os.getpid()))
+        start = time.monotonic()
+        key = f"spare/{spare}/assign"
+        self.store.wait([key], datetime.timedelta(days=7))
+        self.spare_wait = time.monotonic() - start
+        self.began = time.time()
+        assign = json.loads(self.store.get(key))
+        os.environ.update(
+            RANK=str(assign["rank"]),
+            LOCAL_RANK=str(assign["local_rank"]),
+            WORLD_SIZE=str(assign["world_size"]),
+            LOCAL_WORLD_SIZE=str(assign["local_world_size"]),
+            GROUP_RANK=str(assign.get("group_rank", 0)),
+            TORCHELASTIC_RESTART_COUNT=str(assign.get("restart_count", 0)),
+        )
+        os.environ[GEN_ENV] = str(assign["gen"])
+        os.environ[ROLE_ENV] = "worker"
+
+    def join(self, backend: str | None = None) -> None:
+        """Form generation ``self.gen``'s process group in its own store namespace.
+
+        ``backend`` is remembered: the generations a warm restart forms later use the same one. With NCCL,
+        ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` defaults to 2 (abort the communicators on an error or a timeout,
+        keep the process), so NCCL's watchdog does not end a survivor whose peer died.
+        """
+        import torch
+        import torch.distributed as dist
+
+        if backend is not None:
+            self._backend = backend
+        self.info = json.loads(self.store.get(f"gen/{self.gen}/info"))
+        self._wait_for_all()
+        backend = self._backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(f"pg/{self.gen}", self.store),
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=self.pg_timeout),
+        )
+        self._ctl = dist.new_group(backend="gloo") if backend != "gloo" else None
+        self._watch = EndWatch(
+            os.environ[STORE_ENV], os.environ.get(PREFIX_ENV, ""), self.gen, abort=backend != "gloo"
+        )
+        install_optimizer_guard(self._watch, self._record_before_step)
+        self.joined_wall = time.time()
+
+    def _wait_for_all(self) -> None:
+        """Wait until every rank of the generation has arrived, so the short collective timeout never has to
+        cover a slow start (new processes of a cold generation import torch first: up to 10 minutes)."""
+        arrived = int(self.store.add(f"gen/{self.gen}/arrived", 1))
+        everyone = f"gen/{self.gen}/everyone"
+        if arrived == self.world_size:
+            self.store.set(everyone, "1")
+        limit = self.reform_timeout if self.info.get("kind") == "warm" else max(600.0, self.reform_timeout)
+        self.store.wait([everyone], datetime.timedelta(seconds=limit))
+
+    @property
+    def live_recovery(self) -> bool:
+        """Whether this generation was formed by a warm restart (recover from the survivors, not a checkpoint)."""
+        return self.info.get("kind") == "warm"
+
+    # ---- every step ----------------------------------------------------------------------------------------
+    def step_committed(self, step: int, loader: Any) -> None:
+        """Record this rank's position after a completed step: the loader's in memory, the RNG in the store."""
+        # a plain iterable (a list of batches) has no position to hand on
+        self._last_loader = loader.state_dict() if hasattr(loader, "state_dict") else None
+        self._rng_records.write(step, self._rng.capture())
+        if not self._stepped:
+            self.store.set(f"stepped/{self.rank}", str(step))
+            self._stepped = True
+
+    def _record_before_step(self) -> None:
+        """Record the RNG again just before an optimizer step, as the step in progress (``Run`` sets
+        ``step_of``). Its gradients are all-reduced by then, so a survivor may complete this step even if this
+        rank dies before ``step_done``: its replacement then finds this step's record, not the one before."""
+        if self.step_of is not None:
+            self._rng_records.write(self.step_of() + 1, self._rng.capture())
+
+    # ---- leaving a failed generation -----------------------------------------------------------------------
+    def snapshot(self, step: int, state: Any) -> Snapshot | None:
+        """The survivor's state after its last completed step, or None if it holds none worth handing on."""
+        from goodput.checkpoint._state_cache import has_dtensor_params  # torch: not at the agent's import
+
+        if state is None or step <= 0 or has_dtensor_params(state.model):
+            return None
+        parts: dict[str, Any] = {}
+        for name in ("model", "optimizer", "scheduler", "scaler"):
+            obj = getattr(state, name)
+            if obj is not None:
+                parts[name] = obj.state_dict()
+        parts["loader"] = self._last_loader
+        return Snapshot(step=step, parts=parts)
+
+    def leave(self) -> dict[str, Any]:
+        """Tear down the failed group and wait for the agent to name the next generation; join it.
+
+        Raises:
+            TimeoutError: when no next generation is published within the re-form timeout (the agent then
+                restarts the whole group cold).
+        """
+        import torch.distributed as dist
+
+        self._failed_wall = time.time()
+        self.stop_watch()
+        if dist.is_initialized():
+            if "nccl" in str(dist.get_backend()):
+                # A clean shutdown of an NCCL communicator waits for its peers, and one is dead: abort every
+                # communicator instead (ncclCommAbort, through PyTorch's abort), which also forgets the groups.
+                dist.distributed_c10d._abort_process_group()
+            else:
+                dist.destroy_process_group()
+        self._ctl = None
+        key = f"gen/{self.gen}/next"
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=self.reform_timeout))
+        except Exception as err:  # the store's timeout error type differs between versions
+            raise TimeoutError(
+                f"no warm restart of generation {self.gen} within {self.reform_timeout}s"
+            ) from err
+        nxt = json.loads(self.store.get(key))
+        self.gen = int(nxt["gen"])
+        self.join()
+        return nxt
+
+    def stop_watch(self) -> None:
+        """Stop watching the current generation's end (it is being left, or the run closed)."""
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+        install_optimizer_guard(None)
+
+    # ---- recovering in the new generation ------------------------------------------------------------------
+    def recover(self, snapshot: Snapshot | None, state: Any) -> int | None:
+        """Agree on the newest step any rank holds and load it everywhere; None when nobody holds one.
+
+        A collective over the new group: every rank calls it from ``Run.restore``.
+        """
+        import torch
+        import torch.distributed as dist
+
+        have = torch.tensor([snapshot.step if snapshot is not None else -1], dtype=torch.int64)
+        steps = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        dist.all_gather(steps, have, group=self._ctl)
+        values = [int(t.item()) for t in steps]
+        best = max(values)
+        if best <= 0:
+            return None
+        source = values.index(best)
+        payload = _encode(snapshot) if self.rank == source and snapshot is not None else b""
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+        dist.broadcast(size, src=source, group=self._ctl)
+        buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else None
+        if buf is None:
+            buf = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.broadcast(buf, src=source, group=self._ctl)
+        # on the CPU whatever device the source's tensors lived on; load_state_dict copies them into place
+        parts = torch.load(io.BytesIO(buf.numpy().tobytes()), map_location="cpu", weights_only=True)
+        for name in ("model", "optimizer", "scheduler", "scaler"):
+            obj = getattr(state, name)
+            if obj is not None and name in parts:
+                obj.load_state_dict(parts[name])
+        loader_state = json.loads(parts.get("loader") or "null")
+        if state.loader is not None and loader_state is not None:
+            state.loader.load_state_dict(loader_state)
+        self._restore_rng(best)
+        state.step = best
+        return best
+
+    def _restore_rng(self, step: int) -> None:
+        record = self._rng_records.read(step)
+        if record is not None:
+            # The record of the adopted step. An older one (the dead rank died after its gradients' all-reduce
+            # but before its optimizer step's record) is the best the job still has: documented as the one case
+            # where a replacement's randomness may differ.
+            self._pending_rng = record[1]
+
+    def apply_rng(self) -> None:
+        """Put this rank's RNG back to its record, once, right after the loader's iterator is made.
+
+        The uninterrupted run made that iterator (which may draw from the global generator) at its epoch's
+        start, before the recorded step; restoring after it continues the streams exactly where they were.
+        """
+        if self._pending_rng is not None:
+            restore_rng(self._pending_rng)
+            self._pending_rng = None
+        self._rng.reset()  # the states may have been set (here, or by a checkpoint's restore)
+
+    def recovered(self) -> None:
+        """Tell the agent this rank finished its warm recovery."""
+        self.store.add(f"gen/{self.gen}/recovered", 1)
+
+    def parts(self, restore_seconds: float, next_info: dict[str, Any] | None) -> dict[str, Any]:
+        """The restart's timeline for the ledger (seconds), as far as this rank saw it."""
+        info = self.info
+        detected = float(info.get("detected_wall", self.joined_wall))
+        handover = float(info.get("handover_wall", detected))
+        failed = min(detected, self._failed_wall or detected)
+        role = "survivor" if next_info is not None else "replacement"
+        return {
+            "generation": self.gen,
+            "failed_ranks": info.get("failed", []),
+            "role": role,
+            "detection_seconds": round(max(0.0, detected - failed), 6),
+            "handover_seconds": round(max(0.0, handover - detected), 6),
+            "reform_seconds": round(max(0.0, self.joined_wall - handover), 6),
+            "restore_seconds": round(restore_seconds, 6),
+            "spare_wait_seconds": self.spare_wait if role == "replacement" else None,
+        }
+
+
+def _encode(snapshot: Snapshot) -> bytes:
+    import torch
+
+    parts = dict(snapshot.parts)
+    parts["loader"] = json.dumps(parts.get("loader"))
+    buf = io.BytesIO()
+    torch.save(parts, buf)
+    return buf.getvalue()

@@ -1,0 +1,84 @@
+"""More readers than a small shared cache has room for: none waits on room the others hold (hold and wait).
+
+Four processes read one sharded dataset on the real S3 server, each in its own random order and keeping four
+shards open, through one cache folder whose budget is a third of the data: more open shards than the budget
+holds. The S3 server is killed and restarted half-way. Every read must return the right bytes, none may fail
+(before the fix, readers that held their shards and waited for room failed with "no room in the cache" after
+``wait_seconds``), and the budget must hold; a reader that hangs fails the bounded wait for its result.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+
+from goodput.data.cache import CacheConfig, RemoteCache
+from goodput.data.shards import write_shards
+from goodput.testing import S3Server
+from tests.helpers.cache_helpers import reader_main, shard_sample, via
+
+pytestmark = [pytest.mark.s3, pytest.mark.slow]
+
+SAMPLES = 80
+SHARD_BYTES = 128 << 10
+READERS = 4
+
+
+def test_readers_that_share_a_small_cache_never_wait_on_each_other(
+    tmp_path, s3_server: S3Server, s3_url: str
+) -> None:
+    index = write_shards(
+        (shard_sample(i) for i in range(SAMPLES)),
+        s3_url,
+        shard_bytes=SHARD_BYTES,
+        storage_options=s3_server.storage_options(),
+    )
+    data_bytes = sum(s["bytes"] for s in index["shards"])
+    biggest = max(s["bytes"] for s in index["shards"])
+    budget = data_bytes // 3
+    assert READERS * 4 * biggest > budget  # the readers' open shards alone would overfill the budget
+    config = CacheConfig(
+        folder=str(tmp_path / "cache"),
+        budget_bytes=budget,
+        prefetch_bytes=budget // 4,
+        attempts=60,
+        backoff_seconds=0.05,
+        max_backoff_seconds=0.5,
+        wait_seconds=5.0,
+    )
+    options = via(s3_server, timeout=2)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    halfway = [context.Event() for _ in range(READERS)]
+    resume = context.Event()
+    readers = [
+        context.Process(
+            target=reader_main,
+            args=(queue, s3_url, options, config, seed, seed % 2 == 0, halfway[seed], resume),
+        )
+        for seed in range(READERS)
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not all(event.is_set() for event in halfway):
+            assert time.monotonic() < deadline, "the readers did not get half-way"
+            halfway[0].wait(0.05)
+        s3_server.kill()
+        resume.set()  # the readers go on against a dead server and retry until it is back
+        s3_server.start()
+        results = [queue.get(timeout=120) for _ in readers]
+    finally:
+        resume.set()
+        for reader in readers:
+            reader.join(timeout=30)
+            if reader.is_alive():
+                reader.kill()
+
+    assert [r["errors"] for r in results] == [[]] * READERS
+    assert [r["wrong"] for r in results] == [0] * READERS
+    assert RemoteCache(CacheConfig(folder=config.folder, budget_bytes=budget)).usage_bytes() <= budget
+    assert results[0]["metrics"]["evictions"] > 0  # the budget really was smaller than the data

@@ -1,0 +1,83 @@
+"""Helpers for tests that run `goodput launch` as a real process and signal it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from goodput.checkpoint import list_checkpoints
+from goodput.launch.launcher import EXIT_PREEMPTED
+from tests.helpers import paths
+
+SCRIPTS = str(paths.SCRIPTS)
+WORKER = os.path.join(SCRIPTS, "run_worker.py")
+
+
+def start_launch(*args: str) -> subprocess.Popen[str]:
+    """`goodput launch ARGS` in the background (stdout and stderr captured)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "goodput", "launch", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_file(path: str, proc: subprocess.Popen[str], timeout: float = 180.0) -> None:
+    """Wait until ``path`` exists (the workers write it once they train); fail if ``proc`` ends first."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"launch ended ({proc.returncode}) before {path}: {proc.stderr.read()[-3000:]}"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {path} after {timeout}s")
+        time.sleep(0.1)  # polling for a condition, not a synchronisation by time
+
+
+def processes_with(run_dir: str) -> list[int]:
+    """Live processes whose environment names ``run_dir`` as GOODPUT_RUN_DIR (the job's processes)."""
+    needle = f"GOODPUT_RUN_DIR={os.path.abspath(run_dir)}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{name}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != "Z":
+            found.append(int(name))
+    return found
+
+
+def launch_lines(stderr: str) -> list[str]:
+    """The launcher's own lines in its stderr."""
+    return [line for line in stderr.splitlines() if line.startswith("goodput launch:")]
+
+
+def sigterm_saves_once(proc: subprocess.Popen[str], run_dir: str) -> int:
+    """SIGTERM the launcher alone (as a scheduler or a container runtime does) and check the promise: exit 75,
+    one line saying where it saved and how to resume, no traceback, no process of the job left, and the one
+    committed checkpoint at the saved step. Returns that step."""
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
+    lines = launch_lines(err)
+    assert len(lines) == 1 and "preempted by SIGTERM" in lines[0] and "resume with" in lines[0], err[-2000:]
+    assert "Traceback" not in err
+    step = int(re.search(r"saved step (\d+)", lines[0]).group(1))  # type: ignore[union-attr]
+    assert processes_with(run_dir) == []  # nothing of the job outlives the launcher
+    committed = [
+        r.step for r in list_checkpoints(os.path.join(run_dir, "checkpoints")) if r.status == "committed"
+    ]
+    assert committed == [step]
+    return step

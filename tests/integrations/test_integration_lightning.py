@@ -1,0 +1,152 @@
+"""Lightning through goodput: a LightningModule with AdamW and an LR schedule under ``goodput launch`` (2 ranks,
+gloo, DDP) survives SIGKILLs, resumes mid-epoch with its optimizer and scheduler, trains on every sample exactly
+once per epoch and ends with the weights, optimizer state and learning rate of an uninterrupted run;
+``goodput report`` reads its ledger and ``goodput verify-resume`` checks the script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+from tests.helpers.history import assert_exactly_once, attempts_seen, surviving_samples
+from tests.helpers.paths import script
+
+pytest.importorskip("lightning")
+
+SCRIPT = script("lightning_train.py")
+STEPS, DATASET, PER_STEP = 20, 64, 8  # 2 ranks x batch 4: 8 steps per epoch
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``goodput verify-resume`` on the script (seed 1 kills rank 0 after step 12, rank 1 inside the write of
+    step 16): its verdict, and its work folder, whose uninterrupted run is the reference of the tests here."""
+    work = str(tmp_path_factory.mktemp("verify"))
+    command = ["verify-resume", "--nproc", "2", "--kills", "2", "--seed", "1", "--work-dir", work]
+    proc = subprocess.run(
+        [sys.executable, "-m", "goodput", *command, "--", SCRIPT, str(STEPS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return proc, work
+
+
+def _final(run_dir: str, rank: int) -> dict[str, Any]:
+    final: dict[str, Any] = torch.load(os.path.join(run_dir, f"final-rank{rank}.pt"), weights_only=True)
+    return final
+
+
+def _assert_same_final(reference_dir: str, run_dir: str) -> None:
+    """Both ranks end with the same weights, optimizer state (AdamW moments, step) and learning rate, bitwise."""
+    for rank in (0, 1):
+        ref, got = _final(reference_dir, rank), _final(run_dir, rank)
+        assert got["lr"] == ref["lr"], (
+            f"rank {rank}: lr {got['lr']} after the kills, {ref['lr']} uninterrupted"
+        )
+        assert ref["lr"] < 0.01  # the schedule moved it
+        for name, tensor in ref["model"].items():
+            assert torch.equal(got["model"][name], tensor), f"rank {rank}: {name} differs"
+        ref_state, got_state = ref["optimizer"]["state"], got["optimizer"]["state"]
+        assert sorted(got_state) == sorted(ref_state) and ref_state
+        for index, moments in ref_state.items():
+            for key, value in moments.items():
+                assert torch.equal(got_state[index][key], value), (
+                    f"rank {rank}: optimizer {index}.{key} differs"
+                )
+
+
+@pytest.mark.slow
+def test_lightning_ddp_survives_sigkills_with_exactly_once_data(
+    tmp_path: os.PathLike[str], verified: tuple[subprocess.CompletedProcess[str], str]
+) -> None:
+    run_dir = str(tmp_path)
+    # rank 1 dies mid-epoch 0 after the step-4 checkpoint; rank 0 dies inside the write of step 12 (epoch 1),
+    # so that save is never committed and the last attempt falls back to step 8
+    faults = "kill@step=6,rank=1; kill@phase=checkpoint_write,step=12,rank=0"
+    command = ["launch", "--nproc", "2", "--max-restarts", "3", "--run-dir", run_dir, "--faults", faults]
+    proc = subprocess.run(
+        [sys.executable, "-m", "goodput", *command, "--", SCRIPT, str(STEPS)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert_exactly_once(surviving_samples(run_dir, 2, STEPS), DATASET, DATASET // PER_STEP)
+    assert attempts_seen(run_dir) == {0, 1, 2}  # the killed attempts' lost steps were really redone
+    report = subprocess.run(
+        [sys.executable, "-m", "goodput", "report", run_dir, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert data["restarts"] == 2 and data["failures"] == 2
+    assert data["info"]["checkpoint_config"] == {"strategy": "dcp", "every_steps": 4}
+    assert data["categories"]["checkpoint_stall"] > 0 and data["categories"]["checkpoint_restore"] > 0
+    assert data["attempts"][-1]["restored_step"] == 8 and data["attempts"][-1]["last_step"] == STEPS
+    _assert_same_final(os.path.join(verified[1], "uninterrupted"), run_dir)
+    assert "`weights_only` was not set" not in proc.stdout + proc.stderr  # Lightning's note on every save
+
+
+@pytest.mark.slow
+def test_verify_resume_checks_a_lightning_script(
+    verified: tuple[subprocess.CompletedProcess[str], str],
+) -> None:
+    proc, work = verified
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "IDENTICAL" in proc.stdout and "after 2 restarts (2 kills fired)" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    _assert_same_final(os.path.join(work, "uninterrupted"), os.path.join(work, "interrupted"))
+
+
+def test_a_trainer_that_would_not_save_through_goodput_is_refused(tmp_path: os.PathLike[str]) -> None:
+    import lightning.pytorch as pl
+    import torch
+
+    import goodput as gp
+    from goodput.integrations.lightning import GoodputCallback
+
+    class Small(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            return self.net(batch).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    goodput_cb = GoodputCallback(str(tmp_path), loader=gp.ResumableLoader(torch.ones(8, 2), batch_size=2))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        callbacks=[goodput_cb],
+        max_steps=2,
+        logger=False,
+        enable_progress_bar=False,
+    )
+    with pytest.raises(gp.ConfigError, match="does not save through goodput"):
+        trainer.fit(Small(), train_dataloaders=goodput_cb.loader)
+    # Lightning's single-device strategy would restore before creating the optimizer: refused up front
+    goodput_cb = GoodputCallback(str(tmp_path), loader=gp.ResumableLoader(torch.ones(8, 2), batch_size=2))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        plugins=[goodput_cb.checkpoint_io],
+        callbacks=[goodput_cb],
+        max_steps=2,
+        logger=False,
+        enable_progress_bar=False,
+    )
+    with pytest.raises(gp.ConfigError, match="restores a checkpoint before it creates the optimizers"):
+        trainer.fit(Small(), train_dataloaders=goodput_cb.loader)
+    goodput_cb.ledger.close()

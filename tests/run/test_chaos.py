@@ -1,0 +1,151 @@
+"""Chaos: a 2-rank run under torchrun survives many SIGKILLs and ends bitwise identical to an uninterrupted one.
+
+The kills land at random steps and inside checkpoint writes, async uploads, purges and restores. Bitwise equal
+final model and optimizer state, and the same samples at every step, are only possible if no attempt loaded a
+partial or stale checkpoint and the data position came back exactly; the test also checks that the attempts
+really restored (from steps that were saved) rather than starting over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from goodput.demo.prepare import write_corpus
+from goodput.demo.verify_train import CORPUS_BYTES, SHARD_BYTES, fault_plan, prepare_data, train
+from goodput.ledger import read_events
+from goodput.ledger.report import load_report
+from goodput.testing import S3Server, free_port
+from goodput.verify.demo import first_difference, read_run
+
+pytestmark = pytest.mark.slow
+
+STEPS, EVERY, NPROC = 60, 4, 2
+
+
+def _train(run_dir: str, data: str, faults: str, **overrides: object) -> int:
+    """The chaos runs' training: same world, steps, interval, strategy and seed as the reference."""
+    settings: dict[str, object] = {
+        "nproc": NPROC, "steps": STEPS, "every": EVERY, "strategy": "dcp_async", "seed": 0, "max_restarts": 3,
+    }  # fmt: skip
+    settings.update(overrides)
+    return train(run_dir, data=data, faults=faults, **settings)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    work = str(tmp_path_factory.mktemp("chaos"))
+    data = prepare_data(work)
+    run_dir = os.path.join(work, "uninterrupted")
+    status = _train(run_dir, data, "", max_restarts=0)
+    assert status == 0
+    return data, run_dir
+
+
+def test_ten_sigkills_change_nothing(reference: tuple[str, str], tmp_path: os.PathLike[str]) -> None:
+    data, clean = reference
+    plan = fault_plan(10, steps=STEPS, every=EVERY, nproc=NPROC, seed=1)
+    assert plan.count("kill@") == 10 and "checkpoint_write" in plan and "async_upload" in plan
+    run_dir = os.path.join(tmp_path, "interrupted")
+    status = _train(run_dir, data, plan, max_restarts=14)
+    assert status == 0
+    fired = os.listdir(os.path.join(run_dir, "faults"))
+    assert len(fired) >= 8, fired  # phase faults whose phase never came again may stay unfired
+    assert first_difference(read_run(clean), read_run(run_dir)) is None
+    draws = read_run(run_dir)["draws"]  # dropout and worker-side augmentation were compared at every step
+    assert isinstance(draws, dict) and all(len(d) == STEPS and None not in d.values() for d in draws.values())
+    _assert_restores_were_durable(run_dir)
+    acc = load_report(run_dir).accounting
+    assert acc.restarts >= 9
+    assert sum(acc.categories.values()) == pytest.approx(acc.wall_seconds, rel=0.01)
+    assert acc.categories["lost_work"] > 0
+
+
+def _assert_restores_were_durable(run_dir: str) -> None:
+    restored = [int(e["step"]) for e in read_events(run_dir) if e["event"] == "restore_end" and e.get("step")]
+    assert len(restored) >= 3, restored
+    assert all(step % EVERY == 0 for step in restored), restored  # saves happen only at those steps
+    with open(os.path.join(run_dir, "final.json")) as f:
+        assert json.load(f)["step"] == STEPS
+
+
+def test_two_nodes_restart_together_and_resume(
+    reference: tuple[str, str], tmp_path: os.PathLike[str]
+) -> None:
+    """Two torchrun agents (--nnodes 2, c10d on 127.0.0.1), one worker each; node 1's worker is killed."""
+    data, clean = reference
+    run_dir = os.path.join(tmp_path, "two-nodes")
+    endpoint = f"127.0.0.1:{free_port()}"
+    node = {"nproc": 1, "nnodes": 2, "rdzv_endpoint": endpoint}
+    with ThreadPoolExecutor(2) as pool:
+        nodes = [pool.submit(_train, run_dir, data, "kill@step=22,rank=1", **node) for _ in range(2)]
+        statuses = [n.result(timeout=600) for n in nodes]
+    assert statuses == [0, 0]
+    assert os.listdir(os.path.join(run_dir, "faults")) == ["0-rank1"]
+    # Same world size, seed and data as the single-node reference: the same bits.
+    assert first_difference(read_run(clean), read_run(run_dir)) is None
+    restored = [e["step"] for e in read_events(run_dir) if e["event"] == "restore_end"]
+    assert restored[0] is None and restored[-1] == 20  # the restart resumed from the step-20 checkpoint
+
+
+def test_a_hung_rank_is_detected_and_the_job_resumes(
+    reference: tuple[str, str], tmp_path: os.PathLike[str]
+) -> None:
+    data, clean = reference
+    run_dir = os.path.join(tmp_path, "hang")
+    status = _train(run_dir, data, "hang@step=30,rank=1", max_restarts=2, hang_timeout=10.0)
+    assert status == 0
+    detected = [e for e in read_events(run_dir) if e["event"] == "failure_detected"]
+    assert detected and detected[0]["reason"].startswith("hang"), detected
+    assert detected[0]["silent_seconds"] >= 10.0
+    assert first_difference(read_run(clean), read_run(run_dir)) is None
+    report = load_report(run_dir)
+    assert report.accounting.categories["failure_detection"] > 0
+
+
+@pytest.mark.s3
+def test_data_on_s3_through_the_cache_is_exactly_once_across_a_crash(
+    reference: tuple[str, str],
+    s3_server: S3Server,
+    s3_url: str,
+    tmp_path: os.PathLike[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same corpus on the real S3 server, read through the cache, with a SIGKILL mid-epoch: the samples
+    of every step and the final state equal the uninterrupted run over local files."""
+    _, clean = reference
+    write_corpus(
+        s3_url, limit=CORPUS_BYTES, shard_bytes=SHARD_BYTES, storage_options=s3_server.storage_options()
+    )
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)  # the workers' s3fs finds the server and credentials here
+    run_dir = os.path.join(tmp_path, "s3")
+    status = _train(run_dir, s3_url, "kill@step=27,rank=0; kill@phase=cache_download,rank=1")
+    assert status == 0
+    assert sorted(os.listdir(os.path.join(run_dir, "faults"))) == ["0-rank0", "1-rank1"]  # both kills fired
+    assert first_difference(read_run(clean), read_run(run_dir)) is None
+    assert os.listdir(os.path.join(run_dir, "cache", "files"))  # the shards came through the cache
+
+
+def test_verify_resume_command_passes_and_reports_identical(tmp_path: os.PathLike[str]) -> None:
+    """The command users (and CI) run: two short runs, one with SIGKILLs, compared bit for bit."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "goodput", "verify-resume", "--steps", "24", "--every", "4", "--kills", "3",
+         "--seed", "2", "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "IDENTICAL" in proc.stdout and "after 3 restarts" in proc.stdout
+
+
+def test_verify_resume_rejects_bad_arguments() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "goodput", "verify-resume", "--steps", "4", "--every", "5"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--steps" in proc.stderr

@@ -1,0 +1,163 @@
+"""The numeric guard over real torchrun gloo processes (``goodput launch``, DDP with 2 and 3 ranks, FSDP2): NaN/Inf
+in one rank's loss or gradients, spikes and flipped bits are found by every rank, rolled back in place, the data
+of a fault that comes back is skipped (also after a SIGKILL and cold restart), and a fault the ladder cannot fix
+stops the job with EXIT_NUMERIC and one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+
+from goodput.data.order import EpochOrder
+from goodput.launch.launcher import EXIT_NUMERIC
+from goodput.ledger.accounting import account
+from goodput.ledger.ledger import read_events
+from goodput.run.numeric import read_skips
+from tests.helpers.paths import script
+
+SCRIPT = script("numeric_train.py")
+SIZE, BATCH = 256, 2
+
+
+def _launch(run_dir: str, nproc: int, faults: str, *args: str, restarts: int = 0) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    command = [sys.executable, "-m", "goodput", "launch", "--nproc", str(nproc), "--run-dir", run_dir]
+    command += ["--max-restarts", str(restarts), "--faults", faults, "--", SCRIPT, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def _events(run_dir: str, name: str) -> list[dict[str, Any]]:
+    return [e for e in read_events(run_dir, rank=0) if e["event"] == name]
+
+
+def _kept_samples(run_dir: str, nproc: int) -> list[int]:
+    """The samples of the steps each rank kept (the last record of every step number), over all ranks."""
+    kept: list[int] = []
+    for rank in range(nproc):
+        last: dict[int, list[int]] = {}
+        with open(os.path.join(run_dir, f"samples-rank-{rank}.jsonl")) as f:
+            for line in f:
+                record = json.loads(line)
+                last[record["step"]] = record["indices"]
+        kept += [i for step in sorted(last) for i in last[step]]
+    return kept
+
+
+def _positions(lo: int, hi: int) -> list[int]:
+    return EpochOrder(seed=0, epoch=0, size=SIZE).at(np.arange(lo, hi)).tolist()
+
+
+def _report(run_dir: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "goodput", "report", run_dir], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _rollback_gauge(run_dir: str) -> float:
+    from goodput.integrations.prometheus import _account
+
+    figures = _account(run_dir)
+    assert figures is not None
+    return float(figures["rollbacks"])
+
+
+def _finals(run_dir: str, nproc: int) -> list[dict[str, Any]]:
+    out = []
+    for rank in range(nproc):
+        with open(os.path.join(run_dir, f"final-rank-{rank}.json")) as f:
+            out.append(json.load(f))
+    return out
+
+
+def test_nan_inf_and_spike_are_rolled_back_in_place(tmp_path: os.PathLike[str]) -> None:
+    run_dir = os.path.join(tmp_path, "run")
+    plan = "nan@step=6,rank=1; nan@step=10,rank=0,into=grad,value=inf; spike@step=14,factor=50"
+    proc = _launch(run_dir, 2, plan, "--steps", "20", "--workers", "2")  # batches received ahead
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    faults = [(e["kind"], e["step"], e["on_rank"], e["detail"]) for e in _events(run_dir, "numeric_fault")]
+    assert faults == [
+        ("nonfinite", 6, 1, "the loss"),
+        ("nonfinite", 10, 0, "a gradient"),
+        ("spike", 14, None, faults[2][3]),
+    ]
+    rollbacks = [(e["from_step"], e["to_step"], e["tier"]) for e in _events(run_dir, "rollback")]
+    assert rollbacks == [(6, 4, "memory"), (10, 8, "memory"), (14, 12, "memory")]
+    assert _events(run_dir, "skip") == []  # none came back: nothing skipped
+    accounting = account(read_events(run_dir, rank=None))
+    assert accounting.categories["rollback"] > 0 and accounting.restarts == 0  # no process restarted
+    report = _report(run_dir)
+    assert "rolled back from step 6 to 4 (memory" in report and "rollback  " in report
+    assert _rollback_gauge(run_dir) == 3
+    finals = _finals(run_dir, 2)
+    assert finals[0] == finals[1] and finals[0]["step"] == 20  # the replicas agree at the end
+    assert sorted(_kept_samples(run_dir, 2)) == sorted(_positions(0, 20 * 2 * BATCH))  # each sample once
+
+
+def test_a_fault_in_the_data_is_skipped_and_stays_skipped_after_a_sigkill(tmp_path: os.PathLike[str]) -> None:
+    run_dir = os.path.join(tmp_path, "run")
+    poison = _positions(36, 37)[0]  # step 10, rank 0's first sample
+    proc = _launch(run_dir, 2, "kill@step=15,rank=1", "--steps", "24", "--poison", str(poison), restarts=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rollbacks = [(e["from_step"], e["to_step"]) for e in _events(run_dir, "rollback")]
+    assert rollbacks == [(10, 8), (10, 8)]  # rolled back, came back: rolled back again and skipped
+    (skip,) = _events(run_dir, "skip")
+    assert (skip["first_step"], skip["last_step"], skip["first_position"], skip["end_position"]) == (
+        9,
+        10,
+        32,
+        40,
+    )
+    assert poison in skip["indices"] and read_skips(run_dir) == [(0, 32, 40)]
+    restores = [e for e in read_events(run_dir, rank=0) if e["event"] == "restore_end" and e.get("step")]
+    assert restores[-1]["step"] < 15  # the SIGKILLed attempt's successor resumed from a checkpoint
+    kept = _kept_samples(run_dir, 2)
+    assert sorted(kept) == sorted(_positions(0, 32) + _positions(40, 40 + 16 * 2 * BATCH))
+    assert poison not in kept
+    (line,) = [ln for ln in _report(run_dir).splitlines() if "skipped steps 9-10: 8 samples" in ln]
+    assert "positions 32-40 of epoch 0" in line and f" {poison}," in line.replace("[", " ")
+
+
+def test_three_replicas_name_the_corrupted_one_by_majority(tmp_path: os.PathLike[str]) -> None:
+    run_dir = os.path.join(tmp_path, "run")
+    proc = _launch(run_dir, 3, "bitflip@step=5,rank=2", "--steps", "12")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (fault,) = _events(run_dir, "numeric_fault")
+    assert (fault["kind"], fault["step"], fault["on_rank"]) == ("sdc", 8, 2)
+    assert [(e["from_step"], e["to_step"]) for e in _events(run_dir, "rollback")] == [(8, 4)]
+    finals = _finals(run_dir, 3)
+    assert finals[0] == finals[1] == finals[2]
+
+
+def test_two_replicas_name_the_rank_on_the_redo_and_a_second_corruption_stops(tmp_path: os.PathLike[str]) -> None:  # fmt: skip
+    run_dir = os.path.join(tmp_path, "run")
+    proc = _launch(run_dir, 2, "bitflip@step=5,rank=1; bitflip@step=13,rank=1", "--steps", "24", restarts=3)
+    assert proc.returncode == EXIT_NUMERIC, proc.stderr[-3000:]
+    faults = [(e["kind"], e["step"], e["on_rank"]) for e in _events(run_dir, "numeric_fault")]
+    assert faults == [("sdc", 8, None), ("sdc", 16, None)]  # two replicas: no majority names one
+    named = [(e["named_rank"], e["step"], e["times"]) for e in _events(run_dir, "sdc_named")]
+    assert named == [(1, 8, 1), (1, 16, 2)]  # the redo of each check step names rank 1
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("goodput launch:")]
+    assert len(lines) == 1 and "rank 1 corrupted its replica 2 times" in lines[0], proc.stderr[-3000:]
+    assert "exit 65" in lines[0]
+    assert len({e["attempt"] for e in read_events(run_dir, rank=0)}) == 3  # no restart, two rollbacks
+
+
+def test_fsdp2_rolls_back_a_nan_gradient_of_one_rank(tmp_path: os.PathLike[str]) -> None:
+    run_dir = os.path.join(tmp_path, "run")
+    proc = _launch(run_dir, 2, "nan@step=6,rank=0,into=grad", "--steps", "10", "--fsdp")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (fault,) = _events(run_dir, "numeric_fault")
+    assert (fault["kind"], fault["step"], fault["on_rank"], fault["detail"]) == (
+        "nonfinite",
+        6,
+        0,
+        "a gradient",
+    )
+    assert [(e["from_step"], e["to_step"]) for e in _events(run_dir, "rollback")] == [(6, 4)]
+    assert [f["step"] for f in _finals(run_dir, 2)] == [10, 10]
