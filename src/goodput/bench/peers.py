@@ -181,10 +181,17 @@ def _measure(
                 rows.append({**row, "note": "shrink-and-regrow without spares is not implemented yet"})
                 continue
             run_dir = os.path.join(work, f"{contender}-{name}")
-            row.update(_launch(contender, data, run_dir, args.steps, mtbf, args.seed))
+            try:
+                row.update(_launch(contender, data, run_dir, args.steps, mtbf, args.seed))
+            except (RuntimeError, subprocess.TimeoutExpired) as err:  # the other runs still count
+                rows.append({**row, "error": str(err)})
+                continue
             records[contender, name] = read_records(run_dir)
-            row.update(exactness(records[contender, name], records[contender, "none"], args.steps))
+            if (contender, "none") in records:
+                row.update(exactness(records[contender, name], records[contender, "none"], args.steps))
             rows.append(row)
+            with open(os.path.join(work, "rows.jsonl"), "a") as f:  # progress, for a long run
+                f.write(json.dumps(row) + "\n")
     _ratios(rows)
     return {
         "steps": args.steps,
@@ -215,7 +222,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     at40 = [r["over_baseline"] for r in timed if r["contender"] == "warm" and r["schedule"] == "40s"]
     wall = {(r["contender"], r["schedule"]): r.get("wall_seconds") for r in rows}
     warm, bare = wall.get(("warm", "none")), wall.get(("bare", "none"))
-    goodput_rows = [r for r in rows if r["contender"] in ("cold", "memory", "warm") and "samples_twice" in r]
+    goodput_rows = [r for r in rows if r["contender"] in ("cold", "memory", "warm")]
     return {
         "warm_over_baseline_at_40s": at40[0] if at40 else None,
         "slowest_over_baseline": max((r["over_baseline"] for r in timed), default=None),
@@ -234,8 +241,10 @@ def _print(result: dict[str, Any]) -> None:
         f"{'kills':>5} {'twice':>5} {'never':>5} {'redone':>6}"
     )
     for r in result["rows"]:
-        if "note" in r:
-            print(f"{r['schedule']:>8} {r['contender']:>9}  {r['note']}")
+        if "note" in r or "error" in r or "samples_twice" not in r:
+            print(
+                f"{r['schedule']:>8} {r['contender']:>9}  {r.get('note') or r.get('error', 'no reference')}"
+            )
             continue
         gp = "-" if r["goodput"] is None else f"{100 * r['goodput']:.1f}%"
         print(
