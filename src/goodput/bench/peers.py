@@ -1,0 +1,259 @@
+"""Time to N steps, side by side: goodput against what a user would run instead, under the same failures.
+
+    goodput bench peers [--steps 800] [--schedules 20s,40s,120s,none] [--quick] [--json]
+
+One job (the demo's model and data, 2 ranks on CPU), run to ``--steps`` steps by each contender under each
+failure schedule. A schedule is drawn once from ``--seed`` (SIGKILLs of a random rank, exponential gaps with the
+schedule's mean) and applied from outside the job to every contender alike (``bench/_peers_faults.py``).
+
+Contenders:
+- ``baseline``: what a careful user builds from PyTorch alone, as torchtitan does (``bench/_peers_baseline.py``):
+  torchrun restarts, DCP ``async_save`` every K steps, per-rank ``StatefulDataLoader`` state. K scales
+  torchtitan's defaults (a checkpoint every 500 of 10,000 training steps, 5% of the run) to this job: N / 20.
+- ``cold``: goodput's durable tier (``dcp_async``, ``every="auto"``), restarts by torchrun.
+- ``memory``: the same with the memory tier.
+- ``warm``: the default demo: memory tier, warm restarts with two hot spares.
+- ``shrink``: shrink-and-regrow without spares; not implemented yet, shown as such.
+- ``bare`` (no faults only): the baseline's loop with no checkpoint at all, the price of no insurance.
+
+For each run: wall time from launch to exit, over the same contender's fault-free run and over the baseline's
+under the same schedule; goodput from the run's ledger (``goodput report``'s accounting; the baseline writes the
+ledger through a thin wrapper); and samples trained twice or never, from the step records
+(``bench/_peers_count.py``: the lineage the final model learned from, against the fault-free order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from goodput.bench._peers_count import exactness, read_records
+from goodput.bench._peers_faults import Killer, draw_schedule
+
+__all__ = ["CONTENDERS", "add_arguments", "run"]
+
+CONTENDERS = ("baseline", "cold", "memory", "warm", "shrink")
+_HERE = os.path.dirname(__file__)
+_BASELINE = os.path.join(_HERE, "_peers_baseline.py")
+_DEMO = os.path.join(os.path.dirname(_HERE), "demo", "train.py")
+_GOALS = {
+    "warm_over_baseline_at_40s": "<= 0.85",
+    "slowest_over_baseline": "<= 1",
+    "no_faults_warm_over_bare": "<= 1.02",
+    "goodput_samples_wrong": "== 0",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=800, help="steps every run trains (default 800)")
+    parser.add_argument(
+        "--schedules",
+        default="20s,40s,120s,none",
+        help="failure schedules: mean times between failures, or none",
+    )
+    parser.add_argument("--contenders", default=",".join(CONTENDERS), help="which to run (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the failure schedules (default 0)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a short check: 80 steps, schedules 10s,none, no bare loop"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--keep", default=None, help="keep the run folders under this folder")
+
+
+def _schedules(text: str) -> list[tuple[str, float | None]]:
+    from goodput.errors import ConfigError
+    from goodput.units import parse_duration
+
+    out: list[tuple[str, float | None]] = []
+    for name in (s.strip() for s in text.split(",") if s.strip()):
+        out.append((name, None if name == "none" else parse_duration(name, what="--schedules")))
+    if not any(m is None for _, m in out):
+        out.append(("none", None))  # every ratio and exactness count needs the fault-free run
+    if any(m is not None and m <= 0 for _, m in out):
+        raise ConfigError("--schedules: each mean time between failures must be > 0")
+    return sorted(out, key=lambda s: (s[1] is None, s[1] or 0.0))
+
+
+def _command(contender: str, data: str, run_dir: str, steps: int, mtbf: float | None) -> list[str]:
+    if contender in ("baseline", "bare"):
+        every = 0 if contender == "bare" else max(1, steps // 20)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        return [
+            *cmd,
+            "--max-restarts=50",
+            _BASELINE,
+            f"--data={data}",
+            f"--steps={steps}",
+            f"--every={every}",
+        ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "goodput",
+        "launch",
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "50",
+        "--run-dir",
+        run_dir,
+    ]
+    cmd += ["--restart", "warm", "--spares", "2"] if contender == "warm" else ["--restart", "cold"]
+    cmd += ["--", _DEMO, f"--data={data}", f"--steps={steps}", "--no-progress"]
+    cmd += [f"--mtbf={mtbf}"] if mtbf is not None else []
+    return cmd + (["--memory-every=off"] if contender == "cold" else [])
+
+
+def _launch(
+    contender: str, data: str, run_dir: str, steps: int, mtbf: float | None, seed: int
+) -> dict[str, Any]:
+    """One run under the schedule: wall seconds, the failures applied, goodput, and the step records."""
+    os.makedirs(run_dir)
+    env = dict(os.environ, GOODPUT_RUN_DIR=os.path.abspath(run_dir), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    schedule = draw_schedule(mtbf, seed=seed, world_size=2, horizon=3600.0)
+    with open(os.path.join(run_dir, "launch.log"), "w") as log:
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            _command(contender, data, run_dir, steps, mtbf), stdout=log, stderr=log, env=env
+        )
+        with Killer(run_dir, schedule, start) as killer:
+            status = proc.wait(timeout=3600)
+        wall = time.monotonic() - start
+    if status != 0:
+        raise RuntimeError(f"{contender} failed with exit status {status}: see {run_dir}/launch.log")
+    return {"wall_seconds": round(wall, 2), "kills": killer.fired, "goodput": _goodput(run_dir, mtbf)}
+
+
+def _goodput(run_dir: str, mtbf: float | None) -> float | None:
+    from goodput.ledger import read_events
+    from goodput.ledger.report import build_report
+
+    value = build_report(read_events(run_dir, rank=None), run_dir=run_dir, mtbf=mtbf).to_dict()["goodput"]
+    return None if value is None else round(float(value), 4)
+
+
+def run(args: argparse.Namespace) -> int:
+    from goodput.errors import ConfigError
+
+    if args.quick:
+        args.steps, args.schedules = 80, "10s,none"
+    if args.steps < 20:
+        raise ConfigError(f"--steps must be >= 20, got {args.steps}")
+    contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = sorted(set(contenders) - set(CONTENDERS))
+    if unknown or "baseline" not in contenders:
+        raise ConfigError(
+            f"--contenders: choose from {', '.join(CONTENDERS)}, baseline included; got {unknown}"
+        )
+    schedules = _schedules(args.schedules)
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            work = os.path.join(args.keep, f"peers-{int(time.time())}")
+        else:
+            work = stack.enter_context(tempfile.TemporaryDirectory(prefix="goodput-bench-peers-"))
+        result = _measure(work, contenders, schedules, args)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print(result)
+    return 0
+
+
+def _measure(
+    work: str, contenders: list[str], schedules: list[tuple[str, float | None]], args: Any
+) -> dict[str, Any]:
+    from goodput.demo.prepare import write_corpus
+
+    data = os.path.join(work, "data")
+    os.makedirs(work, exist_ok=True)
+    write_corpus(data)
+    rows: list[dict[str, Any]] = []
+    records: dict[tuple[str, str], Any] = {}
+    for name, mtbf in reversed(schedules):  # "none" first: the references of the exactness counts
+        for contender in contenders + (["bare"] if mtbf is None and not args.quick else []):
+            row: dict[str, Any] = {"schedule": name, "contender": contender}
+            if contender == "shrink":
+                rows.append({**row, "note": "shrink-and-regrow without spares is not implemented yet"})
+                continue
+            run_dir = os.path.join(work, f"{contender}-{name}")
+            try:
+                row.update(_launch(contender, data, run_dir, args.steps, mtbf, args.seed))
+            except (RuntimeError, subprocess.TimeoutExpired) as err:  # the other runs still count
+                rows.append({**row, "error": str(err)})
+                continue
+            records[contender, name] = read_records(run_dir)
+            if (contender, "none") in records:
+                row.update(exactness(records[contender, name], records[contender, "none"], args.steps))
+            rows.append(row)
+            with open(os.path.join(work, "rows.jsonl"), "a") as f:  # progress, for a long run
+                f.write(json.dumps(row) + "\n")
+    _ratios(rows)
+    return {
+        "steps": args.steps,
+        "baseline_every": max(1, args.steps // 20),
+        "seed": args.seed,
+        "schedules": {n: draw_schedule(m, seed=args.seed, world_size=2, horizon=600.0) for n, m in schedules},
+        "rows": rows,
+        "ratios": _summary(rows),
+        "goals": _GOALS,
+    }
+
+
+def _ratios(rows: list[dict[str, Any]]) -> None:
+    """Each run's wall time over its own fault-free run's and over the baseline's under the same schedule."""
+    wall = {(r["contender"], r["schedule"]): r.get("wall_seconds") for r in rows}
+    for r in rows:
+        if r.get("wall_seconds") is None:
+            continue
+        free, base = wall.get((r["contender"], "none")), wall.get(("baseline", r["schedule"]))
+        r["over_fault_free"] = round(r["wall_seconds"] / free, 3) if free else None
+        r["over_baseline"] = round(r["wall_seconds"] / base, 3) if base else None
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = [r for r in rows if "samples_twice" in r]  # neither the shrink row nor a failed run
+    timed = [
+        r for r in rows if r.get("over_baseline") is not None and r["contender"] not in ("baseline", "bare")
+    ]
+    at40 = [r["over_baseline"] for r in timed if r["contender"] == "warm" and r["schedule"] == "40s"]
+    wall = {(r["contender"], r["schedule"]): r.get("wall_seconds") for r in rows}
+    warm, bare = wall.get(("warm", "none")), wall.get(("bare", "none"))
+    goodput_rows = [r for r in rows if r["contender"] in ("cold", "memory", "warm")]
+    return {
+        "warm_over_baseline_at_40s": at40[0] if at40 else None,
+        "slowest_over_baseline": max((r["over_baseline"] for r in timed), default=None),
+        "no_faults_warm_over_bare": round(warm / bare, 3) if warm and bare else None,
+        "goodput_samples_wrong": sum(r["samples_twice"] + r["samples_never"] for r in goodput_rows),
+        "baseline_samples_wrong": sum(
+            r["samples_twice"] + r["samples_never"] for r in rows if r["contender"] == "baseline"
+        ),
+    }
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"{result['steps']} steps, 2 ranks; baseline checkpoints every {result['baseline_every']} steps")
+    print(
+        f"{'schedule':>8} {'contender':>9} {'wall s':>8} {'/free':>6} {'/base':>6} {'goodput':>8} "
+        f"{'kills':>5} {'twice':>5} {'never':>5} {'redone':>6}"
+    )
+    for r in result["rows"]:
+        if "note" in r or "error" in r or "samples_twice" not in r:
+            print(
+                f"{r['schedule']:>8} {r['contender']:>9}  {r.get('note') or r.get('error', 'no reference')}"
+            )
+            continue
+        gp = "-" if r["goodput"] is None else f"{100 * r['goodput']:.1f}%"
+        print(
+            f"{r['schedule']:>8} {r['contender']:>9} {r['wall_seconds']:8.1f} {r['over_fault_free'] or 0:6.2f} "
+            f"{r['over_baseline'] or 0:6.2f} {gp:>8} {len(r['kills']):5d} {r['samples_twice']:5d} "
+            f"{r['samples_never']:5d} {r['steps_redone']:6d}"
+        )
+    for key, value in result["ratios"].items():
+        print(f"  {key} = {value} (goal {_GOALS.get(key, 'none: what its users get')})")
