@@ -13,11 +13,12 @@ import pytest
 
 from goodput.verify.records import read_records
 from tests.helpers.history import assert_exactly_once, attempts_seen, surviving_samples
+from tests.helpers.paths import script
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "hf_train.py")
+SCRIPT = script("hf_train.py")
 STEPS, DATASET, BATCH = 16, 48, 4  # 12 steps per epoch
 
 
