@@ -291,6 +291,9 @@ class NumericGuard:
             episode.skipped = self._skip(restored, step)
             if not episode.skipped:
                 self._stop(seen, "it came back after a rollback and this loader cannot skip data")
+        # Written through, as restore_end is: a kill within the ledger's next flush period (the next steps take
+        # milliseconds) must not lose the rollback and the skipped window, which the report names.
+        run.ledger.flush()
 
     def _roll_back(self, found: Verdict, step: int, ceiling: int) -> int:
         """Restore the newest checkpoint at or before ``ceiling`` in place, as a new ledger attempt."""
