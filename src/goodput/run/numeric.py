@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError, NumericFault
 from goodput.faults import Fault
+from goodput.run._numeric_grads import BucketCheck, gradient_sum
 from goodput.run._numeric_rules import (
     FLAG_FINGERPRINT,
     FLAG_GRAD_BAD,
@@ -126,6 +127,7 @@ class NumericGuard:
         self._state: TrainingState | None = None
         self._group: Any = None
         self._hook: Any = None
+        self._buckets: BucketCheck | None = None  # DDP's per-bucket sums, when its comm hook is ours
         self._bad_grad: tuple[int, float] | None = None  # (step, norm) refused by the pre-step hook
         self._losses: list[tuple[int, float]] = []  # (step, mean loss) of good steps
         self._prints: dict[int, int] = {}  # this rank's fingerprint at each check step
@@ -135,6 +137,7 @@ class NumericGuard:
         self._unnamed: set[int] = set()  # check steps whose differing replica no majority could name
         self._tier = "durable"
         self._comparable = True
+        self._inflight: list[_Exchange] = []  # steps whose words are being exchanged, oldest first
         self.rewound = False  # set by a rollback; ``Run.batches`` then iterates the loader again
 
     # ---- lifetime ---------------------------------------------------------------------------------------------
@@ -151,11 +154,17 @@ class NumericGuard:
         self._comparable = _replicated(state.model)
         if self.config.grads and state.optimizer is not None:
             self._hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
+            self._buckets = BucketCheck.install(state.model)
+            self._arm_bucket_fault(self._agreed + 1)
         run.manager.add_listener(self._on_checkpoint_event)
         _apply_skips(state.loader, read_skips(run.run_dir))
 
     def close(self) -> None:
-        """Remove the optimizer hook and release the group."""
+        """Remove the optimizer hook, wait out the exchanges in flight and release the group."""
+        inflight, self._inflight = self._inflight, []
+        with contextlib.suppress(Exception):  # a peer that died took its half of the exchange with it
+            for exchange in inflight:
+                exchange.rows()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -173,30 +182,53 @@ class NumericGuard:
 
     # ---- detection --------------------------------------------------------------------------------------------
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """The pre-step hook: a NaN/Inf gradient on this rank makes this optimizer step a no-op here."""
+        """The pre-step hook: a NaN/Inf gradient makes this optimizer step a no-op here. With DDP's bucket check
+        the reduced gradients were summed during the backward, the same on every rank; otherwise this rank's
+        gradients are summed now."""
         mine = self._state.optimizer if self._state is not None else None
         if self._run is None or mine is None or optimizer is not mine:
             return
         step = self._run.step + 1
         params = [p for group in mine.param_groups for p in group["params"] if p.grad is not None]
-        grads = [g for g in (_local(p.grad) for p in params) if g.numel() > 0]  # an FSDP2 shard may be empty
-        if not grads:
-            return
-        fault = self._run.faults.take("nan", step, into="grad")
-        if fault is not None:
-            _poison(grads[0], fault)
-        norm = gradient_sum(grads)
-        if not math.isfinite(norm):
-            self._bad_grad = (step, norm)
+        total = self._buckets.take() if self._buckets is not None else None
+        if total is None:
+            grads = [
+                g for g in (_local(p.grad) for p in params) if g.numel() > 0
+            ]  # an FSDP2 shard may be empty
+            if not grads:
+                return
+            fault = self._run.faults.take("nan", step, into="grad")
+            if fault is not None:
+                _poison(grads[0], fault)
+            total = gradient_sum(grads)
+        self._arm_bucket_fault(step + 1)
+        if not math.isfinite(total):
+            self._bad_grad = (step, total)
             for p in params:
                 p.grad = None  # the optimizer skips a parameter without a gradient: nothing changes
 
+    def _arm_bucket_fault(self, step: int) -> None:
+        """A drill's ``nan@step,into=grad`` for ``step``'s backward goes into this rank's first DDP bucket before
+        its all-reduce (as a NaN from this rank's own backward would)."""
+        if self._buckets is not None and self._run is not None:
+            fault = self._run.faults.take("nan", step, into="grad")
+            self._buckets.poison = None if fault is None else (math.nan if fault.value == "nan" else math.inf)
+
     def step(self, loss: float | None) -> bool:
-        """Check the step just finished (``run.step``; ``loss`` as ``inject`` returned it): True when the run
-        rolled back; raises NumericFault to stop."""
+        """Send this step's word (``run.step``; ``loss`` as ``inject`` returned it) and judge the words of the
+        step before, whose exchange ran while this step computed: True when the run rolled back; raises
+        NumericFault to stop. Without peers the step is judged at once."""
         run = self._run
         assert run is not None and self._state is not None, "NumericGuard.step before attach"
-        step = run.step
+        self._inflight.append(self._send(run.step, self._word(run.step, loss)))
+        return self._judge_ready(keep=0 if self._group is None else 1)
+
+    def settle(self) -> bool:
+        """Judge every step still in flight (the loop's last one): True when the run rolled back."""
+        return self._run is not None and self._judge_ready(keep=0)
+
+    def _word(self, step: int, loss: float | None) -> list[int]:
+        """This rank's row for ``step``: its loss, a refused gradient, its fingerprint on a check step."""
         flags, fp, grad_value = 0, 0, 0.0
         if loss is not None:
             flags |= FLAG_LOSS | (0 if math.isfinite(loss) else FLAG_LOSS_BAD)
@@ -204,13 +236,33 @@ class NumericGuard:
             flags, grad_value = flags | FLAG_GRAD_BAD, self._bad_grad[1]
         self._bad_grad = None
         every = self.config.check_every
-        model = self._state.model
+        model = self._state.model if self._state is not None else None
         if every is not None and step % every == 0 and model is not None:
             fp = fingerprint(model.parameters())
             before = self._prints.get(step)
             flags |= FLAG_FINGERPRINT | (FLAG_SELF_DIFFERS if before is not None and before != fp else 0)
             self._prints[step] = fp
-        rows = self._gather(encode_row(flags, loss if loss is not None else 0.0, fp, grad_value))
+        return encode_row(flags, loss if loss is not None else 0.0, fp, grad_value)
+
+    def _send(self, step: int, row: list[int]) -> _Exchange:
+        if self._group is None:
+            return _Exchange(step, None, [row])
+        return _Exchange(step, *_start_gather(row, self._group))
+
+    def _judge_ready(self, *, keep: int) -> bool:
+        """Judge the oldest exchanges until ``keep`` remain in flight; after a rollback, wait out the rest (their
+        steps are undone) so every rank's collectives stay paired."""
+        while len(self._inflight) > keep:
+            exchange = self._inflight.pop(0)
+            if self._judge(exchange.step, exchange.rows()):
+                for later in self._inflight:
+                    later.rows()
+                self._inflight.clear()
+                return True
+        return False
+
+    def _judge(self, step: int, rows: list[list[int]]) -> bool:
+        """Every rank's verdict on ``step`` from every rank's row; act on it. True when the run rolled back."""
         config = self.config
         found = verdict(
             rows,
@@ -252,9 +304,6 @@ class NumericGuard:
             _flip_bit(self._state.model, fault.bit)
         return loss
 
-    def _gather(self, row: list[int]) -> list[list[int]]:
-        return [row] if self._group is None else gather_rows(row, self._group)
-
     # ---- response ---------------------------------------------------------------------------------------------
     def _respond(self, found: Verdict, step: int) -> None:
         """Take the next rung for ``found`` at ``step``: roll back, roll back and skip, or stop."""
@@ -264,7 +313,7 @@ class NumericGuard:
         seen = f"{found.kind} ({found.detail}) at step {step} on {who}, value {found.value!r}"
         run.ledger.event(
             "numeric_fault", kind=found.kind, step=step, on_rank=found.rank, value=_json_number(found.value),
-            detail=found.detail,
+            detail=found.detail, detected_at=run.step,
         )  # fmt: skip
         if found.kind == "sdc" and found.rank is not None:
             self._name(found.rank, step, found.detail)
@@ -299,6 +348,7 @@ class NumericGuard:
 
         run = self._run
         assert run is not None and found.kind is not None
+        began = time.monotonic()  # the rollback: from the verdict to training again
         run.ledger.failure_detected(f"numeric fault: {found.kind} at step {step}")
         run.ledger.close("failed")
         run.ledger = Ledger(run.run_dir, rank=run.info.rank, began=time.time())
@@ -320,14 +370,16 @@ class NumericGuard:
         assert restored is not None
         _apply_skips(self._state.loader if self._state else None, read_skips(run.run_dir))
         run.ledger.event(
-            "rollback", kind=found.kind, tier=self._tier, from_step=step, to_step=restored, seconds=seconds
-        )
+            "rollback", kind=found.kind, tier=self._tier, from_step=step, to_step=restored, seconds=seconds,
+            seconds_total=time.monotonic() - began,
+        )  # fmt: skip
         run.ledger.init_done()
         self._losses = [(s, x) for s, x in self._losses if s <= restored]
         self._agreed = min(self._agreed, restored)
         run.step = restored
         run._last_saved = restored
         self.rewound = True
+        self._arm_bucket_fault(restored + 1)
         return restored
 
     def _skip(self, restored: int, step: int) -> bool:
@@ -383,24 +435,42 @@ class NumericGuard:
         raise NumericFault(line)
 
 
-def gradient_sum(grads: list[Any]) -> float:
-    """The sum of every element of the tensors: NaN or infinite when any element is (a NaN propagates, an Inf
-    stays infinite or meets the opposite Inf as NaN). One pass and one host sync, the cheapest such pass on CPU
-    (an infinity norm's reduction is several times slower there); a sum can overflow only past 3.4e38."""
-    import torch
+class _Exchange:
+    """One step's all-gather of every rank's word, started at its ``step_done`` and read at the next."""
 
-    return float(torch.stack([g.sum() for g in grads]).sum().item())
+    def __init__(self, step: int, work: Any, out: Any) -> None:
+        self.step, self._work, self._out = step, work, out
+
+    def rows(self) -> list[list[int]]:
+        """Every rank's row, by rank (waits for the exchange when it is still running)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        if not isinstance(self._out, list):
+            self._out = self._out.tolist()
+        return list(self._out)
 
 
-def gather_rows(row: list[int], group: Any) -> list[list[int]]:
-    """Every rank's ``row`` (int64s), by rank: one all-gather on ``group``."""
+def _start_gather(row: list[int], group: Any) -> tuple[Any, Any]:
+    """Start the all-gather of every rank's ``row`` (int64s) on ``group``: (its work, the (world, len) tensor
+    it fills)."""
     import torch
     import torch.distributed as dist
 
     world = dist.get_world_size(group)
-    out = torch.empty(world * len(row), dtype=torch.int64)
-    dist.all_gather_single(out, torch.tensor(row, dtype=torch.int64), group=group)
-    return out.view(world, len(row)).tolist()
+    out = torch.empty(world, len(row), dtype=torch.int64)
+    work = dist.all_gather_single(
+        out.view(-1), torch.tensor(row, dtype=torch.int64), group=group, async_op=True
+    )
+    return work, out
+
+
+def gather_rows(row: list[int], group: Any) -> list[list[int]]:
+    """Every rank's ``row`` (int64s), by rank: one all-gather on ``group``, waited for."""
+    work, out = _start_gather(row, group)
+    work.wait()
+    rows: list[list[int]] = out.tolist()
+    return rows
 
 
 def read_skips(run_dir: str) -> list[tuple[int, int, int]]:
@@ -431,13 +501,15 @@ def _apply_skips(loader: Any, skips: list[tuple[int, int, int]]) -> None:
 
 
 def _replicated(model: Any) -> bool:
-    """Whether every rank holds the whole parameters (DDP, a plain module), so fingerprints compare across ranks;
-    False for sharded parameters (FSDP2's DTensors with a Shard placement)."""
-    for p in model.parameters():
-        placements = getattr(p, "placements", None)
-        if placements is not None and any(not pl.is_replicate() for pl in placements):
-            return False
-    return True
+    """Whether the ranks' parameters are bitwise-equal replicas, so fingerprints compare across ranks: a DDP
+    model, or DTensors replicated on every mesh dimension. False for sharded parameters (FSDP2) and for a plain
+    module, which each rank may train on its own."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        return True
+    placements = [getattr(p, "placements", None) for p in model.parameters()]
+    return bool(placements) and all(pl is not None and all(x.is_replicate() for x in pl) for pl in placements)
 
 
 def _local(tensor: Any) -> Any:

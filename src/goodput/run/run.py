@@ -30,7 +30,7 @@ from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager
 from goodput.data.loader import ResumableLoader
 from goodput.data.prefetch import DevicePrefetcher
 from goodput.distributed import dist_info, init_distributed
-from goodput.errors import ConfigError, DataError
+from goodput.errors import ConfigError, DataError, NumericFault
 from goodput.faults import (
     NUMERIC_ACTIONS,
     Fault,
@@ -82,8 +82,8 @@ class Run:
         exporters: receive each step's live goodput, fetch time and loss (e.g. ``PrometheusExporter``); closed
             with the run.
         numeric: the numeric guard (NaN/Inf, loss spikes, corrupted replicas; roll back in place, skip the bad
-            data, stop bounded; see ``goodput.run.numeric``): ``gp.NumericConfig()`` turns it on; off by
-            default until its per-step agreement costs under 1% of a short step (docs/numeric-faults.md).
+            data, stop bounded; see ``goodput.run.numeric``): on by default (``True``: ``gp.NumericConfig()``);
+            a ``gp.NumericConfig(...)`` sets its thresholds; ``False`` turns it off (docs/numeric-faults.md).
 
     Preemption: the signal ``$GOODPUT_PREEMPT_SIGNAL`` (USR1 by default; ``goodput launch`` forwards SIGTERM
     and SIGINT as it) makes every rank finish its step, agree on the step (``goodput.run.signals``), save it
@@ -103,7 +103,7 @@ class Run:
         crash_loop: int | None = None,
         progress: bool = True,
         exporters: Sequence[MetricsExporter] = (),
-        numeric: NumericConfig | None = None,
+        numeric: NumericConfig | bool = True,
     ) -> None:
         install_error_report(int(os.environ.get("RANK", "0")))
         run_dir = resolve_run_dir(run_dir)
@@ -132,10 +132,14 @@ class Run:
         self.attempt = self.ledger.attempt
         self._plan_text = faults if faults is not None else os.environ.get("GOODPUT_FAULTS", "")
         check_plan(parse_faults(self._plan_text), world_size=self.info.world_size, total_steps=total_steps)
-        if numeric is None and any(f.action in NUMERIC_ACTIONS for f in parse_faults(self._plan_text)):
+        if numeric is True:
+            numeric = NumericConfig()
+        if not isinstance(numeric, NumericConfig) and numeric is not False:
+            raise ConfigError(f"numeric must be a gp.NumericConfig, True or False, got {numeric!r}")
+        if numeric is False and any(f.action in NUMERIC_ACTIONS for f in parse_faults(self._plan_text)):
             raise ConfigError(
                 "the fault plan injects numeric faults (nan, spike, bitflip) but the numeric guard is off: "
-                "pass gp.Run(numeric=gp.NumericConfig()) to drill it"
+                "drop numeric=False to drill it"
             )
         self._arm_faults()
         self._node_loss_planned = any(f.action == "nodeloss" for f in parse_faults(self._plan_text))
@@ -162,7 +166,7 @@ class Run:
         self._warm_pending: Any = None  # a survivor's state, held from its failure to the next restore
         self._warm_next: dict[str, Any] | None = None
         self._warm_first: float | None = None
-        self._numeric = NumericGuard(numeric) if numeric is not None else None
+        self._numeric = NumericGuard(numeric) if numeric is not False else None
 
     @property
     def manager(self) -> CheckpointManager:
@@ -270,7 +274,12 @@ class Run:
             self._warm.apply_rng()
         pending = False  # a step_start was recorded and its batch not yet handed out
         empty_epochs = 0
-        while steps is None or self.step < steps:
+        while steps is None or self.step < steps or self._settled_back():
+            if self._numeric is not None and self._numeric.rewound:  # rolled back: from the restored position
+                self._numeric.rewound = False
+                self._stop_ahead()
+                iterator = self._ahead = iter(source)
+                self._cache_stats.epoch = int(getattr(loader, "epoch", 0))
             if not pending:
                 self.ledger.step_start(self.step + 1)
                 pending = True
@@ -288,11 +297,11 @@ class Run:
                 continue
             empty_epochs, pending = 0, False
             yield batch
-            if self._numeric is not None and self._numeric.rewound:  # rolled back: from the restored position
-                self._numeric.rewound = False
-                self._stop_ahead()
-                iterator = self._ahead = iter(source)
-                self._cache_stats.epoch = int(getattr(loader, "epoch", 0))
+
+    def _settled_back(self) -> bool:
+        """At the loop's end: whether the numeric guard's verdict on the last steps rolled the run back (the
+        loop then goes on from the restored step)."""
+        return self._numeric is not None and self._numeric.settle()
 
     def _checkpointed(self, loader: Any) -> bool:
         """Whether ``loader`` is the one given to ``restore``, whose position every checkpoint holds."""
@@ -356,6 +365,11 @@ class Run:
         self._stop_ahead()
         try:
             if self._manager is not None:
+                if self._numeric is not None and self._numeric.settle():
+                    raise NumericFault(
+                        "numeric fault in the loop's last step, found after the loop had ended (the ledger names "
+                        "it): let run.batches() run to its end before run.close(), so the guard can roll back"
+                    )
                 if self._last_saved != self.step:
                     self.save()
                 with self._phase("checkpoint_save"):
