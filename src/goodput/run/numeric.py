@@ -48,6 +48,7 @@ from goodput.run._numeric_rules import (
     fingerprint,
     verdict,
 )
+from goodput.run.hooks import RunHook
 
 if TYPE_CHECKING:
     from goodput.checkpoint.state import TrainingState
@@ -117,8 +118,9 @@ class _Episode:
     skipped: bool = False
 
 
-class NumericGuard:
-    """The guard of one ``Run`` (see the module docstring); ``attach`` at each restore, ``step`` at each step."""
+class NumericGuard(RunHook):
+    """The guard of one ``Run`` (see the module docstring): a hook that attaches at each restore, injects a
+    drill's faults into the loss, checks each step and rolls back in place."""
 
     def __init__(self, config: NumericConfig) -> None:
         self.config = config
@@ -135,15 +137,14 @@ class NumericGuard:
         self._unnamed: set[int] = set()  # check steps whose differing replica no majority could name
         self._tier = "durable"
         self._comparable = True
-        self.rewound = False  # set by a rollback; ``Run.batches`` then iterates the loader again
 
     # ---- lifetime ---------------------------------------------------------------------------------------------
-    def attach(self, run: Run, state: TrainingState, restored: int | None) -> None:
+    def on_restore(self, run: Run, state: TrainingState, restored: int | None) -> None:
         """Watch ``state`` (after ``run.restore`` loaded it): the optimizer hook, the group, the known skips."""
         import torch.distributed as dist
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-        self.close()
+        self.on_close(run, "restore")
         self._run, self._state = run, state
         self._agreed = restored or 0
         world = run.info.world_size
@@ -154,7 +155,7 @@ class NumericGuard:
         run.manager.add_listener(self._on_checkpoint_event)
         _apply_skips(state.loader, read_skips(run.run_dir))
 
-    def close(self) -> None:
+    def on_close(self, run: Run, status: str) -> None:
         """Remove the optimizer hook and release the group."""
         if self._hook is not None:
             self._hook.remove()
@@ -191,12 +192,10 @@ class NumericGuard:
             for p in params:
                 p.grad = None  # the optimizer skips a parameter without a gradient: nothing changes
 
-    def step(self, loss: float | None) -> bool:
-        """Check the step just finished (``run.step``; ``loss`` as ``inject`` returned it): True when the run
-        rolled back; raises NumericFault to stop."""
-        run = self._run
-        assert run is not None and self._state is not None, "NumericGuard.step before attach"
-        step = run.step
+    def on_step(self, run: Run, step: int, loss: float | None) -> bool:
+        """Check the step just finished (``loss`` as ``adjust_loss`` returned it): True when the run rolled
+        back; raises NumericFault to stop."""
+        assert self._run is run and self._state is not None, "NumericGuard.on_step before on_restore"
         flags, fp, grad_value = 0, 0, 0.0
         if loss is not None:
             flags |= FLAG_LOSS | (0 if math.isfinite(loss) else FLAG_LOSS_BAD)
@@ -235,12 +234,10 @@ class NumericGuard:
         self._respond(found, step)
         return True
 
-    def inject(self, loss: float | None) -> float | None:
-        """Apply a drill's numeric faults due at this step (``run.step``): the loss they make, a flipped bit."""
-        run = self._run
-        if run is None or self._state is None:
+    def adjust_loss(self, run: Run, step: int, loss: float | None) -> float | None:
+        """Apply a drill's numeric faults due at ``step``: the loss they make, a flipped bit."""
+        if self._run is None or self._state is None:
             return loss
-        step = run.step
         fault = run.faults.take("nan", step, into="loss")
         if fault is not None and loss is not None:
             loss = math.nan if fault.value == "nan" else math.inf
@@ -294,21 +291,13 @@ class NumericGuard:
 
     def _roll_back(self, found: Verdict, step: int, ceiling: int) -> int:
         """Restore the newest checkpoint at or before ``ceiling`` in place, as a new ledger attempt."""
-        from goodput.ledger.ledger import Ledger
-        from goodput.verify.records import StepRecorder
-
         run = self._run
         assert run is not None and found.kind is not None
-        run.ledger.failure_detected(f"numeric fault: {found.kind} at step {step}")
-        run.ledger.close("failed")
-        run.ledger = Ledger(run.run_dir, rank=run.info.rank, began=time.time())
-        run.attempt = run.ledger.attempt
-        if run._records is not None:  # verify-resume: the redone steps belong to the new attempt
-            run._records.close()
-            run._records = StepRecorder.from_env(run.run_dir, rank=run.info.rank, attempt=run.attempt)
+        run.end_attempt(f"numeric fault: {found.kind} at step {step}")
+        run.begin_attempt("rollback", began=time.time())
         run.ledger.restore_start()
         started = time.monotonic()
-        with run._phase("restore"):
+        with run.phase("restore"):
             restored = run.manager.restore_latest(at_most=ceiling)
         seconds = time.monotonic() - started
         run.ledger.restore_end(restored)
@@ -325,9 +314,7 @@ class NumericGuard:
         run.ledger.init_done()
         self._losses = [(s, x) for s, x in self._losses if s <= restored]
         self._agreed = min(self._agreed, restored)
-        run.step = restored
-        run._last_saved = restored
-        self.rewound = True
+        run.rewind(restored)
         return restored
 
     def _skip(self, restored: int, step: int) -> bool:
