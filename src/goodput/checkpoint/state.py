@@ -109,8 +109,8 @@ class TrainingState(Stateful):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict produced by :meth:`state_dict` or :meth:`load_target` (after DCP filled it)."""
-        self._load_shared(state_dict, full=False)
-        self._load_rank_entry(state_dict)
+        self.load_shared(state_dict, full=False)
+        self.load_rank_entry(state_dict)
 
     # ---- the full form (torch_save) ----------------------------------------------------------------------
     def full_state_dict(self, group: Any = None) -> dict[str, Any]:
@@ -131,10 +131,10 @@ class TrainingState(Stateful):
 
     def load_full_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load a complete state (every rank holds the whole dict, e.g. from ``torch.load``)."""
-        self._load_shared(dict(state_dict), full=True)
-        self._load_rank_entry(state_dict)
+        self.load_shared(dict(state_dict), full=True)
+        self.load_rank_entry(state_dict)
 
-    def _load_rank_entry(self, state_dict: Mapping[str, Any]) -> None:
+    def load_rank_entry(self, state_dict: Mapping[str, Any]) -> None:
         """This rank's own entry; for a rank the saving run did not have, rank 0's position and seeded RNGs."""
         key = f"rank{_rank()}"
         if key in state_dict:
@@ -203,7 +203,9 @@ class TrainingState(Stateful):
             raise TypeError(f"TrainingState.extras must be JSON-able: {err}") from None
         return sd
 
-    def _load_shared(self, sd: dict[str, Any], *, full: bool) -> None:
+    def load_shared(self, sd: dict[str, Any], *, full: bool) -> None:
+        """Load the parts every rank shares (model, optimizer, scheduler, scaler, extras) from ``sd``;
+        ``full``: ``sd`` holds full (unsharded) tensors, as a ``torch_save`` checkpoint does."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_model_state_dict,
