@@ -43,7 +43,6 @@ from typing import Any
 
 from goodput.launch.folder import PEER_FAILURE_MARKERS
 from goodput.warm.record import RecordFiles, record_folder
-from goodput.warm.rng import RngCapture, restore_rng
 from goodput.warm.watch import EndWatch, connect_store, install_optimizer_guard
 
 __all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
@@ -112,6 +111,8 @@ class WarmWorker:
         self._last_loader: Any = None
         self._failed_wall: float | None = None
         self._pending_rng: bytes | None = None
+        from goodput.checkpoint.rng import RngCapture  # torch: imported by the worker, not by the agent
+
         self._rng = RngCapture()
         self._backend: str | None = None  # the script's choice, kept for every later generation
         self._ctl: Any = None  # a gloo group of the generation: live recovery's CPU tensors, on any backend
@@ -309,7 +310,9 @@ class WarmWorker:
         start, before the recorded step; restoring after it continues the streams exactly where they were.
         """
         if self._pending_rng is not None:
-            restore_rng(self._pending_rng)
+            from goodput.checkpoint.rng import restore_rng_record
+
+            restore_rng_record(self._pending_rng)
             self._pending_rng = None
         self._rng.reset()  # the states may have been set (here, or by a checkpoint's restore)
 
