@@ -203,6 +203,7 @@ if TYPE_CHECKING:
     from goodput.run.crashloop import (
         CrashLoopDetector,
     )
+    from goodput.run.hooks import RunHook
     from goodput.run.numeric import NumericConfig, NumericGuard, gather_rows, gradient_sum, read_skips
     from goodput.run.progress import (
         Progress,
@@ -414,6 +415,7 @@ _LAZY = {
     "build_report": "goodput.ledger.report",
     "load_report": "goodput.ledger.report",
     "Run": "goodput.run",
+    "RunHook": "goodput.run.hooks",
     "SimulationResult": "goodput.planning.simulation",
     "simulate_goodput": "goodput.planning.simulation",
     "format_duration": "goodput.units",
@@ -521,6 +523,7 @@ __all__ = [
     "ResumableLoader",
     "ResumableSampler",
     "Run",
+    "RunHook",
     "RunRecords",
     "SafeLoadPlanner",
     "SaveContext",

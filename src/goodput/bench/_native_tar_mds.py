@@ -79,7 +79,7 @@ def ours_wds(root: str) -> Any:
 def wds_batches(root: str) -> Any:
     from torch.utils.data import DataLoader
 
-    return DataLoader(wds_pipeline(root), batch_size=256, collate_fn=_native._keep)
+    return DataLoader(wds_pipeline(root), batch_size=256, collate_fn=_native.keep_batch)
 
 
 def mosaic_python() -> str:

@@ -214,14 +214,16 @@ class CheckpointLayout:
         self.fs.invalidate_cache(path)
         return int(self.fs.info(path)["size"])
 
-    def _read_text(self, path: str) -> str:
+    def read_text(self, path: str) -> str:
+        """The text of the file at ``path`` (a remote one read afresh, not from fsspec's listing cache)."""
         if self.local:
             with open(path, encoding="utf-8") as f:
                 return f.read()
         self.fs.invalidate_cache(path)
         return str(self.fs.cat_file(path).decode("utf-8"))
 
-    def _write_text(self, path: str, text: str, *, durable: bool = True) -> None:
+    def write_text(self, path: str, text: str, *, durable: bool = True) -> None:
+        """Write ``text`` to ``path``; ``durable``: fsync a local file before returning."""
         if self.local:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
@@ -305,7 +307,7 @@ class CheckpointLayout:
             self.fs.makedirs(folder, exist_ok=True)
         _IN_FLIGHT.add(folder)
         lease = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-        self._write_text(self.path_in(folder, _LEASE_NAME), json.dumps(lease), durable=False)
+        self.write_text(self.path_in(folder, _LEASE_NAME), json.dumps(lease), durable=False)
         return folder
 
     def is_committed(self, step: int) -> bool:
@@ -348,7 +350,7 @@ class CheckpointLayout:
             size = self._size(self.path_in(folder, name))
             if size != entry.size:
                 raise OSError(f"{name} in {folder} holds {size} bytes, {entry.size} were written")
-        self._write_text(self.path_in(folder, MANIFEST_NAME), manifest.to_json())
+        self.write_text(self.path_in(folder, MANIFEST_NAME), manifest.to_json())
         _IN_FLIGHT.discard(folder)
         if not self.local:
             if self._size(self.path_in(folder, MANIFEST_NAME)) <= 0:
@@ -387,7 +389,7 @@ class CheckpointLayout:
         """The manifest of a committed folder. Raises CheckpointCorrupt when unreadable or missing."""
         path = self.path_in(folder, MANIFEST_NAME)
         try:
-            return Manifest.from_json(self._read_text(path))
+            return Manifest.from_json(self.read_text(path))
         except FileNotFoundError:
             raise CheckpointCorrupt(f"{path}: missing (the save never committed)") from None
         except (ValueError, KeyError, TypeError) as err:
@@ -481,7 +483,7 @@ class CheckpointLayout:
     def _in_flight(self, folder: str, names: list[str], stale_after: float) -> bool:
         try:
             lease = (
-                json.loads(self._read_text(self.path_in(folder, _LEASE_NAME))) if _LEASE_NAME in names else {}
+                json.loads(self.read_text(self.path_in(folder, _LEASE_NAME))) if _LEASE_NAME in names else {}
             )
         except (OSError, ValueError):
             lease = {}

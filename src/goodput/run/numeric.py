@@ -49,6 +49,7 @@ from goodput.run._numeric_rules import (
     fingerprint,
     verdict,
 )
+from goodput.run.hooks import RunHook
 
 if TYPE_CHECKING:
     from goodput.checkpoint.state import TrainingState
@@ -118,8 +119,9 @@ class _Episode:
     skipped: bool = False
 
 
-class NumericGuard:
-    """The guard of one ``Run`` (see the module docstring); ``attach`` at each restore, ``step`` at each step."""
+class NumericGuard(RunHook):
+    """The guard of one ``Run`` (see the module docstring): a hook that attaches at each restore, injects a
+    drill's faults into the loss, checks each step and rolls back in place."""
 
     def __init__(self, config: NumericConfig) -> None:
         self.config = config
@@ -138,15 +140,15 @@ class NumericGuard:
         self._tier = "durable"
         self._comparable = True
         self._inflight: list[_Exchange] = []  # steps whose words are being exchanged, oldest first
-        self.rewound = False  # set by a rollback; ``Run.batches`` then iterates the loader again
+        self._closing = False  # the loop ended before close() judged its last step: a fault stops the run
 
     # ---- lifetime ---------------------------------------------------------------------------------------------
-    def attach(self, run: Run, state: TrainingState, restored: int | None) -> None:
+    def on_restore(self, run: Run, state: TrainingState, restored: int | None) -> None:
         """Watch ``state`` (after ``run.restore`` loaded it): the optimizer hook, the group, the known skips."""
         import torch.distributed as dist
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-        self.close()
+        self.on_close(run, "restore")
         self._run, self._state = run, state
         self._agreed = restored or 0
         world = run.info.world_size
@@ -159,7 +161,7 @@ class NumericGuard:
         run.manager.add_listener(self._on_checkpoint_event)
         _apply_skips(state.loader, read_skips(run.run_dir))
 
-    def close(self) -> None:
+    def on_close(self, run: Run, status: str) -> None:
         """Remove the optimizer hook, wait out the exchanges in flight and release the group."""
         inflight, self._inflight = self._inflight, []
         with contextlib.suppress(Exception):  # a peer that died took its half of the exchange with it
@@ -214,18 +216,19 @@ class NumericGuard:
             fault = self._run.faults.take("nan", step, into="grad")
             self._buckets.poison = None if fault is None else (math.nan if fault.value == "nan" else math.inf)
 
-    def step(self, loss: float | None) -> bool:
-        """Send this step's word (``run.step``; ``loss`` as ``inject`` returned it) and judge the words of the
-        step before, whose exchange ran while this step computed: True when the run rolled back; raises
-        NumericFault to stop. Without peers the step is judged at once."""
-        run = self._run
-        assert run is not None and self._state is not None, "NumericGuard.step before attach"
-        self._inflight.append(self._send(run.step, self._word(run.step, loss)))
+    def on_step(self, run: Run, step: int, loss: float | None) -> bool:
+        """Send this step's word (``loss`` as ``adjust_loss`` returned it) and judge the words of the step
+        before, whose exchange ran while this step computed: True when the run rolled back; raises NumericFault
+        to stop. Without peers the step is judged at once."""
+        assert self._run is run and self._state is not None, "NumericGuard.on_step before on_restore"
+        self._inflight.append(self._send(step, self._word(step, loss)))
         return self._judge_ready(keep=0 if self._group is None else 1)
 
-    def settle(self) -> bool:
-        """Judge every step still in flight (the loop's last one): True when the run rolled back."""
-        return self._run is not None and self._judge_ready(keep=0)
+    def on_loop_end(self, run: Run, closing: bool) -> bool:
+        """Judge every step still in flight (the loop's last one): True when the run rolled back; while
+        ``closing`` a fault stops the run instead (the loop that would redo the steps is gone)."""
+        self._closing = closing
+        return self._run is run and self._judge_ready(keep=0)
 
     def _word(self, step: int, loss: float | None) -> list[int]:
         """This rank's row for ``step``: its loss, a refused gradient, its fingerprint on a check step."""
@@ -287,12 +290,10 @@ class NumericGuard:
         self._respond(found, step)
         return True
 
-    def inject(self, loss: float | None) -> float | None:
-        """Apply a drill's numeric faults due at this step (``run.step``): the loss they make, a flipped bit."""
-        run = self._run
-        if run is None or self._state is None:
+    def adjust_loss(self, run: Run, step: int, loss: float | None) -> float | None:
+        """Apply a drill's numeric faults due at ``step``: the loss they make, a flipped bit."""
+        if self._run is None or self._state is None:
             return loss
-        step = run.step
         fault = run.faults.take("nan", step, into="loss")
         if fault is not None and loss is not None:
             loss = math.nan if fault.value == "nan" else math.inf
@@ -315,6 +316,11 @@ class NumericGuard:
             "numeric_fault", kind=found.kind, step=step, on_rank=found.rank, value=_json_number(found.value),
             detail=found.detail, detected_at=run.step,
         )  # fmt: skip
+        if self._closing:
+            why = (
+                "the loop had ended before it was found: let run.batches() run to its end before run.close()"
+            )
+            self._stop(seen, why)
         if found.kind == "sdc" and found.rank is not None:
             self._name(found.rank, step, found.detail)
         elif found.kind == "sdc":
@@ -343,22 +349,14 @@ class NumericGuard:
 
     def _roll_back(self, found: Verdict, step: int, ceiling: int) -> int:
         """Restore the newest checkpoint at or before ``ceiling`` in place, as a new ledger attempt."""
-        from goodput.ledger.ledger import Ledger
-        from goodput.verify.records import StepRecorder
-
         run = self._run
         assert run is not None and found.kind is not None
         began = time.monotonic()  # the rollback: from the verdict to training again
-        run.ledger.failure_detected(f"numeric fault: {found.kind} at step {step}")
-        run.ledger.close("failed")
-        run.ledger = Ledger(run.run_dir, rank=run.info.rank, began=time.time())
-        run.attempt = run.ledger.attempt
-        if run._records is not None:  # verify-resume: the redone steps belong to the new attempt
-            run._records.close()
-            run._records = StepRecorder.from_env(run.run_dir, rank=run.info.rank, attempt=run.attempt)
+        run.end_attempt(f"numeric fault: {found.kind} at step {step}")
+        run.begin_attempt("rollback", began=time.time())
         run.ledger.restore_start()
         started = time.monotonic()
-        with run._phase("restore"):
+        with run.phase("restore"):
             restored = run.manager.restore_latest(at_most=ceiling)
         seconds = time.monotonic() - started
         run.ledger.restore_end(restored)
@@ -376,9 +374,7 @@ class NumericGuard:
         run.ledger.init_done()
         self._losses = [(s, x) for s, x in self._losses if s <= restored]
         self._agreed = min(self._agreed, restored)
-        run.step = restored
-        run._last_saved = restored
-        self.rewound = True
+        run.rewind(restored)
         self._arm_bucket_fault(restored + 1)
         return restored
 

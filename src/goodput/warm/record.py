@@ -7,7 +7,7 @@ a round trip to another process per step: on 2 busy cores (load 10-15) the gap b
 no other process to run.
 
 Two slots per rank, written alternately, each ``step, length, crc32`` then the record's bytes (the binary RNG
-record of :mod:`goodput.warm.rng`): a write torn by a kill in
+record of :mod:`goodput.checkpoint.rng`): a write torn by a kill in
 the middle of the system call (the kernel may stop a write between pages on SIGKILL) fails its checksum, and
 the reader takes the other slot (one step older: the documented case where a replacement's randomness may
 differ). The folder is named after the launch (or the job's store address), so the workers and spares of one job

@@ -25,8 +25,10 @@ Live recovery (``kind == "warm"``): every rank of the new group says which step 
 completed step; the replacement: none). The group adopts the highest; the lowest rank holding it broadcasts
 model, optimizer, scheduler, scaler, loader position and step to every rank, which load them into the
 objects the re-entered training function built. With DDP every rank contributed its gradients to any step one
-survivor completed, so adopting it loses no work: at most the failed step is redone. Every rank then restores
-its RNG from its record (:mod:`goodput.warm.record`). Sharded models (FSDP/DTensor parameters) hold no full replica, so they fall back
+survivor completed, so adopting it loses no work: at most the failed step is redone. The state travels in
+``TrainingState``'s live form (``live_state_dict``: the parts' own state dicts, counters and extras, and the
+loader position of the last completed step). Every rank then restores its RNG from its record
+(:mod:`goodput.warm.record`). Sharded models (FSDP/DTensor parameters) hold no full replica, so they fall back
 to the newest checkpoint.
 """
 
@@ -43,7 +45,6 @@ from typing import Any
 
 from goodput.launch.folder import PEER_FAILURE_MARKERS
 from goodput.warm.record import RecordFiles, record_folder
-from goodput.warm.rng import RngCapture, restore_rng
 from goodput.warm.watch import EndWatch, connect_store, install_optimizer_guard
 
 __all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
@@ -112,6 +113,8 @@ class WarmWorker:
         self._last_loader: Any = None
         self._failed_wall: float | None = None
         self._pending_rng: bytes | None = None
+        from goodput.checkpoint.rng import RngCapture  # torch: imported by the worker, not by the agent
+
         self._rng = RngCapture()
         self._backend: str | None = None  # the script's choice, kept for every later generation
         self._ctl: Any = None  # a gloo group of the generation: live recovery's CPU tensors, on any backend
@@ -207,17 +210,9 @@ class WarmWorker:
     # ---- leaving a failed generation -----------------------------------------------------------------------
     def snapshot(self, step: int, state: Any) -> Snapshot | None:
         """The survivor's state after its last completed step, or None if it holds none worth handing on."""
-        from goodput.checkpoint._state_cache import has_dtensor_params  # torch: not at the agent's import
-
-        if state is None or step <= 0 or has_dtensor_params(state.model):
+        if state is None or step <= 0 or not state.holds_full_replica():
             return None
-        parts: dict[str, Any] = {}
-        for name in ("model", "optimizer", "scheduler", "scaler"):
-            obj = getattr(state, name)
-            if obj is not None:
-                parts[name] = obj.state_dict()
-        parts["loader"] = self._last_loader
-        return Snapshot(step=step, parts=parts)
+        return Snapshot(step=step, parts=state.live_state_dict(loader=self._last_loader))
 
     def leave(self) -> dict[str, Any]:
         """Tear down the failed group and wait for the agent to name the next generation; join it.
@@ -283,13 +278,7 @@ class WarmWorker:
         dist.broadcast(buf, src=source, group=self._ctl)
         # on the CPU whatever device the source's tensors lived on; load_state_dict copies them into place
         parts = torch.load(io.BytesIO(buf.numpy().tobytes()), map_location="cpu", weights_only=True)
-        for name in ("model", "optimizer", "scheduler", "scaler"):
-            obj = getattr(state, name)
-            if obj is not None and name in parts:
-                obj.load_state_dict(parts[name])
-        loader_state = json.loads(parts.get("loader") or "null")
-        if state.loader is not None and loader_state is not None:
-            state.loader.load_state_dict(loader_state)
+        state.load_live_state_dict(parts)
         self._restore_rng(best)
         state.step = best
         return best
@@ -309,7 +298,9 @@ class WarmWorker:
         start, before the recorded step; restoring after it continues the streams exactly where they were.
         """
         if self._pending_rng is not None:
-            restore_rng(self._pending_rng)
+            from goodput.checkpoint.rng import restore_rng_record
+
+            restore_rng_record(self._pending_rng)
             self._pending_rng = None
         self._rng.reset()  # the states may have been set (here, or by a checkpoint's restore)
 
@@ -339,8 +330,6 @@ class WarmWorker:
 def _encode(snapshot: Snapshot) -> bytes:
     import torch
 
-    parts = dict(snapshot.parts)
-    parts["loader"] = json.dumps(parts.get("loader"))
     buf = io.BytesIO()
-    torch.save(parts, buf)
+    torch.save(snapshot.parts, buf)
     return buf.getvalue()
