@@ -160,3 +160,40 @@ def test_fsdp2_rolls_back_a_nan_gradient_of_one_rank_and_a_nan_at_the_last_step(
     assert faults == [("nonfinite", 6, 0, "a gradient"), ("nonfinite", 10, 1, "the loss")]
     assert [(e["from_step"], e["to_step"]) for e in _events(run_dir, "rollback")] == [(6, 4), (10, 8)]
     assert [f["step"] for f in _finals(run_dir, 2)] == [10, 10]
+
+
+def test_under_warm_restarts_a_rank_named_corrupt_is_handed_to_a_hot_spare(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """3 replicas name rank 2 by majority; after every rank rolled back, rank 2 exits and the warm agent gives its
+    place to a spare, which takes the survivors' rolled-back state; the ledger says why."""
+    import goodput.bench
+
+    run_dir = os.path.join(tmp_path, "run")
+    train = os.path.join(os.path.dirname(goodput.bench.__file__), "_restart_train.py")
+    command = [
+        sys.executable,
+        "-m",
+        "goodput",
+        "launch",
+        "--restart",
+        "warm",
+        "--nproc",
+        "3",
+        "--run-dir",
+        run_dir,
+    ]
+    command += ["--faults", "bitflip@step=13,rank=2", "--collective-timeout", "4", "--", train]
+    command += ["--steps", "30", "--every", "10", "--check-every", "10", "--hang-timeout", "60"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (fault,) = _events(run_dir, "numeric_fault")
+    assert (fault["kind"], fault["step"], fault["on_rank"]) == ("sdc", 20, 2)
+    assert [(e["from_step"], e["to_step"]) for e in _events(run_dir, "rollback")] == [(20, 10)]
+    (handover,) = _events(run_dir, "sdc_handover")
+    assert handover["named_rank"] == 2 and "hot spare" in handover["why"]
+    with open(os.path.join(run_dir, "warm", "agent.jsonl")) as f:
+        agent = [json.loads(line) for line in f]
+    assert [e["failed"] for e in agent if e["event"] == "warm_restart"] == [[2]]
+    with open(os.path.join(run_dir, "final.json")) as f:
+        assert json.load(f)["step"] == 30

@@ -27,6 +27,7 @@ from goodput.checkpoint import CheckpointConfig
 from goodput.data import ResumableLoader
 from goodput.errors import ConfigError
 from goodput.run import Run
+from goodput.run.numeric import NumericConfig
 
 
 class _Samples(torch.utils.data.Dataset[tuple[int, torch.Tensor]]):
@@ -84,6 +85,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="rank 1 SIGKILLs itself after this step's backward, before its optimizer step (first process only)",
     )
+    p.add_argument("--check-every", type=int, default=50, help="the numeric guard's replica check interval")
     p.add_argument(
         "--die-after-optimizer",
         type=int,
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         hang_timeout=args.hang_timeout,
         progress=False,
         backend="nccl" if args.device == "cuda" else "gloo",
+        numeric=NumericConfig(check_every=args.check_every),
     )
     dataset = _Samples()  # built once: a survivor reuses it after a warm restart
     run.warm(lambda r: _train(r, args, dataset))

@@ -47,9 +47,9 @@ def _rank(rank: int, world: int, steps: int, check_every: int) -> dict[str, floa
     import torch.distributed as dist
 
     from goodput.demo.model import ModelConfig, TinyLM
+    from goodput.run._numeric_exchange import start_gather
     from goodput.run._numeric_grads import gradient_sum
     from goodput.run._numeric_rules import encode_row, fingerprint, spike_threshold
-    from goodput.run.numeric import _start_gather
 
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for each worker
     torch.manual_seed(0)
@@ -83,7 +83,7 @@ def _rank(rank: int, world: int, steps: int, check_every: int) -> dict[str, floa
     def agreement() -> float:  # started at a step's end, read at the next: the step between is not counted
         dist.barrier(group=group)
         start = time.perf_counter()
-        work, _ = _start_gather(row, group)
+        work, _ = start_gather(row, group)
         issued = time.perf_counter()
         step()
         waited = time.perf_counter()

@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError, NumericFault
 from goodput.faults import Fault
+from goodput.run._numeric_exchange import Exchange, gather_rows, start_gather
 from goodput.run._numeric_grads import BucketCheck, gradient_sum
 from goodput.run._numeric_rules import (
     FLAG_FINGERPRINT,
@@ -49,6 +48,7 @@ from goodput.run._numeric_rules import (
     fingerprint,
     verdict,
 )
+from goodput.run._numeric_skips import apply_skips, read_skips, write_skips
 from goodput.run.hooks import RunHook
 
 if TYPE_CHECKING:
@@ -56,8 +56,6 @@ if TYPE_CHECKING:
     from goodput.run.run import Run
 
 __all__ = ["NumericConfig", "NumericGuard", "gather_rows", "gradient_sum", "read_skips"]
-
-SKIPS_FILE = os.path.join("numeric", "skips.json")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,8 +137,9 @@ class NumericGuard(RunHook):
         self._unnamed: set[int] = set()  # check steps whose differing replica no majority could name
         self._tier = "durable"
         self._comparable = True
-        self._inflight: list[_Exchange] = []  # steps whose words are being exchanged, oldest first
+        self._inflight: list[Exchange] = []  # steps whose words are being exchanged, oldest first
         self._closing = False  # the loop ended before close() judged its last step: a fault stops the run
+        self._handover: int | None = None  # a rank named corrupt under warm restarts, to leave for a spare
 
     # ---- lifetime ---------------------------------------------------------------------------------------------
     def on_restore(self, run: Run, state: TrainingState, restored: int | None) -> None:
@@ -159,7 +158,7 @@ class NumericGuard(RunHook):
             self._buckets = BucketCheck.install(state.model)
             self._arm_bucket_fault(self._agreed + 1)
         run.manager.add_listener(self._on_checkpoint_event)
-        _apply_skips(state.loader, read_skips(run.run_dir))
+        apply_skips(state.loader, read_skips(run.run_dir))
 
     def on_close(self, run: Run, status: str) -> None:
         """Remove the optimizer hook, wait out the exchanges in flight and release the group."""
@@ -222,13 +221,29 @@ class NumericGuard(RunHook):
         to stop. Without peers the step is judged at once."""
         assert self._run is run and self._state is not None, "NumericGuard.on_step before on_restore"
         self._inflight.append(self._send(step, self._word(step, loss)))
-        return self._judge_ready(keep=0 if self._group is None else 1)
+        rolled_back = self._judge_ready(keep=0 if self._group is None else 1)
+        self._hand_over(run)
+        return rolled_back
 
     def on_loop_end(self, run: Run, closing: bool) -> bool:
         """Judge every step still in flight (the loop's last one): True when the run rolled back; while
         ``closing`` a fault stops the run instead (the loop that would redo the steps is gone)."""
         self._closing = closing
-        return self._run is run and self._judge_ready(keep=0)
+        rolled_back = self._run is run and self._judge_ready(keep=0)
+        self._hand_over(run)
+        return rolled_back
+
+    def _hand_over(self, run: Run) -> None:
+        """Under ``--restart warm``, the rank named corrupt leaves (after every rank rolled back) so the warm
+        agent gives its place to a hot spare; the others meet its absence at their next collective, as after any
+        failure, and hand their rolled-back state to the spare."""
+        rank, self._handover = self._handover, None
+        if rank is not None and rank == run.info.rank:
+            from goodput.run._warm import exit_failed
+
+            exit_failed(
+                run, RuntimeError(f"numeric guard: rank {rank} corrupted its replica; handed to a hot spare")
+            )
 
     def _word(self, step: int, loss: float | None) -> list[int]:
         """This rank's row for ``step``: its loss, a refused gradient, its fingerprint on a check step."""
@@ -247,10 +262,10 @@ class NumericGuard(RunHook):
             self._prints[step] = fp
         return encode_row(flags, loss if loss is not None else 0.0, fp, grad_value)
 
-    def _send(self, step: int, row: list[int]) -> _Exchange:
+    def _send(self, step: int, row: list[int]) -> Exchange:
         if self._group is None:
-            return _Exchange(step, None, [row])
-        return _Exchange(step, *_start_gather(row, self._group))
+            return Exchange(step, None, [row])
+        return Exchange(step, *start_gather(row, self._group))
 
     def _judge_ready(self, *, keep: int) -> bool:
         """Judge the oldest exchanges until ``keep`` remain in flight; after a rollback, wait out the rest (their
@@ -366,7 +381,7 @@ class NumericGuard(RunHook):
                 f"no checkpoint at or before step {ceiling} to roll back to",
             )
         assert restored is not None
-        _apply_skips(self._state.loader if self._state else None, read_skips(run.run_dir))
+        apply_skips(self._state.loader if self._state else None, read_skips(run.run_dir))
         run.ledger.event(
             "rollback", kind=found.kind, tier=self._tier, from_step=step, to_step=restored, seconds=seconds,
             seconds_total=time.monotonic() - began,
@@ -391,7 +406,7 @@ class NumericGuard(RunHook):
         hi = min(int(sampler.size), lo + steps * int(sampler.world_size) * int(sampler.batch_size))
         sampler.skip(epoch, lo, hi)
         if run.info.rank == 0:
-            _write_skips(run.run_dir, [*read_skips(run.run_dir), (epoch, lo, hi)])
+            write_skips(run.run_dir, [*read_skips(run.run_dir), (epoch, lo, hi)])
         order = sampler.order(epoch)
         import numpy as np
 
@@ -407,6 +422,11 @@ class NumericGuard(RunHook):
         assert run is not None
         self._named[rank] = self._named.get(rank, 0) + 1
         run.ledger.event("sdc_named", named_rank=rank, step=step, times=self._named[rank], why=why)
+        if run.warm_hook is not None:  # --restart warm: a hot spare takes the rank, with a clean record
+            del self._named[rank]
+            self._handover = rank
+            run.ledger.event("sdc_handover", named_rank=rank, step=step, why=f"{why}: handed to a hot spare")
+            return
         if self._named[rank] >= 2:
             self._stop(
                 f"sdc at step {step} on rank {rank} ({why})",
@@ -429,71 +449,6 @@ class NumericGuard(RunHook):
         run.ledger.event("numeric_stop", reason=why, line=line)
         run.ledger.flush()
         raise NumericFault(line)
-
-
-class _Exchange:
-    """One step's all-gather of every rank's word, started at its ``step_done`` and read at the next."""
-
-    def __init__(self, step: int, work: Any, out: Any) -> None:
-        self.step, self._work, self._out = step, work, out
-
-    def rows(self) -> list[list[int]]:
-        """Every rank's row, by rank (waits for the exchange when it is still running)."""
-        if self._work is not None:
-            self._work.wait()
-            self._work = None
-        if not isinstance(self._out, list):
-            self._out = self._out.tolist()
-        return list(self._out)
-
-
-def _start_gather(row: list[int], group: Any) -> tuple[Any, Any]:
-    """Start the all-gather of every rank's ``row`` (int64s) on ``group``: (its work, the (world, len) tensor
-    it fills)."""
-    import torch
-    import torch.distributed as dist
-
-    world = dist.get_world_size(group)
-    out = torch.empty(world, len(row), dtype=torch.int64)
-    work = dist.all_gather_single(
-        out.view(-1), torch.tensor(row, dtype=torch.int64), group=group, async_op=True
-    )
-    return work, out
-
-
-def gather_rows(row: list[int], group: Any) -> list[list[int]]:
-    """Every rank's ``row`` (int64s), by rank: one all-gather on ``group``, waited for."""
-    work, out = _start_gather(row, group)
-    work.wait()
-    rows: list[list[int]] = out.tolist()
-    return rows
-
-
-def read_skips(run_dir: str) -> list[tuple[int, int, int]]:
-    """The run's skipped data ranges ``(epoch, first position, end position)`` (``RUN_DIR/numeric/skips.json``)."""
-    try:
-        with open(os.path.join(run_dir, SKIPS_FILE)) as f:
-            return [(int(e), int(lo), int(hi)) for e, lo, hi in json.load(f)]
-    except FileNotFoundError:
-        return []
-
-
-def _write_skips(run_dir: str, skips: list[tuple[int, int, int]]) -> None:
-    path = os.path.join(run_dir, SKIPS_FILE)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump([list(s) for s in skips], f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _apply_skips(loader: Any, skips: list[tuple[int, int, int]]) -> None:
-    skip = getattr(getattr(loader, "sampler", None), "skip", None)
-    if callable(skip):
-        for epoch, lo, hi in skips:
-            skip(epoch, lo, hi)
 
 
 def _replicated(model: Any) -> bool:
