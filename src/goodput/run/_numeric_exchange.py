@@ -8,7 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Exchange", "gather_rows", "start_gather"]
+__all__ = ["Exchange", "gather_rows", "new_group", "start_gather"]
+
+
+def new_group() -> Any:
+    """The guard's gloo group, with the warm restarts' collective timeout when there is one (a new group's
+    default is torch's 30 minutes): a survivor whose peer died mid-exchange fails as soon as in the job's group."""
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    from goodput.warm.worker import PG_TIMEOUT_ENV
+
+    seconds = os.environ.get(PG_TIMEOUT_ENV)
+    timeout = datetime.timedelta(seconds=float(seconds)) if seconds else None
+    return dist.new_group(backend="gloo", timeout=timeout)
 
 
 class Exchange:

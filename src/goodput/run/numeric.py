@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError, NumericFault
 from goodput.faults import Fault
-from goodput.run._numeric_exchange import Exchange, gather_rows, start_gather
+from goodput.run._numeric_exchange import Exchange, gather_rows, new_group, start_gather
 from goodput.run._numeric_grads import BucketCheck, gradient_sum
 from goodput.run._numeric_rules import (
     FLAG_FINGERPRINT,
@@ -151,7 +151,7 @@ class NumericGuard(RunHook):
         self._run, self._state = run, state
         self._agreed = restored or 0
         world = run.info.world_size
-        self._group = dist.new_group(backend="gloo") if world > 1 and dist.is_initialized() else None
+        self._group = new_group() if world > 1 and dist.is_initialized() else None
         self._comparable = _replicated(state.model)
         if self.config.grads and state.optimizer is not None:
             self._hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
@@ -161,11 +161,8 @@ class NumericGuard(RunHook):
         apply_skips(state.loader, read_skips(run.run_dir))
 
     def on_close(self, run: Run, status: str) -> None:
-        """Remove the optimizer hook, wait out the exchanges in flight and release the group."""
-        inflight, self._inflight = self._inflight, []
-        with contextlib.suppress(Exception):  # a peer that died took its half of the exchange with it
-            for exchange in inflight:
-                exchange.rows()
+        """Remove the optimizer hook, drop the exchanges in flight and release the group."""
+        self._inflight = []  # judged by on_loop_end on a clean close; else a failed generation's: not waited for
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
