@@ -8,10 +8,10 @@ them all the same way and none of them knows about the others.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from goodput._env import CRASH_LOOP
 from goodput.faults import Fault
 from goodput.ledger.exporters import MetricsExporter
 from goodput.run._cachestats import CacheStatsRecorder
@@ -44,7 +44,7 @@ def builtin_hooks(
     all-gather leaves this rank where the next step's collective would, after every observer recorded the
     step). ``on_close`` goes in the reverse order."""
     # Rank 0 refuses an attempt of a crash loop before anything else starts.
-    limit = crash_loop if crash_loop is not None else int(os.environ.get("GOODPUT_CRASH_LOOP", "3"))
+    limit = crash_loop if crash_loop is not None else int(CRASH_LOOP.get())
     crash = CrashLoopHook(run.run_dir, run.attempt, limit) if run.info.rank == 0 else None
     hooks: list[RunHook] = []
     # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.verify.records.

@@ -26,6 +26,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from goodput._env import RECORDS
+
 __all__ = [
     "RECORDS_ENV",
     "RunRecords",
@@ -35,7 +37,7 @@ __all__ = [
     "state_digests",
 ]
 
-RECORDS_ENV = "GOODPUT_RECORDS"
+RECORDS_ENV = RECORDS.name
 RECORDS_DIR = "records"
 _STEPS = re.compile(r"^attempt-(\d+)\.rank-(\d+)\.jsonl$")
 _FINAL = re.compile(r"^final\.rank-(\d+)\.json$")
@@ -75,7 +77,7 @@ class StepRecorder:
     @classmethod
     def from_env(cls, run_dir: str, *, rank: int, attempt: int) -> StepRecorder | None:
         """A recorder when ``GOODPUT_RECORDS`` is set to a true value, else None."""
-        if os.environ.get(RECORDS_ENV, "") in ("", "0"):
+        if not RECORDS.on():
             return None
         return cls(run_dir, rank=rank, attempt=attempt)
 

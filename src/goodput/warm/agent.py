@@ -46,13 +46,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR
 from goodput.errors import ConfigError
 from goodput.launch.folder import LOGS_DIR, launch_dir, write_notice
 from goodput.launch.launcher import LaunchConfig
 from goodput.launch.output import describe_exit
 from goodput.warm.idle import can_return, make_idle, make_normal
-from goodput.warm.record import claim_folder, record_folder, remove_folder
-from goodput.warm.worker import (
+from goodput.warm.protocol import (
+    COUNTER_KEY,
+    CURRENT_KEY,
     GEN_ENV,
     PG_TIMEOUT_ENV,
     PREFIX_ENV,
@@ -60,7 +62,14 @@ from goodput.warm.worker import (
     ROLE_ENV,
     SPARE_ENV,
     STORE_ENV,
+    info_key,
+    next_key,
+    recovered_key,
+    spare_assign_key,
+    spare_ready_key,
+    stepped_key,
 )
+from goodput.warm.record import claim_folder, record_folder, remove_folder
 
 __all__ = ["WarmAgent", "WarmConfig", "launch_warm"]
 
@@ -148,19 +157,18 @@ class WarmAgent:
     def _env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
         if self.launch.run_dir is not None:
-            env["GOODPUT_RUN_DIR"] = os.path.abspath(self.launch.run_dir)
+            env[RUN_DIR.name] = os.path.abspath(self.launch.run_dir)
         env.update(
-            GOODPUT_FAULTS=self.launch.faults,
-            GOODPUT_CRASH_LOOP=str(self.launch.crash_loop),
             TORCHELASTIC_RUN_ID=self.launch.rdzv_id,
             TORCHELASTIC_RESTART_COUNT=str(self.cold_restarts),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=self.address.rsplit(":", 1)[1],
+            **{FAULTS.name: self.launch.faults, CRASH_LOOP.name: str(self.launch.crash_loop)},
             **{STORE_ENV: self.address, PREFIX_ENV: self.prefix},
             **{PG_TIMEOUT_ENV: str(self.warm.pg_timeout), REFORM_TIMEOUT_ENV: str(self.warm.reform_timeout)},
         )
         if self.launch.allow_fresh_start:
-            env["GOODPUT_ALLOW_FRESH_START"] = "1"  # read by CheckpointConfig.fresh_start_allowed
+            env[ALLOW_FRESH_START.name] = "1"  # read by CheckpointConfig.fresh_start_allowed
         if self.nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for several processes per node
         env.update(extra)
@@ -229,14 +237,14 @@ class WarmAgent:
         if self._spares_started:
             return True
         if time.monotonic() - self._started >= self.warm.first_spare_delay or self.store.check(
-            [f"stepped/{rank}" for rank in self.ranks]
+            [stepped_key(rank) for rank in self.ranks]
         ):
             self._spares_started = True
         return self._spares_started
 
     def _publish(self, kind: str, **fields: Any) -> None:
         info = {"kind": kind, "gen": self.gen, **fields}
-        self.store.set(f"gen/{self.gen}/info", json.dumps(info))
+        self.store.set(info_key(self.gen), json.dumps(info))
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -245,7 +253,7 @@ class WarmAgent:
 
         if self.node_rank == 0:
             self._publish("cold", failed=[])
-            self.store.set("gen/current", "0")
+            self.store.set(CURRENT_KEY, "0")
         claim_folder(record_folder(self.address, self.prefix))  # and sweep a SIGKILLed launch's
         try:
             for rank in self.ranks:
@@ -328,7 +336,7 @@ class WarmAgent:
         if self._pending is None:
             return False
         gen = self._pending[0]
-        if self.store.add(f"gen/{gen}/recovered", 0) < self.world_size:
+        if self.store.add(recovered_key(gen), 0) < self.world_size:
             return False
         self._record("warm_restart_done", gen=gen)
         self._pending = None
@@ -348,22 +356,20 @@ class WarmAgent:
         """Whether the current generation was formed by a warm restart that has not recovered yet."""
         if self.gen == 0:
             return False
-        info = json.loads(self.store.get(f"gen/{self.gen}/info"))
-        return bool(
-            info["kind"] == "warm" and self.store.add(f"gen/{self.gen}/recovered", 0) < self.world_size
-        )
+        info = json.loads(self.store.get(info_key(self.gen)))
+        return bool(info["kind"] == "warm" and self.store.add(recovered_key(self.gen), 0) < self.world_size)
 
     def _new_generation(self) -> int:
-        return int(self.store.add("gen/counter", 1))
+        return int(self.store.add(COUNTER_KEY, 1))
 
     def _follow(self) -> None:
         """Join a generation another node's agent made: a cold one restarts this node's workers too."""
         if self.nnodes == 1:
             return
-        current = int(self.store.get("gen/current"))
+        current = int(self.store.get(CURRENT_KEY))
         if current <= self.gen:
             return
-        info = json.loads(self.store.get(f"gen/{current}/info"))
+        info = json.loads(self.store.get(info_key(current)))
         self.gen = current
         if info["kind"] == "cold":
             self._stop(list(self.workers.values()))
@@ -381,7 +387,7 @@ class WarmAgent:
     def _warm_restart(self, failed: list[int], detected: float) -> None:
         """Hand each failed rank to a spare (or a fresh process) and let the survivors join the next group."""
         old, new = self.gen, self._new_generation()
-        won = self.store.compare_set(f"gen/{old}/next", "", json.dumps({"gen": new})).decode()
+        won = self.store.compare_set(next_key(old), "", json.dumps({"gen": new})).decode()
         if json.loads(won)["gen"] != new:  # another node's agent restarted generation `old` first
             self._cold_restart(failed, detected, "failures on two nodes at once")
             return
@@ -389,7 +395,7 @@ class WarmAgent:
         handed = [self._hand_over(rank) for rank in failed]
         handover = time.time()
         self._publish("warm", failed=failed, detected_wall=detected, from_gen=old, handover_wall=handover)
-        self.store.set("gen/current", str(new))
+        self.store.set(CURRENT_KEY, str(new))
         self._pending = (new, time.monotonic() + self.warm.reform_timeout)
         self._record(
             "warm_restart",
@@ -417,10 +423,12 @@ class WarmAgent:
             "gen": self.gen,
             "restart_count": self.cold_restarts,
         }
-        ready = self.store.check([f"spare/{self.node_rank}-{spare.spare}/ready"])  # False: still importing
+        ready = self.store.check(
+            [spare_ready_key(f"{self.node_rank}-{spare.spare}")]
+        )  # False: still importing
         if self._idle_spares:
             make_normal(spare.pid)
-        self.store.set(f"spare/{self.node_rank}-{spare.spare}/assign", json.dumps(assign))
+        self.store.set(spare_assign_key(f"{self.node_rank}-{spare.spare}"), json.dumps(assign))
         self.workers[rank] = spare
         return {"rank": rank, "spare": spare.spare, "pid": spare.pid, "ready": ready}
 
@@ -441,7 +449,7 @@ class WarmAgent:
         self.gen = self._new_generation()
         self.cold_restarts += 1
         self._publish("cold", failed=failed, detected_wall=detected, reason=reason)
-        self.store.set("gen/current", str(self.gen))
+        self.store.set(CURRENT_KEY, str(self.gen))
         self._record("cold_restart", gen=self.gen, failed=failed, reason=reason, detected_wall=detected)
         self._notice(failed, f"cold restart of every rank ({reason})")
         for rank in self.ranks:

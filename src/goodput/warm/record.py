@@ -27,7 +27,7 @@ import struct
 import tempfile
 import zlib
 
-from goodput.launch.folder import LAUNCH_ID_ENV
+from goodput._env import LAUNCH_ID
 from goodput.warm.owner import record_owner, sweep_stale
 
 __all__ = ["RecordFiles", "claim_folder", "record_folder", "remove_folder"]
@@ -43,7 +43,7 @@ def record_folder(store_address: str, prefix: str, launch: str | None = None) ->
     without one, after the job's store.
     """
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    launch = launch if launch is not None else os.environ.get(LAUNCH_ID_ENV, "")
+    launch = launch if launch is not None else LAUNCH_ID.get()
     key = f"launch|{launch}" if launch else f"{store_address}|{prefix}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return os.path.join(base, f"goodput-warm-{os.getuid()}-{digest}")
