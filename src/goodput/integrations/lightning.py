@@ -48,7 +48,7 @@ from goodput.integrations._faults import install_plan
 from goodput.integrations._tracked import TrackedLoader
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
-from goodput.verify.records import StepRecorder
+from goodput.run.records import StepRecorder
 
 __all__ = ["GoodputCallback", "GoodputCheckpointIO", "GoodputDDPStrategy"]
 

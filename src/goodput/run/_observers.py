@@ -20,8 +20,8 @@ from goodput.run.crashloop import CrashLoopDetector
 from goodput.run.hooks import RunHook
 from goodput.run.numeric import NumericConfig, NumericGuard
 from goodput.run.progress import Progress
+from goodput.run.records import StepRecorder
 from goodput.run.watchdog import Watchdog
-from goodput.verify.records import StepRecorder
 
 if TYPE_CHECKING:
     from goodput.checkpoint.state import TrainingState
@@ -47,7 +47,7 @@ def builtin_hooks(
     limit = crash_loop if crash_loop is not None else int(CRASH_LOOP.get())
     crash = CrashLoopHook(run.run_dir, run.attempt, limit) if run.info.rank == 0 else None
     hooks: list[RunHook] = []
-    # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.verify.records.
+    # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.run.records.
     recorder = StepRecorder.from_env(run.run_dir, rank=run.info.rank, attempt=run.attempt)
     if recorder is not None:
         hooks.append(RecordsHook(recorder))
@@ -139,7 +139,7 @@ class ProgressHook(RunHook):
 
 
 class RecordsHook(RunHook):
-    """Verify-resume's record of each step (only under ``$GOODPUT_RECORDS``; see ``goodput.verify.records``)."""
+    """Verify-resume's record of each step (only under ``$GOODPUT_RECORDS``; see ``goodput.run.records``)."""
 
     def __init__(self, recorder: StepRecorder) -> None:
         self.recorder = recorder
