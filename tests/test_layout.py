@@ -124,13 +124,10 @@ def test_verify_is_not_imported_by_the_library() -> None:
 
 # Files that were over the limit when it was set; each may shrink, none may grow (split it instead).
 _OVER_LIMIT = {
-    "checkpoint/layout.py": 558,
     "checkpoint/memory/checkpointer.py": 469,
     "data/loader.py": 465,
     "ledger/accounting.py": 470,
     "ledger/ledger.py": 504,
-    "run/numeric.py": 455,
-    "warm/agent.py": 542,
 }
 
 

@@ -29,14 +29,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError, NumericFault
-from goodput.faults import Fault
+from goodput.run._numeric_ops import (
+    apply_skips,
+    flip_bit,
+    gather_rows,
+    gradient_sum,
+    json_number,
+    local_tensor,
+    poison,
+    read_skips,
+    replicated,
+    write_skips,
+)
 from goodput.run._numeric_rules import (
     FLAG_FINGERPRINT,
     FLAG_GRAD_BAD,
@@ -55,8 +64,6 @@ if TYPE_CHECKING:
     from goodput.run.run import Run
 
 __all__ = ["NumericConfig", "NumericGuard", "gather_rows", "gradient_sum", "read_skips"]
-
-SKIPS_FILE = os.path.join("numeric", "skips.json")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -149,11 +156,11 @@ class NumericGuard(RunHook):
         self._agreed = restored or 0
         world = run.info.world_size
         self._group = dist.new_group(backend="gloo") if world > 1 and dist.is_initialized() else None
-        self._comparable = _replicated(state.model)
+        self._comparable = replicated(state.model)
         if self.config.grads and state.optimizer is not None:
             self._hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
         run.manager.add_listener(self._on_checkpoint_event)
-        _apply_skips(state.loader, read_skips(run.run_dir))
+        apply_skips(state.loader, read_skips(run.run_dir))
 
     def on_close(self, run: Run, status: str) -> None:
         """Remove the optimizer hook and release the group."""
@@ -180,12 +187,14 @@ class NumericGuard(RunHook):
             return
         step = self._run.step + 1
         params = [p for group in mine.param_groups for p in group["params"] if p.grad is not None]
-        grads = [g for g in (_local(p.grad) for p in params) if g.numel() > 0]  # an FSDP2 shard may be empty
+        grads = [
+            g for g in (local_tensor(p.grad) for p in params) if g.numel() > 0
+        ]  # an FSDP2 shard may be empty
         if not grads:
             return
         fault = self._run.faults.take("nan", step, into="grad")
         if fault is not None:
-            _poison(grads[0], fault)
+            poison(grads[0], fault)
         norm = gradient_sum(grads)
         if not math.isfinite(norm):
             self._bad_grad = (step, norm)
@@ -246,7 +255,7 @@ class NumericGuard(RunHook):
             loss = loss * fault.factor
         fault = run.faults.take("bitflip", step)
         if fault is not None:
-            _flip_bit(self._state.model, fault.bit)
+            flip_bit(self._state.model, fault.bit)
         return loss
 
     def _gather(self, row: list[int]) -> list[list[int]]:
@@ -260,7 +269,7 @@ class NumericGuard(RunHook):
         who = "no rank named" if found.rank is None else f"rank {found.rank}"
         seen = f"{found.kind} ({found.detail}) at step {step} on {who}, value {found.value!r}"
         run.ledger.event(
-            "numeric_fault", kind=found.kind, step=step, on_rank=found.rank, value=_json_number(found.value),
+            "numeric_fault", kind=found.kind, step=step, on_rank=found.rank, value=json_number(found.value),
             detail=found.detail,
         )  # fmt: skip
         if found.kind == "sdc" and found.rank is not None:
@@ -307,7 +316,7 @@ class NumericGuard(RunHook):
                 f"no checkpoint at or before step {ceiling} to roll back to",
             )
         assert restored is not None
-        _apply_skips(self._state.loader if self._state else None, read_skips(run.run_dir))
+        apply_skips(self._state.loader if self._state else None, read_skips(run.run_dir))
         run.ledger.event(
             "rollback", kind=found.kind, tier=self._tier, from_step=step, to_step=restored, seconds=seconds
         )
@@ -330,7 +339,7 @@ class NumericGuard(RunHook):
         hi = min(int(sampler.size), lo + steps * int(sampler.world_size) * int(sampler.batch_size))
         sampler.skip(epoch, lo, hi)
         if run.info.rank == 0:
-            _write_skips(run.run_dir, [*read_skips(run.run_dir), (epoch, lo, hi)])
+            write_skips(run.run_dir, [*read_skips(run.run_dir), (epoch, lo, hi)])
         order = sampler.order(epoch)
         import numpy as np
 
@@ -368,88 +377,3 @@ class NumericGuard(RunHook):
         run.ledger.event("numeric_stop", reason=why, line=line)
         run.ledger.flush()
         raise NumericFault(line)
-
-
-def gradient_sum(grads: list[Any]) -> float:
-    """The sum of every element of the tensors: NaN or infinite when any element is (a NaN propagates, an Inf
-    stays infinite or meets the opposite Inf as NaN). One pass and one host sync, the cheapest such pass on CPU
-    (an infinity norm's reduction is several times slower there); a sum can overflow only past 3.4e38."""
-    import torch
-
-    return float(torch.stack([g.sum() for g in grads]).sum().item())
-
-
-def gather_rows(row: list[int], group: Any) -> list[list[int]]:
-    """Every rank's ``row`` (int64s), by rank: one all-gather on ``group``."""
-    import torch
-    import torch.distributed as dist
-
-    world = dist.get_world_size(group)
-    out = torch.empty(world * len(row), dtype=torch.int64)
-    dist.all_gather_single(out, torch.tensor(row, dtype=torch.int64), group=group)
-    return out.view(world, len(row)).tolist()
-
-
-def read_skips(run_dir: str) -> list[tuple[int, int, int]]:
-    """The run's skipped data ranges ``(epoch, first position, end position)`` (``RUN_DIR/numeric/skips.json``)."""
-    try:
-        with open(os.path.join(run_dir, SKIPS_FILE)) as f:
-            return [(int(e), int(lo), int(hi)) for e, lo, hi in json.load(f)]
-    except FileNotFoundError:
-        return []
-
-
-def _write_skips(run_dir: str, skips: list[tuple[int, int, int]]) -> None:
-    path = os.path.join(run_dir, SKIPS_FILE)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump([list(s) for s in skips], f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _apply_skips(loader: Any, skips: list[tuple[int, int, int]]) -> None:
-    skip = getattr(getattr(loader, "sampler", None), "skip", None)
-    if callable(skip):
-        for epoch, lo, hi in skips:
-            skip(epoch, lo, hi)
-
-
-def _replicated(model: Any) -> bool:
-    """Whether every rank holds the whole parameters (DDP, a plain module), so fingerprints compare across ranks;
-    False for sharded parameters (FSDP2's DTensors with a Shard placement)."""
-    for p in model.parameters():
-        placements = getattr(p, "placements", None)
-        if placements is not None and any(not pl.is_replicate() for pl in placements):
-            return False
-    return True
-
-
-def _local(tensor: Any) -> Any:
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if callable(to_local) else tensor
-
-
-def _poison(grad: Any, fault: Fault) -> None:
-    grad.view(-1)[0] = math.nan if fault.value == "nan" else math.inf
-
-
-def _flip_bit(model: Any, bit: int) -> None:
-    """Flip bit ``bit`` of the first element of the first parameter, in place (a ``bitflip`` fault)."""
-    import torch
-
-    from goodput.run._numeric_rules import _INT_OF_SIZE
-
-    param = next(iter(model.parameters()))
-    with torch.no_grad():
-        local = _local(param.data)
-        width = 8 * local.element_size()
-        bit = min(bit, width - 1)
-        ints = local.view(-1).view(_INT_OF_SIZE[local.element_size()])
-        ints[0] ^= (1 << bit) if bit < width - 1 else -(1 << bit)  # the sign bit of a signed integer
-
-
-def _json_number(value: float | None) -> float | str | None:
-    return value if value is None or math.isfinite(value) else repr(value)
