@@ -15,8 +15,8 @@ all-reduce of the flag at every step would add a collective (a synchronisation p
 the ranks meet at *check steps*: at each one they all-reduce two integers on a gloo group of their own, the
 flag (any rank that saw the signal) and the next check step, chosen by rank 0 so that checks come about every
 ``check_seconds`` (2 s by default) from its measured step time. The all-reduce is started at the check step
-and its answer read one step later, so no rank waits for the others there (a blocking all-reduce made each
-rank wait for the slowest, about 5 ms per check on 2 busy cores): every rank reads the same answer at the same
+and its answer read one step later, so no rank waits for the others there (a blocking all-reduce would make
+each rank wait for the slowest): every rank reads the same answer at the same
 step, and stops after it. Cost: one 2-integer CPU all-reduce per ``check_seconds``, in the background; the
 price is a delay of at most ``check_seconds`` plus two steps between the signal and the agreed save, far
 inside a scheduler's grace period. A single process checks its flag at every step, for free.
