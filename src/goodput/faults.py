@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from goodput._env import FAULTS
 from goodput.errors import ConfigError, GoodputError
 from goodput.units import parse_duration
 
@@ -57,10 +58,11 @@ __all__ = [
     "check_plan",
     "fault_point",
     "install_faults",
+    "lost_node_file",
     "parse_faults",
 ]
 
-ENV_VAR = "GOODPUT_FAULTS"
+ENV_VAR = FAULTS.name
 NUMERIC_ACTIONS = ("nan", "spike", "bitflip")
 ACTIONS = ("kill", "raise", "hang", "slow", "nodeloss", *NUMERIC_ACTIONS)
 PHASES = (
@@ -270,7 +272,7 @@ class FaultPlan:
         **kwargs: object,
     ) -> FaultPlan:
         """The plan in ``GOODPUT_FAULTS`` (empty when unset)."""
-        text = (env if env is not None else os.environ).get(ENV_VAR, "")
+        text = FAULTS.get(env)
         return cls(parse_faults(text), **kwargs)  # type: ignore[arg-type]
 
     def __bool__(self) -> bool:

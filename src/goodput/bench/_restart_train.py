@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from goodput._env import RUN_DIR
 from goodput.checkpoint import CheckpointConfig
 from goodput.data import ResumableLoader
 from goodput.errors import ConfigError
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    run_dir = os.environ["GOODPUT_RUN_DIR"]
+    run_dir = RUN_DIR.get()
     config = CheckpointConfig(
         root=os.path.join(run_dir, "checkpoints"), strategy=args.strategy, every=args.every, keep_last=2
     )

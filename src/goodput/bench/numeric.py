@@ -48,7 +48,7 @@ def _rank(rank: int, world: int, steps: int, check_every: int) -> dict[str, floa
 
     from goodput.demo.model import ModelConfig, TinyLM
     from goodput.run._numeric_exchange import start_gather
-    from goodput.run._numeric_grads import gradient_sum
+    from goodput.run._numeric_ops import gradient_sum
     from goodput.run._numeric_rules import encode_row, fingerprint, spike_threshold
 
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for each worker
@@ -83,11 +83,11 @@ def _rank(rank: int, world: int, steps: int, check_every: int) -> dict[str, floa
     def agreement() -> float:  # started at a step's end, read at the next: the step between is not counted
         dist.barrier(group=group)
         start = time.perf_counter()
-        work, _ = start_gather(row, group)
+        exchange = start_gather(0, row, group)
         issued = time.perf_counter()
         step()
         waited = time.perf_counter()
-        work.wait()
+        exchange.rows()
         return (issued - start) + (time.perf_counter() - waited)
 
     few = max(10, steps // 10)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["capture_rng", "rank_seed", "restore_rng", "seed_new_rank"]  # the warm record: internal
+__all__ = ["RngCapture", "capture_rng", "rank_seed", "restore_rng", "restore_rng_record", "seed_new_rank"]
 
 _M64 = (1 << 64) - 1
 

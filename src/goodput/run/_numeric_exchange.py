@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Exchange", "gather_rows", "new_group", "start_gather"]
+__all__ = ["Exchange", "new_group", "start_gather"]
 
 
 def new_group() -> Any:
@@ -19,7 +19,7 @@ def new_group() -> Any:
 
     import torch.distributed as dist
 
-    from goodput.warm.worker import PG_TIMEOUT_ENV
+    from goodput.warm.protocol import PG_TIMEOUT_ENV
 
     seconds = os.environ.get(PG_TIMEOUT_ENV)
     timeout = datetime.timedelta(seconds=float(seconds)) if seconds else None
@@ -42,23 +42,14 @@ class Exchange:
         return list(self._out)
 
 
-def start_gather(row: list[int], group: Any) -> tuple[Any, Any]:
-    """Start the all-gather of every rank's ``row`` (int64s) on ``group``: (its work, the (world, len) tensor
-    it fills)."""
+def start_gather(step: int, row: list[int], group: Any) -> Exchange:
+    """Start the all-gather of every rank's ``row`` (int64s) for ``step`` on ``group`` (None: this rank alone,
+    done at once)."""
     import torch
     import torch.distributed as dist
 
-    world = dist.get_world_size(group)
-    out = torch.empty(world, len(row), dtype=torch.int64)
-    work = dist.all_gather_single(
-        out.view(-1), torch.tensor(row, dtype=torch.int64), group=group, async_op=True
-    )
-    return work, out
-
-
-def gather_rows(row: list[int], group: Any) -> list[list[int]]:
-    """Every rank's ``row`` (int64s), by rank: one all-gather on ``group``, waited for."""
-    work, out = start_gather(row, group)
-    work.wait()
-    rows: list[list[int]] = out.tolist()
-    return rows
+    if group is None:
+        return Exchange(step, None, [row])
+    out = torch.empty(dist.get_world_size(group), len(row), dtype=torch.int64)
+    tensor = torch.tensor(row, dtype=torch.int64)
+    return Exchange(step, dist.all_gather_single(out.view(-1), tensor, group=group, async_op=True), out)

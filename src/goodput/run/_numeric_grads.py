@@ -15,21 +15,15 @@ meets the opposite Inf as NaN); a sum can overflow only past float32's 3.4e38, w
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
-__all__ = ["BucketCheck", "gradient_sum"]
+__all__ = ["BucketCheck"]
 
 # A DDP model accepts one communication hook for its lifetime: the guard of each restore (a warm restart
 # attaches again) re-binds the check already registered on it.
 _REGISTERED: weakref.WeakKeyDictionary[Any, BucketCheck] = weakref.WeakKeyDictionary()
-
-
-def gradient_sum(grads: list[Any]) -> float:
-    """The sum of every element of the tensors (one host sync)."""
-    import torch
-
-    return float(torch.stack([g.sum() for g in grads]).sum().item())
 
 
 class BucketCheck:
@@ -63,6 +57,12 @@ class BucketCheck:
         check._sums.clear()
         check.poison = None
         return check
+
+    def arm(self, faults: Any, step: int) -> None:
+        """A drill's ``nan@step,into=grad`` (``faults``: the run's plan) for ``step``'s backward goes into this
+        rank's first bucket before its all-reduce, as a NaN from this rank's own backward would."""
+        fault = faults.take("nan", step, into="grad")
+        self.poison = None if fault is None else (math.nan if fault.value == "nan" else math.inf)
 
     def _hook(self, group: Any, bucket: Any) -> Any:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook

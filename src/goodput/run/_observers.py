@@ -8,10 +8,10 @@ them all the same way and none of them knows about the others.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from goodput._env import CRASH_LOOP
 from goodput.faults import Fault
 from goodput.ledger.exporters import MetricsExporter
 from goodput.run._cachestats import CacheStatsRecorder
@@ -20,8 +20,8 @@ from goodput.run.crashloop import CrashLoopDetector
 from goodput.run.hooks import RunHook
 from goodput.run.numeric import NumericConfig, NumericGuard
 from goodput.run.progress import Progress
+from goodput.run.records import StepRecorder
 from goodput.run.watchdog import Watchdog
-from goodput.verify.records import StepRecorder
 
 if TYPE_CHECKING:
     from goodput.checkpoint.state import TrainingState
@@ -44,10 +44,10 @@ def builtin_hooks(
     all-gather leaves this rank where the next step's collective would, after every observer recorded the
     step). ``on_close`` goes in the reverse order."""
     # Rank 0 refuses an attempt of a crash loop before anything else starts.
-    limit = crash_loop if crash_loop is not None else int(os.environ.get("GOODPUT_CRASH_LOOP", "3"))
+    limit = crash_loop if crash_loop is not None else int(CRASH_LOOP.get())
     crash = CrashLoopHook(run.run_dir, run.attempt, limit) if run.info.rank == 0 else None
     hooks: list[RunHook] = []
-    # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.verify.records.
+    # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.run.records.
     recorder = StepRecorder.from_env(run.run_dir, rank=run.info.rank, attempt=run.attempt)
     if recorder is not None:
         hooks.append(RecordsHook(recorder))
@@ -139,7 +139,7 @@ class ProgressHook(RunHook):
 
 
 class RecordsHook(RunHook):
-    """Verify-resume's record of each step (only under ``$GOODPUT_RECORDS``; see ``goodput.verify.records``)."""
+    """Verify-resume's record of each step (only under ``$GOODPUT_RECORDS``; see ``goodput.run.records``)."""
 
     def __init__(self, recorder: StepRecorder) -> None:
         self.recorder = recorder

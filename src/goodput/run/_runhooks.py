@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from goodput._env import RUN_DIR
 from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
 from goodput.data.loader import ResumableLoader
 from goodput.data.prefetch import DevicePrefetcher
@@ -54,12 +55,12 @@ __all__ = [
     "single_process_group",
 ]
 
-RUN_DIR_ENV = "GOODPUT_RUN_DIR"
+RUN_DIR_ENV = RUN_DIR.name
 
 
 def resolve_run_dir(explicit: str | None) -> str:
     """The run folder: the launcher's (``$GOODPUT_RUN_DIR``) or ``explicit``; both must name the same one."""
-    launched = os.environ.get(RUN_DIR_ENV) or None
+    launched = RUN_DIR.get() or None
     if explicit and launched and os.path.realpath(explicit) != os.path.realpath(launched):
         raise ConfigError(
             f"Run({explicit!r}) is not the run folder goodput launch --run-dir gave ({launched}): a run has "

@@ -1,25 +1,25 @@
 """The numeric guard: find NaN/Inf, loss spikes and corrupted replicas, roll back in place, skip the bad data.
 
-    run = gp.Run(numeric=gp.NumericConfig(spike_k=6.0, check_every=50))   # the defaults; numeric=None: off
+    run = gp.Run(numeric=gp.NumericConfig(spike_k=6.0, check_every=50))   # the defaults; numeric=False: off
 
-A hook of :class:`~goodput.run.run.Run`, attached by ``run.restore`` and called by every ``run.step_done``:
+A hook of :class:`~goodput.run.run.Run` (on by default), attached by ``run.restore``, called by ``step_done``:
 
-* **Detect.** The optimizer pre-step hook checks this rank's gradients (their sum, one pass) and, when
-  one is NaN or infinite, drops them so the optimizer step changes nothing: a NaN never reaches the parameters.
-  ``step_done`` checks the loss it is given, applies the spike rule to the ranks' mean loss (median + k x MAD of
-  a recent window, after a warm-up) and, every ``check_every`` steps, fingerprints this replica's parameters
-  (:func:`~goodput.run._numeric_rules.fingerprint`). One all-gather of four int64 per rank and step (on a gloo
-  group of the guard's own) gives every rank every rank's word, and every rank draws the same verdict from it.
-  With 3+ replicas a differing fingerprint is named by majority; with 2 both roll back, and the redo of the
-  check step names the rank whose own fingerprint of it changed (the self-check; it needs deterministic
-  training).
+* **Detect.** Before each optimizer step the gradients' sum is checked (with DDP, each reduced bucket's, summed
+  in a communication hook: the same on every rank); a NaN/Inf one is dropped, so it never reaches the
+  parameters. ``step_done`` checks the loss, applies the spike rule to the ranks' mean loss (median + k x MAD
+  of a recent window, after a warm-up) and, every ``check_every`` steps, fingerprints the parameters
+  (:func:`~goodput.run._numeric_rules.fingerprint`). Every rank's word is all-gathered while the next step
+  computes (:mod:`~goodput.run._numeric_exchange`) and every rank draws the same verdict from it, one step
+  late. 3+ replicas name a differing fingerprint by majority; with 2 both roll back and the redo of the check
+  step names the rank whose own fingerprint changed (needs deterministic training).
 * **Respond**, a bounded ladder, every rung in the ledger: roll back in place to the newest checkpoint before
   the anomaly (for a corrupted replica: at or before the last check where every fingerprint agreed), memory tier
   first, and let ``run.batches`` continue from the restored position; when the same NaN or spike comes back
   while the window is being redone, roll back again and skip that window's samples (the skip list goes into the
   loader's position, so into every checkpoint, and into ``RUN_DIR/numeric/skips.json``); stop with
   :class:`~goodput.errors.NumericFault` (exit ``EXIT_NUMERIC``) when a fault survives the skip, when
-  ``max_rollbacks`` rollbacks fall within ``rollback_window`` steps, or when a rank is named corrupt twice.
+  ``max_rollbacks`` rollbacks fall within ``rollback_window`` steps, or when a rank is named corrupt twice
+  (under ``--restart warm`` that rank goes to a hot spare instead).
 
 A rollback opens a new ledger attempt in the same processes (like a warm restart): the redone steps count as
 ``lost_work`` and the restore as ``rollback``.
@@ -34,9 +34,20 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError, NumericFault
-from goodput.faults import Fault
-from goodput.run._numeric_exchange import Exchange, gather_rows, new_group, start_gather
-from goodput.run._numeric_grads import BucketCheck, gradient_sum
+from goodput.run._numeric_exchange import Exchange, new_group, start_gather
+from goodput.run._numeric_grads import BucketCheck
+from goodput.run._numeric_ops import (
+    apply_skips,
+    flip_bit,
+    gather_rows,
+    gradient_sum,
+    json_number,
+    local_tensor,
+    poison,
+    read_skips,
+    replicated,
+    write_skips,
+)
 from goodput.run._numeric_rules import (
     FLAG_FINGERPRINT,
     FLAG_GRAD_BAD,
@@ -48,7 +59,6 @@ from goodput.run._numeric_rules import (
     fingerprint,
     verdict,
 )
-from goodput.run._numeric_skips import apply_skips, read_skips, write_skips
 from goodput.run.hooks import RunHook
 
 if TYPE_CHECKING:
@@ -152,11 +162,12 @@ class NumericGuard(RunHook):
         self._agreed = restored or 0
         world = run.info.world_size
         self._group = new_group() if world > 1 and dist.is_initialized() else None
-        self._comparable = _replicated(state.model)
+        self._comparable = replicated(state.model)
         if self.config.grads and state.optimizer is not None:
             self._hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
             self._buckets = BucketCheck.install(state.model)
-            self._arm_bucket_fault(self._agreed + 1)
+            if self._buckets is not None:
+                self._buckets.arm(run.faults, self._agreed + 1)
         run.manager.add_listener(self._on_checkpoint_event)
         apply_skips(state.loader, read_skips(run.run_dir))
 
@@ -191,33 +202,27 @@ class NumericGuard(RunHook):
         total = self._buckets.take() if self._buckets is not None else None
         if total is None:
             grads = [
-                g for g in (_local(p.grad) for p in params) if g.numel() > 0
-            ]  # an FSDP2 shard may be empty
+                g for g in (local_tensor(p.grad) for p in params) if g.numel() > 0
+            ]  # FSDP2: may be empty
             if not grads:
                 return
             fault = self._run.faults.take("nan", step, into="grad")
             if fault is not None:
-                _poison(grads[0], fault)
+                poison(grads[0], fault)
             total = gradient_sum(grads)
-        self._arm_bucket_fault(step + 1)
+        if self._buckets is not None:
+            self._buckets.arm(self._run.faults, step + 1)
         if not math.isfinite(total):
             self._bad_grad = (step, total)
             for p in params:
                 p.grad = None  # the optimizer skips a parameter without a gradient: nothing changes
-
-    def _arm_bucket_fault(self, step: int) -> None:
-        """A drill's ``nan@step,into=grad`` for ``step``'s backward goes into this rank's first DDP bucket before
-        its all-reduce (as a NaN from this rank's own backward would)."""
-        if self._buckets is not None and self._run is not None:
-            fault = self._run.faults.take("nan", step, into="grad")
-            self._buckets.poison = None if fault is None else (math.nan if fault.value == "nan" else math.inf)
 
     def on_step(self, run: Run, step: int, loss: float | None) -> bool:
         """Send this step's word (``loss`` as ``adjust_loss`` returned it) and judge the words of the step
         before, whose exchange ran while this step computed: True when the run rolled back; raises NumericFault
         to stop. Without peers the step is judged at once."""
         assert self._run is run and self._state is not None, "NumericGuard.on_step before on_restore"
-        self._inflight.append(self._send(step, self._word(step, loss)))
+        self._inflight.append(start_gather(step, self._word(step, loss), self._group))
         rolled_back = self._judge_ready(keep=0 if self._group is None else 1)
         self._hand_over(run)
         return rolled_back
@@ -239,7 +244,7 @@ class NumericGuard(RunHook):
             from goodput.run._warm import exit_failed
 
             exit_failed(
-                run, RuntimeError(f"numeric guard: rank {rank} corrupted its replica; handed to a hot spare")
+                run, RuntimeError(f"numeric guard: rank {rank} corrupted its replica; to a hot spare")
             )
 
     def _word(self, step: int, loss: float | None) -> list[int]:
@@ -258,11 +263,6 @@ class NumericGuard(RunHook):
             flags |= FLAG_FINGERPRINT | (FLAG_SELF_DIFFERS if before is not None and before != fp else 0)
             self._prints[step] = fp
         return encode_row(flags, loss if loss is not None else 0.0, fp, grad_value)
-
-    def _send(self, step: int, row: list[int]) -> Exchange:
-        if self._group is None:
-            return Exchange(step, None, [row])
-        return Exchange(step, *start_gather(row, self._group))
 
     def _judge_ready(self, *, keep: int) -> bool:
         """Judge the oldest exchanges until ``keep`` remain in flight; after a rollback, wait out the rest (their
@@ -314,7 +314,7 @@ class NumericGuard(RunHook):
             loss = loss * fault.factor
         fault = run.faults.take("bitflip", step)
         if fault is not None:
-            _flip_bit(self._state.model, fault.bit)
+            flip_bit(self._state.model, fault.bit)
         return loss
 
     # ---- response ---------------------------------------------------------------------------------------------
@@ -325,14 +325,11 @@ class NumericGuard(RunHook):
         who = "no rank named" if found.rank is None else f"rank {found.rank}"
         seen = f"{found.kind} ({found.detail}) at step {step} on {who}, value {found.value!r}"
         run.ledger.event(
-            "numeric_fault", kind=found.kind, step=step, on_rank=found.rank, value=_json_number(found.value),
+            "numeric_fault", kind=found.kind, step=step, on_rank=found.rank, value=json_number(found.value),
             detail=found.detail, detected_at=run.step,
         )  # fmt: skip
         if self._closing:
-            why = (
-                "the loop had ended before it was found: let run.batches() run to its end before run.close()"
-            )
-            self._stop(seen, why)
+            self._stop(seen, "the loop had ended: let run.batches() run to its end before run.close()")
         if found.kind == "sdc" and found.rank is not None:
             self._name(found.rank, step, found.detail)
         elif found.kind == "sdc":
@@ -387,7 +384,8 @@ class NumericGuard(RunHook):
         self._losses = [(s, x) for s, x in self._losses if s <= restored]
         self._agreed = min(self._agreed, restored)
         run.rewind(restored)
-        self._arm_bucket_fault(restored + 1)
+        if self._buckets is not None:
+            self._buckets.arm(run.faults, restored + 1)
         return restored
 
     def _skip(self, restored: int, step: int) -> bool:
@@ -446,43 +444,3 @@ class NumericGuard(RunHook):
         run.ledger.event("numeric_stop", reason=why, line=line)
         run.ledger.flush()
         raise NumericFault(line)
-
-
-def _replicated(model: Any) -> bool:
-    """Whether the ranks' parameters are bitwise-equal replicas, so fingerprints compare across ranks: a DDP
-    model, or DTensors replicated on every mesh dimension. False for sharded parameters (FSDP2) and for a plain
-    module, which each rank may train on its own."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    if isinstance(model, DistributedDataParallel):
-        return True
-    placements = [getattr(p, "placements", None) for p in model.parameters()]
-    return bool(placements) and all(pl is not None and all(x.is_replicate() for x in pl) for pl in placements)
-
-
-def _local(tensor: Any) -> Any:
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if callable(to_local) else tensor
-
-
-def _poison(grad: Any, fault: Fault) -> None:
-    grad.view(-1)[0] = math.nan if fault.value == "nan" else math.inf
-
-
-def _flip_bit(model: Any, bit: int) -> None:
-    """Flip bit ``bit`` of the first element of the first parameter, in place (a ``bitflip`` fault)."""
-    import torch
-
-    from goodput.run._numeric_rules import _INT_OF_SIZE
-
-    param = next(iter(model.parameters()))
-    with torch.no_grad():
-        local = _local(param.data)
-        width = 8 * local.element_size()
-        bit = min(bit, width - 1)
-        ints = local.view(-1).view(_INT_OF_SIZE[local.element_size()])
-        ints[0] ^= (1 << bit) if bit < width - 1 else -(1 << bit)  # the sign bit of a signed integer
-
-
-def _json_number(value: float | None) -> float | str | None:
-    return value if value is None or math.isfinite(value) else repr(value)

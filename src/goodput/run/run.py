@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
+from goodput._env import FAULTS
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
 from goodput.errors import ConfigError, DataError
 from goodput.faults import Fault, FaultPlan, install_faults, parse_faults
@@ -115,7 +116,7 @@ class Run:
             run_dir, rank=self.info.rank, attempt=attempt, began=worker.began if worker else None
         )
         self.attempt = self.ledger.attempt
-        self._plan_text = faults if faults is not None else os.environ.get("GOODPUT_FAULTS", "")
+        self._plan_text = faults if faults is not None else FAULTS.get()
         if numeric is True:
             numeric = NumericConfig()
         if not isinstance(numeric, NumericConfig) and numeric is not False:
