@@ -50,7 +50,7 @@ class BucketCheck:
         if check is None:
             check = cls()
             try:
-                model.register_comm_hook(model.process_group, check._hook)
+                model.register_comm_hook(model.process_group, check.hook_function())
             except RuntimeError:  # the user's own hook is there: fall back to the pass over the gradients
                 return None
             _REGISTERED[model] = check
@@ -63,6 +63,15 @@ class BucketCheck:
         rank's first bucket before its all-reduce, as a NaN from this rank's own backward would."""
         fault = faults.take("nan", step, into="grad")
         self.poison = None if fault is None else (math.nan if fault.value == "nan" else math.inf)
+
+    def hook_function(self) -> Any:
+        """The hook as DDP takes it: DDP refuses a ``bucket`` annotated other than ``dist.GradBucket``, which a
+        postponed (string) annotation is, so the function it gets carries none."""
+
+        def hook(group, bucket):  # type: ignore[no-untyped-def]
+            return self._hook(group, bucket)
+
+        return hook
 
     def _hook(self, group: Any, bucket: Any) -> Any:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
