@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from goodput._env import FAULTS
 from goodput.errors import ConfigError, GoodputError
 from goodput.units import parse_duration
 
@@ -57,10 +58,11 @@ __all__ = [
     "check_plan",
     "fault_point",
     "install_faults",
+    "lost_node_file",
     "parse_faults",
 ]
 
-ENV_VAR = "GOODPUT_FAULTS"
+ENV_VAR = FAULTS.name
 NUMERIC_ACTIONS = ("nan", "spike", "bitflip")
 ACTIONS = ("kill", "raise", "hang", "slow", "nodeloss", *NUMERIC_ACTIONS)
 PHASES = (
@@ -270,7 +272,7 @@ class FaultPlan:
         **kwargs: object,
     ) -> FaultPlan:
         """The plan in ``GOODPUT_FAULTS`` (empty when unset)."""
-        text = (env if env is not None else os.environ).get(ENV_VAR, "")
+        text = FAULTS.get(env)
         return cls(parse_faults(text), **kwargs)  # type: ignore[arg-type]
 
     def __bool__(self) -> bool:
@@ -330,6 +332,11 @@ class FaultPlan:
     def _fire(self, fault: Fault, where: str, *, marker: str | None) -> None:
         if marker is not None and not self._mark(fault, where, marker):
             return
+        if fault.action == "nodeloss" and self._marker_dir is not None:
+            # The next attempt empties this node's memory tier, as a new machine has none (goodput.run._nodeloss).
+            os.makedirs(self._marker_dir, exist_ok=True)
+            with open(lost_node_file(self._marker_dir, self.node), "w"):
+                pass
         if self._on_fire is not None:
             self._on_fire(fault, where)
         if fault.action in ("kill", "nodeloss"):
@@ -342,6 +349,11 @@ class FaultPlan:
                 time.sleep(3600)
         elif fault.action == "slow":
             time.sleep(fault.seconds)
+
+
+def lost_node_file(marker_dir: str, node: int) -> str:
+    """The request a fired ``nodeloss`` leaves for the next attempt: empty node ``node``'s memory tier."""
+    return os.path.join(marker_dir, f"lost-node-{node}")
 
 
 # The plan that ``fault_point`` checks: installed by ``Run`` so that code deep inside the checkpoint engine

@@ -38,6 +38,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from goodput._env import RUN_DIR
 from goodput.errors import ConfigError
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import ledger_files, read_events
@@ -70,7 +71,7 @@ class PrometheusExporter:
         refresh_seconds: float = 15.0,
         window: int = 1000,
     ) -> None:
-        run_dir = run_dir or os.environ.get("GOODPUT_RUN_DIR")
+        run_dir = run_dir or RUN_DIR.get() or None
         if not run_dir:
             raise ConfigError("PrometheusExporter needs a run folder: pass run_dir or set GOODPUT_RUN_DIR")
         if not (isinstance(port, int) and 0 <= port < 65536):

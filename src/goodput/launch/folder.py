@@ -32,6 +32,7 @@ import traceback
 from types import TracebackType
 from typing import Any
 
+from goodput._env import LAUNCH_DIR, LAUNCH_ID
 from goodput.errors import (
     ConfigError,
     CrashLoop,
@@ -64,7 +65,7 @@ __all__ = [
     "write_notice",
 ]
 
-LAUNCH_DIR_ENV = "GOODPUT_LAUNCH_DIR"
+LAUNCH_DIR_ENV = LAUNCH_DIR.name
 FATAL_FILE = "FATAL"
 NUMERIC_FILE = "NUMERIC"
 PREEMPTED_FILE = "PREEMPTED"
@@ -99,12 +100,12 @@ PEER_FAILURE_MARKERS = (
 
 def launch_dir() -> str | None:
     """This process's launch folder (None when not started by ``goodput launch``)."""
-    return os.environ.get(LAUNCH_DIR_ENV) or None
+    return LAUNCH_DIR.get() or None
 
 
 def launch_id() -> str:
     """This launch's id: goodput launch's, else torchrun's run id (a fresh one per ``--standalone`` start)."""
-    return os.environ.get(LAUNCH_ID_ENV) or os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return LAUNCH_ID.get() or os.environ.get("TORCHELASTIC_RUN_ID", "")
 
 
 def write_marker(name: str, content: str | dict[str, Any], *, exclusive: bool = False) -> bool:

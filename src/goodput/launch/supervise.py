@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Iterator
 from typing import IO, Any
 
+from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR
 from goodput._lifetime import end_with_parent, preload_libc
 from goodput.launch.folder import (
     FATAL_FILE,
@@ -157,12 +158,12 @@ class Supervisor:
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         if self.config.run_dir is not None:
-            env["GOODPUT_RUN_DIR"] = os.path.abspath(self.config.run_dir)
+            env[RUN_DIR.name] = os.path.abspath(self.config.run_dir)
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-        env["GOODPUT_FAULTS"] = self.config.faults
-        env["GOODPUT_CRASH_LOOP"] = str(self.config.crash_loop)
+        env[FAULTS.name] = self.config.faults
+        env[CRASH_LOOP.name] = str(self.config.crash_loop)
         if self.config.allow_fresh_start:
-            env["GOODPUT_ALLOW_FRESH_START"] = "1"  # read by CheckpointConfig.fresh_start_allowed
+            env[ALLOW_FRESH_START.name] = "1"  # read by CheckpointConfig.fresh_start_allowed
         env[LAUNCH_DIR_ENV] = self.folder
         env[LAUNCH_ID_ENV] = os.path.basename(self.folder)
         env[PREEMPT_SIGNAL_ENV] = self.preempt_signal.name

@@ -86,6 +86,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from goodput._env import LAUNCH_ID
 from goodput.errors import ConfigError
 
 __all__ = ["Ledger", "LedgerConfig", "LedgerFile", "ledger_files", "read_events"]
@@ -96,7 +97,7 @@ _RESERVED = frozenset({"event", "wall", "mono", "attempt", "rank"})
 _ENCODER = json.JSONEncoder(allow_nan=False)
 _CACHE_COUNTERS = ("hits", "misses", "bytes_downloaded", "wait_seconds")
 # goodput launch exports its launch id here (one per launch; goodput.launch.folder reads the same name).
-LAUNCH_ID_ENV = "GOODPUT_LAUNCH_ID"
+LAUNCH_ID_ENV = LAUNCH_ID.name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,7 +287,7 @@ class Ledger:
             host=socket.gethostname(),
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
             restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-            **({"launch": os.environ[LAUNCH_ID_ENV]} if os.environ.get(LAUNCH_ID_ENV) else {}),
+            **({"launch": LAUNCH_ID.get()} if LAUNCH_ID.get() else {}),
         )
         self._thread = threading.Thread(target=self._flush_loop, name="goodput-ledger", daemon=True)
         self._thread.start()
