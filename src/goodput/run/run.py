@@ -130,8 +130,9 @@ class Run:
         self._manager: CheckpointManager | None = None
         self.loader: Any = None  # the loader ``batches`` reads
         self.fetch_seconds = 0.0  # the last step's wait for its batch
-        # The iterator ``batches`` reads (a receiving thread's, maybe).
-        self._ahead: Iterator[Any] | None = None
+        self._ahead: Iterator[Any] | None = (
+            None  # the iterator ``batches`` reads (a receiving thread's, maybe)
+        )
         self._last_saved: int | None = None
         self._rewound = False  # a hook rolled the run back: ``batches`` iterates the loader again
         self._closed = False
