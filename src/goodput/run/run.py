@@ -75,9 +75,8 @@ class Run:
         exporters: receive each step's live goodput, fetch time and loss (e.g. ``PrometheusExporter``); closed
             with the run.
         numeric: the numeric guard (NaN/Inf, loss spikes, corrupted replicas; roll back in place, skip the bad
-            data, stop bounded; see ``goodput.run.numeric``): off by default until its per-step cost is under 1% of a
-            short step; ``True`` (``gp.NumericConfig()``) or a ``gp.NumericConfig(...)`` turns it on
-            (docs/numeric-faults.md).
+            data, stop bounded; see ``goodput.run.numeric``): off by default (docs/numeric-faults.md says why);
+            ``True`` (``gp.NumericConfig()``) or a ``gp.NumericConfig(...)`` turns it on.
 
     Preemption: the signal ``$GOODPUT_PREEMPT_SIGNAL`` (USR1 by default; ``goodput launch`` forwards SIGTERM
     and SIGINT as it) makes every rank finish its step, agree on the step (``goodput.run.signals``), save it
@@ -130,9 +129,7 @@ class Run:
         self._manager: CheckpointManager | None = None
         self.loader: Any = None  # the loader ``batches`` reads
         self.fetch_seconds = 0.0  # the last step's wait for its batch
-        self._ahead: Iterator[Any] | None = (
-            None  # the iterator ``batches`` reads (a receiving thread's, maybe)
-        )
+        self._ahead: Iterator[Any] | None = None  # what ``batches`` reads (maybe a receiving thread's)
         self._last_saved: int | None = None
         self._rewound = False  # a hook rolled the run back: ``batches`` iterates the loader again
         self._closed = False
