@@ -24,6 +24,7 @@ from goodput.errors import (
     SaveFailed,
     StateMismatch,
     StorageError,
+    StragglerStop,
 )
 
 if TYPE_CHECKING:
@@ -136,6 +137,7 @@ if TYPE_CHECKING:
         EXIT_FATAL,
         EXIT_NUMERIC,
         EXIT_PREEMPTED,
+        EXIT_STRAGGLER,
         LaunchConfig,
         launch_job,
         torchrun_command,
@@ -210,6 +212,7 @@ if TYPE_CHECKING:
     from goodput.run.signals import (
         PreemptionWatch,
     )
+    from goodput.run.stragglers import StragglerConfig, StragglerMonitor
     from goodput.run.watchdog import (
         EXIT_HANG,
         Watchdog,
@@ -371,6 +374,9 @@ _LAZY = {
     "EXIT_CRASH_LOOP": "goodput.launch.launcher",
     "EXIT_FATAL": "goodput.launch.launcher",
     "EXIT_NUMERIC": "goodput.launch.launcher",
+    "EXIT_STRAGGLER": "goodput.launch.launcher",
+    "StragglerConfig": "goodput.run.stragglers",
+    "StragglerMonitor": "goodput.run.stragglers",
     "NumericConfig": "goodput.run.numeric",
     "NumericGuard": "goodput.run.numeric",
     "read_skips": "goodput.run.numeric",
@@ -451,6 +457,7 @@ __all__ = [
     "EXIT_HANG",
     "EXIT_NUMERIC",
     "EXIT_PREEMPTED",
+    "EXIT_STRAGGLER",
     "MANIFEST_NAME",
     "NUMERIC_ACTIONS",
     "PHASES",
@@ -540,6 +547,9 @@ __all__ = [
     "StepSchedule",
     "StepStats",
     "StorageError",
+    "StragglerConfig",
+    "StragglerMonitor",
+    "StragglerStop",
     "TensorBoardExporter",
     "TokenDataset",
     "TorchSaveStrategy",

@@ -53,6 +53,7 @@ from goodput.run.crashloop import CrashLoopDetector
 from goodput.run.numeric import NumericConfig, NumericGuard
 from goodput.run.progress import Progress
 from goodput.run.signals import PreemptionWatch, end_with_launcher
+from goodput.run.stragglers import StragglerConfig, attach_stragglers
 from goodput.run.watchdog import Watchdog
 from goodput.verify.records import StepRecorder
 from goodput.warm.boot import release as release_gc
@@ -84,6 +85,8 @@ class Run:
         numeric: the numeric guard (NaN/Inf, loss spikes, corrupted replicas; roll back in place, skip the bad
             data, stop bounded; see ``goodput.run.numeric``): ``gp.NumericConfig()`` turns it on; off by
             default until its per-step agreement costs under 1% of a short step (docs/numeric-faults.md).
+        stragglers: the straggler detector (each rank's own time vs its wait for the others, scores, an alarm;
+            see docs/stragglers.md): ``gp.StragglerConfig()`` turns it on.
 
     Preemption: the signal ``$GOODPUT_PREEMPT_SIGNAL`` (USR1 by default; ``goodput launch`` forwards SIGTERM
     and SIGINT as it) makes every rank finish its step, agree on the step (``goodput.run.signals``), save it
@@ -104,6 +107,7 @@ class Run:
         progress: bool = True,
         exporters: Sequence[MetricsExporter] = (),
         numeric: NumericConfig | None = None,
+        stragglers: StragglerConfig | None = None,
     ) -> None:
         install_error_report(int(os.environ.get("RANK", "0")))
         run_dir = resolve_run_dir(run_dir)
@@ -163,6 +167,7 @@ class Run:
         self._warm_next: dict[str, Any] | None = None
         self._warm_first: float | None = None
         self._numeric = NumericGuard(numeric) if numeric is not None else None
+        self._stragglers = attach_stragglers(self, stragglers)
 
     @property
     def manager(self) -> CheckpointManager:
@@ -193,6 +198,8 @@ class Run:
             self.config, state, on_event=lambda name, **fields: self.ledger.on_event(name, **fields)
         )
         self._observe_failures(self._manager)
+        if self._stragglers is not None:
+            self._stragglers.attach(model)
         self._loader = loader
         self.ledger.restore_start()
         with self._phase("restore"):
@@ -287,6 +294,8 @@ class Run:
                 self._cache_stats.epoch = int(getattr(loader, "epoch", 0))
                 continue
             empty_epochs, pending = 0, False
+            if self._stragglers is not None:
+                self._stragglers.handed()
             yield batch
             if self._numeric is not None and self._numeric.rewound:  # rolled back: from the restored position
                 self._numeric.rewound = False
@@ -308,11 +317,14 @@ class Run:
     def step_done(self, *, loss: float | None = None) -> None:
         """Mark the step finished: record it, fire due faults, and save when the policy says so."""
         manager = self.manager
+        self.faults.stretch()  # a persistent slow fault makes this step longer (a straggler drill)
         self.step += 1
         if self._numeric is not None:
             loss = self._numeric.inject(loss)  # a drill's nan/spike/bitflip fault at this step
         fetch = getattr(self._loader, "last_fetch_seconds", 0.0) or 0.0
         self.ledger.step_end(self.step, fetch_seconds=fetch, loss=loss)
+        if self._stragglers is not None:
+            self._stragglers.step_done(self.step, fetch)
         if self._records is not None:
             self._records.step(self.step, loaders=(self._loader, manager.state.loader), loss=loss)
         if self._warm is not None:
@@ -336,6 +348,10 @@ class Run:
                 manager.save_memory(self.step)
         if durable:
             self.save()
+
+    def section(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Time a named part of the step for the straggler detector (a no-op when it is off)."""
+        return self._stragglers.section(name) if self._stragglers is not None else contextlib.nullcontext()
 
     def save(self) -> None:
         """Save the current step now (blocking only for the strategy's blocking part)."""
