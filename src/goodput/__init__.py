@@ -212,7 +212,7 @@ if TYPE_CHECKING:
     from goodput.run.signals import (
         PreemptionWatch,
     )
-    from goodput.run.stragglers import StragglerConfig, StragglerMonitor
+    from goodput.run.stragglers import StragglerConfig, StragglerMonitor, StragglerReplaced
     from goodput.run.watchdog import (
         EXIT_HANG,
         Watchdog,
@@ -377,6 +377,7 @@ _LAZY = {
     "EXIT_STRAGGLER": "goodput.launch.launcher",
     "StragglerConfig": "goodput.run.stragglers",
     "StragglerMonitor": "goodput.run.stragglers",
+    "StragglerReplaced": "goodput.run.stragglers",
     "NumericConfig": "goodput.run.numeric",
     "NumericGuard": "goodput.run.numeric",
     "read_skips": "goodput.run.numeric",
@@ -549,6 +550,7 @@ __all__ = [
     "StorageError",
     "StragglerConfig",
     "StragglerMonitor",
+    "StragglerReplaced",
     "StragglerStop",
     "TensorBoardExporter",
     "TokenDataset",

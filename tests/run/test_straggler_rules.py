@@ -75,7 +75,8 @@ def test_noisy_clean_windows_raise_no_alarm_with_the_defaults() -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("every", 0), ("threshold", 1.0), ("threshold", 0.0), ("windows", 0), ("min_excess", -1.0)]
+    ("field", "value"),
+    [("every", 0), ("threshold", 1.0), ("threshold", 0.0), ("windows", 0), ("min_excess", -1.0)],
 )
 def test_a_bad_setting_names_the_field(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=f"StragglerConfig.{field}"):

@@ -8,7 +8,16 @@ from typing import Any
 __all__ = ["register"]
 
 # Each name is a module goodput.bench.<name> with add_arguments(parser) and run(args) -> int.
-_SCENARIOS: tuple[str, ...] = ("checkpoint", "data", "cache", "ledger", "numeric", "recovery", "restart")
+_SCENARIOS: tuple[str, ...] = (
+    "checkpoint",
+    "data",
+    "cache",
+    "ledger",
+    "numeric",
+    "recovery",
+    "restart",
+    "stragglers",
+)
 
 
 def register(sub: Any) -> None:

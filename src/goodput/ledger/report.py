@@ -137,7 +137,9 @@ def _model(acc: Accounting, mtbf: float | None) -> tuple[MeasuredModel, str, boo
 
 def _prediction(acc: Accounting, model: MeasuredModel, source: str, estimated: bool) -> Prediction:
     first_init = acc.attempts[0].categories["init"]
-    unmodelled = sum(acc.categories[k] for k in ("data_wait", "warmup", "straggler_wait", "other")) + first_init
+    unmodelled = (
+        sum(acc.categories[k] for k in ("data_wait", "warmup", "straggler_wait", "other")) + first_init
+    )
     share = 1.0 - unmodelled / acc.job_seconds if acc.job_seconds > 0 else 0.0
     optimum = model.optimum()
     planner = model.goodput()

@@ -20,15 +20,6 @@ from goodput.units import format_duration as fd
 if TYPE_CHECKING:
     from goodput.ledger.accounting import Accounting
 
-__all__ = [
-    "RankFigures",
-    "rank_figures",
-    "step_waits",
-    "straggler_advice",
-    "straggler_lines",
-    "without_stragglers",
-]
-
 
 def step_waits(events: Iterable[Mapping[str, Any]]) -> dict[int, float]:
     """Seconds of each step charged to ``straggler_wait``: each window's cost spread over its steps."""

@@ -27,7 +27,7 @@ from typing import Any
 from goodput.errors import ConfigError, GoodputError, StragglerStop
 from goodput.run._straggler_rules import RankWindow, StragglerConfig, StragglerRules, WindowVerdict
 
-__all__ = ["StragglerConfig", "StragglerMonitor", "StragglerReplaced", "attach_stragglers"]
+__all__ = ["StragglerConfig", "StragglerMonitor", "StragglerReplaced"]
 
 _SECTIONS = 4  # named sections exchanged per window (the first ones the loop opens)
 
@@ -112,8 +112,17 @@ class StragglerMonitor:
         self._rules = StragglerRules(self.config, self.world_size)  # the same fresh state on every rank
         if not isinstance(model, DistributedDataParallel):
             return False
+        import torch
+        import torch.distributed as dist
+
         buckets = _BucketTimes()
         buckets.process_group = model.process_group
+        # DDP checks the hook's annotations as objects; this module's are strings (postponed evaluation).
+        _timed_allreduce.__annotations__ = {
+            "state": _BucketTimes,
+            "bucket": dist.GradBucket,
+            "return": torch.futures.Future[torch.Tensor],
+        }
         try:
             model.register_comm_hook(buckets, _timed_allreduce)
         except RuntimeError:

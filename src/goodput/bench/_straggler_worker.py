@@ -1,7 +1,7 @@
-"""A README-style DDP loop for the straggler detector's tests, slowed (or not) by the user's own code.
+"""A README-style DDP loop for the straggler benchmark and tests, slowed (or not) by the user's own code.
 
 goodput launch --nproc 2 --run-dir DIR [--restart warm --spares 1] [--faults 'slow@rank=1,factor=1.5,persist']
-    -- tests/scripts/straggler_train.py [--steps 40] [--base 0.01] [--slow-rank 1] [--slow-in forward|data]
+    -- src/goodput/bench/_straggler_worker.py [--steps 40] [--base 0.01] [--slow-rank 1] [--slow-in forward|data]
     [--factor 1.5] [--every 5] [--windows 3] [--stop] [--replace] [--fsdp]
 
 Each step costs ``--base`` seconds of the user's own work (a sleep in the model's forward); ``--slow-rank`` makes
@@ -9,8 +9,8 @@ that rank's forward (or its dataset's item) take ``--factor`` times as long, as 
 """
 
 import argparse
-import os
 import time
+from typing import Any
 
 import torch
 
@@ -64,7 +64,7 @@ def train(run: gp.Run) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        model: torch.nn.Module = fully_shard(net, mesh=init_device_mesh("cpu", (run.info.world_size,)))
+        model: Any = fully_shard(net, mesh=init_device_mesh("cpu", (run.info.world_size,)))
     else:
         model = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
