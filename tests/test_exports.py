@@ -49,6 +49,8 @@ FROZEN = [
     "ShardedDataset",
     "StateMismatch",
     "StorageError",
+    "StragglerConfig",
+    "StragglerStop",
     "TensorBoardExporter",
     "TokenDataset",
     "TrainingState",

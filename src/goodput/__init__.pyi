@@ -33,6 +33,7 @@ from goodput.errors import NumericFault as NumericFault
 from goodput.errors import SaveFailed as SaveFailed
 from goodput.errors import StateMismatch as StateMismatch
 from goodput.errors import StorageError as StorageError
+from goodput.errors import StragglerStop as StragglerStop
 from goodput.faults import Fault as Fault
 from goodput.faults import FaultPlan as FaultPlan
 from goodput.faults import parse_faults as parse_faults
@@ -61,6 +62,7 @@ from goodput.planning.simulation import simulate_goodput as simulate_goodput
 from goodput.run import Run as Run
 from goodput.run.hooks import RunHook as RunHook
 from goodput.run.numeric import NumericConfig as NumericConfig
+from goodput.run.stragglers import StragglerConfig as StragglerConfig
 from goodput.units import format_duration as format_duration
 from goodput.units import parse_bytes as parse_bytes
 from goodput.units import parse_duration as parse_duration
@@ -103,6 +105,8 @@ __all__ = [
     "ShardedDataset",
     "StateMismatch",
     "StorageError",
+    "StragglerConfig",
+    "StragglerStop",
     "TensorBoardExporter",
     "TokenDataset",
     "TrainingState",

@@ -17,6 +17,7 @@ PUBLIC: dict[str, str] = {
     "Run": "goodput.run",
     "RunHook": "goodput.run.hooks",
     "NumericConfig": "goodput.run.numeric",
+    "StragglerConfig": "goodput.run.stragglers",
     # checkpoints
     "CheckpointConfig": "goodput.checkpoint",
     "CheckpointManager": "goodput.checkpoint",
@@ -77,6 +78,7 @@ PUBLIC: dict[str, str] = {
     "FingerprintMismatch": "goodput.errors",
     "CrashLoop": "goodput.errors",
     "NumericFault": "goodput.errors",
+    "StragglerStop": "goodput.errors",
     # units
     "parse_bytes": "goodput.units",
     "parse_duration": "goodput.units",

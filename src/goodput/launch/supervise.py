@@ -42,6 +42,7 @@ from goodput.launch.folder import (
     NUMERIC_FILE,
     PIDS_DIR,
     PREEMPTED_FILE,
+    STRAGGLER_FILE,
     last_error,
     read_marker,
 )
@@ -50,6 +51,7 @@ from goodput.launch.launcher import (
     EXIT_FATAL,
     EXIT_NUMERIC,
     EXIT_PREEMPTED,
+    EXIT_STRAGGLER,
     LaunchConfig,
     torchrun_command,
 )
@@ -199,7 +201,7 @@ class Supervisor:
                 if time.monotonic() > deadline:
                     self._end_job(proc)
                     return self._verdict(None)
-            for name in (FATAL_FILE, CRASH_LOOP_FILE, NUMERIC_FILE):
+            for name in (FATAL_FILE, CRASH_LOOP_FILE, NUMERIC_FILE, STRAGGLER_FILE):
                 if read_marker(self.folder, name) is not None:
                     self._end_job(proc)
                     return self._verdict(None)
@@ -235,6 +237,10 @@ class Supervisor:
         if numeric is not None:
             self._say(f"stopped: {numeric}")
             return EXIT_NUMERIC
+        straggler = read_marker(self.folder, STRAGGLER_FILE)
+        if straggler is not None:
+            self._say(f"stopped: {straggler}")
+            return EXIT_STRAGGLER
         fatal = read_marker(self.folder, FATAL_FILE)
         if fatal is not None:
             self._say(f"stopped: {fatal}; a restart cannot fix this: fix it, then relaunch")

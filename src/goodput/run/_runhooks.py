@@ -30,7 +30,7 @@ from goodput.data.loader import ResumableLoader
 from goodput.data.prefetch import DevicePrefetcher
 from goodput.distributed import DistInfo, dist_info, init_distributed
 from goodput.errors import ConfigError
-from goodput.faults import NUMERIC_ACTIONS, Fault, check_plan, parse_faults
+from goodput.faults import NUMERIC_ACTIONS, Fault, FaultPlan, check_plan, install_faults, parse_faults
 from goodput.launch.folder import PREEMPTED_FILE, launch_dir, write_marker
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import Ledger, read_events
@@ -235,3 +235,24 @@ def check_train_fn(train_fn: Callable[..., Any]) -> None:
         ) from None
     except ValueError:  # no signature to read (a builtin): the call itself decides
         return
+
+
+def arm_faults(run: Run, plan_text: str) -> FaultPlan:
+    """The run's fault plan for this attempt, installed (under warm restarts a generation is the unit that draws
+    random faults, the same on every rank)."""
+
+    def fired(fault: Fault, where: str) -> None:
+        run.ledger.event("fault_injected", action=fault.action, where=where, step=run.step)
+        if fault.action in ("kill", "hang", "nodeloss"):
+            run.ledger.flush()  # the process is about to die or stop: keep the record
+
+    plan = FaultPlan(
+        parse_faults(plan_text),
+        rank=run.info.rank,
+        world_size=run.info.world_size,
+        attempt=run.warm_hook.worker.gen if run.warm_hook is not None else run.attempt,
+        marker_dir=os.path.join(run.run_dir, "faults"),
+        on_fire=fired,
+    )
+    install_faults(plan)
+    return plan

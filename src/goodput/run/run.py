@@ -27,7 +27,7 @@ from typing import Any
 from goodput._env import FAULTS
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
 from goodput.errors import ConfigError, DataError
-from goodput.faults import Fault, FaultPlan, install_faults, parse_faults
+from goodput.faults import install_faults
 from goodput.launch.folder import install_error_report, register_pid
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
@@ -35,6 +35,7 @@ from goodput.run._attempt import agreed_attempt
 from goodput.run._observers import WatchdogHook, builtin_hooks
 from goodput.run._runhooks import (
     already_complete,
+    arm_faults,
     batch_source,
     check_train_fn,
     checked_plan,
@@ -49,6 +50,7 @@ from goodput.run._warm import WarmHook, exit_failed
 from goodput.run.hooks import RunHook
 from goodput.run.numeric import NumericConfig
 from goodput.run.signals import PreemptionWatch, end_with_launcher
+from goodput.run.stragglers import StragglerConfig, StragglerHook, attach_stragglers
 from goodput.run.watchdog import Watchdog
 from goodput.warm.boot import release as release_gc
 from goodput.warm.worker import is_peer_failure
@@ -77,6 +79,8 @@ class Run:
         numeric: the numeric guard (NaN/Inf, loss spikes, corrupted replicas; roll back in place, skip the bad
             data, stop bounded; see ``goodput.run.numeric``): off by default (docs/numeric-faults.md says why);
             ``True`` (``gp.NumericConfig()``) or a ``gp.NumericConfig(...)`` turns it on.
+        stragglers: the straggler detector (each rank's own time vs its wait for the others, scores, an alarm;
+            docs/stragglers.md): ``gp.StragglerConfig()`` turns it on.
 
     Preemption: the signal ``$GOODPUT_PREEMPT_SIGNAL`` (USR1 by default; ``goodput launch`` forwards SIGTERM
     and SIGINT as it) makes every rank finish its step, agree on the step (``goodput.run.signals``), save it
@@ -97,6 +101,7 @@ class Run:
         progress: bool = True,
         exporters: Sequence[MetricsExporter] = (),
         numeric: NumericConfig | bool = False,
+        stragglers: StragglerConfig | None = None,
     ) -> None:
         install_error_report(int(os.environ.get("RANK", "0")))
         run_dir = resolve_run_dir(run_dir)
@@ -124,7 +129,7 @@ class Run:
         plan = checked_plan(
             self._plan_text, self.info.world_size, total_steps, numeric_on=numeric is not False
         )
-        self._arm_faults()
+        self.faults = arm_faults(self, self._plan_text)
         self.config = checkpoint or CheckpointConfig(root=os.path.join(run_dir, "checkpoints"))
         self._manager: CheckpointManager | None = None
         self.loader: Any = None  # the loader ``batches`` reads
@@ -144,6 +149,9 @@ class Run:
         self.watchdog = Watchdog(hang_timeout, on_hang=self._hung) if hang_timeout else None
         if self.watchdog is not None:  # first: a finished step is a heartbeat before any hook works on it
             self.hooks.insert(0, WatchdogHook(self.watchdog))
+        self._stragglers = attach_stragglers(self, stragglers, exporters=exporters)
+        if self._stragglers is not None:
+            self.hooks.append(StragglerHook(self._stragglers))
 
     def add_hook(self, hook: RunHook) -> None:
         """Append ``hook`` to ``run.hooks`` (called after the built-in ones at every moment; see ``RunHook``)."""
@@ -183,6 +191,8 @@ class Run:
             self.config, state, on_event=lambda name, **fields: self.ledger.on_event(name, **fields)
         )
         observe_failures(self._manager, self.run_dir, attempt=self.attempt, rank=self.info.rank)
+        if self._stragglers is not None:  # its DDP comm hook goes on before any other part's
+            self._stragglers.attach(model)
         self.loader = loader
         self.ledger.restore_start()
         with self.phase("restore"):
@@ -283,6 +293,7 @@ class Run:
     def step_done(self, *, loss: float | None = None) -> None:
         """Mark the step finished: record it, fire due faults, and save when the policy says so."""
         manager = self.manager
+        self.faults.stretch()  # a persistent slow fault makes this step longer (a straggler drill)
         self.step += 1
         step = self.step
         for hook in self.hooks:
@@ -302,6 +313,10 @@ class Run:
                 manager.save_memory(self.step)
         if durable:
             self.save()
+
+    def section(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Time a named part of the step for the straggler detector (a no-op when it is off)."""
+        return self._stragglers.section(name) if self._stragglers is not None else contextlib.nullcontext()
 
     def save(self) -> None:
         """Save the current step now (blocking only for the strategy's blocking part)."""
@@ -404,7 +419,7 @@ class Run:
         self._preempt.join_group()
         self.begin_attempt("warm", began=self.warm_hook.worker.joined_wall)
         self._closed = False
-        self._arm_faults()
+        self.faults = arm_faults(self, self._plan_text)
 
     def end_attempt(self, failure: str) -> None:
         """Record ``failure`` and close this attempt's ledger (a warm restart or a rollback follows)."""
@@ -426,23 +441,6 @@ class Run:
     def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         """A stretch the watchdog allows longer than a step (``restore``, ``checkpoint_save``)."""
         return self.watchdog.phase(name) if self.watchdog is not None else contextlib.nullcontext()
-
-    def _arm_faults(self) -> None:
-        # Under warm restarts a generation is the unit that draws random faults (the same on every rank).
-        self.faults = FaultPlan(
-            parse_faults(self._plan_text),
-            rank=self.info.rank,
-            world_size=self.info.world_size,
-            attempt=self.warm_hook.worker.gen if self.warm_hook is not None else self.attempt,
-            marker_dir=os.path.join(self.run_dir, "faults"),
-            on_fire=self._fault_fired,
-        )
-        install_faults(self.faults)
-
-    def _fault_fired(self, fault: Fault, where: str) -> None:
-        self.ledger.event("fault_injected", action=fault.action, where=where, step=self.step)
-        if fault.action in ("kill", "hang", "nodeloss"):
-            self.ledger.flush()  # the process is about to die or stop: keep the record
 
     def _hung(self, silent: float, phase: str | None) -> None:
         self.ledger.failure_detected("hang" + (f" in {phase}" if phase else ""), silent_seconds=silent)
