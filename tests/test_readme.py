@@ -60,6 +60,10 @@ SHOWN: dict[str, dict[str, str]] = {  # page -> marker -> why the block is not r
         "def train(run: gp.Run)": "the warm example of docs/launch.md, which a test runs under goodput launch "
         "--restart warm, with the dataset built after Run (the same calls)",
     },
+    "docs/stragglers.md": {
+        "stragglers=gp.StragglerConfig()": "three configurations of gp.Run (alarm, stop, replace); "
+        "tests/run/test_stragglers_launch.py runs each under goodput launch",
+    },
 }
 
 
