@@ -197,10 +197,13 @@ class Run:
         self.ledger.restore_start()
         with self._phase("restore"):
             step = self._warm_recover(state) if self._warm is not None else None
+            live = step is not None
             if step is None:
                 if self._node_loss_planned:
                     self._replace_lost_node(self._manager)
                 step = self._manager.restore_latest()
+            if self._warm is not None and step is not None:  # a warm restart before the next step hands it on
+                self._warm.position_restored(step, loader, from_checkpoint=not live)
         self.ledger.restore_end(step)
         if self._numeric is not None:
             self._numeric.attach(self, state, step)
