@@ -105,3 +105,40 @@ def test_a_plan_that_can_never_fire_is_refused_naming_the_fault() -> None:
         match=r"raise@phase=checkpoint_write,step=90 can never fire: step 90 is past the run's last step 50",
     ):
         check_plan(plan, total_steps=50)
+
+
+def test_the_demo_plan_drills_one_nan_one_spike_and_one_flipped_bit_within_its_steps() -> None:
+    from goodput.demo.main import DemoConfig, numeric_faults
+    from goodput.faults import check_plan
+
+    for nproc, steps in ((2, 2000), (3, 300)):
+        config = DemoConfig(run_dir="unused", nproc=nproc, steps=steps)
+        plan = parse_faults(f"kill@mtbf=40s,seed=0; {numeric_faults(config)}")
+        check_plan(plan, world_size=nproc, total_steps=steps)
+        drilled = sorted((f.action, f.step) for f in plan if f.action != "kill")
+        assert [a for a, _ in drilled] == ["bitflip", "nan", "spike"]
+        assert all(0 < step < steps for _, step in drilled)
+
+
+def test_a_persistent_slow_fault_fires_once_per_rank_so_the_process_that_takes_the_rank_later_is_not_slowed(
+    tmp_path: os.PathLike[str],
+) -> None:
+    (fault,) = parse_faults("slow@rank=1,factor=1.5,persist")
+    assert (fault.action, fault.rank, fault.step, fault.factor, fault.persist) == ("slow", 1, None, 1.5, True)
+    fired: list[str] = []
+    marker_dir = os.path.join(tmp_path, "faults")
+    first = FaultPlan([fault], rank=1, marker_dir=marker_dir, on_fire=lambda f, where: fired.append(where))
+    for step in (1, 2, 3):
+        first.check(step=step)
+    assert fired == ["step at step 1"]  # once, then it lasts in this process
+    spare = FaultPlan([fault], rank=1, marker_dir=marker_dir, on_fire=lambda f, where: fired.append(where))
+    spare.check(step=4)
+    assert fired == ["step at step 1"]
+
+
+@pytest.mark.parametrize(
+    "text", ["kill@step=3,persist", "slow@mtbf=10s,persist", "slow@phase=restore,persist"]
+)
+def test_persist_applies_only_to_a_slow_fault_at_steps(text: str) -> None:
+    with pytest.raises(ConfigError, match="persist applies to a slow fault"):
+        parse_faults(text)

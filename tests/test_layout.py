@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import goodput
 
 _SRC = Path(goodput.__file__).parent
+_PARTS = sorted(p.name for p in _SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()) + sorted(
+    p.stem for p in _SRC.glob("*.py")
+)
 
 
 def _imports() -> dict[str, set[str]]:
@@ -82,3 +87,54 @@ def test_ledger_learns_through_events() -> None:
 def test_only_bench_uses_testing() -> None:
     users = {_part(m) for m, targets in _imports().items() if any(_part(t) == "testing" for t in targets)}
     assert users <= {"bench", "testing"}, users
+
+
+def test_launch_never_imports_torch() -> None:
+    """The launcher starts in a second and stays small: no module of goodput.launch imports torch, directly or
+    through what it imports (checked in a fresh interpreter)."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import goodput.launch as part\n"
+        "for m in pkgutil.iter_modules(part.__path__, 'goodput.launch.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "print(sorted(k for k in sys.modules if k == 'torch' or k.startswith('torch.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_warm_reaches_checkpoint_only_through_training_state() -> None:
+    """The warm hand-over speaks TrainingState's live form; its one other need is the RNG module."""
+    allowed = {"goodput.checkpoint.state", "goodput.checkpoint.rng"}
+    bad = [
+        f"{module} imports {t}"
+        for module, targets in _imports().items()
+        if _part(module) == "warm"
+        for t in targets
+        if _part(t) == "checkpoint" and t not in allowed
+    ]
+    assert bad == []
+
+
+def test_verify_is_not_imported_by_the_library() -> None:
+    """Verify-resume reads and compares runs; only its command (and the tooling) imports it. What Run records
+    lives in goodput.run.records."""
+    assert _violations(set(_PARTS) - {"verify", "cli", "bench", "demo", "testing"}, {"verify"}) == []
+
+
+# Files that were over the limit when it was set; each may shrink, none may grow (split it instead).
+_OVER_LIMIT = {
+    "checkpoint/memory/checkpointer.py": 469,
+    "data/loader.py": 465,
+    "ledger/accounting.py": 479,  # + the straggler_wait category; split it next
+}
+
+
+def test_no_file_over_450_lines() -> None:
+    too_long = []
+    for path in sorted(_SRC.rglob("*.py")):
+        rel = path.relative_to(_SRC).as_posix()
+        lines = len(path.read_text().splitlines())
+        if lines > _OVER_LIMIT.get(rel, 450):
+            too_long.append(f"{rel}: {lines} lines")
+    assert too_long == []

@@ -1,10 +1,23 @@
-"""The README's code runs as written: each tested block is taken from README.md itself, and only its
-placeholders (a bucket URL, ``storage_options={...}``, the user's model and step) are replaced."""
+"""The code in README.md and in every page of docs/ works as written.
+
+Conventions, the same on every page:
+- A ```python block is either run by a test of this file (found by a marker string it contains, listed in
+  ``RUN``: only its placeholders, a bucket URL, ``storage_options={...}``, the user's model and step, are
+  replaced), or an excerpt of a file the suite runs (``EXCERPTS``, checked by
+  tests/integrations/test_integrations.py), or shown only, with the reason (``SHOWN``). A new block that is none
+  of these fails ``test_every_python_block_is_run_or_accounted_for``.
+- Every ```python block compiles, and every ``gp.NAME`` and ``from goodput... import NAME`` in it exists.
+- Every ``goodput ...`` command in a ```sh block (and every ``$ goodput ...`` line of a ```text block) is accepted
+  by goodput's own argument parser.
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -15,17 +28,107 @@ import torch
 
 import goodput as gp
 from goodput.checkpoint import list_checkpoints
-from tests.helpers.paths import FIXTURES
+from tests.helpers.paths import FIXTURES, ROOT
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
+
+RUN: dict[str, tuple[str, ...]] = {  # page -> markers of the python blocks the tests below run
+    "README.md": ("# the run folder comes from goodput launch",),
+    "docs/checkpoints.md": ("ckpt = gp.CheckpointManager(", "memory=gp.MemoryTier("),
+    "docs/data.md": (
+        "for batch in gp.DevicePrefetcher(loader)",
+        "from datasets import load_dataset",
+        "class Noisy(",
+        "cache = gp.CacheConfig(",
+        "gp.ShardedDataset(",
+        "gp.FolderDataset(",
+        "gp.ParquetDataset(",
+        "gp.ArrowDataset(",
+        "gp.TokenDataset(",
+        "gp.WebDataset(",
+        "gp.MDSDataset(",
+    ),
+    "docs/launch.md": ("def train(run):",),
+    "docs/integrations.md": ("TensorBoardExporter(",),
+    "docs/numeric-faults.md": ("numeric=gp.NumericConfig(",),
+}
+EXCERPTS: dict[str, tuple[str, ...]] = {  # checked line by line against a tested file (test_integrations.py)
+    "docs/integrations.md": ("GoodputDDPStrategy(", "GoodputTrainer(", "PrometheusExporter(run_dir"),
+}
+SHOWN: dict[str, dict[str, str]] = {  # page -> marker -> why the block is not run here
+    "docs/warm-restarts.md": {
+        "def train(run: gp.Run)": "the warm example of docs/launch.md, which a test runs under goodput launch "
+        "--restart warm, with the dataset built after Run (the same calls)",
+    },
+}
 
 
-def _python_block(containing: str) -> str:
-    """The README's one ```python block that contains ``containing``."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    found = [b for b in blocks if containing in b]
-    assert len(found) == 1, f"expected one README python block with {containing!r}, found {len(found)}"
+def _blocks(page: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", (ROOT / page).read_text(), flags=re.S)
+
+
+def _python_block(page: str, containing: str) -> str:
+    """The one ```python block of ``page`` that contains ``containing`` (a marker listed in RUN)."""
+    assert containing in RUN.get(page, ()), f"add {containing!r} to RUN[{page!r}]"
+    found = [b for b in _blocks(page, "python") if containing in b]
+    assert len(found) == 1, f"expected one python block of {page} with {containing!r}, found {len(found)}"
     return found[0]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_python_block_is_run_or_accounted_for(page: str) -> None:
+    markers = [*RUN.get(page, ()), *EXCERPTS.get(page, ()), *SHOWN.get(page, {})]
+    for block in _blocks(page, "python"):
+        claimed = [m for m in markers if m in block]
+        assert len(claimed) == 1, f"{page}: a python block is claimed by {claimed} (want one):\n{block[:300]}"
+    for marker in markers:
+        assert sum(marker in b for b in _blocks(page, "python")) == 1, f"{page}: no one block with {marker!r}"
+
+
+def _goodput_names(tree: ast.AST) -> list[tuple[str, str]]:
+    """(module, name) for every ``gp.NAME`` and ``from goodput[.x] import NAME`` in a block."""
+    found: list[tuple[str, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "gp":
+            found.append(("goodput", node.attr))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "goodput":
+            found.extend((str(node.module), alias.name) for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_python_block_compiles_and_names_what_goodput_has(page: str) -> None:
+    for block in _blocks(page, "python"):
+        tree = ast.parse(block, filename=page)
+        for module, name in _goodput_names(tree):
+            if module.startswith(
+                "goodput.integrations."
+            ):  # imports lightning/transformers: test_integrations
+                continue
+            assert hasattr(importlib.import_module(module), name), f"{page}: {module} has no {name}"
+
+
+def _commands(page: str) -> list[str]:
+    """The ``goodput ...`` command lines of a page's sh blocks and the ``$ goodput ...`` lines of its text blocks."""
+    lines: list[str] = []
+    for block in _blocks(page, "sh"):
+        lines.extend(block.replace("\\\n", " ").splitlines())
+    for block in _blocks(page, "text"):
+        lines.extend(line[2:] for line in block.replace("\\\n", " ").splitlines() if line.startswith("$ "))
+    return [line for line in lines if "goodput" in shlex.split(line, comments=True)]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_goodput_command_is_accepted_by_the_parser(page: str) -> None:
+    from goodput.cli import build_parser
+
+    for line in _commands(page):
+        words = shlex.split(line, comments=True)
+        argv = words[words.index("goodput") + 1 :]
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit as stop:
+            pytest.fail(f"{page}: goodput refuses {line.strip()!r} (exit {stop.code})")
 
 
 def _substitute(code: str, replacements: dict[str, str]) -> str:
@@ -57,7 +160,7 @@ def test_the_standalone_checkpoint_manager_snippet_keeps_the_end_of_the_run(tmp_
     code resumes there and trains nothing more."""
     root = tmp_path / "run1"
     code = _substitute(
-        _python_block("ckpt = gp.CheckpointManager("),
+        _python_block("docs/checkpoints.md", "ckpt = gp.CheckpointManager("),
         {
             '"s3://bucket/run1"': repr(str(root)),
             "storage_options={...}": "storage_options={}",
@@ -65,12 +168,12 @@ def test_the_standalone_checkpoint_manager_snippet_keeps_the_end_of_the_run(tmp_
         },
     )
     namespace = {**_tiny_training(), "steps": 213}
-    exec(compile(code, "README.md (Checkpoints)", "exec"), namespace)
+    exec(compile(code, "docs/checkpoints.md", "exec"), namespace)
     committed = [r.step for r in list_checkpoints(str(root)) if r.status == "committed"]
     assert max(committed) == 213
     assert namespace["start"] == 0
     again = {**_tiny_training(), "steps": 213}
-    exec(compile(code, "README.md (Checkpoints)", "exec"), again)
+    exec(compile(code, "docs/checkpoints.md", "exec"), again)
     assert again["start"] == 213
 
 
@@ -97,7 +200,9 @@ def test_the_data_loop_snippet_resumes_exactly_once() -> None:
 
     namespace = {"gp": gp, "dataset": _Numbers(), "saved": saved, "epochs": 2, "train_step": train_step}
     exec(
-        compile(_python_block("for batch in gp.DevicePrefetcher(loader)"), "README.md (data)", "exec"),
+        compile(
+            _python_block("docs/data.md", "for batch in gp.DevicePrefetcher(loader)"), "docs/data.md", "exec"
+        ),
         namespace,
     )
     epoch0 = [i for batch in seen[:2] for i in batch]
@@ -106,19 +211,99 @@ def test_the_data_loop_snippet_resumes_exactly_once() -> None:
     assert sorted(epoch1) == list(range(96)) and len(seen) == 5
 
 
-def test_the_cache_snippet_reads_a_sharded_dataset(tmp_path: Path) -> None:
+def _run_blocks(markers: dict[str, dict[str, str]], namespace: dict[str, Any]) -> dict[str, Any]:
+    """Runs docs/data.md's blocks named by ``markers`` (marker -> placeholder replacements) in one namespace."""
+    for marker, replacements in markers.items():
+        code = _substitute(_python_block("docs/data.md", marker), replacements)
+        exec(compile(code, f"docs/data.md ({marker})", "exec"), namespace)
+    return namespace
+
+
+def _cache(tmp_path: Path) -> dict[str, dict[str, str]]:
+    return {"cache = gp.CacheConfig(": {'"/nvme/goodput-cache"': repr(str(tmp_path / "cache"))}}
+
+
+def test_the_cache_and_sharded_dataset_snippets_read_shards(tmp_path: Path) -> None:
     from goodput.data.shards import write_shards
 
     url = str(tmp_path / "train")
     write_shards((bytes([i]) * 4 for i in range(10)), url, shard_bytes=16)
-    code = _substitute(
-        _python_block("cache = gp.CacheConfig("),
-        {'"/nvme/goodput-cache"': repr(str(tmp_path / "cache")), '"s3://bucket/datasets/train"': repr(url)},
-    )
-    namespace: dict[str, Any] = {"gp": gp, "my_decode": bytes}
-    exec(compile(code, "README.md (cache)", "exec"), namespace)
-    train = namespace["train"]
+    blocks = {**_cache(tmp_path), "gp.ShardedDataset(": {'"s3://bucket/datasets/train"': repr(url)}}
+    train = _run_blocks(blocks, {"gp": gp, "my_decode": bytes})["train"]
     assert [train[i] for i in range(10)] == [bytes([i]) * 4 for i in range(10)]
+    assert len(os.listdir(tmp_path / "cache")) > 0
+
+
+def test_the_folder_snippet_reads_one_sample_per_matching_file(tmp_path: Path) -> None:
+    (tmp_path / "photos" / "b").mkdir(parents=True)
+    (tmp_path / "photos" / "a.jpg").write_bytes(b"first")
+    (tmp_path / "photos" / "b" / "c.jpg").write_bytes(b"second")
+    (tmp_path / "photos" / "notes.txt").write_bytes(b"not a sample")
+    blocks = {
+        **_cache(tmp_path),
+        "gp.FolderDataset(": {'"s3://bucket/photos"': repr(str(tmp_path / "photos"))},
+    }
+    images = _run_blocks(blocks, {"gp": gp})["images"]
+    assert len(images) == 2 and [images[0], images[1]] == [b"first", b"second"]
+
+
+class _Images:
+    """Stands for the user's ``self.images`` in the Noisy example: 12 images of 2x3."""
+
+    def __init__(self) -> None:
+        self.images = torch.arange(12 * 6, dtype=torch.float32).reshape(12, 2, 3)
+
+
+def test_the_per_sample_randomness_snippet_resumes_bit_for_bit() -> None:
+    """The Noisy dataset under ResumableLoader: a loader restored after one batch yields the same augmented
+    batches as an uninterrupted one, and the augmentation did change the samples."""
+    namespace: dict[str, Any] = {"gp": gp, "torch": torch}
+    exec(compile(_python_block("docs/data.md", "class Noisy("), "docs/data.md (Noisy)", "exec"), namespace)
+
+    def dataset() -> Any:
+        noisy = namespace["Noisy"]()
+        noisy.images = _Images().images
+        return noisy
+
+    whole = [b.clone() for b in gp.ResumableLoader(dataset(), batch_size=4, seed=7)]
+    first = gp.ResumableLoader(dataset(), batch_size=4, seed=7)
+    next(iter(first))
+    again = gp.ResumableLoader(dataset(), batch_size=4, seed=7)
+    again.load_state_dict(first.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(list(again), whole[1:], strict=True))
+    assert not any(torch.equal(b, _Images().images[:4]) for b in whole)
+
+
+def test_the_memory_tier_snippet_configures_both_tiers(tmp_path: Path) -> None:
+    code = _substitute(
+        _python_block("docs/checkpoints.md", "memory=gp.MemoryTier("),
+        {
+            '"s3://bucket/run1"': repr(str(tmp_path / "run1")),
+            '"/dev/shm/goodput"': repr(str(tmp_path / "shm")),
+        },
+    )
+    namespace: dict[str, Any] = {"gp": gp}
+    exec(compile(code, "docs/checkpoints.md (memory tier)", "exec"), namespace)
+    memory = namespace["config"].memory
+    assert (memory.every, memory.replicas, memory.keep) == ("auto", 1, 2)
+
+
+def test_the_numeric_snippet_turns_on_the_guard_with_its_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one line of docs/numeric-faults.md makes a Run, and the values it names are the defaults it says."""
+    monkeypatch.setenv("GOODPUT_RUN_DIR", str(tmp_path))
+    code = _python_block("docs/numeric-faults.md", "numeric=gp.NumericConfig(")
+    namespace: dict[str, Any] = {"gp": gp}
+    exec(compile(code, "docs/numeric-faults.md", "exec"), namespace)
+    namespace["run"].close()
+    calls = [
+        n
+        for n in ast.walk(ast.parse(code))
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "gp.NumericConfig"
+    ]
+    shown = {k.arg: ast.literal_eval(k.value) for k in calls[0].keywords if k.arg}
+    assert shown and gp.NumericConfig(**shown) == gp.NumericConfig()
 
 
 _LOOP_HEADER = """
@@ -147,7 +332,8 @@ dataset = [torch.full((4,), float(i)) / 256 for i in range(256)]
 def _loop_script(tmp_path: Path) -> str:
     """The README's resilient loop as a script: only the user's model, dataset and run length filled in."""
     code = _substitute(
-        _python_block("# the run folder comes from goodput launch"), {"total_steps=10_000": "total_steps=12"}
+        _python_block("README.md", "# the run folder comes from goodput launch"),
+        {"total_steps=10_000": "total_steps=12"},
     )
     script = tmp_path / "train.py"
     script.write_text(_LOOP_HEADER + code)
@@ -184,7 +370,8 @@ def test_the_resilient_loop_runs_as_written(tmp_path: Path) -> None:
 def _warm_script(tmp_path: Path, name: str, replacements: dict[str, str]) -> str:
     """The README's warm-restart example as a script, with the user's model and dataset filled in."""
     code = _substitute(
-        _python_block("def train(run):"), {"total_steps=10_000": "total_steps=12", **replacements}
+        _python_block("docs/launch.md", "def train(run):"),
+        {"total_steps=10_000": "total_steps=12", **replacements},
     )
     script = tmp_path / name
     script.write_text(_LOOP_HEADER + code)
@@ -265,11 +452,11 @@ def _loader_from_the_readme() -> Any:
         return _HFStandIn(64 * 3)
 
     code = _substitute(
-        _python_block("from datasets import load_dataset"),
+        _python_block("docs/data.md", "from datasets import load_dataset"),
         {"from datasets import load_dataset": "", "num_workers=4": "num_workers=2"},  # 2 cores here
     )
     namespace: dict[str, Any] = {"gp": gp, "load_dataset": load_dataset}
-    exec(compile(code, "README.md (datasets)", "exec"), namespace)
+    exec(compile(code, "docs/data.md", "exec"), namespace)
     return namespace["loader"]
 
 
@@ -304,7 +491,8 @@ def test_the_tensorboard_exporter_excerpt_records_every_step(tmp_path: Path) -> 
     run_dir = str(tmp_path)
     config = gp.CheckpointConfig(root=os.path.join(run_dir, "ckpt"), strategy="torch_save", every=10)
     namespace: dict[str, Any] = {"gp": gp, "os": os, "run_dir": run_dir, "config": config}
-    exec(compile(_python_block("TensorBoardExporter("), "README.md (exporters)", "exec"), namespace)
+    code = _python_block("docs/integrations.md", "TensorBoardExporter(")
+    exec(compile(code, "docs/integrations.md", "exec"), namespace)
     run = namespace["run"]
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -324,7 +512,7 @@ def test_the_tensorboard_exporter_excerpt_records_every_step(tmp_path: Path) -> 
     assert len(events.Scalars("goodput/fetch_seconds")) == 30
 
 
-def test_the_in_place_formats_snippet_reads_each_format(tmp_path: Path) -> None:
+def test_the_format_snippets_read_each_format(tmp_path: Path) -> None:
     pytest.importorskip("pyarrow")
     pytest.importorskip("datasets")
     import datasets
@@ -351,22 +539,22 @@ def test_the_in_place_formats_snippet_reads_each_format(tmp_path: Path) -> None:
                 member.size = len(name)
                 tar.addfile(member, io.BytesIO(name.encode()))
     mds = FIXTURES / "mds" / "zstd-60"
-    code = _substitute(
-        _python_block("gp.TokenDataset("),
-        {
-            '"s3://bucket/hub/wikitext"': repr(str(tmp_path / "hub")),
-            '"/data/imdb-train"': repr(str(tmp_path / "imdb")),
+    blocks = {
+        **_cache(tmp_path),
+        "gp.ParquetDataset(": {'"s3://bucket/hub/wikitext"': repr(str(tmp_path / "hub"))},
+        "gp.ArrowDataset(": {'"/data/imdb-train"': repr(str(tmp_path / "imdb"))},
+        "gp.TokenDataset(": {
             '"s3://bucket/fineweb/train.bin"': repr(str(tmp_path / "train.bin")),
             "seq_len=1024": "seq_len=4",
+        },
+        "gp.WebDataset(": {
             '"s3://bucket/laion/shard-{000000..000099}.tar"': repr(
                 str(tmp_path / "wds" / "shard-{000000..000001}.tar")
-            ),
-            '"s3://bucket/mds/c4"': repr(str(mds)),
+            )
         },
-    )
-    cache = gp.CacheConfig(folder=str(tmp_path / "cache"), budget_bytes=1 << 20)
-    namespace: dict[str, Any] = {"gp": gp, "cache": cache}
-    exec(compile(code, "README.md (in-place formats)", "exec"), namespace)
+        "gp.MDSDataset(": {'"s3://bucket/mds/c4"': repr(str(mds))},
+    }
+    namespace = _run_blocks(blocks, {"gp": gp})
     assert [namespace["text"][i] for i in range(2)] == [{"text": "a"}, {"text": "b"}]
     assert namespace["reviews"][1] == ("bad", 0)
     assert len(namespace["tokens"]) == 6 and namespace["tokens"][5].tolist() == list(range(25, 30))

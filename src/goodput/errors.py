@@ -15,7 +15,8 @@ The tree::
     │   └── AccessRefused (ConfigError) the store refused the credentials or the permission: no restart
     │                                 fixes it (names the URL and where credentials are read from)
     ├── CrashLoop                     attempts keep failing without progress; restarting is pointless
-    └── NumericFault                  a NaN/Inf, loss spike or corrupted replica survived the rollback ladder
+    ├── NumericFault                  a NaN/Inf, loss spike or corrupted replica survived the rollback ladder
+    └── StragglerStop                 a rank stayed slow and the straggler detector was asked to stop the job
 
 A ``ConfigError`` (``AccessRefused`` included) reaching the command line prints one line and exits with code 2;
 inside a run under ``goodput launch`` it stops the job at once with ``EXIT_FATAL`` (78), as do the other errors
@@ -39,6 +40,7 @@ __all__ = [
     "SaveFailed",
     "StateMismatch",
     "StorageError",
+    "StragglerStop",
 ]
 
 
@@ -97,6 +99,13 @@ class AccessRefused(StorageError, ConfigError):
 
 class CrashLoop(GoodputError):
     """Consecutive attempts made no progress past their restored step."""
+
+
+class StragglerStop(GoodputError):
+    """A rank stayed slow and ``StragglerConfig(stop=True)`` stops the job (exit ``EXIT_STRAGGLER``, no requeue).
+
+    The message is one line: the rank, its host, compute or data, and its score.
+    """
 
 
 class NumericFault(GoodputError):

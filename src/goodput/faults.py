@@ -7,7 +7,10 @@ A fault plan is a string, given on the command line (``--faults``) or in the env
     kill@step=30,rank=1            SIGKILL rank 1 when it finishes step 30
     raise@step=50                  raise InjectedFault on every rank at step 50
     hang@phase=checkpoint_write    stop making progress inside a checkpoint write (the watchdog's job)
-    slow@step=10,seconds=2         sleep 2 s at step 10 (a straggler)
+    slow@step=10,seconds=2         sleep 2 s at step 10 (a hiccup)
+    slow@rank=1,factor=1.5,persist rank 1's steps take 1.5x as long from its first step (``step=N``: from step
+                                   N) until its process ends: a straggler; a process that takes the rank later
+                                   (a restart, a hot spare) is not slowed
     kill@mtbf=60s,seed=3           SIGKILL one rank at random, exponential times with a 60 s mean per attempt
     nodeloss@step=40,node=1        lose node 1 at step 40: SIGKILL every rank on it, and its memory tier is
                                    wiped before the next attempt (a replaced machine comes back with empty RAM)
@@ -21,7 +24,8 @@ A fault plan is a string, given on the command line (``--faults``) or in the env
 alone while its peers wait inside DCP). Actions: ``kill``, ``raise``, ``hang``, ``slow``, ``nodeloss``. Keys:
 ``step``, ``rank``, ``phase`` (one of ``PHASES``), ``mtbf`` (a duration), ``seed``, ``seconds`` (for ``slow``),
 ``attempt`` (fire only in that attempt), ``node`` (only on that node: torchrun's GROUP_RANK), and for the
-numeric faults ``factor``, ``bit``, ``into`` (``loss`` or ``grad``) and ``value`` (``nan``, ``inf``).
+numeric faults ``factor``, ``bit``, ``into`` (``loss`` or ``grad``) and ``value`` (``nan``, ``inf``); the flag
+``persist`` (no value) makes a ``slow`` fault last, stretching each step by ``factor``.
 
 The numeric faults (``NUMERIC_ACTIONS``) kill nothing: ``goodput.run.numeric`` takes them with
 :meth:`FaultPlan.take` at the point of the step where they change a value. Like every step fault each fires once
@@ -45,6 +49,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from goodput._env import FAULTS
 from goodput.errors import ConfigError, GoodputError
 from goodput.units import parse_duration
 
@@ -57,10 +62,11 @@ __all__ = [
     "check_plan",
     "fault_point",
     "install_faults",
+    "lost_node_file",
     "parse_faults",
 ]
 
-ENV_VAR = "GOODPUT_FAULTS"
+ENV_VAR = FAULTS.name
 NUMERIC_ACTIONS = ("nan", "spike", "bitflip")
 ACTIONS = ("kill", "raise", "hang", "slow", "nodeloss", *NUMERIC_ACTIONS)
 PHASES = (
@@ -76,7 +82,8 @@ PHASES = (
     "memory_restore",
 )
 _KEYS = (
-    "step", "rank", "phase", "mtbf", "seed", "seconds", "attempt", "node", "factor", "bit", "into", "value"
+    "step", "rank", "phase", "mtbf", "seed", "seconds", "attempt", "node", "factor", "bit", "into", "value",
+    "persist",
 )  # fmt: skip
 
 
@@ -105,6 +112,7 @@ class Fault:
     bit: int = 0
     into: str = "loss"
     value: str = "nan"
+    persist: bool = False
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -113,7 +121,9 @@ class Fault:
             raise ConfigError(f"fault phase {self.phase!r} is not one of {', '.join(PHASES)}")
         if self.mtbf is not None and (self.step is not None or self.phase != "step"):
             raise ConfigError("a fault takes either mtbf= or step=/phase=, not both")
-        if self.mtbf is None and self.step is None and self.phase == "step":
+        if self.persist and (self.action != "slow" or self.phase != "step" or self.mtbf is not None):
+            raise ConfigError("persist applies to a slow fault at steps: slow@rank=R,factor=F,persist")
+        if self.mtbf is None and self.step is None and self.phase == "step" and not self.persist:
             raise ConfigError(f"fault {self.action!r} needs step=, phase= or mtbf=")
         if self.mtbf is not None and self.mtbf <= 0:
             raise ConfigError(f"fault mtbf must be > 0, got {self.mtbf}")
@@ -149,6 +159,8 @@ def parse_faults(text: str) -> list[Fault]:
         fields: dict[str, str] = {}
         for item in filter(None, (i.strip() for i in rest.split(","))):
             key, eq, value = item.partition("=")
+            if key == "persist" and not eq:
+                eq, value = "=", "1"
             if not eq or key not in _KEYS:
                 raise ConfigError(f"fault {part!r}: {item!r} is not KEY=VALUE with KEY in {', '.join(_KEYS)}")
             fields[key] = value
@@ -168,6 +180,7 @@ def parse_faults(text: str) -> list[Fault]:
                     bit=int(fields.get("bit", "0")),
                     into=fields.get("into", "loss"),
                     value=fields.get("value", "nan"),
+                    persist=fields.get("persist", "0").lower() in ("1", "true", "yes"),
                 )
             )
         except ValueError as err:
@@ -262,6 +275,8 @@ class FaultPlan:
         self._deadlines = {
             i: self._random_deadline(f, world_size) for i, f in self._faults if f.mtbf is not None
         }
+        self._stretch = 0.0  # a persistent slow fault's factor minus 1, once it fired in this process
+        self._last_step = time.monotonic()
 
     @classmethod
     def from_env(
@@ -270,7 +285,7 @@ class FaultPlan:
         **kwargs: object,
     ) -> FaultPlan:
         """The plan in ``GOODPUT_FAULTS`` (empty when unset)."""
-        text = (env if env is not None else os.environ).get(ENV_VAR, "")
+        text = FAULTS.get(env)
         return cls(parse_faults(text), **kwargs)  # type: ignore[arg-type]
 
     def __bool__(self) -> bool:
@@ -294,11 +309,22 @@ class FaultPlan:
                 continue
             if fault.phase != phase or fault.action in NUMERIC_ACTIONS:
                 continue
+            if fault.persist:
+                if self._stretch == 0.0 and (fault.step is None or (step is not None and step >= fault.step)):
+                    self._fire(fault, f"{phase} at step {step}", marker=f"{index}-rank{self.rank}")
+                continue
             if fault.step is not None and (step is None or step < fault.step):
                 continue
             if fault.phase == "step" and step != fault.step:
                 continue
             self._fire(fault, f"{phase} at step {step}", marker=f"{index}-rank{self.rank}")
+
+    def stretch(self) -> None:
+        """Inside each step, before it ends: once a persistent ``slow`` fault fired, make the time since the
+        previous call ``factor`` times as long (this process is a straggler from then on)."""
+        if self._stretch > 0.0:
+            time.sleep(self._stretch * (time.monotonic() - self._last_step))
+        self._last_step = time.monotonic()
 
     def take(self, action: str, step: int, *, into: str | None = None) -> Fault | None:
         """The first numeric fault ``action`` due at ``step`` (and ``into``) that has not fired yet, marked as
@@ -330,6 +356,11 @@ class FaultPlan:
     def _fire(self, fault: Fault, where: str, *, marker: str | None) -> None:
         if marker is not None and not self._mark(fault, where, marker):
             return
+        if fault.action == "nodeloss" and self._marker_dir is not None:
+            # The next attempt empties this node's memory tier, as a new machine has none (goodput.run._nodeloss).
+            os.makedirs(self._marker_dir, exist_ok=True)
+            with open(lost_node_file(self._marker_dir, self.node), "w"):
+                pass
         if self._on_fire is not None:
             self._on_fire(fault, where)
         if fault.action in ("kill", "nodeloss"):
@@ -340,8 +371,15 @@ class FaultPlan:
             # A real hang: this thread blocks forever and only the watchdog (or a kill) ends it.
             while True:
                 time.sleep(3600)
+        elif fault.action == "slow" and fault.persist:
+            self._stretch = fault.factor - 1.0
         elif fault.action == "slow":
             time.sleep(fault.seconds)
+
+
+def lost_node_file(marker_dir: str, node: int) -> str:
+    """The request a fired ``nodeloss`` leaves for the next attempt: empty node ``node``'s memory tier."""
+    return os.path.join(marker_dir, f"lost-node-{node}")
 
 
 # The plan that ``fault_point`` checks: installed by ``Run`` so that code deep inside the checkpoint engine

@@ -13,6 +13,7 @@ import torch
 
 import goodput as gp
 from goodput import ConfigError, ResumableLoader
+from goodput.data import loader_seed
 from tests.helpers import data as _data
 
 
@@ -52,7 +53,7 @@ def test_worker_seeds_are_a_pure_function_of_seed_epoch_and_rank() -> None:
     seeds = [set(epoch0.values()), set(epoch1.values()), set(rank1.values())]
     assert all(len(s) == 2 for s in seeds)  # one seed per worker
     assert not (seeds[0] & seeds[1]) and not (seeds[0] & seeds[2])  # other epochs and ranks: other seeds
-    assert len({gp.loader_seed(3, e, r) for e in range(4) for r in range(4)}) == 16
+    assert len({loader_seed(3, e, r) for e in range(4) for r in range(4)}) == 16
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

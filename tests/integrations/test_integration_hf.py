@@ -1,6 +1,7 @@
-"""Hugging Face Trainer through goodput: a tiny GPT-2 (from a config, AdamW, a cosine schedule) under
+"""Hugging Face Trainer through goodput: a tiny GPT-2 (from a config, AdamW, a cosine schedule) on 2 ranks under
 ``goodput launch`` is SIGKILLed, resumes mid-epoch from goodput's data position without replaying a batch, and
-writes a ledger; ``goodput verify-resume`` checks the script on 2 ranks."""
+writes a ledger; ``goodput verify-resume`` checks the script (its interrupted run is the launch the other
+checks read)."""
 
 from __future__ import annotations
 
@@ -13,27 +14,42 @@ import pytest
 
 from goodput.verify.records import read_records
 from tests.helpers.history import assert_exactly_once, attempts_seen, surviving_samples
+from tests.helpers.paths import script
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "hf_train.py")
-STEPS, DATASET, BATCH = 16, 48, 4  # 12 steps per epoch
+SCRIPT = script("hf_train.py")
+STEPS, DATASET, PER_STEP = 12, 48, 8  # 2 ranks x batch 4: 6 steps per epoch
 
 
-@pytest.mark.slow
-def test_hf_trainer_resumes_mid_epoch_with_exactly_once_data(tmp_path: os.PathLike[str]) -> None:
-    run_dir = str(tmp_path)
-    command = ["launch", "--max-restarts", "2", "--run-dir", run_dir, "--faults", "kill@step=7"]
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``goodput verify-resume`` on the script, 2 ranks: seed 1 kills rank 0 at step 8 before that step's
+    checkpoint is whole, and rank 1 between the Trainer's write of the step-8 checkpoint and goodput's data
+    position beside it (that checkpoint is then not resumed from): both restarts resume from step 4. Its
+    verdict and its work folder, whose interrupted run the tests here read (each process start costs seconds
+    of imports: the tests share one run rather than launch their own)."""
+    work = str(tmp_path_factory.mktemp("verify"))
+    command = ["verify-resume", "--nproc", "2", "--kills", "2", "--seed", "1", "--work-dir", work]
     proc = subprocess.run(
         [sys.executable, "-m", "goodput", *command, "--", SCRIPT, str(STEPS)],
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=600,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert_exactly_once(surviving_samples(run_dir, 1, STEPS), DATASET, DATASET // BATCH)
-    assert attempts_seen(run_dir) == {0, 1}
+    return proc, work
+
+
+@pytest.mark.slow
+def test_hf_trainer_resumes_mid_epoch_with_exactly_once_data(
+    verified: tuple[subprocess.CompletedProcess[str], str],
+) -> None:
+    proc, work = verified
+    run_dir = os.path.join(work, "interrupted")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_exactly_once(surviving_samples(run_dir, 2, STEPS), DATASET, DATASET // PER_STEP)
+    assert attempts_seen(run_dir) == {0, 1, 2}
     report = subprocess.run(
         [sys.executable, "-m", "goodput", "report", run_dir, "--json"],
         capture_output=True,
@@ -42,7 +58,7 @@ def test_hf_trainer_resumes_mid_epoch_with_exactly_once_data(tmp_path: os.PathLi
     )
     assert report.returncode == 0, report.stderr
     data = json.loads(report.stdout)
-    assert data["restarts"] == 1 and data["failures"] == 1
+    assert data["restarts"] == 2 and data["failures"] == 2
     assert data["attempts"][-1]["restored_step"] == 4 and data["attempts"][-1]["last_step"] == STEPS
     assert data["categories"]["checkpoint_stall"] > 0 and data["categories"]["lost_work"] > 0
     listing = subprocess.run(
@@ -54,25 +70,19 @@ def test_hf_trainer_resumes_mid_epoch_with_exactly_once_data(tmp_path: os.PathLi
     assert listing.returncode == 0, listing.stderr
     rows = json.loads(listing.stdout)["checkpoints"]
     assert [(r["step"], r["status"], r["strategy"]) for r in rows] == [
-        (step, "committed", "hf_trainer") for step in (16, 12, 8, 4)
+        (step, "committed", "hf_trainer") for step in (12, 8, 4)
     ]
 
 
 @pytest.mark.slow
-def test_verify_resume_checks_a_trainer_script(tmp_path: os.PathLike[str]) -> None:
-    # seed 1 kills rank 0 after step 8 and rank 1 between the Trainer's write of a checkpoint and goodput's
-    # data position beside it (that checkpoint is then not resumed from)
-    command = ["verify-resume", "--nproc", "2", "--kills", "2", "--seed", "1", "--work-dir", str(tmp_path)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "goodput", *command, "--", SCRIPT, "12"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def test_verify_resume_checks_a_trainer_script(
+    verified: tuple[subprocess.CompletedProcess[str], str],
+) -> None:
+    proc, work = verified
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "IDENTICAL" in proc.stdout and "after 2 restarts (2 kills fired)" in proc.stdout, proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr
-    final = read_records(os.path.join(tmp_path, "interrupted")).final
+    final = read_records(os.path.join(work, "interrupted")).final
     assert sorted(final) == [0, 1] and "scheduler.last_epoch" in final[0]["state"]
     assert any(name.endswith(".exp_avg") for name in final[0]["state"])  # AdamW's moments were compared
 

@@ -35,7 +35,13 @@ def test_scrape_while_a_run_trains(tmp_path: os.PathLike[str]) -> None:
     assert exporter.url == f"http://127.0.0.1:{port}/metrics"
     config = gp.CheckpointConfig(root=os.path.join(run_dir, "ckpt"), strategy="torch_save", every=10)
     run = gp.Run(
-        run_dir, checkpoint=config, total_steps=30, hang_timeout=None, progress=False, exporters=[exporter]
+        run_dir,
+        checkpoint=config,
+        total_steps=30,
+        hang_timeout=None,
+        progress=False,
+        exporters=[exporter],
+        stragglers=gp.StragglerConfig(every=5),
     )
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -58,6 +64,7 @@ def test_scrape_while_a_run_trains(tmp_path: os.PathLike[str]) -> None:
     assert 0 < scraped["goodput_live_ratio"][()] <= 1
     assert 0 < scraped["goodput_run_ratio"][()] <= 1 and scraped["goodput_restarts"][()] == 0
     assert scraped["goodput_rollbacks"][()] == 0
+    assert scraped["goodput_straggler_score"] == {(("rank", "0"),): 1.0}  # one rank: the fastest
     assert scraped["goodput_fetch_seconds_p95"][()] >= 0 and scraped["goodput_step_seconds"][()] > 0
     badput = {dict(labels)["category"]: v for labels, v in scraped["goodput_badput_seconds"].items()}
     assert "productive" not in badput and badput["checkpoint_stall"] > 0 and badput["init"] > 0

@@ -70,10 +70,10 @@ def test_bench_ledger_measures_both_callbacks() -> None:
         assert figures["overhead_per_step"] == (figures["hook_seconds"] + figures["wrapper_seconds"]) / 300
 
 
-README_EXAMPLES = {  # README heading -> the file the suite runs that the example is an excerpt of
-    "### Lightning": "tests/scripts/lightning_train.py",
-    "### Hugging Face Trainer": "tests/scripts/hf_train.py",
-    "### Prometheus": "tests/integrations/test_integration_prometheus.py",
+DOC_EXAMPLES = {  # docs/integrations.md heading -> the file the suite runs that the example is an excerpt of
+    "## Lightning": "tests/scripts/lightning_train.py",
+    "## Hugging Face Trainer": "tests/scripts/hf_train.py",
+    "## Prometheus": "tests/integrations/test_integration_prometheus.py",
 }
 
 
@@ -82,11 +82,11 @@ def _code_lines(text: str) -> list[str]:
     return [line for line in lines if line]
 
 
-def test_readme_examples_are_excerpts_of_the_tested_files() -> None:
-    readme = (ROOT / "README.md").read_text()
-    for heading, path in README_EXAMPLES.items():
-        section = readme.split(heading + "\n", 1)[1]
+def test_doc_examples_are_excerpts_of_the_tested_files() -> None:
+    page = (ROOT / "docs" / "integrations.md").read_text()
+    for heading, path in DOC_EXAMPLES.items():
+        section = page.split(heading + "\n", 1)[1]
         example = _code_lines(section.split("```python\n", 1)[1].split("```", 1)[0])
         source = iter(_code_lines((ROOT / path).read_text()))
         missing = [line for line in example if not any(line == s for s in source)]  # in order
-        assert missing == [], f"README {heading}: not in {path} (in this order): {missing}"
+        assert missing == [], f"docs/integrations.md {heading}: not in {path} (in this order): {missing}"

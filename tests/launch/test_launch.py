@@ -14,8 +14,7 @@ from goodput.errors import ConfigError
 from goodput.launch.launcher import EXIT_CRASH_LOOP, EXIT_FATAL, LaunchConfig, torchrun_command
 from goodput.ledger import read_events
 from tests.helpers.launching import WORKER
-
-SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+from tests.helpers.paths import script
 
 
 def _goodput(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -27,8 +26,18 @@ def _goodput(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[st
 @pytest.mark.slow
 def test_restarts_after_sigkills_rejoin_a_fresh_group(tmp_path: os.PathLike[str]) -> None:
     run_dir = str(tmp_path)
-    script = os.path.join(SCRIPTS, "restart_worker.py")
-    proc = _goodput("launch", "--nproc", "2", "--max-restarts", "3", "--run-dir", run_dir, "--", script, "2")
+    proc = _goodput(
+        "launch",
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "3",
+        "--run-dir",
+        run_dir,
+        "--",
+        script("restart_worker.py"),
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
         with open(os.path.join(run_dir, f"done-rank{rank}.json")) as f:
@@ -40,8 +49,8 @@ def test_restarts_after_sigkills_rejoin_a_fresh_group(tmp_path: os.PathLike[str]
 @pytest.mark.slow
 def test_crash_loop_stops_torchrun_with_its_own_exit_code(tmp_path: os.PathLike[str]) -> None:
     run_dir = str(tmp_path)
-    script = os.path.join(SCRIPTS, "crashloop_worker.py")
-    proc = _goodput("launch", "--max-restarts", "8", "--crash-loop", "2", "--run-dir", run_dir, "--", script)
+    worker = script("crashloop_worker.py")
+    proc = _goodput("launch", "--max-restarts", "8", "--crash-loop", "2", "--run-dir", run_dir, "--", worker)
     assert proc.returncode == EXIT_CRASH_LOOP, proc.stderr[-3000:]
     assert "crash loop: the last 2 attempts made no progress" in proc.stderr
     # Attempt 2 (after attempts 0 and 1 failed) gave the verdict; torchrun may start an attempt or two more

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from goodput import ConfigError, Ledger, LedgerConfig, account, ledger_files, read_events
+from goodput import ConfigError, Ledger, LedgerConfig, account, read_events
+from goodput.ledger import ledger_files
 
 _CHILD = """
 import sys

@@ -9,22 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput import (
-    ConfigError,
-    PlanInputs,
+from goodput import ConfigError, PlanInputs, goodput_daly, optimal_interval, simulate_goodput, young_interval
+from goodput.planning import (
     daily_waste,
     daly_expected_time,
     daly_interval,
     failure_probability,
-    goodput_daly,
     goodput_first_order,
     lost_work_per_failure,
     mtbf_from_rate,
     mtbf_seconds,
-    optimal_interval,
-    simulate_goodput,
     waste_per_failure,
-    young_interval,
 )
 
 HOUR = 3600.0

@@ -148,11 +148,18 @@ def test_a_position_inside_a_skipped_range_moves_past_it() -> None:
 
 
 def test_a_numeric_fault_with_the_guard_off_is_refused(tmp_path: Path) -> None:
-    """A drill's nan/spike/bitflip needs the guard to take it: with the guard off (the default) the plan could
+    """A drill's nan/spike/bitflip needs the guard to take it: with the guard off (numeric=False) the plan could
     never fire, so Run refuses it in one line instead of training on as if it had been drilled."""
     import goodput as gp
 
-    with pytest.raises(
-        ConfigError, match=r"numeric guard is off: pass gp.Run\(numeric=gp.NumericConfig\(\)\)"
-    ):
+    run = gp.Run(
+        str(tmp_path / "on"),
+        total_steps=4,
+        progress=False,
+        hang_timeout=None,
+        faults="nan@step=2",
+        numeric=True,
+    )
+    run._shutdown("ok")  # with the guard on the same plan is accepted
+    with pytest.raises(ConfigError, match=r"numeric guard is off: pass numeric=True to drill it"):
         gp.Run(str(tmp_path), total_steps=4, progress=False, hang_timeout=None, faults="nan@step=2")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from goodput import ConfigError, Ledger, MLflowExporter, Progress, TensorBoardExporter
+from goodput import ConfigError, Ledger, MLflowExporter, TensorBoardExporter
+from goodput.run.progress import Progress
 
 
 class _Recorder:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from goodput.warm.rng import RngCapture, restore_rng
+from goodput.checkpoint.rng import RngCapture, restore_rng_record
 
 # What a step may do to the global generators (each is one "step" of a training loop).
 _STEPS: list[Callable[[], object]] = [
@@ -64,7 +64,7 @@ def test_every_steps_record_continues_the_streams_exactly() -> None:
     )
     random.seed(99), np.random.seed(99), torch.manual_seed(99)  # a replacement's own, unrelated states
     for i, (record, draws) in enumerate(zip(records, expected, strict=True)):
-        restore_rng(record)
+        restore_rng_record(record)
         assert _draws() == draws, f"record {i} does not continue the streams"
 
 
@@ -80,10 +80,10 @@ def test_a_record_after_states_set_from_outside_holds_them() -> None:
     record = capture.capture()
     expected = np.random.randn(2).tolist()
     np.random.seed(0)
-    restore_rng(record)
+    restore_rng_record(record)
     assert np.random.randn(2).tolist() == expected
 
 
 def test_something_else_is_not_read_as_a_record() -> None:
     with pytest.raises(ValueError, match="not an RNG record"):
-        restore_rng(b"\0" * 64)
+        restore_rng_record(b"\0" * 64)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from goodput._env import BENCH_S3_OPTIONS
 from goodput.bench import _durable_write as durable_write
 from goodput.bench._checkpoint_io import restore_cost, run_step_overhead, s3_cost
 from goodput.bench.checkpoint import RssSampler, median, ratio
@@ -273,7 +274,7 @@ def beyond_strategies(
 
 
 def main(cfg: dict[str, Any]) -> None:
-    s3_options = os.environ.pop("GOODPUT_BENCH_S3_OPTIONS", "")  # credentials travel outside argv
+    s3_options = os.environ.pop(BENCH_S3_OPTIONS.name, "")  # credentials travel outside argv
     if s3_options:
         cfg["s3_options"] = json.loads(s3_options)
     dist.init_process_group("gloo")

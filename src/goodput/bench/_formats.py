@@ -115,7 +115,7 @@ def _stream_batches(make: Callable[[str], Any]) -> Callable[[str], Any]:
     def batches(root: str) -> Any:
         from torch.utils.data import DataLoader
 
-        return DataLoader(make(root), batch_size=_EPOCH_BATCH, collate_fn=_native._keep)
+        return DataLoader(make(root), batch_size=_EPOCH_BATCH, collate_fn=_native.keep_batch)
 
     return batches
 
@@ -124,7 +124,7 @@ def _map_batches(make: Callable[[str], Any], shuffle: bool) -> Callable[[str], A
     def batches(root: str) -> Any:
         from torch.utils.data import DataLoader
 
-        return DataLoader(make(root), batch_size=_EPOCH_BATCH, shuffle=shuffle, collate_fn=_native._keep)
+        return DataLoader(make(root), batch_size=_EPOCH_BATCH, shuffle=shuffle, collate_fn=_native.keep_batch)
 
     return batches
 
@@ -233,7 +233,7 @@ def _our_resume(bench: FormatBench, root: str, position: int) -> dict[str, Any]:
             batch_size=_RESUME_BATCH,
             seed=1,
             shuffle=bench.shuffle,
-            collate_fn=_native._keep,
+            collate_fn=_native.keep_batch,
         )
         text = json.dumps({**loader.state_dict(), "consumed": position})
         start = time.perf_counter()
@@ -248,7 +248,7 @@ def _our_batches(bench: FormatBench, dataset: Any) -> Callable[[], Any]:
     from goodput.data import ResumableLoader
 
     return lambda: ResumableLoader(
-        dataset, batch_size=_EPOCH_BATCH, seed=0, shuffle=bench.shuffle, collate_fn=_native._keep
+        dataset, batch_size=_EPOCH_BATCH, seed=0, shuffle=bench.shuffle, collate_fn=_native.keep_batch
     )
 
 

@@ -40,7 +40,8 @@ class TokenWindows:
         return torch.from_numpy(self._tokens[start : start + self.width].astype(np.int64))
 
 
-def _keep(batch: Any) -> Any:
+def keep_batch(batch: Any) -> Any:
+    """A collate function that hands the batch (a list of samples) over as it is."""
     return batch
 
 
@@ -74,7 +75,7 @@ def stateful_loader_resume(
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     def loader() -> Any:
-        return StatefulDataLoader(dataset, batch_size=batch, shuffle=shuffle, collate_fn=_keep)
+        return StatefulDataLoader(dataset, batch_size=batch, shuffle=shuffle, collate_fn=keep_batch)
 
     first = loader()
     it = iter(first)

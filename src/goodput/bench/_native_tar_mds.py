@@ -21,6 +21,7 @@ import subprocess
 import time
 from typing import Any
 
+from goodput._env import MOSAIC_PYTHON
 from goodput.bench import _native
 
 __all__ = ["PeerUnavailable", "mds_epoch_seconds", "mds_resume", "wds_resume", "write_mds", "write_wds"]
@@ -79,12 +80,12 @@ def ours_wds(root: str) -> Any:
 def wds_batches(root: str) -> Any:
     from torch.utils.data import DataLoader
 
-    return DataLoader(wds_pipeline(root), batch_size=256, collate_fn=_native._keep)
+    return DataLoader(wds_pipeline(root), batch_size=256, collate_fn=_native.keep_batch)
 
 
 def mosaic_python() -> str:
     """The Mosaic venv's python, or PeerUnavailable saying how to make it."""
-    path = os.environ.get("GOODPUT_MOSAIC_PYTHON", os.path.join(".venv-mosaic", "bin", "python"))
+    path = MOSAIC_PYTHON.get()
     if not os.path.exists(path):
         raise PeerUnavailable(
             f"peer unavailable: no Mosaic Streaming venv at {path} (make one with "

@@ -23,10 +23,12 @@ from typing import Any
 
 import torch
 
+from goodput._env import RUN_DIR
 from goodput.checkpoint import CheckpointConfig
 from goodput.data import ResumableLoader
 from goodput.errors import ConfigError
 from goodput.run import Run
+from goodput.run.numeric import NumericConfig
 
 
 class _Samples(torch.utils.data.Dataset[tuple[int, torch.Tensor]]):
@@ -84,6 +86,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="rank 1 SIGKILLs itself after this step's backward, before its optimizer step (first process only)",
     )
+    p.add_argument("--check-every", type=int, default=50, help="the numeric guard's replica check interval")
     p.add_argument(
         "--die-after-optimizer",
         type=int,
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    run_dir = os.environ["GOODPUT_RUN_DIR"]
+    run_dir = RUN_DIR.get()
     config = CheckpointConfig(
         root=os.path.join(run_dir, "checkpoints"), strategy=args.strategy, every=args.every, keep_last=2
     )
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         hang_timeout=args.hang_timeout,
         progress=False,
         backend="nccl" if args.device == "cuda" else "gloo",
+        numeric=NumericConfig(check_every=args.check_every),
     )
     dataset = _Samples()  # built once: a survivor reuses it after a warm restart
     run.warm(lambda r: _train(r, args, dataset))

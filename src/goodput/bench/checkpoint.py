@@ -27,6 +27,8 @@ import tempfile
 import threading
 from typing import Any
 
+from goodput._env import BENCH_S3_OPTIONS
+
 __all__ = ["add_arguments", "run"]
 
 _GOALS = {
@@ -140,7 +142,7 @@ def _measure(args: argparse.Namespace, state_bytes: int) -> dict[str, Any] | Non
             os.makedirs(os.path.join(tmp, "s3"))
             server = stack.enter_context(S3Server(bucket="goodput-bench", data_dir=os.path.join(tmp, "s3")))
             config["s3_root"] = f"s3://{server.bucket}/bench"
-            env["GOODPUT_BENCH_S3_OPTIONS"] = json.dumps(server.storage_options())
+            env[BENCH_S3_OPTIONS.name] = json.dumps(server.storage_options())
         cmd = [
             sys.executable,
             "-m",

@@ -7,15 +7,9 @@ the other names are its parts.
 from __future__ import annotations
 
 from goodput.checkpoint.config import ALLOW_FRESH_START_ENV, CheckpointConfig
-from goodput.checkpoint.layout import (
-    MANIFEST_NAME,
-    CheckpointInfo,
-    CheckpointLayout,
-    FileEntry,
-    Manifest,
-    list_checkpoints,
-)
+from goodput.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, list_checkpoints
 from goodput.checkpoint.manager import CheckpointManager, SaveResult
+from goodput.checkpoint.manifest import CheckpointInfo, FileEntry, Manifest
 from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer, MemoryRestore, list_memory_checkpoints
 from goodput.checkpoint.memory.store import MemoryStore, MemoryTier
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy

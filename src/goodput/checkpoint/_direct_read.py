@@ -1,9 +1,8 @@
 """DCP's read path without a fresh tensor per item: each tensor's bytes are copied straight into the live tensor.
 
 torch 2.13's ``FileSystemReader.read_data`` deserialises every tensor item with ``torch.load(..., map_location=
-"cpu")``: a new tensor per item, whose first-touch page faults cost about as much as reading the bytes (measured
-~1 s/GiB into a fresh buffer vs ~0.1 s/GiB into a reused one on the benchmark machine), and then copies it into
-the target. DCP's planner already hands out the destination (``planner.resolve_tensor``: the state dict's own
+"cpu")``: a new tensor per item, whose first-touch page faults cost about as much as reading the bytes, and
+then copies it into the target. DCP's planner already hands out the destination (``planner.resolve_tensor``: the state dict's own
 tensors, i.e. the model's and optimizer's storage), so the fresh tensor is pure overhead.
 
 ``DirectReadMixin.read_data`` serves a file from the verified bytes ``VerifyingFileSystem`` holds (an ``mmap`` of

@@ -3,9 +3,7 @@
 DCP serialises a rank's whole shard into one stream. Collecting it in memory and uploading it when closed
 (``pipe_file``) puts the whole serialisation before the first byte on the wire, and s3fs's ``pipe_file`` sends
 its parts in batches of ``concurrency``, waiting for the slowest part of a batch before it starts the next one:
-one slow part (a busy server) holds the other slots idle. Profiled on SeaweedFS (127.0.0.1, 2 ranks, 264 MiB
-each), the durable save spent ~0.25 s serialising before its upload started, and a batch with a part 1 s
-slower than the others stretched the upload by that second.
+one slow part (a busy server) holds the other slots idle.
 
 ``PartUpload`` fills one part-sized buffer at a time; each full part is sent at once with s3fs's own
 ``upload_part`` call on s3fs's event loop, ``concurrency`` parts in flight at any time (the next one is sent as

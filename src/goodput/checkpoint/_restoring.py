@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from goodput.checkpoint._saving import _FAILURES, _describe, _quiet_single_process
 from goodput.checkpoint.config import ALLOW_FRESH_START_ENV, CheckpointConfig
-from goodput.checkpoint.layout import CheckpointInfo, CheckpointLayout, Manifest
+from goodput.checkpoint.layout import CheckpointLayout
+from goodput.checkpoint.manifest import CheckpointInfo, Manifest
 from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer
 from goodput.checkpoint.policy import SavePolicy, StepSchedule
 from goodput.checkpoint.state import TrainingState

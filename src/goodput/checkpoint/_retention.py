@@ -10,7 +10,8 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.layout import CheckpointInfo, CheckpointLayout
+from goodput.checkpoint.layout import CheckpointLayout
+from goodput.checkpoint.manifest import CheckpointInfo
 from goodput.faults import fault_point
 
 __all__: list[str] = []

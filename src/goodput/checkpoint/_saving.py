@@ -19,7 +19,8 @@ from torch.distributed.checkpoint import CheckpointException
 
 import goodput
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.layout import CheckpointLayout, FileEntry, Manifest
+from goodput.checkpoint.layout import CheckpointLayout
+from goodput.checkpoint.manifest import FileEntry, Manifest
 from goodput.checkpoint.policy import SavePolicy
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.strategy import Completion, SaveContext

@@ -1,8 +1,8 @@
 """DCP's sharded state dict of an unsharded model, without DCP's per-call walk over the module tree.
 
 ``torch.distributed.checkpoint.state_dict.get_state_dict`` works out every parameter's fully qualified name on
-each call (and checks its options): about 7 ms for the demo's 1.4 M-parameter model with AdamW on this
-machine, most of a memory-tier save's blocking time, once per save. For a model whose parameters are plain
+each call (and checks its options): most of a memory-tier save's blocking time for a small model, once per
+save. For a model whose parameters are plain
 tensors (a module or DDP, not FSDP), its answer is ``model.state_dict()`` with the wrapper's prefix dropped,
 and ``optimizer.state_dict()`` with parameter numbers replaced by those names. So the first call asks DCP,
 learns from its answer which ``model.state_dict()`` key and which parameter number each of its keys is, and

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from goodput._env import ALLOW_FRESH_START
 from goodput.checkpoint.memory.store import MemoryTier
 from goodput.checkpoint.strategy import STRATEGIES
 from goodput.errors import ConfigError
@@ -13,7 +13,7 @@ from goodput.units import parse_duration
 
 __all__ = ["ALLOW_FRESH_START_ENV", "CheckpointConfig"]
 
-ALLOW_FRESH_START_ENV = "GOODPUT_ALLOW_FRESH_START"  # set to 1 by ``goodput launch --allow-fresh-start``
+ALLOW_FRESH_START_ENV = ALLOW_FRESH_START.name  # set to 1 by ``goodput launch --allow-fresh-start``
 
 _SECONDS_PER_YEAR = 365.0 * 86400.0
 # The prior MTBF of a job whose failure rate nobody gave: one hour. A new job fails early and not only for the
@@ -154,7 +154,7 @@ class CheckpointConfig:
         """Whether a restore that finds committed checkpoints and loads none may start from step 0."""
         if self.allow_fresh_start is not None:
             return self.allow_fresh_start
-        return os.environ.get(ALLOW_FRESH_START_ENV, "") not in ("", "0")
+        return ALLOW_FRESH_START.on()
 
     def checksums(self, local: bool) -> bool:
         return local if self.verify_checksums is None else self.verify_checksums

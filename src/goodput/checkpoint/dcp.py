@@ -252,9 +252,9 @@ def load_dcp(state: TrainingState, folder: str, ctx: SaveContext) -> dict[str, f
         loaded = end = time.perf_counter()
     else:  # the same as state.load_state_dict(target), with the RNG/loader position timed on its own
         rank_entry = {rank_key: target.pop(rank_key)}  # rank0's for a rank the saving run did not have
-        state._load_shared(target, full=False)
+        state.load_shared(target, full=False)
         loaded = time.perf_counter()
-        state._load_rank_entry(rank_entry)  # a new rank takes rank 0's position and seeds its RNGs by rule
+        state.load_rank_entry(rank_entry)  # a new rank takes rank 0's position and seeds its RNGs by rule
         end = time.perf_counter()
     return {"read": read, "load": loaded - start - read, "position": end - loaded}
 

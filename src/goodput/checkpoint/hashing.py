@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from goodput.checkpoint.layout import FileEntry, check_digest, new_hasher
+from goodput.checkpoint.manifest import FileEntry, check_digest, new_hasher
 from goodput.checkpoint.objectstore import fetch_object
 from goodput.errors import CheckpointCorrupt
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -31,25 +30,21 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from goodput.checkpoint.manifest import (
+    CheckpointInfo,
+    FileEntry,
+    Manifest,
+    check_digest,
+    new_hasher,
+)
 from goodput.errors import CheckpointCorrupt
 
-__all__ = [
-    "CHECKSUM_ALGORITHMS",
-    "MANIFEST_NAME",
-    "CheckpointInfo",
-    "CheckpointLayout",
-    "FileEntry",
-    "Manifest",
-    "list_checkpoints",
-    "new_hasher",
-]
+__all__ = ["MANIFEST_NAME", "CheckpointLayout", "list_checkpoints"]
 
 MANIFEST_NAME = "goodput-manifest.json"
 _LEASE_NAME = "goodput-lease.json"
-_FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _PARTIAL_DIR = re.compile(r"^step-(\d+)\.partial-([0-9a-f]+)$")
 _TRASH_DIR = re.compile(r"^step-(\d+)\.trash-([0-9a-f]+)$")
@@ -57,108 +52,6 @@ _CHUNK = 8 << 20
 _IN_FLIGHT: set[str] = set()  # folders this process is writing (a lease naming this pid may be in flight)
 
 log = logging.getLogger(__name__)
-
-
-# Checksums a manifest may record. xxh3_128 (xxHash) runs at memory speed and is what saves record by default;
-# sha256 stays available (and old manifests that carry only ``sha256`` still verify).
-CHECKSUM_ALGORITHMS = ("xxh3_128", "sha256")
-
-
-class _Hasher(Protocol):
-    def update(self, data: Any, /) -> None: ...
-    def hexdigest(self) -> str: ...
-
-
-def new_hasher(algorithm: str) -> _Hasher:
-    """A fresh incremental hasher for ``algorithm`` (one of :data:`CHECKSUM_ALGORITHMS`)."""
-    if algorithm == "xxh3_128":
-        import xxhash
-
-        return xxhash.xxh3_128()
-    if algorithm == "sha256":
-        return hashlib.sha256()
-    raise ValueError(
-        f"unknown checksum algorithm {algorithm!r}; choose one of {', '.join(CHECKSUM_ALGORITHMS)}"
-    )
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One file of a checkpoint as the manifest records it.
-
-    ``checksum`` is ``"<algorithm>:<hex>"`` (computed while the file was written); ``sha256`` is the field older
-    manifests carry (and what ``algorithm="sha256"`` reads back).
-    """
-
-    size: int
-    sha256: str | None = None
-    checksum: str | None = None
-
-    def expected(self) -> tuple[str, str] | None:
-        """(algorithm, hex digest) to verify this file against, or None when the manifest records none."""
-        if self.checksum is not None:
-            algorithm, _, digest = self.checksum.partition(":")
-            return algorithm, digest
-        return ("sha256", self.sha256) if self.sha256 is not None else None
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """goodput's record of a committed checkpoint (written last; its presence is the commit)."""
-
-    step: int
-    strategy: str
-    world_size: int
-    wall_time: float
-    files: dict[str, FileEntry]
-    goodput_version: str
-    format_version: int = _FORMAT_VERSION
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(entry.size for entry in self.files.values())
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> Manifest:
-        raw = json.loads(text)
-        if not isinstance(raw, dict) or raw.get("format_version") != _FORMAT_VERSION:
-            raise ValueError(
-                f"unknown manifest format {raw.get('format_version') if isinstance(raw, dict) else raw!r}"
-            )
-        files = {
-            str(name): FileEntry(int(e["size"]), e.get("sha256"), e.get("checksum"))
-            for name, e in raw["files"].items()
-        }
-        return cls(
-            step=int(raw["step"]),
-            strategy=str(raw["strategy"]),
-            world_size=int(raw["world_size"]),
-            wall_time=float(raw["wall_time"]),
-            files=files,
-            goodput_version=str(raw["goodput_version"]),
-            extra=dict(raw.get("extra", {})),
-        )
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """One row of a listing: a step folder and what state it is in."""
-
-    step: int
-    url: str
-    status: str  # "committed", "partial" or "corrupt"
-    reason: str = ""
-    strategy: str | None = None
-    world_size: int | None = None
-    wall_time: float | None = None
-    size_bytes: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _is_local(root: str) -> bool:
@@ -214,14 +107,16 @@ class CheckpointLayout:
         self.fs.invalidate_cache(path)
         return int(self.fs.info(path)["size"])
 
-    def _read_text(self, path: str) -> str:
+    def read_text(self, path: str) -> str:
+        """The text of the file at ``path`` (a remote one read afresh, not from fsspec's listing cache)."""
         if self.local:
             with open(path, encoding="utf-8") as f:
                 return f.read()
         self.fs.invalidate_cache(path)
         return str(self.fs.cat_file(path).decode("utf-8"))
 
-    def _write_text(self, path: str, text: str, *, durable: bool = True) -> None:
+    def write_text(self, path: str, text: str, *, durable: bool = True) -> None:
+        """Write ``text`` to ``path``; ``durable``: fsync a local file before returning."""
         if self.local:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
@@ -305,7 +200,7 @@ class CheckpointLayout:
             self.fs.makedirs(folder, exist_ok=True)
         _IN_FLIGHT.add(folder)
         lease = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-        self._write_text(self.path_in(folder, _LEASE_NAME), json.dumps(lease), durable=False)
+        self.write_text(self.path_in(folder, _LEASE_NAME), json.dumps(lease), durable=False)
         return folder
 
     def is_committed(self, step: int) -> bool:
@@ -348,7 +243,7 @@ class CheckpointLayout:
             size = self._size(self.path_in(folder, name))
             if size != entry.size:
                 raise OSError(f"{name} in {folder} holds {size} bytes, {entry.size} were written")
-        self._write_text(self.path_in(folder, MANIFEST_NAME), manifest.to_json())
+        self.write_text(self.path_in(folder, MANIFEST_NAME), manifest.to_json())
         _IN_FLIGHT.discard(folder)
         if not self.local:
             if self._size(self.path_in(folder, MANIFEST_NAME)) <= 0:
@@ -387,7 +282,7 @@ class CheckpointLayout:
         """The manifest of a committed folder. Raises CheckpointCorrupt when unreadable or missing."""
         path = self.path_in(folder, MANIFEST_NAME)
         try:
-            return Manifest.from_json(self._read_text(path))
+            return Manifest.from_json(self.read_text(path))
         except FileNotFoundError:
             raise CheckpointCorrupt(f"{path}: missing (the save never committed)") from None
         except (ValueError, KeyError, TypeError) as err:
@@ -481,7 +376,7 @@ class CheckpointLayout:
     def _in_flight(self, folder: str, names: list[str], stale_after: float) -> bool:
         try:
             lease = (
-                json.loads(self._read_text(self.path_in(folder, _LEASE_NAME))) if _LEASE_NAME in names else {}
+                json.loads(self.read_text(self.path_in(folder, _LEASE_NAME))) if _LEASE_NAME in names else {}
             )
         except (OSError, ValueError):
             lease = {}
@@ -524,13 +419,6 @@ def _written_by_goodput(name: str, names: list[str]) -> bool:
     if _PARTIAL_DIR.match(name) or _TRASH_DIR.match(name):
         return True
     return MANIFEST_NAME in names or _LEASE_NAME in names
-
-
-def check_digest(path: str, expected: tuple[str, str], actual: str) -> None:
-    """Raise CheckpointCorrupt naming ``path`` when ``actual`` is not the manifest's digest."""
-    algorithm, digest = expected
-    if actual != digest:
-        raise CheckpointCorrupt(f"{path}: {algorithm} {actual} differs from the manifest's {digest}")
 
 
 def _fsync_dir(path: str) -> None:

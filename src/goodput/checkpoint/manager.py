@@ -28,7 +28,7 @@ from goodput.checkpoint._saving import SaveResult, _quiet_single_process, _raise
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import CheckpointLayout
 from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer
-from goodput.checkpoint.memory.setup import open_memory_tier
+from goodput.checkpoint.memory.setup import TierContext, open_memory_tier
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy, StepSchedule
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.strategy import Completion, SaveContext, make_strategy
@@ -112,7 +112,22 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         self._forced_stall: tuple[int, float] | None = None  # (step, stall) of that memory save
         self._memory_schedule: StepSchedule | None = None
         if config.memory is not None:
-            self.memory, self._memory_policy = open_memory_tier(self, ranks)
+            self.memory, self._memory_policy, self._memory_group = open_memory_tier(
+                TierContext(
+                    config=config,
+                    state=state,
+                    layout=self._layout,
+                    rank=self.rank,
+                    world_size=self.world_size,
+                    ranks=ranks,
+                    distributed=self._dist,
+                    bcast=self._bcast,
+                    all_gather=self._all_gather,
+                    emit=self._emit,
+                    clock=self._clock,
+                    durable_policy=self._policy,
+                )
+            )
             if self._dist and isinstance(self._memory_policy, EveryInterval):
                 self._memory_schedule = StepSchedule(self._memory_policy, nearest=True)
         self._barrier()

@@ -109,8 +109,8 @@ class TrainingState(Stateful):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict produced by :meth:`state_dict` or :meth:`load_target` (after DCP filled it)."""
-        self._load_shared(state_dict, full=False)
-        self._load_rank_entry(state_dict)
+        self.load_shared(state_dict, full=False)
+        self.load_rank_entry(state_dict)
 
     # ---- the full form (torch_save) ----------------------------------------------------------------------
     def full_state_dict(self, group: Any = None) -> dict[str, Any]:
@@ -131,10 +131,10 @@ class TrainingState(Stateful):
 
     def load_full_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load a complete state (every rank holds the whole dict, e.g. from ``torch.load``)."""
-        self._load_shared(dict(state_dict), full=True)
-        self._load_rank_entry(state_dict)
+        self.load_shared(dict(state_dict), full=True)
+        self.load_rank_entry(state_dict)
 
-    def _load_rank_entry(self, state_dict: Mapping[str, Any]) -> None:
+    def load_rank_entry(self, state_dict: Mapping[str, Any]) -> None:
         """This rank's own entry; for a rank the saving run did not have, rank 0's position and seeded RNGs."""
         key = f"rank{_rank()}"
         if key in state_dict:
@@ -191,6 +191,10 @@ class TrainingState(Stateful):
             sd["scheduler"] = self.scheduler.state_dict()
         if self.scaler is not None:
             sd["scaler"] = self.scaler.state_dict()
+        sd["meta"] = self._meta()
+        return sd
+
+    def _meta(self) -> str:
         meta = {
             "step": self.step,
             "samples_seen": self.samples_seen,
@@ -198,12 +202,20 @@ class TrainingState(Stateful):
             "extras": self.extras,
         }
         try:
-            sd["meta"] = json.dumps(meta)
+            return json.dumps(meta)
         except TypeError as err:
             raise TypeError(f"TrainingState.extras must be JSON-able: {err}") from None
-        return sd
 
-    def _load_shared(self, sd: dict[str, Any], *, full: bool) -> None:
+    def _load_meta(self, text: str) -> None:
+        meta = json.loads(text)
+        self.step = int(meta["step"])
+        self.samples_seen = int(meta["samples_seen"])
+        self.tokens_seen = int(meta["tokens_seen"])
+        self.extras = dict(meta["extras"])
+
+    def load_shared(self, sd: dict[str, Any], *, full: bool) -> None:
+        """Load the parts every rank shares (model, optimizer, scheduler, scaler, extras) from ``sd``;
+        ``full``: ``sd`` holds full (unsharded) tensors, as a ``torch_save`` checkpoint does."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_model_state_dict,
@@ -227,11 +239,39 @@ class TrainingState(Stateful):
                 if name not in sd:
                     raise StateMismatch(f"the checkpoint holds no {name} state, but a {name} was given")
                 part.load_state_dict(sd[name])
-        meta = json.loads(sd["meta"])
-        self.step = int(meta["step"])
-        self.samples_seen = int(meta["samples_seen"])
-        self.tokens_seen = int(meta["tokens_seen"])
-        self.extras = dict(meta["extras"])
+        self._load_meta(sd["meta"])
+
+    # ---- the live form (warm restarts) -----------------------------------------------------------------------
+    def live_state_dict(self, loader: Any = None) -> dict[str, Any]:
+        """This process's replica as the parts' own state dicts, with no collective: what a survivor hands a
+        new generation after a peer died (its group is gone). ``loader``: the data position to hand on (the
+        one of its last completed step), as JSON text under ``loader``; the RNG travels apart (per rank)."""
+        sd = {name: part.state_dict() for name in _LIVE_PARTS if (part := getattr(self, name)) is not None}
+        sd["meta"] = self._meta()
+        sd["loader"] = json.dumps(loader)
+        return sd
+
+    def holds_full_replica(self) -> bool:
+        """Whether this rank's model is whole (not FSDP/DTensor shards), so :meth:`live_state_dict` is a replica
+        another rank can load."""
+        from goodput.checkpoint._state_cache import has_dtensor_params
+
+        return not has_dtensor_params(self.model)
+
+    def load_live_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Load what :meth:`live_state_dict` gave on another rank (tensors on the CPU: copied into place)."""
+        for name in _LIVE_PARTS:
+            part = getattr(self, name)
+            if part is not None and name in sd:
+                part.load_state_dict(sd[name])
+        if "meta" in sd:
+            self._load_meta(sd["meta"])
+        loader = json.loads(sd.get("loader") or "null")
+        if self.loader is not None and loader is not None:
+            self.loader.load_state_dict(loader)
+
+
+_LIVE_PARTS = ("model", "optimizer", "scheduler", "scaler")
 
 
 def tensor_shapes(sd: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[int, ...]]:

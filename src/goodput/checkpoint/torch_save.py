@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from goodput.checkpoint.layout import new_hasher
+from goodput.checkpoint.manifest import new_hasher
 from goodput.checkpoint.state import TrainingState, check_shapes, tensor_shapes
 from goodput.checkpoint.strategy import Completion, SaveContext
 from goodput.errors import CheckpointCorrupt

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
+
+from goodput._env import RUN_DIR
 
 __all__ = ["register"]
 
@@ -68,7 +69,7 @@ def register(sub: Any) -> None:
     )
     parser.add_argument(
         "--run-dir",
-        default=os.environ.get("GOODPUT_RUN_DIR") or None,
+        default=RUN_DIR.get() or None,
         help="the run folder (checkpoints, ledger, launch history); required (default: $GOODPUT_RUN_DIR); "
         "the same folder again resumes the run",
     )

@@ -99,6 +99,16 @@ def run_demo(config: DemoConfig) -> int:
     return status
 
 
+def numeric_faults(config: DemoConfig) -> str:
+    """The demo's numeric faults: a NaN loss on the last rank at 30% of the steps, a 20x loss spike at 55%, a
+    flipped bit in rank 0's parameters at 80% (found at the next replica check, every 50 steps)."""
+    steps, last = config.steps, config.nproc - 1
+    return (
+        f"nan@step={3 * steps // 10},rank={last}; spike@step={11 * steps // 20},factor=20; "
+        f"bitflip@step={4 * steps // 5},rank=0"
+    )
+
+
 def _needs_data(url: str) -> bool:
     """Whether the corpus must be written to ``url`` (no index there yet); the first touch of the store, so
     storage that refuses the credentials or cannot be reached is one line (exit 2) before anything starts."""

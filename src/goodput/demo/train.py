@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from goodput._env import RUN_DIR
 from goodput.checkpoint import CheckpointConfig, MemoryTier
 from goodput.data import CacheConfig, ResumableLoader, ShardedDataset
 from goodput.demo.augment import ByteNoise
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     # The thread count changes the order of float sums: fix it, so runs on any node layout agree bit for bit
     # (torchrun sets OMP_NUM_THREADS=1 only for several processes per node).
     torch.set_num_threads(args.threads)
-    run_dir = os.environ["GOODPUT_RUN_DIR"]
+    run_dir = RUN_DIR.get()
     every: int | str = int(args.every) if args.every.isdigit() else args.every
     config = CheckpointConfig(
         root=args.checkpoint_root or os.path.join(run_dir, "checkpoints"),

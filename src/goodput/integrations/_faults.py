@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from goodput._env import FAULTS
 from goodput.faults import Fault, FaultPlan, install_faults, parse_faults
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
@@ -25,7 +26,7 @@ def install_plan(run_dir: str, ledger: Ledger, *, rank: int, world_size: int, st
             ledger.flush()  # the process is about to die or stop: keep the record
 
     plan = FaultPlan(
-        parse_faults(os.environ.get("GOODPUT_FAULTS", "")),
+        parse_faults(FAULTS.get()),
         rank=rank,
         world_size=world_size,
         attempt=ledger.attempt,

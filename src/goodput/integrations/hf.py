@@ -37,6 +37,7 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
+from goodput._env import RUN_DIR
 from goodput.checkpoint import TrainingState
 from goodput.checkpoint._trainer_folders import DATA_FILE, resumable_trainer_checkpoint
 from goodput.errors import ConfigError
@@ -46,7 +47,7 @@ from goodput.integrations._faults import install_plan
 from goodput.integrations._tracked import TrackedLoader
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
-from goodput.verify.records import StepRecorder
+from goodput.run.records import StepRecorder
 
 __all__ = ["GoodputTrainer", "GoodputTrainerCallback"]
 
@@ -63,7 +64,7 @@ class GoodputTrainerCallback(TrainerCallback):
     def __init__(
         self, run_dir: str | None = None, *, loader: Any = None, exporters: Sequence[MetricsExporter] = ()
     ) -> None:
-        run_dir = run_dir or os.environ.get("GOODPUT_RUN_DIR")
+        run_dir = run_dir or RUN_DIR.get() or None
         if not run_dir:
             raise ConfigError(
                 "GoodputTrainerCallback needs a run folder: pass run_dir or set GOODPUT_RUN_DIR"

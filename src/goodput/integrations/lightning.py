@@ -39,6 +39,7 @@ import lightning.pytorch as pl
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 
+from goodput._env import RUN_DIR
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState, list_checkpoints
 from goodput.errors import CheckpointError, ConfigError
 from goodput.faults import FaultPlan, install_faults
@@ -47,7 +48,7 @@ from goodput.integrations._faults import install_plan
 from goodput.integrations._tracked import TrackedLoader
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
-from goodput.verify.records import StepRecorder
+from goodput.run.records import StepRecorder
 
 __all__ = ["GoodputCallback", "GoodputCheckpointIO", "GoodputDDPStrategy"]
 
@@ -183,7 +184,7 @@ class GoodputCallback(pl.Callback):
         loader: Any = None,
         exporters: Sequence[MetricsExporter] = (),
     ) -> None:
-        run_dir = run_dir or os.environ.get("GOODPUT_RUN_DIR")
+        run_dir = run_dir or RUN_DIR.get() or None
         if not run_dir:
             raise ConfigError("GoodputCallback needs a run folder: pass run_dir or set GOODPUT_RUN_DIR")
         self.run_dir = run_dir

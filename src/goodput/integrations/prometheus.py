@@ -38,6 +38,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from goodput._env import RUN_DIR
 from goodput.errors import ConfigError
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import ledger_files, read_events
@@ -70,7 +71,7 @@ class PrometheusExporter:
         refresh_seconds: float = 15.0,
         window: int = 1000,
     ) -> None:
-        run_dir = run_dir or os.environ.get("GOODPUT_RUN_DIR")
+        run_dir = run_dir or RUN_DIR.get() or None
         if not run_dir:
             raise ConfigError("PrometheusExporter needs a run folder: pass run_dir or set GOODPUT_RUN_DIR")
         if not (isinstance(port, int) and 0 <= port < 65536):
@@ -102,7 +103,8 @@ class PrometheusExporter:
         return None if self._server is None else f"http://127.0.0.1:{self.port}/metrics"
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Record one step's figures (``goodput``, ``fetch_seconds``; others are ignored)."""
+        """Record one step's figures (``goodput``, ``fetch_seconds``, the straggler detector's
+        ``straggler_score_rankN``; others are ignored)."""
         if self._server is not None:
             self._collector.update(step, metrics, time.monotonic())
 
@@ -112,6 +114,9 @@ class PrometheusExporter:
             server, self._server = self._server, None
             server.shutdown()
             server.server_close()
+
+
+_SCORE = "straggler_score_rank"  # the straggler detector's per-rank scores (goodput.run.stragglers)
 
 
 class _Collector:
@@ -128,8 +133,14 @@ class _Collector:
         self._last: tuple[int, float] | None = None
         self._account: dict[str, Any] | None = None
         self._accounted_at = -float("inf")
+        self._scores: dict[str, float] = {}
 
     def update(self, step: int, metrics: Mapping[str, float], now: float) -> None:
+        scores = {k[len(_SCORE) :]: float(v) for k, v in metrics.items() if k.startswith(_SCORE)}
+        if scores:  # a straggler window's scores, not a step
+            with self._lock:
+                self._scores.update(scores)
+            return
         with self._lock:
             if self._last is not None and step > self._last[0]:
                 self._step_seconds = (now - self._last[1]) / (step - self._last[0])
@@ -144,6 +155,7 @@ class _Collector:
         with self._lock:
             live, step, step_seconds = self._live, self._step, self._step_seconds
             fetches = sorted(self._fetches)
+            scores = dict(self._scores)
         for name, doc, value in (
             ("goodput_live_ratio", "this attempt's step compute over its time so far", live),
             ("goodput_step", "the last step done", step),
@@ -152,6 +164,15 @@ class _Collector:
         ):
             if value is not None:
                 yield GaugeMetricFamily(name, doc, value=float(value))
+        if scores:
+            family = GaugeMetricFamily(
+                "goodput_straggler_score",
+                "each rank's own time against the fastest rank's (1: as fast; under the threshold: a straggler)",
+                labels=["rank"],
+            )
+            for rank, value in sorted(scores.items(), key=lambda kv: int(kv[0])):
+                family.add_metric([rank], value)
+            yield family
         yield from self._from_ledger()
 
     def _from_ledger(self) -> Iterator[GaugeMetricFamily]:

@@ -32,6 +32,7 @@ import traceback
 from types import TracebackType
 from typing import Any
 
+from goodput._env import LAUNCH_DIR, LAUNCH_ID
 from goodput.errors import (
     ConfigError,
     CrashLoop,
@@ -39,8 +40,9 @@ from goodput.errors import (
     NoValidCheckpoint,
     NumericFault,
     StateMismatch,
+    StragglerStop,
 )
-from goodput.launch.launcher import EXIT_FATAL, EXIT_NUMERIC
+from goodput.launch.launcher import EXIT_FATAL, EXIT_NUMERIC, EXIT_STRAGGLER
 from goodput.ledger.ledger import LAUNCH_ID_ENV  # the ledger records the id in each attempt_start
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "NUMERIC_FILE",
     "PEER_FAILURE_MARKERS",
     "PREEMPTED_FILE",
+    "STRAGGLER_FILE",
     "install_error_report",
     "is_peer_failure_line",
     "last_error",
@@ -64,15 +67,19 @@ __all__ = [
     "write_notice",
 ]
 
-LAUNCH_DIR_ENV = "GOODPUT_LAUNCH_DIR"
+LAUNCH_DIR_ENV = LAUNCH_DIR.name
 FATAL_FILE = "FATAL"
 NUMERIC_FILE = "NUMERIC"
+STRAGGLER_FILE = "STRAGGLER"
 PREEMPTED_FILE = "PREEMPTED"
 PIDS_DIR = "pids"
 LOGS_DIR = "logs"
 NOTICES_FILE = "notices.log"
 
 EXIT_USAGE = 2  # a user's mistake, as on the command line
+# The stops with an exit code (and a launch marker) of their own; every other error a restart cannot fix is FATAL.
+_STOP_CODES: dict[type[BaseException], int] = {NumericFault: EXIT_NUMERIC, StragglerStop: EXIT_STRAGGLER}
+_STOP_FILES: dict[type[BaseException], str] = {NumericFault: NUMERIC_FILE, StragglerStop: STRAGGLER_FILE}
 
 # Errors a restart cannot fix: the same configuration or the same checkpoint fails again in every attempt
 # (AccessRefused, a ConfigError, among them: storage that refuses the credentials).
@@ -99,12 +106,12 @@ PEER_FAILURE_MARKERS = (
 
 def launch_dir() -> str | None:
     """This process's launch folder (None when not started by ``goodput launch``)."""
-    return os.environ.get(LAUNCH_DIR_ENV) or None
+    return LAUNCH_DIR.get() or None
 
 
 def launch_id() -> str:
     """This launch's id: goodput launch's, else torchrun's run id (a fresh one per ``--standalone`` start)."""
-    return os.environ.get(LAUNCH_ID_ENV) or os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return LAUNCH_ID.get() or os.environ.get("TORCHELASTIC_RUN_ID", "")
 
 
 def write_marker(name: str, content: str | dict[str, Any], *, exclusive: bool = False) -> bool:
@@ -167,11 +174,11 @@ def install_error_report(rank: int) -> None:
 
     def hook(kind: type[BaseException], err: BaseException, tb: TracebackType | None) -> None:
         line = report_failure(rank, err)
-        if isinstance(err, (*FATAL_ERRORS, CrashLoop, NumericFault)):
+        if isinstance(err, (*FATAL_ERRORS, CrashLoop, NumericFault, StragglerStop)):
             if launch_dir() is None:  # under goodput launch, the launcher prints the one line
                 # sys.__stderr__: torch's own excepthook (init_process_group's) captures sys.stderr around ours.
                 print(f"goodput: rank {rank}: {line}", file=sys.__stderr__ or sys.stderr, flush=True)
-                code = EXIT_NUMERIC if isinstance(err, NumericFault) else EXIT_FATAL
+                code = _STOP_CODES.get(type(err), EXIT_FATAL)
                 _exit_now(EXIT_USAGE if isinstance(err, ConfigError) else code)
             return
         if _reacts_to_fatal(err):
@@ -191,9 +198,9 @@ def report_failure(rank: int, err: BaseException) -> str:
         if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
             callstack = "".join(traceback.format_exception(kind, err, err.__traceback__))
             _record_error_file(line, callstack, rank, peer=_is_peer_failure(err))
-    if isinstance(err, (*FATAL_ERRORS, NumericFault)):
+    if isinstance(err, (*FATAL_ERRORS, NumericFault, StragglerStop)):
         with contextlib.suppress(OSError):
-            name = NUMERIC_FILE if isinstance(err, NumericFault) else FATAL_FILE
+            name = _STOP_FILES.get(type(err), FATAL_FILE)
             write_marker(name, f"rank {rank}: {line}", exclusive=True)
     return line
 

@@ -37,6 +37,7 @@ __all__ = [
     "EXIT_FATAL",
     "EXIT_NUMERIC",
     "EXIT_PREEMPTED",
+    "EXIT_STRAGGLER",
     "LaunchConfig",
     "launch_job",
     "torchrun_command",
@@ -50,6 +51,9 @@ EXIT_FATAL = 78
 # EX_DATAERR: a numeric fault (NaN/Inf, loss spike, corrupted replica) survived rollback and skip, or came too
 # often (goodput.run.numeric). Not requeued: the same data or the same hardware would fail again.
 EXIT_NUMERIC = 65
+# EX_UNAVAILABLE: a rank stayed slow and the straggler detector was asked to stop (goodput.run.stragglers).
+# Not requeued as it is: reschedule the job away from the slow host.
+EXIT_STRAGGLER = 69
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -18,12 +18,13 @@ import importlib.machinery
 import os
 import sys
 
+from goodput._env import RUN_DIR
 from goodput.errors import ConfigError
 from goodput.launch.launcher import LaunchConfig
 
 __all__ = ["check_before_launch"]
 
-RUN_DIR_ENV = "GOODPUT_RUN_DIR"
+RUN_DIR_ENV = RUN_DIR.name
 
 
 def check_before_launch(config: LaunchConfig) -> None:

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Iterator
 from typing import IO, Any
 
+from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR
 from goodput._lifetime import end_with_parent, preload_libc
 from goodput.launch.folder import (
     FATAL_FILE,
@@ -41,6 +42,7 @@ from goodput.launch.folder import (
     NUMERIC_FILE,
     PIDS_DIR,
     PREEMPTED_FILE,
+    STRAGGLER_FILE,
     last_error,
     read_marker,
 )
@@ -49,6 +51,7 @@ from goodput.launch.launcher import (
     EXIT_FATAL,
     EXIT_NUMERIC,
     EXIT_PREEMPTED,
+    EXIT_STRAGGLER,
     LaunchConfig,
     torchrun_command,
 )
@@ -157,12 +160,12 @@ class Supervisor:
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         if self.config.run_dir is not None:
-            env["GOODPUT_RUN_DIR"] = os.path.abspath(self.config.run_dir)
+            env[RUN_DIR.name] = os.path.abspath(self.config.run_dir)
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-        env["GOODPUT_FAULTS"] = self.config.faults
-        env["GOODPUT_CRASH_LOOP"] = str(self.config.crash_loop)
+        env[FAULTS.name] = self.config.faults
+        env[CRASH_LOOP.name] = str(self.config.crash_loop)
         if self.config.allow_fresh_start:
-            env["GOODPUT_ALLOW_FRESH_START"] = "1"  # read by CheckpointConfig.fresh_start_allowed
+            env[ALLOW_FRESH_START.name] = "1"  # read by CheckpointConfig.fresh_start_allowed
         env[LAUNCH_DIR_ENV] = self.folder
         env[LAUNCH_ID_ENV] = os.path.basename(self.folder)
         env[PREEMPT_SIGNAL_ENV] = self.preempt_signal.name
@@ -198,7 +201,7 @@ class Supervisor:
                 if time.monotonic() > deadline:
                     self._end_job(proc)
                     return self._verdict(None)
-            for name in (FATAL_FILE, CRASH_LOOP_FILE, NUMERIC_FILE):
+            for name in (FATAL_FILE, CRASH_LOOP_FILE, NUMERIC_FILE, STRAGGLER_FILE):
                 if read_marker(self.folder, name) is not None:
                     self._end_job(proc)
                     return self._verdict(None)
@@ -234,6 +237,10 @@ class Supervisor:
         if numeric is not None:
             self._say(f"stopped: {numeric}")
             return EXIT_NUMERIC
+        straggler = read_marker(self.folder, STRAGGLER_FILE)
+        if straggler is not None:
+            self._say(f"stopped: {straggler}")
+            return EXIT_STRAGGLER
         fatal = read_marker(self.folder, FATAL_FILE)
         if fatal is not None:
             self._say(f"stopped: {fatal}; a restart cannot fix this: fix it, then relaunch")

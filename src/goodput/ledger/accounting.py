@@ -15,6 +15,8 @@ the last event of the last attempt, in exactly one category:
                           the steps it redoes are ``lost_work``)
 ``init``                  process start to the first step, minus restore
 ``warmup``                the first steps' excess over the run's median step compute
+``straggler_wait``        the part of each step the ranks waited for the slowest one beyond a balanced step
+                          (the straggler detector's ``straggler_window`` events, :mod:`goodput.ledger.stragglers`)
 ``lost_work``             steps after the checkpoint the next attempt restored (redone), and the
                           unfinished step of a failed attempt, up to one typical step's duration (the
                           work it could have done before the failure)
@@ -33,8 +35,9 @@ job time by the failures. A preemption (the attempt recorded ``preempted``: Ctrl
 signal) is not a failure: it ends the attempt "preempted", and the relaunch after it is a new launch.
 
 Where spans overlap, the earlier category in this order of precedence (``failure_detection`` >
-``checkpoint_restore`` > ``checkpoint_stall`` > ``data_wait`` > ``warmup`` > ``lost_work``/``productive`` >
-``restart_downtime`` > ``init`` > ``other``) takes the time, so the categories tile the wall time exactly. Step numbers follow one convention: a checkpoint "at step s" holds the state after step s, and an
+``checkpoint_restore`` > ``checkpoint_stall`` > ``data_wait`` > ``warmup`` > ``straggler_wait`` >
+``lost_work``/``productive`` > ``restart_downtime`` > ``init`` > ``other``) takes the time, so the categories
+tile the wall time exactly. Step numbers follow one convention: a checkpoint "at step s" holds the state after step s, and an
 attempt that restores step r redoes every step above r.
 
 Times inside one attempt come from the monotonic clock (differences only), anchored at the attempt's
@@ -55,6 +58,7 @@ from typing import Any, NamedTuple
 from goodput.ledger.figures import StepStats, at_risk, declared, measured_interval, step_stats
 from goodput.ledger.ranks import merge_ranks
 from goodput.ledger.spans import Attempt, Spans, kept_steps, layout, new_launch, outcome
+from goodput.ledger.stragglers import step_waits
 
 __all__ = [
     "CATEGORIES",
@@ -75,6 +79,7 @@ CATEGORIES = (
     "rollback",
     "init",
     "warmup",
+    "straggler_wait",
     "lost_work",
     "restart_downtime",
     "failure_detection",
@@ -90,6 +95,7 @@ _PRECEDENCE = (
     "checkpoint_stall",
     "data_wait",
     "warmup",
+    "straggler_wait",
     "lost_work",
     "productive",
     "restart_downtime",
@@ -248,13 +254,16 @@ def _intervals(
     out.extend((lo, hi, "failure_detection") for lo, hi in s.detect)
     warming = True
     last_kept, applies = keep
+    waits = step_waits(s.info)
     for start, end, fetch, step in s.steps:
         compute = end - start - fetch
         excess = compute - compute_median if warming and compute > WARMUP_FACTOR * compute_median else 0.0
         warming = excess > 0.0
         lost = applies and (last_kept is None or step is None or step > last_kept)
+        waited = min(waits.get(step, 0.0), compute - excess) if step is not None else 0.0
         out.append((start, start + fetch, "data_wait"))
         out.append((start + fetch, start + fetch + excess, "warmup"))
+        out.append((end - waited, end, "straggler_wait"))
         out.append((start + fetch + excess, end, "lost_work" if lost else "productive"))
     if failed:
         out.extend(_after_failure(a, s, step_median))

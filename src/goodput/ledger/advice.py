@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from goodput.ledger.stragglers import straggler_advice
 from goodput.units import format_duration as fd
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ def advise(acc: Accounting, model: MeasuredModel, pred: Prediction) -> list[Advi
     """Every rule that applies, largest predicted gain first (correctness advice last)."""
     rules = (_interval, _no_checkpoint, _blocking, _data_wait, _cold_cache, _restarts, _other)
     found = [a for rule in rules if (a := rule(acc, model, pred)) is not None]
+    found += [_advice("straggler", text, points) for text, points in straggler_advice(acc)]
     found.sort(key=lambda a: -(a.gain_points or 0.0))
     return found + _state(acc)
 

@@ -50,6 +50,8 @@ def declared(spans: list[Spans]) -> dict[str, Any]:
                 info.setdefault(name, []).append(fields)
             elif name == "restore_parts":  # the checkpoint manager's split of a restore (one per restore)
                 info.setdefault("restore_parts", []).append(fields)
+            elif name in ("straggler_window", "straggler_alarm"):  # the straggler detector's, in order
+                info.setdefault("stragglers", []).append({"event": name, **fields})
             elif name in _NUMERIC:  # the numeric guard's ladder (goodput.run.numeric), in order
                 info.setdefault("numeric", []).append({"event": name, **fields})
             else:

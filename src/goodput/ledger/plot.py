@@ -17,6 +17,7 @@ COLOURS = {
     "rollback": "#8c564b",
     "init": "#1f77b4",
     "warmup": "#bcbd22",
+    "straggler_wait": "#17becf",
     "lost_work": "#7f0000",
     "restart_downtime": "#555555",
     "failure_detection": "#e377c2",

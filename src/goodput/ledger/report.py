@@ -5,7 +5,7 @@
 restart time R, detection time D and the observed MTBF M, at the measured checkpoint interval and at its
 optimum. The planner models checkpoints and failures only, so the comparable ``predicted_goodput`` is the
 planner's goodput times the share of job time (wall time minus between_launches) outside what it does not
-model (data_wait, warmup, other and the first attempt's init).
+model (data_wait, warmup, straggler_wait, other and the first attempt's init).
 """
 
 from __future__ import annotations
@@ -137,7 +137,9 @@ def _model(acc: Accounting, mtbf: float | None) -> tuple[MeasuredModel, str, boo
 
 def _prediction(acc: Accounting, model: MeasuredModel, source: str, estimated: bool) -> Prediction:
     first_init = acc.attempts[0].categories["init"]
-    unmodelled = sum(acc.categories[k] for k in ("data_wait", "warmup", "other")) + first_init
+    unmodelled = (
+        sum(acc.categories[k] for k in ("data_wait", "warmup", "straggler_wait", "other")) + first_init
+    )
     share = 1.0 - unmodelled / acc.job_seconds if acc.job_seconds > 0 else 0.0
     optimum = model.optimum()
     planner = model.goodput()

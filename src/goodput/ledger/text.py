@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from goodput.ledger.accounting import CATEGORIES
+from goodput.ledger.stragglers import straggler_lines
 from goodput.units import format_duration as fd
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ def render(report: Report) -> str:
         lines.append(f"  {'between_launches':<20}{between:>12.2f}   (not the job's: goodput leaves it out)")
         lines.append(f"  {'wall time':<20}{sum(acc.categories.values()):>12.2f}")
     lines += ["", *_figures(report), "", *_steps(report)]
+    lines += straggler_lines(acc)
     if report.advice:
         lines += ["", "advice:"]
         lines += [f"  - {a.text} {_gain(a)}" for a in report.advice]

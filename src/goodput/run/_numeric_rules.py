@@ -122,6 +122,10 @@ def verdict(
     losses = [w[1] for w in words if w[0] & FLAG_LOSS and not w[0] & FLAG_LOSS_BAD]
     mean = math.fsum(losses) / len(losses) if losses else None
     agreed, odd, detail = _compare(words, comparable)
+    if len(words) > 1 and all(
+        w[0] & FLAG_GRAD_BAD for w in words
+    ):  # DDP's reduced gradients: the same everywhere
+        return Verdict("nonfinite", None, words[0][3], "the reduced gradients", agreed, named, mean)
     for r, (flags, loss, _, grad) in enumerate(words):
         if flags & FLAG_GRAD_BAD:
             return Verdict("nonfinite", r, grad, "a gradient", agreed, named, mean)

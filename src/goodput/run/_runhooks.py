@@ -11,6 +11,7 @@ Kept apart from ``run.py`` so that the hot file only calls them.
   line, and the process goes on to ``close()`` and exits 0.
 * A preemption stop saves the agreed step, waits until it is durable, records ``preempted`` in the ledger,
   reports the checkpoint to the launcher (or prints the line itself without one) and ends the process.
+* A run's ``auto`` interval learns the failure rate earlier attempts of the run observed.
 * ``run.warm(train)`` calls ``train(run)``: a ``train`` that cannot take the run is a ConfigError before any
   call (the TypeError of the call would fail every attempt in turn, a crash loop, instead of one line).
 """
@@ -21,22 +22,45 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from goodput._env import RUN_DIR
+from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
+from goodput.data.loader import ResumableLoader
+from goodput.data.prefetch import DevicePrefetcher
+from goodput.distributed import DistInfo, dist_info, init_distributed
 from goodput.errors import ConfigError
+from goodput.faults import NUMERIC_ACTIONS, Fault, FaultPlan, check_plan, install_faults, parse_faults
 from goodput.launch.folder import PREEMPTED_FILE, launch_dir, write_marker
+from goodput.ledger.accounting import account
+from goodput.ledger.ledger import Ledger, read_events
+from goodput.ledger.tiers import live_recovered_share
+from goodput.warm.worker import WarmWorker, warm_enabled
 
 if TYPE_CHECKING:
     from goodput.run.run import Run
 
-__all__ = ["already_complete", "check_train_fn", "resolve_run_dir", "single_process_group", "stop_preempted"]
+__all__ = [
+    "already_complete",
+    "batch_source",
+    "check_train_fn",
+    "checked_plan",
+    "exit_preempted",
+    "interval_fields",
+    "join_group",
+    "observe_failures",
+    "record_state",
+    "report_preempted",
+    "resolve_run_dir",
+    "single_process_group",
+]
 
-RUN_DIR_ENV = "GOODPUT_RUN_DIR"
+RUN_DIR_ENV = RUN_DIR.name
 
 
 def resolve_run_dir(explicit: str | None) -> str:
     """The run folder: the launcher's (``$GOODPUT_RUN_DIR``) or ``explicit``; both must name the same one."""
-    launched = os.environ.get(RUN_DIR_ENV) or None
+    launched = RUN_DIR.get() or None
     if explicit and launched and os.path.realpath(explicit) != os.path.realpath(launched):
         raise ConfigError(
             f"Run({explicit!r}) is not the run folder goodput launch --run-dir gave ({launched}): a run has "
@@ -50,6 +74,72 @@ def resolve_run_dir(explicit: str | None) -> str:
     if os.path.exists(run_dir) and not os.path.isdir(run_dir):
         raise ConfigError(f"run folder {run_dir!r} is a file; pass a folder")
     return run_dir
+
+
+def join_group(
+    backend: str | None, *, step_of: Callable[[], int]
+) -> tuple[WarmWorker | None, DistInfo, bool]:
+    """Join this attempt's process group: the warm worker (or None), this rank's place, and whether the run
+    owns the group (and so destroys it at its end).
+
+    Under ``goodput launch --restart warm`` a spare waits here for its rank (imports done), then joins; else the
+    group is torchrun's, or a one-process group the run makes itself.
+    """
+    worker = WarmWorker() if warm_enabled() else None
+    if worker is not None:
+        worker.step_of = step_of
+        worker.join(backend)
+        info = dist_info()
+        return worker, info, info.world_size > 1
+    info = init_distributed(backend)
+    return None, info, single_process_group(backend) or info.world_size > 1
+
+
+def checked_plan(text: str, world_size: int, total_steps: int | None, *, numeric_on: bool) -> list[Fault]:
+    """The fault plan in ``text``, refused when it cannot apply to this run.
+
+    Raises:
+        ConfigError: a fault the run cannot meet, or numeric faults without the numeric guard.
+    """
+    plan = parse_faults(text)
+    check_plan(plan, world_size=world_size, total_steps=total_steps)
+    if not numeric_on and any(f.action in NUMERIC_ACTIONS for f in plan):
+        raise ConfigError(
+            "the fault plan injects numeric faults (nan, spike, bitflip) but the numeric guard is off: "
+            "pass numeric=True to drill it"
+        )
+    return plan
+
+
+def batch_source(loader: Any, ahead: bool | None, *, checkpointed: bool) -> Any:
+    """What ``Run.batches`` iterates: ``loader``, or a thread receiving its batches ahead (see ``batches``).
+
+    Raises:
+        ConfigError: ``ahead=True`` with a loader other than a ``ResumableLoader`` whose position a checkpoint
+            holds (``checkpointed``).
+    """
+    if ahead and not isinstance(loader, ResumableLoader) and checkpointed:
+        raise ConfigError(
+            f"batches(ahead=True) with a {type(loader).__name__} whose position the checkpoint holds: its "
+            "state_dict() would count the batch received ahead as consumed, so a resume would skip it; use "
+            "goodput.ResumableLoader (ahead counts only the batches the loop got) or ahead=False"
+        )
+    if ahead or (ahead is None and isinstance(loader, ResumableLoader) and loader.config.num_workers > 0):
+        return DevicePrefetcher(loader, "cpu")
+    return loader
+
+
+def record_state(ledger: Ledger, state: TrainingState, config: CheckpointConfig) -> None:
+    """Tell the ledger which parts the checkpoints hold and how often they are saved."""
+    parts = {
+        "model": state.model,
+        "optimizer": state.optimizer,
+        "scheduler": state.scheduler,
+        "scaler": state.scaler,
+        "data": state.loader,
+    }
+    ledger.state_registered([k for k, v in parts.items() if v is not None] + ["rng", "step"])
+    ledger.on_event("checkpoint_config", strategy=config.strategy, **interval_fields(config))
 
 
 def single_process_group(backend: str | None) -> bool:
@@ -80,18 +170,18 @@ def already_complete(run: Run) -> bool:
     return True
 
 
-def stop_preempted(run: Run, why: str) -> None:
-    """Save the current step durably on every rank, report it, close the run and end the process."""
-    from goodput.launch.launcher import EXIT_PREEMPTED
-
+def report_preempted(run: Run, result: Any, why: str) -> str | None:
+    """Record the preemption stop in the ledger; the URL of the durable checkpoint it saved (or the last one)."""
     manager = run.manager
-    if run._last_saved != run.step:
-        run.save()
-    with run._phase("checkpoint_save"):
-        result = manager.wait()
     url = result.url if result is not None else (manager.results[-1].url if manager.results else None)
     run.ledger.event("preempted", step=run.step, signal=why, url=url)
-    run._close("interrupted")
+    return url
+
+
+def exit_preempted(run: Run, url: str | None, why: str) -> NoReturn:
+    """Tell the launcher (or the user, without one) where the preempted run saved, and end the process."""
+    from goodput.launch.launcher import EXIT_PREEMPTED
+
     if run.info.rank == 0:
         info = {"step": run.step, "url": url, "run_dir": run.run_dir, "signal": why}
         if not write_marker(PREEMPTED_FILE, info):
@@ -102,6 +192,31 @@ def stop_preempted(run: Run, why: str) -> None:
                 flush=True,
             )
     raise SystemExit(0 if launch_dir() is not None else EXIT_PREEMPTED)
+
+
+def observe_failures(manager: CheckpointManager, run_dir: str, *, attempt: int, rank: int) -> None:
+    """Feed the failure rate observed by earlier attempts of this run to the ``auto`` interval."""
+    if not isinstance(manager.policy, AutoInterval) or attempt == 0 or rank != 0:
+        return  # rank 0 decides time-based saves for every rank
+    events = read_events(run_dir, rank=None)
+    acc = account(events)
+    if acc.mtbf_seconds is not None:
+        manager.policy.observe_mtbf(acc.mtbf_seconds)
+        if isinstance(manager.memory_policy, AutoInterval):
+            manager.memory_policy.observe_mtbf(acc.mtbf_seconds)
+            # A failure recovered live from a surviving replica (warm restarts, replicated state) read no
+            # checkpoint: the memory tier plans only for the others, as the run's own record counts them.
+            not_live = 1.0 - live_recovered_share(events, acc.failures)
+            manager.memory_policy.failure_share *= not_live  # a new manager's: the planned share
+
+
+def interval_fields(config: CheckpointConfig) -> dict[str, Any]:
+    """The checkpoint interval as the ledger's ``checkpoint_config`` event names it."""
+    if config.every_steps is not None:
+        return {"every_steps": config.every_steps}
+    if config.every_seconds is not None:
+        return {"interval_seconds": config.every_seconds}
+    return {}
 
 
 def check_train_fn(train_fn: Callable[..., Any]) -> None:
@@ -120,3 +235,24 @@ def check_train_fn(train_fn: Callable[..., Any]) -> None:
         ) from None
     except ValueError:  # no signature to read (a builtin): the call itself decides
         return
+
+
+def arm_faults(run: Run, plan_text: str) -> FaultPlan:
+    """The run's fault plan for this attempt, installed (under warm restarts a generation is the unit that draws
+    random faults, the same on every rank)."""
+
+    def fired(fault: Fault, where: str) -> None:
+        run.ledger.event("fault_injected", action=fault.action, where=where, step=run.step)
+        if fault.action in ("kill", "hang", "nodeloss"):
+            run.ledger.flush()  # the process is about to die or stop: keep the record
+
+    plan = FaultPlan(
+        parse_faults(plan_text),
+        rank=run.info.rank,
+        world_size=run.info.world_size,
+        attempt=run.warm_hook.worker.gen if run.warm_hook is not None else run.attempt,
+        marker_dir=os.path.join(run.run_dir, "faults"),
+        on_fire=fired,
+    )
+    install_faults(plan)
+    return plan

@@ -1,25 +1,25 @@
 """The numeric guard: find NaN/Inf, loss spikes and corrupted replicas, roll back in place, skip the bad data.
 
-    run = gp.Run(numeric=gp.NumericConfig(spike_k=6.0, check_every=50))   # the defaults; numeric=None: off
+    run = gp.Run(numeric=gp.NumericConfig(spike_k=6.0, check_every=50))   # the defaults; numeric=True is the same
 
-A hook of :class:`~goodput.run.run.Run`, attached by ``run.restore`` and called by every ``run.step_done``:
+A hook of :class:`~goodput.run.run.Run` (off by default), attached by ``run.restore``, called by ``step_done``:
 
-* **Detect.** The optimizer pre-step hook checks this rank's gradients (their sum, one pass) and, when
-  one is NaN or infinite, drops them so the optimizer step changes nothing: a NaN never reaches the parameters.
-  ``step_done`` checks the loss it is given, applies the spike rule to the ranks' mean loss (median + k x MAD of
-  a recent window, after a warm-up) and, every ``check_every`` steps, fingerprints this replica's parameters
-  (:func:`~goodput.run._numeric_rules.fingerprint`). One all-gather of four int64 per rank and step (on a gloo
-  group of the guard's own) gives every rank every rank's word, and every rank draws the same verdict from it.
-  With 3+ replicas a differing fingerprint is named by majority; with 2 both roll back, and the redo of the
-  check step names the rank whose own fingerprint of it changed (the self-check; it needs deterministic
-  training).
+* **Detect.** Before each optimizer step the gradients' sum is checked (with DDP, each reduced bucket's, summed
+  in a communication hook: the same on every rank); a NaN/Inf one is dropped, so it never reaches the
+  parameters. ``step_done`` checks the loss, applies the spike rule to the ranks' mean loss (median + k x MAD
+  of a recent window, after a warm-up) and, every ``check_every`` steps, fingerprints the parameters
+  (:func:`~goodput.run._numeric_rules.fingerprint`). Every rank's word is all-gathered while the next step
+  computes (:mod:`~goodput.run._numeric_exchange`) and every rank draws the same verdict from it, one step
+  late. 3+ replicas name a differing fingerprint by majority; with 2 both roll back and the redo of the check
+  step names the rank whose own fingerprint changed (needs deterministic training).
 * **Respond**, a bounded ladder, every rung in the ledger: roll back in place to the newest checkpoint before
   the anomaly (for a corrupted replica: at or before the last check where every fingerprint agreed), memory tier
   first, and let ``run.batches`` continue from the restored position; when the same NaN or spike comes back
   while the window is being redone, roll back again and skip that window's samples (the skip list goes into the
   loader's position, so into every checkpoint, and into ``RUN_DIR/numeric/skips.json``); stop with
   :class:`~goodput.errors.NumericFault` (exit ``EXIT_NUMERIC``) when a fault survives the skip, when
-  ``max_rollbacks`` rollbacks fall within ``rollback_window`` steps, or when a rank is named corrupt twice.
+  ``max_rollbacks`` rollbacks fall within ``rollback_window`` steps, or when a rank is named corrupt twice
+  (under ``--restart warm`` that rank goes to a hot spare instead).
 
 A rollback opens a new ledger attempt in the same processes (like a warm restart): the redone steps count as
 ``lost_work`` and the restore as ``rollback``.
@@ -29,14 +29,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError, NumericFault
-from goodput.faults import Fault
+from goodput.run._numeric_exchange import Exchange, new_group, start_gather
+from goodput.run._numeric_grads import BucketCheck
+from goodput.run._numeric_ops import (
+    apply_skips,
+    flip_bit,
+    gather_rows,
+    gradient_sum,
+    json_number,
+    local_tensor,
+    poison,
+    read_skips,
+    replicated,
+    write_skips,
+)
 from goodput.run._numeric_rules import (
     FLAG_FINGERPRINT,
     FLAG_GRAD_BAD,
@@ -48,14 +59,13 @@ from goodput.run._numeric_rules import (
     fingerprint,
     verdict,
 )
+from goodput.run.hooks import RunHook
 
 if TYPE_CHECKING:
     from goodput.checkpoint.state import TrainingState
     from goodput.run.run import Run
 
 __all__ = ["NumericConfig", "NumericGuard", "gather_rows", "gradient_sum", "read_skips"]
-
-SKIPS_FILE = os.path.join("numeric", "skips.json")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -117,8 +127,9 @@ class _Episode:
     skipped: bool = False
 
 
-class NumericGuard:
-    """The guard of one ``Run`` (see the module docstring); ``attach`` at each restore, ``step`` at each step."""
+class NumericGuard(RunHook):
+    """The guard of one ``Run`` (see the module docstring): a hook that attaches at each restore, injects a
+    drill's faults into the loss, checks each step and rolls back in place."""
 
     def __init__(self, config: NumericConfig) -> None:
         self.config = config
@@ -126,6 +137,7 @@ class NumericGuard:
         self._state: TrainingState | None = None
         self._group: Any = None
         self._hook: Any = None
+        self._buckets: BucketCheck | None = None  # DDP's per-bucket sums, when its comm hook is ours
         self._bad_grad: tuple[int, float] | None = None  # (step, norm) refused by the pre-step hook
         self._losses: list[tuple[int, float]] = []  # (step, mean loss) of good steps
         self._prints: dict[int, int] = {}  # this rank's fingerprint at each check step
@@ -135,27 +147,33 @@ class NumericGuard:
         self._unnamed: set[int] = set()  # check steps whose differing replica no majority could name
         self._tier = "durable"
         self._comparable = True
-        self.rewound = False  # set by a rollback; ``Run.batches`` then iterates the loader again
+        self._inflight: list[Exchange] = []  # steps whose words are being exchanged, oldest first
+        self._closing = False  # the loop ended before close() judged its last step: a fault stops the run
+        self._handover: int | None = None  # a rank named corrupt under warm restarts, to leave for a spare
 
     # ---- lifetime ---------------------------------------------------------------------------------------------
-    def attach(self, run: Run, state: TrainingState, restored: int | None) -> None:
+    def on_restore(self, run: Run, state: TrainingState, restored: int | None) -> None:
         """Watch ``state`` (after ``run.restore`` loaded it): the optimizer hook, the group, the known skips."""
         import torch.distributed as dist
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-        self.close()
+        self.on_close(run, "restore")
         self._run, self._state = run, state
         self._agreed = restored or 0
         world = run.info.world_size
-        self._group = dist.new_group(backend="gloo") if world > 1 and dist.is_initialized() else None
-        self._comparable = _replicated(state.model)
+        self._group = new_group() if world > 1 and dist.is_initialized() else None
+        self._comparable = replicated(state.model)
         if self.config.grads and state.optimizer is not None:
             self._hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
+            self._buckets = BucketCheck.install(state.model)
+            if self._buckets is not None:
+                self._buckets.arm(run.faults, self._agreed + 1)
         run.manager.add_listener(self._on_checkpoint_event)
-        _apply_skips(state.loader, read_skips(run.run_dir))
+        apply_skips(state.loader, read_skips(run.run_dir))
 
-    def close(self) -> None:
-        """Remove the optimizer hook and release the group."""
+    def on_close(self, run: Run, status: str) -> None:
+        """Remove the optimizer hook, drop the exchanges in flight and release the group."""
+        self._inflight = []  # judged by on_loop_end on a clean close; else a failed generation's: not waited for
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -173,30 +191,64 @@ class NumericGuard:
 
     # ---- detection --------------------------------------------------------------------------------------------
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """The pre-step hook: a NaN/Inf gradient on this rank makes this optimizer step a no-op here."""
+        """The pre-step hook: a NaN/Inf gradient makes this optimizer step a no-op here. With DDP's bucket check
+        the reduced gradients were summed during the backward, the same on every rank; otherwise this rank's
+        gradients are summed now."""
         mine = self._state.optimizer if self._state is not None else None
         if self._run is None or mine is None or optimizer is not mine:
             return
         step = self._run.step + 1
         params = [p for group in mine.param_groups for p in group["params"] if p.grad is not None]
-        grads = [g for g in (_local(p.grad) for p in params) if g.numel() > 0]  # an FSDP2 shard may be empty
-        if not grads:
-            return
-        fault = self._run.faults.take("nan", step, into="grad")
-        if fault is not None:
-            _poison(grads[0], fault)
-        norm = gradient_sum(grads)
-        if not math.isfinite(norm):
-            self._bad_grad = (step, norm)
+        total = self._buckets.take() if self._buckets is not None else None
+        if total is None:
+            grads = [
+                g for g in (local_tensor(p.grad) for p in params) if g.numel() > 0
+            ]  # FSDP2: may be empty
+            if not grads:
+                return
+            fault = self._run.faults.take("nan", step, into="grad")
+            if fault is not None:
+                poison(grads[0], fault)
+            total = gradient_sum(grads)
+        if self._buckets is not None:
+            self._buckets.arm(self._run.faults, step + 1)
+        if not math.isfinite(total):
+            self._bad_grad = (step, total)
             for p in params:
                 p.grad = None  # the optimizer skips a parameter without a gradient: nothing changes
 
-    def step(self, loss: float | None) -> bool:
-        """Check the step just finished (``run.step``; ``loss`` as ``inject`` returned it): True when the run
-        rolled back; raises NumericFault to stop."""
-        run = self._run
-        assert run is not None and self._state is not None, "NumericGuard.step before attach"
-        step = run.step
+    def on_step(self, run: Run, step: int, loss: float | None) -> bool:
+        """Send this step's word (``loss`` as ``adjust_loss`` returned it) and judge the words of the step
+        before, whose exchange ran while this step computed: True when the run rolled back; raises NumericFault
+        to stop. Without peers the step is judged at once."""
+        assert self._run is run and self._state is not None, "NumericGuard.on_step before on_restore"
+        self._inflight.append(start_gather(step, self._word(step, loss), self._group))
+        rolled_back = self._judge_ready(keep=0 if self._group is None else 1)
+        self._hand_over(run)
+        return rolled_back
+
+    def on_loop_end(self, run: Run, closing: bool) -> bool:
+        """Judge every step still in flight (the loop's last one): True when the run rolled back; while
+        ``closing`` a fault stops the run instead (the loop that would redo the steps is gone)."""
+        self._closing = closing
+        rolled_back = self._run is run and self._judge_ready(keep=0)
+        self._hand_over(run)
+        return rolled_back
+
+    def _hand_over(self, run: Run) -> None:
+        """Under ``--restart warm``, the rank named corrupt leaves (after every rank rolled back) so the warm
+        agent gives its place to a hot spare; the others meet its absence at their next collective, as after any
+        failure, and hand their rolled-back state to the spare."""
+        rank, self._handover = self._handover, None
+        if rank is not None and rank == run.info.rank:
+            from goodput.run._warm import exit_failed
+
+            exit_failed(
+                run, RuntimeError(f"numeric guard: rank {rank} corrupted its replica; to a hot spare")
+            )
+
+    def _word(self, step: int, loss: float | None) -> list[int]:
+        """This rank's row for ``step``: its loss, a refused gradient, its fingerprint on a check step."""
         flags, fp, grad_value = 0, 0, 0.0
         if loss is not None:
             flags |= FLAG_LOSS | (0 if math.isfinite(loss) else FLAG_LOSS_BAD)
@@ -204,13 +256,28 @@ class NumericGuard:
             flags, grad_value = flags | FLAG_GRAD_BAD, self._bad_grad[1]
         self._bad_grad = None
         every = self.config.check_every
-        model = self._state.model
+        model = self._state.model if self._state is not None else None
         if every is not None and step % every == 0 and model is not None:
             fp = fingerprint(model.parameters())
             before = self._prints.get(step)
             flags |= FLAG_FINGERPRINT | (FLAG_SELF_DIFFERS if before is not None and before != fp else 0)
             self._prints[step] = fp
-        rows = self._gather(encode_row(flags, loss if loss is not None else 0.0, fp, grad_value))
+        return encode_row(flags, loss if loss is not None else 0.0, fp, grad_value)
+
+    def _judge_ready(self, *, keep: int) -> bool:
+        """Judge the oldest exchanges until ``keep`` remain in flight; after a rollback, wait out the rest (their
+        steps are undone) so every rank's collectives stay paired."""
+        while len(self._inflight) > keep:
+            exchange = self._inflight.pop(0)
+            if self._judge(exchange.step, exchange.rows()):
+                for later in self._inflight:
+                    later.rows()
+                self._inflight.clear()
+                return True
+        return False
+
+    def _judge(self, step: int, rows: list[list[int]]) -> bool:
+        """Every rank's verdict on ``step`` from every rank's row; act on it. True when the run rolled back."""
         config = self.config
         found = verdict(
             rows,
@@ -235,12 +302,10 @@ class NumericGuard:
         self._respond(found, step)
         return True
 
-    def inject(self, loss: float | None) -> float | None:
-        """Apply a drill's numeric faults due at this step (``run.step``): the loss they make, a flipped bit."""
-        run = self._run
-        if run is None or self._state is None:
+    def adjust_loss(self, run: Run, step: int, loss: float | None) -> float | None:
+        """Apply a drill's numeric faults due at ``step``: the loss they make, a flipped bit."""
+        if self._run is None or self._state is None:
             return loss
-        step = run.step
         fault = run.faults.take("nan", step, into="loss")
         if fault is not None and loss is not None:
             loss = math.nan if fault.value == "nan" else math.inf
@@ -249,11 +314,8 @@ class NumericGuard:
             loss = loss * fault.factor
         fault = run.faults.take("bitflip", step)
         if fault is not None:
-            _flip_bit(self._state.model, fault.bit)
+            flip_bit(self._state.model, fault.bit)
         return loss
-
-    def _gather(self, row: list[int]) -> list[list[int]]:
-        return [row] if self._group is None else gather_rows(row, self._group)
 
     # ---- response ---------------------------------------------------------------------------------------------
     def _respond(self, found: Verdict, step: int) -> None:
@@ -263,9 +325,11 @@ class NumericGuard:
         who = "no rank named" if found.rank is None else f"rank {found.rank}"
         seen = f"{found.kind} ({found.detail}) at step {step} on {who}, value {found.value!r}"
         run.ledger.event(
-            "numeric_fault", kind=found.kind, step=step, on_rank=found.rank, value=_json_number(found.value),
-            detail=found.detail,
+            "numeric_fault", kind=found.kind, step=step, on_rank=found.rank, value=json_number(found.value),
+            detail=found.detail, detected_at=run.step,
         )  # fmt: skip
+        if self._closing:
+            self._stop(seen, "the loop had ended: let run.batches() run to its end before run.close()")
         if found.kind == "sdc" and found.rank is not None:
             self._name(found.rank, step, found.detail)
         elif found.kind == "sdc":
@@ -291,24 +355,20 @@ class NumericGuard:
             episode.skipped = self._skip(restored, step)
             if not episode.skipped:
                 self._stop(seen, "it came back after a rollback and this loader cannot skip data")
+        # Written through, as restore_end is: a kill within the ledger's next flush period (the next steps take
+        # milliseconds) must not lose the rollback and the skipped window, which the report names.
+        run.ledger.flush()
 
     def _roll_back(self, found: Verdict, step: int, ceiling: int) -> int:
         """Restore the newest checkpoint at or before ``ceiling`` in place, as a new ledger attempt."""
-        from goodput.ledger.ledger import Ledger
-        from goodput.verify.records import StepRecorder
-
         run = self._run
         assert run is not None and found.kind is not None
-        run.ledger.failure_detected(f"numeric fault: {found.kind} at step {step}")
-        run.ledger.close("failed")
-        run.ledger = Ledger(run.run_dir, rank=run.info.rank, began=time.time())
-        run.attempt = run.ledger.attempt
-        if run._records is not None:  # verify-resume: the redone steps belong to the new attempt
-            run._records.close()
-            run._records = StepRecorder.from_env(run.run_dir, rank=run.info.rank, attempt=run.attempt)
+        began = time.monotonic()  # the rollback: from the verdict to training again
+        run.end_attempt(f"numeric fault: {found.kind} at step {step}")
+        run.begin_attempt("rollback", began=time.time())
         run.ledger.restore_start()
         started = time.monotonic()
-        with run._phase("restore"):
+        with run.phase("restore"):
             restored = run.manager.restore_latest(at_most=ceiling)
         seconds = time.monotonic() - started
         run.ledger.restore_end(restored)
@@ -318,16 +378,17 @@ class NumericGuard:
                 f"no checkpoint at or before step {ceiling} to roll back to",
             )
         assert restored is not None
-        _apply_skips(self._state.loader if self._state else None, read_skips(run.run_dir))
+        apply_skips(self._state.loader if self._state else None, read_skips(run.run_dir))
         run.ledger.event(
-            "rollback", kind=found.kind, tier=self._tier, from_step=step, to_step=restored, seconds=seconds
-        )
+            "rollback", kind=found.kind, tier=self._tier, from_step=step, to_step=restored, seconds=seconds,
+            seconds_total=time.monotonic() - began,
+        )  # fmt: skip
         run.ledger.init_done()
         self._losses = [(s, x) for s, x in self._losses if s <= restored]
         self._agreed = min(self._agreed, restored)
-        run.step = restored
-        run._last_saved = restored
-        self.rewound = True
+        run.rewind(restored)
+        if self._buckets is not None:
+            self._buckets.arm(run.faults, restored + 1)
         return restored
 
     def _skip(self, restored: int, step: int) -> bool:
@@ -343,7 +404,7 @@ class NumericGuard:
         hi = min(int(sampler.size), lo + steps * int(sampler.world_size) * int(sampler.batch_size))
         sampler.skip(epoch, lo, hi)
         if run.info.rank == 0:
-            _write_skips(run.run_dir, [*read_skips(run.run_dir), (epoch, lo, hi)])
+            write_skips(run.run_dir, [*read_skips(run.run_dir), (epoch, lo, hi)])
         order = sampler.order(epoch)
         import numpy as np
 
@@ -359,6 +420,11 @@ class NumericGuard:
         assert run is not None
         self._named[rank] = self._named.get(rank, 0) + 1
         run.ledger.event("sdc_named", named_rank=rank, step=step, times=self._named[rank], why=why)
+        if run.warm_hook is not None:  # --restart warm: a hot spare takes the rank, with a clean record
+            del self._named[rank]
+            self._handover = rank
+            run.ledger.event("sdc_handover", named_rank=rank, step=step, why=f"{why}: handed to a hot spare")
+            return
         if self._named[rank] >= 2:
             self._stop(
                 f"sdc at step {step} on rank {rank} ({why})",
@@ -381,88 +447,3 @@ class NumericGuard:
         run.ledger.event("numeric_stop", reason=why, line=line)
         run.ledger.flush()
         raise NumericFault(line)
-
-
-def gradient_sum(grads: list[Any]) -> float:
-    """The sum of every element of the tensors: NaN or infinite when any element is (a NaN propagates, an Inf
-    stays infinite or meets the opposite Inf as NaN). One pass and one host sync, the cheapest such pass on CPU
-    (an infinity norm's reduction is several times slower there); a sum can overflow only past 3.4e38."""
-    import torch
-
-    return float(torch.stack([g.sum() for g in grads]).sum().item())
-
-
-def gather_rows(row: list[int], group: Any) -> list[list[int]]:
-    """Every rank's ``row`` (int64s), by rank: one all-gather on ``group``."""
-    import torch
-    import torch.distributed as dist
-
-    world = dist.get_world_size(group)
-    out = torch.empty(world * len(row), dtype=torch.int64)
-    dist.all_gather_single(out, torch.tensor(row, dtype=torch.int64), group=group)
-    return out.view(world, len(row)).tolist()
-
-
-def read_skips(run_dir: str) -> list[tuple[int, int, int]]:
-    """The run's skipped data ranges ``(epoch, first position, end position)`` (``RUN_DIR/numeric/skips.json``)."""
-    try:
-        with open(os.path.join(run_dir, SKIPS_FILE)) as f:
-            return [(int(e), int(lo), int(hi)) for e, lo, hi in json.load(f)]
-    except FileNotFoundError:
-        return []
-
-
-def _write_skips(run_dir: str, skips: list[tuple[int, int, int]]) -> None:
-    path = os.path.join(run_dir, SKIPS_FILE)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump([list(s) for s in skips], f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _apply_skips(loader: Any, skips: list[tuple[int, int, int]]) -> None:
-    skip = getattr(getattr(loader, "sampler", None), "skip", None)
-    if callable(skip):
-        for epoch, lo, hi in skips:
-            skip(epoch, lo, hi)
-
-
-def _replicated(model: Any) -> bool:
-    """Whether every rank holds the whole parameters (DDP, a plain module), so fingerprints compare across ranks;
-    False for sharded parameters (FSDP2's DTensors with a Shard placement)."""
-    for p in model.parameters():
-        placements = getattr(p, "placements", None)
-        if placements is not None and any(not pl.is_replicate() for pl in placements):
-            return False
-    return True
-
-
-def _local(tensor: Any) -> Any:
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if callable(to_local) else tensor
-
-
-def _poison(grad: Any, fault: Fault) -> None:
-    grad.view(-1)[0] = math.nan if fault.value == "nan" else math.inf
-
-
-def _flip_bit(model: Any, bit: int) -> None:
-    """Flip bit ``bit`` of the first element of the first parameter, in place (a ``bitflip`` fault)."""
-    import torch
-
-    from goodput.run._numeric_rules import _INT_OF_SIZE
-
-    param = next(iter(model.parameters()))
-    with torch.no_grad():
-        local = _local(param.data)
-        width = 8 * local.element_size()
-        bit = min(bit, width - 1)
-        ints = local.view(-1).view(_INT_OF_SIZE[local.element_size()])
-        ints[0] ^= (1 << bit) if bit < width - 1 else -(1 << bit)  # the sign bit of a signed integer
-
-
-def _json_number(value: float | None) -> float | str | None:
-    return value if value is None or math.isfinite(value) else repr(value)

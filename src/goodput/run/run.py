@@ -8,59 +8,54 @@
         run.step_done(loss=loss.item())
     run.close()
 
-Run is the one place that knows every part: it joins the process group in a store namespace of this attempt
-(reliable torchrun restarts), writes the ledger, restores the newest valid checkpoint, counts each batch's
-fetch time, saves when the policy says so, watches for hangs and crash loops, fires injected faults, and draws
-the progress line. It works in one process and under torchrun (``goodput launch``), with plain, DDP and FSDP2
-models.
+Run owns the order of a step: it joins the process group in a store namespace of this attempt (reliable
+torchrun restarts), writes the ledger, restores the newest valid checkpoint, counts each batch's fetch time,
+fires injected faults, stops on preemption and saves when the policy says so. What watches or adjusts a run (the
+watchdog, crash-loop detection, progress, verify-resume's records, the cache counters, the numeric guard, warm
+restarts, the node-loss drill) is a hook in ``run.hooks`` (``goodput.run.hooks``). It works in one process and
+under torchrun (``goodput launch``), with plain, DDP and FSDP2 models.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
-import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any
 
-from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
-from goodput.data.loader import ResumableLoader
-from goodput.data.prefetch import DevicePrefetcher
-from goodput.distributed import dist_info, init_distributed
+from goodput._env import FAULTS
+from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
 from goodput.errors import ConfigError, DataError
-from goodput.faults import (
-    NUMERIC_ACTIONS,
-    Fault,
-    FaultPlan,
-    check_plan,
-    fault_point,
-    install_faults,
-    parse_faults,
-)
-from goodput.launch.folder import FATAL_ERRORS, install_error_report, register_pid, report_failure
-from goodput.ledger.accounting import account
+from goodput.faults import install_faults
+from goodput.launch.folder import install_error_report, register_pid
 from goodput.ledger.exporters import MetricsExporter
-from goodput.ledger.ledger import Ledger, read_events
-from goodput.ledger.tiers import live_recovered_share
-from goodput.run import _runhooks
+from goodput.ledger.ledger import Ledger
 from goodput.run._attempt import agreed_attempt
-from goodput.run._cachestats import CacheStatsRecorder
-from goodput.run._runhooks import already_complete, resolve_run_dir, single_process_group, stop_preempted
-from goodput.run.crashloop import CrashLoopDetector
-from goodput.run.numeric import NumericConfig, NumericGuard
-from goodput.run.progress import Progress
+from goodput.run._observers import WatchdogHook, builtin_hooks
+from goodput.run._runhooks import (
+    already_complete,
+    arm_faults,
+    batch_source,
+    check_train_fn,
+    checked_plan,
+    exit_preempted,
+    join_group,
+    observe_failures,
+    record_state,
+    report_preempted,
+    resolve_run_dir,
+)
+from goodput.run._warm import WarmHook, exit_failed
+from goodput.run.hooks import RunHook
+from goodput.run.numeric import NumericConfig
 from goodput.run.signals import PreemptionWatch, end_with_launcher
+from goodput.run.stragglers import StragglerConfig, StragglerHook, attach_stragglers
 from goodput.run.watchdog import Watchdog
-from goodput.verify.records import StepRecorder
 from goodput.warm.boot import release as release_gc
-from goodput.warm.worker import WarmWorker, is_peer_failure, warm_enabled
+from goodput.warm.worker import is_peer_failure
 
 __all__ = ["Run"]
-
-RUN_DIR_ENV = "GOODPUT_RUN_DIR"
 
 
 class Run:
@@ -82,8 +77,10 @@ class Run:
         exporters: receive each step's live goodput, fetch time and loss (e.g. ``PrometheusExporter``); closed
             with the run.
         numeric: the numeric guard (NaN/Inf, loss spikes, corrupted replicas; roll back in place, skip the bad
-            data, stop bounded; see ``goodput.run.numeric``): ``gp.NumericConfig()`` turns it on; off by
-            default until its per-step agreement costs under 1% of a short step (docs/numeric-faults.md).
+            data, stop bounded; see ``goodput.run.numeric``): off by default (docs/numeric-faults.md says why);
+            ``True`` (``gp.NumericConfig()``) or a ``gp.NumericConfig(...)`` turns it on.
+        stragglers: the straggler detector (each rank's own time vs its wait for the others, scores, an alarm;
+            docs/stragglers.md): ``gp.StragglerConfig()`` turns it on.
 
     Preemption: the signal ``$GOODPUT_PREEMPT_SIGNAL`` (USR1 by default; ``goodput launch`` forwards SIGTERM
     and SIGINT as it) makes every rank finish its step, agree on the step (``goodput.run.signals``), save it
@@ -103,7 +100,8 @@ class Run:
         crash_loop: int | None = None,
         progress: bool = True,
         exporters: Sequence[MetricsExporter] = (),
-        numeric: NumericConfig | None = None,
+        numeric: NumericConfig | bool = False,
+        stragglers: StragglerConfig | None = None,
     ) -> None:
         install_error_report(int(os.environ.get("RANK", "0")))
         run_dir = resolve_run_dir(run_dir)
@@ -111,58 +109,53 @@ class Run:
             raise ConfigError(f"total_steps must be >= 1, got {total_steps}")
         self.run_dir = run_dir
         self.total_steps = total_steps
-        # Under `goodput launch --restart warm`: a spare waits here for its rank (imports done), then joins.
-        self._warm = WarmWorker() if warm_enabled() else None
-        if self._warm is not None:
-            self._warm.step_of = self._completed_step
-            self._warm.join(backend)
-            self.info = dist_info()
-            self._owns_group = self.info.world_size > 1
-        else:
-            self.info = init_distributed(backend)
-            self._owns_group = single_process_group(backend) or self.info.world_size > 1
+        self.step = 0
+        worker, self.info, self._owns_group = join_group(backend, step_of=lambda: self.step)
+        self.warm_hook = WarmHook(worker) if worker is not None else None
         self._preempt = PreemptionWatch(rank=self.info.rank, world_size=self.info.world_size)
         register_pid(self.info.rank)
         end_with_launcher()  # this process ends with its parent under goodput launch (also when not booted by it)
         # One numbering for the job: every rank of this round records the same attempt (see _attempt).
-        attempt = None if self._warm is not None else agreed_attempt(run_dir)
+        attempt = None if worker is not None else agreed_attempt(run_dir)
         self.ledger = Ledger(
-            run_dir, rank=self.info.rank, attempt=attempt, began=self._warm.began if self._warm else None
+            run_dir, rank=self.info.rank, attempt=attempt, began=worker.began if worker else None
         )
         self.attempt = self.ledger.attempt
-        self._plan_text = faults if faults is not None else os.environ.get("GOODPUT_FAULTS", "")
-        check_plan(parse_faults(self._plan_text), world_size=self.info.world_size, total_steps=total_steps)
-        if numeric is None and any(f.action in NUMERIC_ACTIONS for f in parse_faults(self._plan_text)):
-            raise ConfigError(
-                "the fault plan injects numeric faults (nan, spike, bitflip) but the numeric guard is off: "
-                "pass gp.Run(numeric=gp.NumericConfig()) to drill it"
-            )
-        self._arm_faults()
-        self._node_loss_planned = any(f.action == "nodeloss" for f in parse_faults(self._plan_text))
-        limit = crash_loop if crash_loop is not None else int(os.environ.get("GOODPUT_CRASH_LOOP", "3"))
-        self._crash = CrashLoopDetector(run_dir, self.attempt, limit=limit) if self.info.rank == 0 else None
-        if self._crash is not None:
-            self._crash.check()
-        self.watchdog = Watchdog(hang_timeout, on_hang=self._hung) if hang_timeout else None
-        self.config = checkpoint or CheckpointConfig(root=os.path.join(run_dir, "checkpoints"))
-        self._progress_on = progress
-        self._exporters = list(exporters)
-        self._progress: Progress | None = None
-        self._manager: CheckpointManager | None = None
-        self._loader: Any = None
-        self._ahead: Iterator[Any] | None = (
-            None  # the iterator ``batches`` reads (a receiving thread's, maybe)
+        self._plan_text = faults if faults is not None else FAULTS.get()
+        if numeric is True:
+            numeric = NumericConfig()
+        if not isinstance(numeric, NumericConfig) and numeric is not False:
+            raise ConfigError(f"numeric must be a gp.NumericConfig, True or False, got {numeric!r}")
+        plan = checked_plan(
+            self._plan_text, self.info.world_size, total_steps, numeric_on=numeric is not False
         )
-        self._cache_stats: CacheStatsRecorder | None = None
+        self.faults = arm_faults(self, self._plan_text)
+        self.config = checkpoint or CheckpointConfig(root=os.path.join(run_dir, "checkpoints"))
+        self._manager: CheckpointManager | None = None
+        self.loader: Any = None  # the loader ``batches`` reads
+        self.fetch_seconds = 0.0  # the last step's wait for its batch
+        self._ahead: Iterator[Any] | None = None  # what ``batches`` reads (maybe a receiving thread's)
         self._last_saved: int | None = None
+        self._rewound = False  # a hook rolled the run back: ``batches`` iterates the loader again
         self._closed = False
-        self.step = 0
-        # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.run.records.
-        self._records = StepRecorder.from_env(run_dir, rank=self.info.rank, attempt=self.attempt)
-        self._warm_pending: Any = None  # a survivor's state, held from its failure to the next restore
-        self._warm_next: dict[str, Any] | None = None
-        self._warm_first: float | None = None
-        self._numeric = NumericGuard(numeric) if numeric is not None else None
+        self.hooks: list[RunHook] = builtin_hooks(
+            self,
+            plan=plan,
+            crash_loop=crash_loop,
+            progress=progress,
+            exporters=exporters,
+            numeric=numeric or None,
+        )
+        self.watchdog = Watchdog(hang_timeout, on_hang=self._hung) if hang_timeout else None
+        if self.watchdog is not None:  # first: a finished step is a heartbeat before any hook works on it
+            self.hooks.insert(0, WatchdogHook(self.watchdog))
+        self._stragglers = attach_stragglers(self, stragglers, exporters=exporters)
+        if self._stragglers is not None:
+            self.hooks.append(StragglerHook(self._stragglers))
+
+    def add_hook(self, hook: RunHook) -> None:
+        """Append ``hook`` to ``run.hooks`` (called after the built-in ones at every moment; see ``RunHook``)."""
+        self.hooks.append(hook)
 
     @property
     def manager(self) -> CheckpointManager:
@@ -170,6 +163,11 @@ class Run:
         if self._manager is None:
             raise ConfigError("call run.restore(model=..., ...) before training")
         return self._manager
+
+    @property
+    def state(self) -> TrainingState | None:
+        """The training state given to ``restore`` (None before it, and between generations)."""
+        return self._manager.state if self._manager is not None else None
 
     def restore(
         self,
@@ -192,48 +190,29 @@ class Run:
         self._manager = CheckpointManager(  # to the ledger of the moment (a rollback opens a new attempt)
             self.config, state, on_event=lambda name, **fields: self.ledger.on_event(name, **fields)
         )
-        self._observe_failures(self._manager)
-        self._loader = loader
+        observe_failures(self._manager, self.run_dir, attempt=self.attempt, rank=self.info.rank)
+        if self._stragglers is not None:  # its DDP comm hook goes on before any other part's
+            self._stragglers.attach(model)
+        self.loader = loader
         self.ledger.restore_start()
-        with self._phase("restore"):
-            step = self._warm_recover(state) if self._warm is not None else None
-            live = step is not None
+        with self.phase("restore"):
+            step = None
+            for hook in self.hooks:
+                step = hook.before_restore(self, state)
+                if step is not None:
+                    break
             if step is None:
-                if self._node_loss_planned:
-                    self._replace_lost_node(self._manager)
                 step = self._manager.restore_latest()
-            if self._warm is not None and step is not None:  # a warm restart before the next step hands it on
-                self._warm.position_restored(step, loader, from_checkpoint=not live)
         self.ledger.restore_end(step)
-        if self._numeric is not None:
-            self._numeric.attach(self, state, step)
-        parts = {
-            "model": model,
-            "optimizer": optimizer,
-            "scheduler": scheduler,
-            "scaler": scaler,
-            "data": loader,
-        }
-        self.ledger.state_registered([k for k, v in parts.items() if v is not None] + ["rng", "step"])
-        self.ledger.on_event(
-            "checkpoint_config", strategy=self.config.strategy, **_interval_fields(self.config)
-        )
-        if self._crash is not None:
-            self._crash.start(step)
+        record_state(self.ledger, state, self.config)
         self.step = step or 0
         self._last_saved = step
         self._preempt.start(self.step)
         already_complete(self)
         self.ledger.init_done()
         release_gc()  # the collector's thresholds back, the set-up's objects frozen (goodput.warm.boot)
-        if self._progress_on or self._exporters:
-            self._progress = Progress(
-                total=self.total_steps,
-                ledger=self.ledger,
-                initial=self.step,
-                disable=None if self._progress_on else True,
-                exporters=self._exporters,
-            )
+        for hook in self.hooks:
+            hook.on_restore(self, state, step)
         return step
 
     def batches(
@@ -251,29 +230,24 @@ class Run:
         ``ahead=True`` (its sampler then runs in it), and not when it was given to ``restore``: its own
         ``state_dict()`` would count the batch received ahead (a ConfigError says so).
         """
-        loader = loader if loader is not None else self._loader
+        loader = loader if loader is not None else self.loader
         if loader is None:
             raise ConfigError("batches() needs a loader (or one given to restore())")
         self._stop_ahead()  # a previous iteration's thread must leave the loader before it is iterated again
-        self._loader = loader
-        self._cache_stats = CacheStatsRecorder(self.ledger, loader)
+        self.loader = loader
         steps = steps if steps is not None else self.total_steps
-        source = loader
-        if ahead and not isinstance(loader, ResumableLoader) and self._checkpointed(loader):
-            raise ConfigError(
-                f"batches(ahead=True) with a {type(loader).__name__} whose position the checkpoint holds: its "
-                "state_dict() would count the batch received ahead as consumed, so a resume would skip it; use "
-                "goodput.ResumableLoader (ahead counts only the batches the loop got) or ahead=False"
-            )
-        if ahead or (ahead is None and isinstance(loader, ResumableLoader) and loader.config.num_workers > 0):
-            source = DevicePrefetcher(loader, "cpu")
-        iterator = self._ahead = iter(source)
-        self._cache_stats.epoch = int(getattr(loader, "epoch", 0))
-        if self._warm is not None:
-            self._warm.apply_rng()
+        for hook in self.hooks:
+            hook.on_batches(self, loader)
+        checkpointed = self.state is not None and self.state.loader is loader
+        source = batch_source(loader, ahead, checkpointed=checkpointed)
+        iterator = self._iterate(source, loader, first=True)
         pending = False  # a step_start was recorded and its batch not yet handed out
         empty_epochs = 0
-        while steps is None or self.step < steps:
+        while steps is None or self.step < steps or self._loop_end_rewound():
+            if self._rewound:  # rolled back in place: from the restored position
+                self._rewound = False
+                self._stop_ahead()
+                iterator = self._iterate(source, loader, first=False)
             if not pending:
                 self.ledger.step_start(self.step + 1)
                 pending = True
@@ -285,21 +259,29 @@ class Run:
                     raise DataError(
                         "the loader yields no batches: is the dataset smaller than a batch?"
                     ) from None
-                self._cache_stats.record()
-                iterator = self._ahead = iter(source)  # the next epoch
-                self._cache_stats.epoch = int(getattr(loader, "epoch", 0))
+                for hook in self.hooks:
+                    hook.on_epoch_end(self, loader)
+                iterator = self._iterate(source, loader, first=False)  # the next epoch
                 continue
             empty_epochs, pending = 0, False
+            for hook in self.hooks:
+                hook.on_batch(self, self.step + 1)
             yield batch
-            if self._numeric is not None and self._numeric.rewound:  # rolled back: from the restored position
-                self._numeric.rewound = False
-                self._stop_ahead()
-                iterator = self._ahead = iter(source)
-                self._cache_stats.epoch = int(getattr(loader, "epoch", 0))
 
-    def _checkpointed(self, loader: Any) -> bool:
-        """Whether ``loader`` is the one given to ``restore``, whose position every checkpoint holds."""
-        return self._manager is not None and self._manager.state.loader is loader
+    def _loop_end_rewound(self, *, closing: bool = False) -> bool:
+        """The loop reached its last step (``closing``: ``close()`` came first): whether a hook's verdict on the
+        last steps rolled the run back, so ``batches`` goes on from the restored step."""
+        for hook in self.hooks:
+            if hook.on_loop_end(self, closing):
+                self._rewound = True
+                return True
+        return False
+
+    def _iterate(self, source: Any, loader: Any, *, first: bool) -> Iterator[Any]:
+        iterator = self._ahead = iter(source)
+        for hook in self.hooks:
+            hook.on_iterator(self, loader, first)
+        return iterator
 
     def _stop_ahead(self) -> None:
         """Stop the background receiver of the last ``batches()`` (it joins its thread; nothing is consumed)."""
@@ -311,40 +293,36 @@ class Run:
     def step_done(self, *, loss: float | None = None) -> None:
         """Mark the step finished: record it, fire due faults, and save when the policy says so."""
         manager = self.manager
+        self.faults.stretch()  # a persistent slow fault makes this step longer (a straggler drill)
         self.step += 1
-        if self._numeric is not None:
-            loss = self._numeric.inject(loss)  # a drill's nan/spike/bitflip fault at this step
-        fetch = getattr(self._loader, "last_fetch_seconds", 0.0) or 0.0
-        self.ledger.step_end(self.step, fetch_seconds=fetch, loss=loss)
-        if self._records is not None:
-            self._records.step(self.step, loaders=(self._loader, manager.state.loader), loss=loss)
-        if self._warm is not None:
-            self._warm_step_done()
-        if self.watchdog is not None:
-            self.watchdog.beat()
-        if self._crash is not None:
-            self._crash.progress(self.step)
-        if self._progress is not None:
-            self._progress.update(self.step, loss=loss, fetch_seconds=fetch)
-        # After the step is recorded (a peer's failure inside the guard's all-gather leaves this rank where the
-        # next step's collective would), before faults, preemption and saves act on a step that may be wrong.
-        if self._numeric is not None and self._numeric.step(loss):
-            return  # rolled back in place, to an earlier step: batches() goes on from there
+        step = self.step
+        for hook in self.hooks:
+            loss = hook.adjust_loss(self, step, loss)
+        self.fetch_seconds = getattr(self.loader, "last_fetch_seconds", 0.0) or 0.0
+        self.ledger.step_end(step, fetch_seconds=self.fetch_seconds, loss=loss)
+        for hook in self.hooks:
+            if hook.on_step(self, step, loss):
+                self._rewound = True
+                return  # rolled back in place, to an earlier step: batches() goes on from there
         self.faults.check(phase="step", step=self.step)
         if self._preempt.should_stop(self.step):
-            stop_preempted(self, self._preempt.requested or "a signal")
+            self._stop_preempted(self._preempt.requested or "a signal")
         durable = manager.should_save(self.step)
         if manager.should_save_memory(self.step):
-            with self._phase("checkpoint_save"):
+            with self.phase("checkpoint_save"):
                 manager.save_memory(self.step)
         if durable:
             self.save()
+
+    def section(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Time a named part of the step for the straggler detector (a no-op when it is off)."""
+        return self._stragglers.section(name) if self._stragglers is not None else contextlib.nullcontext()
 
     def save(self) -> None:
         """Save the current step now (blocking only for the strategy's blocking part)."""
         manager = self.manager
         manager.state.step = self.step
-        with self._phase("checkpoint_save"):
+        with self.phase("checkpoint_save"):
             manager.save(self.step)
         self._last_saved = self.step
 
@@ -359,38 +337,38 @@ class Run:
         self._stop_ahead()
         try:
             if self._manager is not None:
+                if status == "ok":
+                    self._loop_end_rewound(closing=True)
                 if self._last_saved != self.step:
                     self.save()
-                with self._phase("checkpoint_save"):
+                with self.phase("checkpoint_save"):
                     self._manager.close()
-                if self._records is not None:
-                    self._records.final(self._manager.state, self.step)
-            if self._crash is not None:
-                self._crash.close()
-            if self._cache_stats is not None:
-                self._cache_stats.record()
+            for hook in self.hooks:
+                hook.on_finish(self)
         finally:
             self._shutdown(status)
 
     def _shutdown(self, status: str) -> None:
-        if self._numeric is not None:
-            self._numeric.close()
-        if self._records is not None:
-            self._records.close()
-        if self._progress is not None:
-            self._progress.close()
+        for hook in reversed(self.hooks):
+            hook.on_close(self, status)
         self.ledger.close(status)
-        if self.watchdog is not None:
-            self.watchdog.close()
         self._preempt.close()
         install_faults(None)
-        if self._warm is not None:
-            self._warm.stop_watch()
         if self._owns_group:
             import torch.distributed as dist
 
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+    def _stop_preempted(self, why: str) -> None:
+        """Save the current step durably on every rank, report it, close the run and end the process."""
+        if self._last_saved != self.step:
+            self.save()
+        with self.phase("checkpoint_save"):
+            result = self.manager.wait()
+        url = report_preempted(self, result, why)
+        self._close("interrupted")
+        exit_preempted(self, url, why)
 
     def __enter__(self) -> Run:
         return self
@@ -416,153 +394,54 @@ class Run:
         Raises:
             ConfigError: when ``train_fn`` cannot take the run as its one argument (``def train():``).
         """
-        _runhooks.check_train_fn(train_fn)
+        check_train_fn(train_fn)
         while True:
             try:
                 return train_fn(self)
             except Exception as err:
                 self._stop_ahead()
-                if self._warm is None:
+                if self.warm_hook is None:
                     raise
                 if not is_peer_failure(err):
-                    self._warm_fail(err)
+                    exit_failed(self, err)
                 self._warm_restart(err)
-
-    def _warm_fail(self, err: BaseException) -> NoReturn:
-        """This rank's own failure under warm restarts: record it and exit now, so a spare takes the rank.
-
-        Exiting at once (not through the interpreter's shutdown, which may wait on the process group) lets the
-        survivors' collectives fail promptly. The error is reported as the excepthook does (torch's error file;
-        ``FATAL`` for an error a restart cannot fix, which the launcher prints in one line and stops the job on).
-        """
-        line = report_failure(self.info.rank, err)
-        if not isinstance(err, FATAL_ERRORS):
-            traceback.print_exception(err)
-        self.ledger.failure_detected(f"exception on this rank: {line}"[:300])
-        if self._crash is not None:
-            self._crash.close()
-        self.ledger.close("failed")
-        sys.stderr.flush()
-        os._exit(1)
 
     def _warm_restart(self, err: BaseException) -> None:
         """Leave the failed generation keeping this process and its state, and join the next one."""
-        assert self._warm is not None
-        self.ledger.failure_detected(f"peer failure: {str(err).splitlines()[0][:200] if str(err) else err!r}")
-        self.ledger.close("failed")  # a warm restart opens a new attempt in this process
-        state = self._manager.state if self._manager is not None else None
-        self._warm_pending = self._warm.snapshot(self.step, state)
+        assert self.warm_hook is not None
+        self.end_attempt(f"peer failure: {str(err).splitlines()[0][:200] if str(err) else err!r}")
+        self.warm_hook.snapshot(self)
         self._manager = None  # bound to the dead group; a save in flight there is abandoned
-        if self._progress is not None:
-            self._progress.close()
-            self._progress = None
         self._preempt.leave_group()  # its group belongs to the dead generation; a preemption request stays
-        with self._phase("restore"):
-            self._warm_next = self._warm.leave()
+        with self.phase("restore"):
+            self.warm_hook.leave()
         # Every rank of the new generation makes the watch's group at the same point as a spare does in __init__.
         self._preempt.join_group()
-        self.ledger = Ledger(self.run_dir, rank=self.info.rank, began=self._warm.joined_wall)
-        self.attempt = self.ledger.attempt
-        if self._crash is not None:  # each generation is an attempt of the crash-loop count, as in __init__
-            self._crash.close()
-            self._crash = CrashLoopDetector(self.run_dir, self.attempt, limit=self._crash.limit)
-            self._crash.check()
-        if self._records is not None:  # verify-resume: the steps redone from here belong to the new attempt
-            self._records.close()
-            self._records = StepRecorder.from_env(self.run_dir, rank=self.info.rank, attempt=self.attempt)
+        self.begin_attempt("warm", began=self.warm_hook.worker.joined_wall)
         self._closed = False
-        self._arm_faults()
+        self.faults = arm_faults(self, self._plan_text)
 
-    def _warm_recover(self, state: TrainingState) -> int | None:
-        """In a generation formed by a warm restart: take the newest step from a surviving replica."""
-        assert self._warm is not None
-        if not self._warm.live_recovery:
-            return None
-        start = time.monotonic()
-        fault_point("restore")
-        step = self._warm.recover(self._warm_pending, state)
-        parts = self._warm.parts(time.monotonic() - start, self._warm_next)
-        self.ledger.event("warm_restart", restored_step=step, **parts)
-        self._warm.recovered()
-        self._warm_pending = self._warm_next = None
-        self._warm_first = time.monotonic()
-        return step
+    def end_attempt(self, failure: str) -> None:
+        """Record ``failure`` and close this attempt's ledger (a warm restart or a rollback follows)."""
+        self.ledger.failure_detected(failure)
+        self.ledger.close("failed")
 
-    def _completed_step(self) -> int:
-        return self.step
+    def begin_attempt(self, kind: str, *, began: float) -> None:
+        """Open a new ledger attempt in this process (``kind``: ``"warm"`` or ``"rollback"``) and tell the hooks."""
+        self.ledger = Ledger(self.run_dir, rank=self.info.rank, began=began)
+        self.attempt = self.ledger.attempt
+        for hook in self.hooks:
+            hook.on_attempt(self, kind)
 
-    def _warm_step_done(self) -> None:
-        assert self._warm is not None
-        self._warm.step_committed(self.step, self._loader)
-        if self._warm_first is not None:
-            seconds = round(time.monotonic() - self._warm_first, 6)
-            self.ledger.event("warm_first_step", step=self.step, seconds=seconds)
-            self._warm_first = None
+    def rewind(self, step: int) -> None:
+        """The state was restored in place to ``step`` (a rollback): go on from there, ``step`` being saved."""
+        self.step = step
+        self._last_saved = step
 
-    def _arm_faults(self) -> None:
-        # Under warm restarts a generation is the unit that draws random faults (the same on every rank).
-        attempt = self._warm.gen if self._warm is not None else self.attempt
-        self.faults = FaultPlan(
-            parse_faults(self._plan_text),
-            rank=self.info.rank,
-            world_size=self.info.world_size,
-            attempt=attempt,
-            marker_dir=os.path.join(self.run_dir, "faults"),
-            on_fire=self._fault_fired,
-        )
-        install_faults(self.faults)
-
-    def _observe_failures(self, manager: CheckpointManager) -> None:
-        """Feed the failure rate observed by earlier attempts of this run to the ``auto`` interval."""
-        if not isinstance(manager.policy, AutoInterval) or self.attempt == 0 or self.info.rank != 0:
-            return  # rank 0 decides time-based saves for every rank
-        events = read_events(self.run_dir, rank=None)
-        acc = account(events)
-        if acc.mtbf_seconds is not None:
-            manager.policy.observe_mtbf(acc.mtbf_seconds)
-            if isinstance(manager.memory_policy, AutoInterval):
-                manager.memory_policy.observe_mtbf(acc.mtbf_seconds)
-                # A failure recovered live from a surviving replica (warm restarts, replicated state) read no
-                # checkpoint: the memory tier plans only for the others, as the run's own record counts them.
-                not_live = 1.0 - live_recovered_share(events, acc.failures)
-                manager.memory_policy.failure_share *= not_live  # a new manager's: the planned share
-
-    def _replace_lost_node(self, manager: CheckpointManager) -> None:
-        """After a ``nodeloss`` fault, this node comes back as a fresh machine: its memory tier is emptied
-        (by its local rank 0, between two barriers so no rank of the job reads it meanwhile)."""
-        import torch.distributed as dist
-
-        request = os.path.join(self.run_dir, "faults", f"lost-node-{self.faults.node}")
-        lost = os.path.exists(request)
-        if dist.is_initialized():
-            dist.barrier()
-        if lost and manager.memory is not None and self.info.local_rank == 0:
-            manager.memory.store.wipe_node()
-            os.remove(request)
-        if dist.is_initialized():
-            dist.barrier()
-
-    def _phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """A stretch the watchdog allows longer than a step (``restore``, ``checkpoint_save``)."""
         return self.watchdog.phase(name) if self.watchdog is not None else contextlib.nullcontext()
-
-    def _fault_fired(self, fault: Fault, where: str) -> None:
-        self.ledger.event("fault_injected", action=fault.action, where=where, step=self.step)
-        if (
-            fault.action == "nodeloss"
-        ):  # the next attempt wipes this node's RAM tier, as a new machine has none
-            with open(os.path.join(self.run_dir, "faults", f"lost-node-{self.faults.node}"), "w"):
-                pass
-        if fault.action in ("kill", "hang", "nodeloss"):
-            self.ledger.flush()  # the process is about to die or stop: keep the record
 
     def _hung(self, silent: float, phase: str | None) -> None:
         self.ledger.failure_detected("hang" + (f" in {phase}" if phase else ""), silent_seconds=silent)
         self.ledger.close("failed")
-
-
-def _interval_fields(config: CheckpointConfig) -> dict[str, Any]:
-    if config.every_steps is not None:
-        return {"every_steps": config.every_steps}
-    if config.every_seconds is not None:
-        return {"interval_seconds": config.every_seconds}
-    return {}

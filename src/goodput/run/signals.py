@@ -15,8 +15,8 @@ all-reduce of the flag at every step would add a collective (a synchronisation p
 the ranks meet at *check steps*: at each one they all-reduce two integers on a gloo group of their own, the
 flag (any rank that saw the signal) and the next check step, chosen by rank 0 so that checks come about every
 ``check_seconds`` (2 s by default) from its measured step time. The all-reduce is started at the check step
-and its answer read one step later, so no rank waits for the others there (a blocking all-reduce made each
-rank wait for the slowest, about 5 ms per check on 2 busy cores): every rank reads the same answer at the same
+and its answer read one step later, so no rank waits for the others there (a blocking all-reduce would make
+each rank wait for the slowest): every rank reads the same answer at the same
 step, and stops after it. Cost: one 2-integer CPU all-reduce per ``check_seconds``, in the background; the
 price is a delay of at most ``check_seconds`` plus two steps between the signal and the agreed save, far
 inside a scheduler's grace period. A single process checks its flag at every step, for free.
@@ -36,13 +36,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from goodput._env import LAUNCH_DIR, LAUNCHER_PID, PREEMPT_SIGNAL
 from goodput._lifetime import end_with_parent, preload_libc
 from goodput.errors import ConfigError
 
 __all__ = ["PreemptionWatch"]
 
-PREEMPT_SIGNAL_ENV = "GOODPUT_PREEMPT_SIGNAL"
-DEFAULT_PREEMPT_SIGNAL = "USR1"
+PREEMPT_SIGNAL_ENV = PREEMPT_SIGNAL.name
+DEFAULT_PREEMPT_SIGNAL = PREEMPT_SIGNAL.default
 _UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
 
 
@@ -89,7 +90,7 @@ class PreemptionWatch:
     ) -> None:
         self.rank = rank
         self.world_size = world_size
-        self.signum = signum or parse_signal(os.environ.get(PREEMPT_SIGNAL_ENV, DEFAULT_PREEMPT_SIGNAL))
+        self.signum = signum or parse_signal(PREEMPT_SIGNAL.get())
         self.requested: str | None = None  # the name of the signal that asked, once one did
         self._check_seconds = check_seconds
         self._clock = clock
@@ -187,7 +188,7 @@ def become_subreaper() -> bool:
         return False
 
 
-LAUNCHER_PID_ENV = "GOODPUT_LAUNCHER_PID"
+LAUNCHER_PID_ENV = LAUNCHER_PID.name
 
 
 def end_with_launcher() -> None:
@@ -197,10 +198,10 @@ def end_with_launcher() -> None:
     before: the worker then has the launcher (a subreaper) for a parent, or, the launcher gone too, another
     process; either way it ends at once.
     """
-    if not os.environ.get("GOODPUT_LAUNCH_DIR"):
+    if not LAUNCH_DIR.get():
         return
     end_with_parent()
-    launcher = int(os.environ.get(LAUNCHER_PID_ENV) or 0)
+    launcher = int(LAUNCHER_PID.get() or 0)
     if launcher and (os.getppid() == launcher or not _alive(launcher)):
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from goodput.verify.records import DIGEST_PREFIXES, RunRecords, StepRecord
+from goodput.run.records import DIGEST_PREFIXES
+from goodput.verify.records import RunRecords, StepRecord
 
 __all__ = ["Difference", "compare_records", "drawn_generators", "idle_generators"]
 

@@ -1,205 +1,18 @@
-"""What ``Run`` records so that two runs of a script can be compared: each step's samples and loss, the final state.
-
-``goodput verify-resume`` sets ``GOODPUT_RECORDS=1`` in the workers' environment; ``Run`` then keeps, per rank:
-
-- ``<run_dir>/records/attempt-<a>.rank-<r>.jsonl``: a header ``{"attempt", "rank", "resumed"}`` (the step this
-  attempt started after) and one line per finished step ``{"step", "samples", "count", "loss", "rng"}``: a
-  digest of the step's dataset indices (from a loader that knows them, such as ``ResumableLoader``), their
-  number, the loss given to ``step_done`` as an exact float (``float.hex``), and a digest of each random
-  generator's state (python, numpy, torch, cuda). One small append per step, no fsync: the page cache keeps
-  it when the process is killed.
-- ``<run_dir>/records/final.rank-<r>.json``: written by ``close()``: a digest of every piece of the final
-  training state (each model and optimizer tensor, the scheduler, scaler, step, extras, RNG states and data
-  position), from the :class:`~goodput.checkpoint.TrainingState` the checkpoints are made of.
-
-A step redone after a restart is recorded again; :func:`read_records` keeps, for each step, the last time it
-was trained: the one whose result survived. Without the variable nothing is recorded.
+"""Reading what ``Run`` recorded for verify-resume (:mod:`goodput.run.records` writes it): each rank's
+effective steps (the last time each was trained) and its final state's digests.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = [
-    "RECORDS_ENV",
-    "RunRecords",
-    "StepRecord",
-    "StepRecorder",
-    "read_records",
-    "state_digests",
-]
+from goodput.run.records import FINAL_FILE, RECORDS_DIR, RECORDS_ENV, STEPS_FILE, StepRecorder, state_digests
 
-RECORDS_ENV = "GOODPUT_RECORDS"
-RECORDS_DIR = "records"
-_STEPS = re.compile(r"^attempt-(\d+)\.rank-(\d+)\.jsonl$")
-_FINAL = re.compile(r"^final\.rank-(\d+)\.json$")
-_SHORT = 64  # non-tensor values up to this many characters are kept as they are, not as a digest
-DIGEST_PREFIXES = ("tensor:", "json:")  # how a digest of a final-state piece starts (else: the value itself)
-
-
-def _digest(*parts: bytes) -> str:
-    h = hashlib.blake2b(digest_size=8)
-    for part in parts:
-        h.update(part)
-    return h.hexdigest()
-
-
-def indices_digest(indices: Any) -> str:
-    """A short digest of a batch's dataset indices, in order."""
-    import numpy as np
-
-    return _digest(np.asarray(indices, dtype="<i8").tobytes())
-
-
-class StepRecorder:
-    """Appends one rank's records of one attempt (see the module docstring).
-
-    Args:
-        run_dir: the run folder.
-        rank: this process's rank.
-        attempt: this attempt's number (the ledger's).
-    """
-
-    def __init__(self, run_dir: str, *, rank: int, attempt: int) -> None:
-        self.folder = os.path.join(run_dir, RECORDS_DIR)
-        self.rank = rank
-        self.attempt = attempt
-        self._fd: int | None = None
-
-    @classmethod
-    def from_env(cls, run_dir: str, *, rank: int, attempt: int) -> StepRecorder | None:
-        """A recorder when ``GOODPUT_RECORDS`` is set to a true value, else None."""
-        if os.environ.get(RECORDS_ENV, "") in ("", "0"):
-            return None
-        return cls(run_dir, rank=rank, attempt=attempt)
-
-    def step(self, step: int, *, loaders: Iterable[Any], loss: float | None) -> None:
-        """Record finished ``step``: the indices of the batch a loader delivered last, and the loss."""
-        if self._fd is None:
-            os.makedirs(self.folder, exist_ok=True)
-            path = os.path.join(self.folder, f"attempt-{self.attempt}.rank-{self.rank}.jsonl")
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self._write({"attempt": self.attempt, "rank": self.rank, "resumed": step - 1})
-        indices = _last_indices(loaders)
-        self._write(
-            {
-                "step": step,
-                "samples": None if indices is None else indices_digest(indices),
-                "count": None if indices is None else len(indices),
-                "loss": None if loss is None else float(loss).hex(),
-                "rng": rng_digests(),
-            }
-        )
-
-    def final(self, state: Any, step: int) -> None:
-        """Record the digests of the final training state (a ``TrainingState``) after ``step``."""
-        os.makedirs(self.folder, exist_ok=True)
-        record = {"attempt": self.attempt, "step": step, "state": state_digests(state)}
-        path = os.path.join(self.folder, f"final.rank-{self.rank}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(record, f)
-        os.replace(path + ".tmp", path)
-
-    def close(self) -> None:
-        """Close the step file (idempotent)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def _write(self, record: dict[str, Any]) -> None:
-        assert self._fd is not None
-        os.write(self._fd, (json.dumps(record) + "\n").encode())
-
-
-def rng_digests() -> dict[str, str]:
-    """A short digest of each random generator's state (python, numpy, torch, and cuda when in use).
-
-    The same generators :func:`goodput.checkpoint.capture_rng` saves, hashed from their raw state (cheap
-    enough for every step).
-    """
-    import random
-    from array import array
-
-    import numpy as np
-    import torch
-
-    version, internal, gauss = random.getstate()
-    kind, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    digests = {
-        "python": _digest(array("Q", internal).tobytes(), repr((version, gauss)).encode()),
-        "numpy": _digest(np.asarray(key).tobytes(), repr((kind, pos, has_gauss, cached)).encode()),
-        "torch": _digest(torch.get_rng_state().numpy().tobytes()),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        digests["cuda"] = _digest(*(s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()))
-    return digests
-
-
-def _last_indices(loaders: Iterable[Any]) -> Any:
-    """The delivered batch's indices from the first loader that knows them (None: none does)."""
-    for loader in loaders:
-        indices = getattr(loader, "last_indices", None)
-        if indices is not None:
-            return indices
-    return None
-
-
-# -- the final state ------------------------------------------------------------------------------------------
-
-
-def state_digests(state: Any) -> dict[str, str]:
-    """Piece name -> digest (or short value) of every leaf of a ``TrainingState``, in the state's order.
-
-    Names read like the state: ``model.fc.weight``, ``optimizer.state.fc.weight.exp_avg``,
-    ``scheduler.last_epoch``, ``step``, ``rng.torch``, ``loader.consumed``. Sharded tensors contribute this
-    rank's shard, so every rank records what it holds.
-    """
-    pieces: dict[str, str] = {}
-    for key, value in state.state_dict().items():
-        if key == "meta":
-            meta = json.loads(value)
-            pieces["step"] = str(meta.pop("step"))
-            _flatten(meta, "", pieces)
-        elif re.fullmatch(r"rank\d+", key):
-            _flatten(json.loads(value), "", pieces)  # rng.* and loader.*: this rank's own entry
-        else:
-            _flatten(value, "optimizer" if key == "optim" else key, pieces)
-    return pieces
-
-
-def _flatten(value: Any, name: str, out: dict[str, str]) -> None:
-    import torch
-
-    prefix = f"{name}." if name else ""
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            _flatten(item, f"{prefix}{key}", out)
-    elif isinstance(value, list | tuple) and any(isinstance(v, Mapping | torch.Tensor) for v in value):
-        for i, item in enumerate(value):
-            _flatten(item, f"{prefix}{i}", out)
-    elif isinstance(value, torch.Tensor):
-        out[name] = _tensor_digest(value)
-    else:
-        text = json.dumps(value, sort_keys=True, default=lambda v: f"<{type(v).__name__}>")
-        out[name] = text if len(text) <= _SHORT else "json:" + _digest(text.encode())
-
-
-def _tensor_digest(tensor: Any) -> str:
-    import torch
-
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor: this rank's shard
-    t = local.detach().cpu().contiguous()
-    header = f"{t.dtype}:{tuple(t.shape)}".encode()
-    return "tensor:" + _digest(header, t.reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-# -- reading ----------------------------------------------------------------------------------------------------
+__all__ = ["RECORDS_ENV", "RunRecords", "StepRecord", "StepRecorder", "read_records", "state_digests"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,14 +52,14 @@ def read_records(run_dir: str) -> RunRecords:
     """
     folder = os.path.join(run_dir, RECORDS_DIR)
     names = os.listdir(folder)
-    files = sorted((int(m[1]), int(m[2]), n) for n in names if (m := _STEPS.match(n)))
+    files = sorted((int(m[1]), int(m[2]), n) for n in names if (m := STEPS_FILE.match(n)))
     steps: dict[int, dict[int, StepRecord]] = {}
     for attempt, rank, name in files:
         with open(os.path.join(folder, name)) as f:
             _read_steps(f, steps.setdefault(rank, {}), rank=rank, attempt=attempt)
     final = {}
     for name in names:
-        if m := _FINAL.match(name):
+        if m := FINAL_FILE.match(name):
             with open(os.path.join(folder, name)) as f:
                 final[int(m[1])] = json.load(f)
     return RunRecords(steps=steps, final=final, attempts=sorted({a for a, _, _ in files}))

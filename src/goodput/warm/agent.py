@@ -7,7 +7,7 @@ This agent keeps torch.distributed.elastic's parts and changes that one decision
 
 * workers and hot spares are started with elastic's ``start_processes`` (one process context per slot, so one
   slot can be replaced while the others run), and coordinate through a c10d ``TCPStore`` the agent hosts for
-  the job's whole life (see ``goodput.warm.worker`` for the keys);
+  the job's whole life (the keys are in ``goodput.warm.protocol``);
 * on a worker's failure (non-zero exit, signal, or the hang watchdog's exit) the agent hands the dead rank to
   a spare that has already imported torch and the script's imports, publishes the next generation, and
   starts a new spare in the background; the survivors, whose collectives failed, leave the failed step in
@@ -18,12 +18,6 @@ This agent keeps torch.distributed.elastic's parts and changes that one decision
 
 Every decision is appended to ``RUN_DIR/warm/agent.jsonl`` (one JSON object a line), and each worker's ledger
 records the restart's parts as seen by that rank.
-
-The launcher around it: ``launch_warm`` runs the agent as a process under torchrun's supervisor
-(``goodput.launch.supervise``), so a warm launch keeps every promise of a cold one: preemption (exit 75), the
-crash-loop verdict (each generation is an attempt; exit 3), errors a restart cannot fix (a worker reports its
-own as ``FATAL`` before it exits, so no spare is handed it; exit 78), and no process left behind. An elastic
-``--nnodes MIN:MAX`` is refused: a generation keeps the world size.
 
 Several nodes: each node runs an agent (``--nnodes N --rdzv-endpoint HOST:PORT``); the agents meet through
 elastic's c10d rendezvous and share its store. Generations are numbered by a store counter; the agent that
@@ -46,52 +40,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from goodput.errors import ConfigError
+from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR
 from goodput.launch.folder import LOGS_DIR, launch_dir, write_notice
 from goodput.launch.launcher import LaunchConfig
 from goodput.launch.output import describe_exit
+from goodput.warm import protocol
 from goodput.warm.idle import can_return, make_idle, make_normal
 from goodput.warm.record import claim_folder, record_folder, remove_folder
-from goodput.warm.worker import (
-    GEN_ENV,
-    PG_TIMEOUT_ENV,
-    PREFIX_ENV,
-    REFORM_TIMEOUT_ENV,
-    ROLE_ENV,
-    SPARE_ENV,
-    STORE_ENV,
-)
+from goodput.warm.start import WarmConfig, check_warm, launch_warm, rendezvous
 
-__all__ = ["WarmAgent", "WarmConfig", "launch_warm"]
+__all__ = ["AGENT_LOG", "WarmAgent", "WarmConfig", "launch_warm"]
 
 AGENT_LOG = os.path.join("warm", "agent.jsonl")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WarmConfig:
-    """How warm restarts behave.
-
-    Args:
-        spares: hot spare processes kept per node (0: a replacement is started cold and survivors wait).
-        reform_timeout: seconds for a warm restart to re-form the group and recover before a cold restart.
-        pg_timeout: seconds a collective may wait before it fails. A survivor blocked in a collective with a
-            hung peer leaves it after this long, so keep it shorter than the script's ``Run(hang_timeout=)``:
-            the hung rank's own watchdog then ends it and a spare takes its place.
-        first_spare_delay: at most this many seconds from the start before the first spares are started (they
-            start as soon as every worker has finished its first step; 0: at once, with the workers).
-    """
-
-    spares: int = 1
-    reform_timeout: float = 30.0
-    pg_timeout: float = 30.0
-    first_spare_delay: float = 120.0
-
-    def __post_init__(self) -> None:
-        if self.spares < 0:
-            raise ConfigError(f"--spares must be >= 0, got {self.spares}")
-        for name in ("reform_timeout", "pg_timeout"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"WarmConfig.{name} must be > 0, got {getattr(self, name)}")
 
 
 @dataclasses.dataclass
@@ -119,7 +79,7 @@ class WarmAgent:
             )
             self.address = f"127.0.0.1:{base.port}"
         else:
-            self.node_rank, self.address, self._rdzv = _rendezvous(launch)
+            self.node_rank, self.address, self._rdzv = rendezvous(launch)
             host, port = self.address.rsplit(":", 1)
             base = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60))
             prefix = f"goodput-warm/{launch.rdzv_id}/"
@@ -148,19 +108,21 @@ class WarmAgent:
     def _env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
         if self.launch.run_dir is not None:
-            env["GOODPUT_RUN_DIR"] = os.path.abspath(self.launch.run_dir)
+            env[RUN_DIR.name] = os.path.abspath(self.launch.run_dir)
         env.update(
-            GOODPUT_FAULTS=self.launch.faults,
-            GOODPUT_CRASH_LOOP=str(self.launch.crash_loop),
             TORCHELASTIC_RUN_ID=self.launch.rdzv_id,
             TORCHELASTIC_RESTART_COUNT=str(self.cold_restarts),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=self.address.rsplit(":", 1)[1],
-            **{STORE_ENV: self.address, PREFIX_ENV: self.prefix},
-            **{PG_TIMEOUT_ENV: str(self.warm.pg_timeout), REFORM_TIMEOUT_ENV: str(self.warm.reform_timeout)},
+            **{FAULTS.name: self.launch.faults, CRASH_LOOP.name: str(self.launch.crash_loop)},
+            **{protocol.STORE_ENV: self.address, protocol.PREFIX_ENV: self.prefix},
+            **{
+                protocol.PG_TIMEOUT_ENV: str(self.warm.pg_timeout),
+                protocol.REFORM_TIMEOUT_ENV: str(self.warm.reform_timeout),
+            },
         )
         if self.launch.allow_fresh_start:
-            env["GOODPUT_ALLOW_FRESH_START"] = "1"  # read by CheckpointConfig.fresh_start_allowed
+            env[ALLOW_FRESH_START.name] = "1"  # read by CheckpointConfig.fresh_start_allowed
         if self.nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for several processes per node
         env.update(extra)
@@ -190,14 +152,14 @@ class WarmAgent:
             WORLD_SIZE=str(self.world_size),
             LOCAL_WORLD_SIZE=str(self.nproc),
             GROUP_RANK=str(self.node_rank),
-            **{ROLE_ENV: "worker", GEN_ENV: str(self.gen)},
+            **{protocol.ROLE_ENV: "worker", protocol.GEN_ENV: str(self.gen)},
         )
         self.workers[rank] = self._spawn(f"rank{rank}", env)
 
     def _start_spare(self) -> None:
         spare = self._next_spare
         self._next_spare += 1
-        env = self._env(**{ROLE_ENV: "spare", SPARE_ENV: f"{self.node_rank}-{spare}"})
+        env = self._env(**{protocol.ROLE_ENV: "spare", protocol.SPARE_ENV: f"{self.node_rank}-{spare}"})
         slot = self._spawn(f"spare{spare}", env)
         if self._idle_spares:
             make_idle(slot.pid)  # its imports use only CPU time the ranks leave (goodput.warm.idle)
@@ -229,14 +191,14 @@ class WarmAgent:
         if self._spares_started:
             return True
         if time.monotonic() - self._started >= self.warm.first_spare_delay or self.store.check(
-            [f"stepped/{rank}" for rank in self.ranks]
+            [protocol.stepped_key(rank) for rank in self.ranks]
         ):
             self._spares_started = True
         return self._spares_started
 
     def _publish(self, kind: str, **fields: Any) -> None:
         info = {"kind": kind, "gen": self.gen, **fields}
-        self.store.set(f"gen/{self.gen}/info", json.dumps(info))
+        self.store.set(protocol.info_key(self.gen), json.dumps(info))
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -245,7 +207,7 @@ class WarmAgent:
 
         if self.node_rank == 0:
             self._publish("cold", failed=[])
-            self.store.set("gen/current", "0")
+            self.store.set(protocol.CURRENT_KEY, "0")
         claim_folder(record_folder(self.address, self.prefix))  # and sweep a SIGKILLed launch's
         try:
             for rank in self.ranks:
@@ -328,7 +290,7 @@ class WarmAgent:
         if self._pending is None:
             return False
         gen = self._pending[0]
-        if self.store.add(f"gen/{gen}/recovered", 0) < self.world_size:
+        if self.store.add(protocol.recovered_key(gen), 0) < self.world_size:
             return False
         self._record("warm_restart_done", gen=gen)
         self._pending = None
@@ -348,22 +310,22 @@ class WarmAgent:
         """Whether the current generation was formed by a warm restart that has not recovered yet."""
         if self.gen == 0:
             return False
-        info = json.loads(self.store.get(f"gen/{self.gen}/info"))
+        info = json.loads(self.store.get(protocol.info_key(self.gen)))
         return bool(
-            info["kind"] == "warm" and self.store.add(f"gen/{self.gen}/recovered", 0) < self.world_size
+            info["kind"] == "warm" and self.store.add(protocol.recovered_key(self.gen), 0) < self.world_size
         )
 
     def _new_generation(self) -> int:
-        return int(self.store.add("gen/counter", 1))
+        return int(self.store.add(protocol.COUNTER_KEY, 1))
 
     def _follow(self) -> None:
         """Join a generation another node's agent made: a cold one restarts this node's workers too."""
         if self.nnodes == 1:
             return
-        current = int(self.store.get("gen/current"))
+        current = int(self.store.get(protocol.CURRENT_KEY))
         if current <= self.gen:
             return
-        info = json.loads(self.store.get(f"gen/{current}/info"))
+        info = json.loads(self.store.get(protocol.info_key(current)))
         self.gen = current
         if info["kind"] == "cold":
             self._stop(list(self.workers.values()))
@@ -381,7 +343,7 @@ class WarmAgent:
     def _warm_restart(self, failed: list[int], detected: float) -> None:
         """Hand each failed rank to a spare (or a fresh process) and let the survivors join the next group."""
         old, new = self.gen, self._new_generation()
-        won = self.store.compare_set(f"gen/{old}/next", "", json.dumps({"gen": new})).decode()
+        won = self.store.compare_set(protocol.next_key(old), "", json.dumps({"gen": new})).decode()
         if json.loads(won)["gen"] != new:  # another node's agent restarted generation `old` first
             self._cold_restart(failed, detected, "failures on two nodes at once")
             return
@@ -389,7 +351,7 @@ class WarmAgent:
         handed = [self._hand_over(rank) for rank in failed]
         handover = time.time()
         self._publish("warm", failed=failed, detected_wall=detected, from_gen=old, handover_wall=handover)
-        self.store.set("gen/current", str(new))
+        self.store.set(protocol.CURRENT_KEY, str(new))
         self._pending = (new, time.monotonic() + self.warm.reform_timeout)
         self._record(
             "warm_restart",
@@ -417,10 +379,12 @@ class WarmAgent:
             "gen": self.gen,
             "restart_count": self.cold_restarts,
         }
-        ready = self.store.check([f"spare/{self.node_rank}-{spare.spare}/ready"])  # False: still importing
+        ready = self.store.check(
+            [protocol.spare_ready_key(f"{self.node_rank}-{spare.spare}")]
+        )  # False: still importing
         if self._idle_spares:
             make_normal(spare.pid)
-        self.store.set(f"spare/{self.node_rank}-{spare.spare}/assign", json.dumps(assign))
+        self.store.set(protocol.spare_assign_key(f"{self.node_rank}-{spare.spare}"), json.dumps(assign))
         self.workers[rank] = spare
         return {"rank": rank, "spare": spare.spare, "pid": spare.pid, "ready": ready}
 
@@ -441,7 +405,7 @@ class WarmAgent:
         self.gen = self._new_generation()
         self.cold_restarts += 1
         self._publish("cold", failed=failed, detected_wall=detected, reason=reason)
-        self.store.set("gen/current", str(self.gen))
+        self.store.set(protocol.CURRENT_KEY, str(self.gen))
         self._record("cold_restart", gen=self.gen, failed=failed, reason=reason, detected_wall=detected)
         self._notice(failed, f"cold restart of every rank ({reason})")
         for rank in self.ranks:
@@ -467,29 +431,6 @@ class WarmAgent:
             f.write(json.dumps({"event": event, "wall": time.time(), **fields}) + "\n")
 
 
-def _rendezvous(launch: LaunchConfig) -> tuple[int, str, Any]:
-    """Meet the other nodes' agents through torch elastic's c10d rendezvous: this node's rank, and the
-    ``host:port`` of the store the rendezvous hosts (shared by every agent, worker and spare of the job), and
-    the rendezvous handler, which must stay alive: on the node that hosts the store it owns the server."""
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-
-    if launch.rdzv_endpoint is None:
-        raise ConfigError("--restart warm with --nnodes > 1 needs --rdzv-endpoint HOST:PORT")
-    nnodes = int(launch.nnodes)
-    params = RendezvousParameters(
-        backend="c10d",
-        endpoint=launch.rdzv_endpoint,
-        run_id=launch.rdzv_id,
-        min_nodes=nnodes,
-        max_nodes=nnodes,
-        local_addr="127.0.0.1" if launch.rdzv_endpoint.startswith(("127.0.0.1:", "localhost:")) else None,
-    )
-    handler = get_rendezvous_handler(params)
-    info = handler.next_rendezvous()
-    return info.rank, launch.rdzv_endpoint, handler
-
-
 def _boot(script: tuple[str, ...]) -> tuple[str, ...]:
     """The script's command line behind ``-m goodput.warm.boot`` (its imports with the collector held back)."""
     return ("-m", "goodput.warm.boot", *script) if os.path.isfile(script[0]) else script
@@ -498,37 +439,3 @@ def _boot(script: tuple[str, ...]) -> tuple[str, ...]:
 def _kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-
-
-def check_warm(launch: LaunchConfig) -> None:
-    """Refuse what warm restarts do not support, in one line.
-
-    Raises:
-        ConfigError: for an elastic node count (``--nnodes MIN:MAX``).
-    """
-    if not launch.nnodes.isdigit():
-        raise ConfigError(
-            f"--restart warm needs a fixed node count, got --nnodes {launch.nnodes}: pass --nnodes N (the same "
-            "on every node), or use --restart cold for an elastic MIN:MAX"
-        )
-
-
-def launch_warm(launch: LaunchConfig, warm: WarmConfig) -> int:
-    """Run ``launch``'s script under the warm-restart agent; returns the job's exit status.
-
-    The agent runs as a child of ``goodput launch``'s supervisor, in torchrun's place, so a warm launch keeps
-    every promise of a cold one: the launch folder, preemption with one agreed save (``EXIT_PREEMPTED``), the
-    crash-loop and fatal-error verdicts (``EXIT_CRASH_LOOP``, ``EXIT_FATAL``) and no process left behind.
-    """
-    from goodput.launch.preflight import check_before_launch
-    from goodput.launch.supervise import Supervisor
-
-    check_warm(launch)
-    check_before_launch(launch)
-    spec = json.dumps({"launch": dataclasses.asdict(launch), "warm": dataclasses.asdict(warm)})
-    supervisor = Supervisor(launch, command=[sys.executable, "-m", "goodput.warm", spec])
-    try:
-        return supervisor.run()
-    finally:
-        if supervisor.folder:  # the agent removes it, unless the launcher had to kill it first
-            remove_folder(record_folder("", "", launch=os.path.basename(supervisor.folder)))

@@ -4,7 +4,7 @@
 collector's thresholds, then runs SCRIPT as ``__main__`` (``runpy``, as ``python SCRIPT`` would). Importing torch,
 ``torch._dynamo`` (which every torch.optim optimizer imports when it is built) and sympy allocates ~500k objects
 that live as long as the process: with the default thresholds the collector scans them again and again while they
-are made (measured: 2.18 s of CPU for those imports against 1.78 s with the raised thresholds, on this machine).
+are made, a large share of a spare's start-up CPU.
 The collector still runs, only less often, so a script that never reaches ``Run`` leaks nothing.
 
 :func:`release`, called by ``Run`` once its set-up is done (before the first step), puts the thresholds back and

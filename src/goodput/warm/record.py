@@ -1,14 +1,12 @@
 """Each rank's RNG record under warm restarts, kept in a node-local RAM file instead of the agent's store.
 
 After every completed step a rank writes its RNG state so that, if it dies, its replacement (a spare on the
-same node: spares are per node) continues its random streams exactly. Writing it to the agent's TCP store cost
-a round trip to another process per step: on 2 busy cores (load 10-15) the gap between two steps grew from
-~3 ms (cold) to ~9 ms (warm), about 2% of the demo's wall time. A ``pwrite`` to a file in ``/dev/shm`` needs
-no other process to run.
+same node: spares are per node) continues its random streams exactly. Writing it to the agent's TCP store would
+cost a round trip to another process per step, on every step; a ``pwrite`` to a file in ``/dev/shm`` needs no
+other process to run.
 
 Two slots per rank, written alternately, each ``step, length, crc32`` then the record's bytes (the binary RNG
-record of :mod:`goodput.warm.rng`): a write torn by a kill in
-the middle of the system call (the kernel may stop a write between pages on SIGKILL) fails its checksum, and
+record of :mod:`goodput.checkpoint.rng`): a write torn by a kill in the middle of the system call (the kernel may stop a write between pages on SIGKILL) fails its checksum, and
 the reader takes the other slot (one step older: the documented case where a replacement's randomness may
 differ). The folder is named after the launch (or the job's store address), so the workers and spares of one job
 on one node share it and no two jobs do; the agent removes it at the end, and ``launch_warm`` again after the
@@ -27,7 +25,7 @@ import struct
 import tempfile
 import zlib
 
-from goodput.launch.folder import LAUNCH_ID_ENV
+from goodput._env import LAUNCH_ID
 from goodput.warm.owner import record_owner, sweep_stale
 
 __all__ = ["RecordFiles", "claim_folder", "record_folder", "remove_folder"]
@@ -43,7 +41,7 @@ def record_folder(store_address: str, prefix: str, launch: str | None = None) ->
     without one, after the job's store.
     """
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    launch = launch if launch is not None else os.environ.get(LAUNCH_ID_ENV, "")
+    launch = launch if launch is not None else LAUNCH_ID.get()
     key = f"launch|{launch}" if launch else f"{store_address}|{prefix}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return os.path.join(base, f"goodput-warm-{os.getuid()}-{digest}")

@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from goodput.warm.protocol import next_key
+
 __all__ = ["EndWatch", "connect_store", "install_optimizer_guard"]
 
 POLL_SECONDS = 0.1
@@ -45,7 +47,7 @@ class EndWatch:
     def _watch(self) -> None:
         try:
             store = connect_store(self._address, self._prefix)
-            key = f"gen/{self.gen}/next"
+            key = next_key(self.gen)
             while not self._stop.wait(POLL_SECONDS):
                 if store.check([key]):
                     break

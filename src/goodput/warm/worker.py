@@ -25,8 +25,10 @@ Live recovery (``kind == "warm"``): every rank of the new group says which step 
 completed step; the replacement: none). The group adopts the highest; the lowest rank holding it broadcasts
 model, optimizer, scheduler, scaler, loader position and step to every rank, which load them into the
 objects the re-entered training function built. With DDP every rank contributed its gradients to any step one
-survivor completed, so adopting it loses no work: at most the failed step is redone. Every rank then restores
-its RNG from its record (:mod:`goodput.warm.record`). Sharded models (FSDP/DTensor parameters) hold no full replica, so they fall back
+survivor completed, so adopting it loses no work: at most the failed step is redone. The state travels in
+``TrainingState``'s live form (``live_state_dict``: the parts' own state dicts, counters and extras, and the
+loader position of the last completed step). Every rank then restores its RNG from its record
+(:mod:`goodput.warm.record`). Sharded models (FSDP/DTensor parameters) hold no full replica, so they fall back
 to the newest checkpoint.
 """
 
@@ -42,24 +44,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from goodput.launch.folder import PEER_FAILURE_MARKERS
+from goodput.warm.protocol import (
+    GEN_ENV,
+    ROLE_ENV,
+    WARM_GEN,
+    WARM_PG_TIMEOUT,
+    WARM_PREFIX,
+    WARM_REFORM_TIMEOUT,
+    WARM_ROLE,
+    WARM_SPARE_ID,
+    WARM_STORE,
+    arrived_key,
+    everyone_key,
+    group_prefix,
+    info_key,
+    next_key,
+    recovered_key,
+    spare_assign_key,
+    spare_ready_key,
+    stepped_key,
+)
 from goodput.warm.record import RecordFiles, record_folder
-from goodput.warm.rng import RngCapture, restore_rng
 from goodput.warm.watch import EndWatch, connect_store, install_optimizer_guard
 
 __all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
 
-STORE_ENV = "GOODPUT_WARM_STORE"
-ROLE_ENV = "GOODPUT_WARM_ROLE"
-GEN_ENV = "GOODPUT_WARM_GEN"
-SPARE_ENV = "GOODPUT_WARM_SPARE_ID"
-PREFIX_ENV = "GOODPUT_WARM_PREFIX"
-PG_TIMEOUT_ENV = "GOODPUT_WARM_PG_TIMEOUT"
-REFORM_TIMEOUT_ENV = "GOODPUT_WARM_REFORM_TIMEOUT"
-
 
 def warm_enabled() -> bool:
     """True in a worker or spare started by the warm-restart agent."""
-    return bool(os.environ.get(STORE_ENV))
+    return bool(WARM_STORE.get())
 
 
 def is_peer_failure(err: BaseException) -> bool:
@@ -94,25 +107,27 @@ class WarmWorker:
     """This process's place in a warm-restartable job: its store, generation and process group."""
 
     def __init__(self) -> None:
-        prefix = os.environ.get(PREFIX_ENV, "")  # several nodes share the rendezvous's store
-        self.store: Any = connect_store(os.environ[STORE_ENV], prefix)
-        self.pg_timeout = float(os.environ.get(PG_TIMEOUT_ENV, "60"))
-        self.reform_timeout = float(os.environ.get(REFORM_TIMEOUT_ENV, "60"))
+        prefix = WARM_PREFIX.get()  # several nodes share the rendezvous's store
+        self.store: Any = connect_store(WARM_STORE.get(), prefix)
+        self.pg_timeout = float(WARM_PG_TIMEOUT.get())
+        self.reform_timeout = float(WARM_REFORM_TIMEOUT.get())
         self.spare_wait: float | None = None  # seconds this process waited as a spare
         self.began: float | None = None  # a spare's attempt begins when it is handed a rank
-        if os.environ.get(ROLE_ENV) == "spare":
+        if WARM_ROLE.get() == "spare":
             self._wait_for_rank()
-        self.gen = int(os.environ[GEN_ENV])
+        self.gen = int(WARM_GEN.get())
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.info: dict[str, Any] = {}
-        self._rng_records = RecordFiles(record_folder(os.environ[STORE_ENV], prefix), self.rank)
+        self._rng_records = RecordFiles(record_folder(WARM_STORE.get(), prefix), self.rank)
         self._stepped = False
         self.joined_wall = 0.0
         self._last_loader: Any = None  # the loader's position after step ``_loader_step``
         self._loader_step: int | None = None
         self._failed_wall: float | None = None
         self._pending_rng: bytes | None = None
+        from goodput.checkpoint.rng import RngCapture  # torch: imported by the worker, not by the agent
+
         self._rng = RngCapture()
         self._backend: str | None = None  # the script's choice, kept for every later generation
         self._ctl: Any = None  # a gloo group of the generation: live recovery's CPU tensors, on any backend
@@ -122,10 +137,10 @@ class WarmWorker:
     # ---- joining -------------------------------------------------------------------------------------------
     def _wait_for_rank(self) -> None:
         """Block as a hot spare until the agent assigns a rank and generation (then export them)."""
-        spare = os.environ[SPARE_ENV]
-        self.store.set(f"spare/{spare}/ready", str(os.getpid()))
+        spare = WARM_SPARE_ID.get()
+        self.store.set(spare_ready_key(spare), str(os.getpid()))
         start = time.monotonic()
-        key = f"spare/{spare}/assign"
+        key = spare_assign_key(spare)
         self.store.wait([key], datetime.timedelta(days=7))
         self.spare_wait = time.monotonic() - start
         self.began = time.time()
@@ -153,7 +168,7 @@ class WarmWorker:
 
         if backend is not None:
             self._backend = backend
-        self.info = json.loads(self.store.get(f"gen/{self.gen}/info"))
+        self.info = json.loads(self.store.get(info_key(self.gen)))
         self._wait_for_all()
         backend = self._backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
@@ -161,23 +176,21 @@ class WarmWorker:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(
             backend,
-            store=dist.PrefixStore(f"pg/{self.gen}", self.store),
+            store=dist.PrefixStore(group_prefix(self.gen), self.store),
             rank=self.rank,
             world_size=self.world_size,
             timeout=datetime.timedelta(seconds=self.pg_timeout),
         )
         self._ctl = dist.new_group(backend="gloo") if backend != "gloo" else None
-        self._watch = EndWatch(
-            os.environ[STORE_ENV], os.environ.get(PREFIX_ENV, ""), self.gen, abort=backend != "gloo"
-        )
+        self._watch = EndWatch(WARM_STORE.get(), WARM_PREFIX.get(), self.gen, abort=backend != "gloo")
         install_optimizer_guard(self._watch, self._record_before_step)
         self.joined_wall = time.time()
 
     def _wait_for_all(self) -> None:
         """Wait until every rank of the generation has arrived, so the short collective timeout never has to
         cover a slow start (new processes of a cold generation import torch first: up to 10 minutes)."""
-        arrived = int(self.store.add(f"gen/{self.gen}/arrived", 1))
-        everyone = f"gen/{self.gen}/everyone"
+        arrived = int(self.store.add(arrived_key(self.gen), 1))
+        everyone = everyone_key(self.gen)
         if arrived == self.world_size:
             self.store.set(everyone, "1")
         limit = self.reform_timeout if self.info.get("kind") == "warm" else max(600.0, self.reform_timeout)
@@ -194,7 +207,7 @@ class WarmWorker:
         self._keep_position(step, loader)
         self._rng_records.write(step, self._rng.capture())
         if not self._stepped:
-            self.store.set(f"stepped/{self.rank}", str(step))
+            self.store.set(stepped_key(self.rank), str(step))
             self._stepped = True
 
     def position_restored(self, step: int, loader: Any, *, from_checkpoint: bool) -> None:
@@ -225,19 +238,11 @@ class WarmWorker:
     # ---- leaving a failed generation -----------------------------------------------------------------------
     def snapshot(self, step: int, state: Any) -> Snapshot | None:
         """The survivor's state after its last completed step, or None if it holds none worth handing on."""
-        from goodput.checkpoint._state_cache import has_dtensor_params  # torch: not at the agent's import
-
-        if state is None or step <= 0 or has_dtensor_params(state.model):
+        if state is None or step <= 0 or not state.holds_full_replica():
             return None
         if self._loader_step != step:  # no loader position of this step: the model alone would repeat data
             return None
-        parts: dict[str, Any] = {}
-        for name in ("model", "optimizer", "scheduler", "scaler"):
-            obj = getattr(state, name)
-            if obj is not None:
-                parts[name] = obj.state_dict()
-        parts["loader"] = self._last_loader
-        return Snapshot(step=step, parts=parts)
+        return Snapshot(step=step, parts=state.live_state_dict(loader=self._last_loader))
 
     def leave(self) -> dict[str, Any]:
         """Tear down the failed group and wait for the agent to name the next generation; join it.
@@ -258,7 +263,7 @@ class WarmWorker:
             else:
                 dist.destroy_process_group()
         self._ctl = None
-        key = f"gen/{self.gen}/next"
+        key = next_key(self.gen)
         try:
             self.store.wait([key], datetime.timedelta(seconds=self.reform_timeout))
         except Exception as err:  # the store's timeout error type differs between versions
@@ -303,13 +308,7 @@ class WarmWorker:
         dist.broadcast(buf, src=source, group=self._ctl)
         # on the CPU whatever device the source's tensors lived on; load_state_dict copies them into place
         parts = torch.load(io.BytesIO(buf.numpy().tobytes()), map_location="cpu", weights_only=True)
-        for name in ("model", "optimizer", "scheduler", "scaler"):
-            obj = getattr(state, name)
-            if obj is not None and name in parts:
-                obj.load_state_dict(parts[name])
-        loader_state = json.loads(parts.get("loader") or "null")
-        if state.loader is not None and loader_state is not None:
-            state.loader.load_state_dict(loader_state)
+        state.load_live_state_dict(parts)
         self._restore_rng(best)
         state.step = best
         return best
@@ -329,13 +328,15 @@ class WarmWorker:
         start, before the recorded step; restoring after it continues the streams exactly where they were.
         """
         if self._pending_rng is not None:
-            restore_rng(self._pending_rng)
+            from goodput.checkpoint.rng import restore_rng_record
+
+            restore_rng_record(self._pending_rng)
             self._pending_rng = None
         self._rng.reset()  # the states may have been set (here, or by a checkpoint's restore)
 
     def recovered(self) -> None:
         """Tell the agent this rank finished its warm recovery."""
-        self.store.add(f"gen/{self.gen}/recovered", 1)
+        self.store.add(recovered_key(self.gen), 1)
 
     def parts(self, restore_seconds: float, next_info: dict[str, Any] | None) -> dict[str, Any]:
         """The restart's timeline for the ledger (seconds), as far as this rank saw it."""
@@ -359,8 +360,6 @@ class WarmWorker:
 def _encode(snapshot: Snapshot) -> bytes:
     import torch
 
-    parts = dict(snapshot.parts)
-    parts["loader"] = json.dumps(parts.get("loader"))
     buf = io.BytesIO()
-    torch.save(parts, buf)
+    torch.save(snapshot.parts, buf)
     return buf.getvalue()

@@ -446,7 +446,7 @@ def list_memory_checkpoints(
 
     layout = CheckpointLayout(root, storage_options)
     try:
-        token = layout._read_text(layout.join(RUN_ID_FILE)).strip()
+        token = layout.read_text(layout.join(RUN_ID_FILE)).strip()
     except FileNotFoundError:
         return []
     base = os.path.join(folder, run_identity(layout.root, token))

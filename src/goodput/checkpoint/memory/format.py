@@ -6,7 +6,7 @@ by its index) and each tensor's dtype, shape and offset. Reading a part can buil
 
 Saving is split like the durable tier's async strategy: :class:`Staging` copies every tensor into one reused
 buffer (the only part that blocks training), and :func:`write_part` writes header and buffer to a file in the
-background, hashing the bytes on the way (xxh3-64: ~10x faster than zlib's CRC-32, a third of a memcpy).
+background, hashing the bytes on the way (xxh3-64, fast enough to ride along the write).
 :func:`decode_part` checks the whole part's hash over the mapped bytes before any byte reaches the training
 state (a restore is all or nothing), then :func:`load_part` copies the tensor bytes into the live tensors in
 place (DTensor shards included): a restore costs one hash pass and one copy, with no read.

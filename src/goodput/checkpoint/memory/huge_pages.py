@@ -2,9 +2,8 @@
 
 A tmpfs file (``/dev/shm``) is kept in the page cache in 4 KiB pages unless its mount says ``huge=``, and
 ``/dev/shm`` is usually mounted without it. Reading such a file costs a page-cache lookup, a reference and a
-separate copy for each 4 KiB page: on this project's EPYC box a restore's ``preadv`` of 288 MiB took ~54 ms
-against ~37 ms for a memcpy of the same bytes, with two ranks reading at once. From a file held in 2 MiB pages
-the same read took ~36 ms.
+separate copy for each 4 KiB page, markedly more than a memcpy of the same bytes; from a file held in 2 MiB pages
+the same read costs about a memcpy (figures: docs/BENCHMARKS.md).
 
 Linux (6.1+) lets a process turn the pages of a mapped shmem file into huge pages with ``MADV_COLLAPSE``
 whatever the mount says (it refuses only when huge pages are denied system-wide). :func:`prefer_huge_pages`

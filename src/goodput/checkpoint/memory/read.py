@@ -1,19 +1,18 @@
 """Restoring a memory-tier part in one pass: file bytes straight into the live tensors, hashed on the way.
 
-The older path mapped the whole part, hashed it, then copied it into the live state: two passes over the bytes
-plus the page-table work of mapping (and unmapping) every page, ~2.8x a memcpy of the same bytes on an idle box.
-:func:`read_part_into` instead reads the part with ``preadv`` in 1 MiB pieces directly into the memory of the
+Mapping the whole part, hashing it, then copying it into the live state would take two passes over the bytes
+plus the page-table work of mapping (and unmapping) every page. :func:`read_part_into` instead reads the part with ``preadv`` in 1 MiB pieces directly into the memory of the
 tensors that will hold it (the kernel's copy out of the tmpfs page cache is the only copy) and hashes each piece
 while it is still in the CPU cache, so the check costs almost nothing more. The kernel's copy is cheapest
-from a part held in 2 MiB pages (``_huge_pages``) and between addresses that agree modulo 64 (the part's layout
-puts each big tensor at its own address modulo 64): ~1.2x a memcpy with the hash, against ~2.2x without both.
+from a part held in 2 MiB pages (``huge_pages``) and between addresses that agree modulo 64 (the part's layout
+puts each big tensor at its own address modulo 64).
 
 Everything that can be checked before a byte lands is checked first: the header (read and hashed first), the
 part's identity (run, step, rank), its size, and every tensor's dtype and shape against this run's state, so a
 part of another run or of another model never touches the live state. Only a byte changed inside the tensor
 data is found after the tensors were written: the caller then treats the part as damaged and loads another
 checkpoint over it (see ``MemoryCheckpointer.restore``), or, when there is none to fall back to, uses
-:func:`goodput.checkpoint._memory_format.decode_part` (check first, then copy) instead of this function.
+:func:`goodput.checkpoint.memory.format.decode_part` (check first, then copy) instead of this function.
 """
 
 from __future__ import annotations

@@ -1,18 +1,22 @@
 """Opening the memory tier for a :class:`CheckpointManager`: its group, run identity, topology and policy.
 
-Kept apart from ``manager.py`` so the manager only asks for a ready tier. Every rank calls
-:func:`open_memory_tier` at the same point of the manager's start-up (it runs collectives on the manager's
-control group).
+Kept apart from ``manager.py`` so the manager only asks for a ready tier, passing what the tier needs in a
+:class:`TierContext`. Every rank calls :func:`open_memory_tier` at the same point of the manager's start-up
+(it runs collectives on the manager's control group).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 
+from goodput.checkpoint.config import CheckpointConfig
+from goodput.checkpoint.layout import CheckpointLayout
 from goodput.checkpoint.memory.checkpointer import (
     MemoryCheckpointer,
     Topology,
@@ -20,91 +24,109 @@ from goodput.checkpoint.memory.checkpointer import (
     run_identity,
 )
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
+from goodput.checkpoint.state import TrainingState
 from goodput.errors import StorageError
 from goodput.planning.twolevel import durable_share
 
-if TYPE_CHECKING:
-    from goodput.checkpoint.manager import CheckpointManager
-
-__all__ = ["RUN_ID_FILE", "open_memory_tier"]
+__all__ = ["RUN_ID_FILE", "TierContext", "open_memory_tier"]
 
 RUN_ID_FILE = "memory-tier-id"
 
 
-def _run_token(manager: CheckpointManager) -> tuple[str, str]:
+@dataclasses.dataclass
+class TierContext:
+    """What the memory tier needs from its manager, passed explicitly (the manager's own members stay its own).
+
+    ``bcast(value)`` sends rank 0's value to every rank and ``all_gather(value)`` returns every rank's, both on
+    the manager's control group; ``emit(name, **fields)`` reports a checkpoint event; ``durable_policy`` is the
+    durable tier's save policy, whose planned failure share the memory tier narrows.
+    """
+
+    config: CheckpointConfig
+    state: TrainingState
+    layout: CheckpointLayout
+    rank: int
+    world_size: int
+    ranks: list[int] | None
+    distributed: bool
+    bcast: Callable[[Any], Any]
+    all_gather: Callable[[Any], list[Any]]
+    emit: Callable[..., None]
+    clock: Callable[[], float]
+    durable_policy: SavePolicy
+
+
+def _run_token(layout: CheckpointLayout) -> tuple[str, str]:
     """This run's token, kept in the durable root (created by the first attempt): (token, error)."""
-    layout = manager._layout
     path = layout.join(RUN_ID_FILE)
     try:
         try:
-            return layout._read_text(path).strip(), ""
+            return layout.read_text(path).strip(), ""
         except FileNotFoundError:
             pass
         if layout.local:
             os.makedirs(layout.root, exist_ok=True)
         token = uuid.uuid4().hex[:12]
-        layout._write_text(path, token)
+        layout.write_text(path, token)
         return token, ""
     except Exception as err:  # every rank waits for rank 0's word: always send one
         return "", f"{type(err).__name__}: {err}"
 
 
-def _policy(manager: CheckpointManager) -> SavePolicy:
-    tier = manager.config.memory
+def _policy(ctx: TierContext) -> SavePolicy:
+    cfg = ctx.config
+    tier = cfg.memory
     assert tier is not None
     if tier.every_steps is not None:
         return EverySteps(tier.every_steps)
     if tier.every_seconds is not None:
         return EveryInterval(tier.every_seconds)
-    cfg = manager.config
+    emit = ctx.emit
     return AutoInterval(
-        mtbf=cfg.prior_mtbf(manager.world_size),
+        mtbf=cfg.prior_mtbf(ctx.world_size),
         max_interval=cfg.seconds("max_interval"),
         restart=cfg.seconds("restart"),
         detect=cfg.seconds("detect"),
-        on_change=lambda interval, why: manager._emit(
+        on_change=lambda interval, why: emit(
             "checkpoint_interval", interval_seconds=interval, reason=why, tier="memory"
         ),
     )
 
 
-def open_memory_tier(
-    manager: CheckpointManager, ranks: list[int] | None
-) -> tuple[MemoryCheckpointer, SavePolicy]:
-    """The manager's memory tier and its save policy, with this node's folder ready.
+def open_memory_tier(ctx: TierContext) -> tuple[MemoryCheckpointer, SavePolicy, Any]:
+    """The memory tier, its save policy and its gloo group, with this node's folder ready.
 
     Raises:
         StorageError: the run's identity cannot be read or written under the durable root.
     """
-    tier = manager.config.memory
+    tier = ctx.config.memory
     assert tier is not None
-    group: Any = dist.new_group(ranks=ranks, backend="gloo") if manager._dist else None
-    manager._memory_group = group
-    token, error = manager._bcast(_run_token(manager) if manager.rank == 0 else None)
+    group: Any = dist.new_group(ranks=ctx.ranks, backend="gloo") if ctx.distributed else None
+    token, error = ctx.bcast(_run_token(ctx.layout) if ctx.rank == 0 else None)
     if error:
-        raise StorageError(f"cannot keep the run identity {manager._layout.join(RUN_ID_FILE)}: {error}")
-    places = manager._all_gather(node_of_this_process())
+        raise StorageError(f"cannot keep the run identity {ctx.layout.join(RUN_ID_FILE)}: {error}")
+    places = ctx.all_gather(node_of_this_process())
     topology = Topology([int(p[0]) for p in places], [int(p[1]) for p in places])
-    policy = _policy(manager)
+    policy = _policy(ctx)
     share = durable_share(tier.node_loss_share, replicated=bool(tier.replicas) and topology.node_count > 1)
     if isinstance(policy, AutoInterval):
         policy.failure_share = 1.0 - share
     if isinstance(
-        manager._policy, AutoInterval
+        ctx.durable_policy, AutoInterval
     ):  # two levels: durable saves plan only for what memory misses
-        manager._policy.failure_share = share
+        ctx.durable_policy.failure_share = share
     memory = MemoryCheckpointer(
         tier,
-        manager.state,
-        run_id=run_identity(manager._layout.root, token),
+        ctx.state,
+        run_id=run_identity(ctx.layout.root, token),
         topology=topology,
-        rank=manager.rank,
-        world_size=manager.world_size,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
         group=group,
-        emit=manager._emit,
-        clock=manager._clock,
+        emit=ctx.emit,
+        clock=ctx.clock,
         on_measured=policy.measured,
     )
-    if topology.local[manager.rank] == 0:
+    if topology.local[ctx.rank] == 0:
         memory.store.prepare()
-    return memory, policy
+    return memory, policy, group

@@ -1,0 +1,127 @@
+"""Every ``GOODPUT_*`` environment variable, in one table: its meaning, its default and who sets it.
+
+Variables carry what must reach every process of a job unchanged (torchrun's workers, the warm agent's spares,
+a benchmark's children) without a flag on the user's script. Code reads them through the :class:`EnvVar`
+objects here, never by name, so this table is complete by construction; ``docs/environment.md`` lists the same
+rows (``tests/test_env.py`` keeps the page and the table equal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+__all__ = ["VARIABLES", "EnvVar"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvVar:
+    """One variable: ``set_by`` is ``user`` (a knob for people), or ``goodput`` (set by one goodput process
+    for another: documented so that a user recognises it, not meant to be set by hand)."""
+
+    name: str
+    meaning: str
+    default: str
+    set_by: str
+
+    def get(self, environ: Mapping[str, str] | None = None) -> str:
+        """The value, or the default when unset."""
+        return (os.environ if environ is None else environ).get(self.name, self.default)
+
+    def on(self, environ: Mapping[str, str] | None = None) -> bool:
+        """Whether a flag variable is set to a true value (anything but empty or ``0``)."""
+        return self.get(environ) not in ("", "0")
+
+
+RUN_DIR = EnvVar(
+    "GOODPUT_RUN_DIR", "the run folder, when Run() or an integration gets none", "", "user, goodput launch"
+)
+FAULTS = EnvVar("GOODPUT_FAULTS", "a fault plan to drill (see goodput.faults)", "", "user, goodput launch")
+CRASH_LOOP = EnvVar(
+    "GOODPUT_CRASH_LOOP",
+    "attempts without progress that stop the job as a crash loop",
+    "3",
+    "user, goodput launch",
+)
+PREEMPT_SIGNAL = EnvVar(
+    "GOODPUT_PREEMPT_SIGNAL",
+    "the signal that asks every rank to save and stop",
+    "USR1",
+    "user, goodput launch",
+)
+ALLOW_FRESH_START = EnvVar(
+    "GOODPUT_ALLOW_FRESH_START",
+    "1: start from scratch when no checkpoint of the run can be restored",
+    "",
+    "user, goodput launch --allow-fresh-start",
+)
+RECORDS = EnvVar(
+    "GOODPUT_RECORDS",
+    "1: Run records each step's samples, loss and RNG for verify-resume",
+    "",
+    "goodput verify-resume",
+)
+LAUNCH_DIR = EnvVar("GOODPUT_LAUNCH_DIR", "this launch's folder (markers, logs)", "", "goodput launch")
+LAUNCH_ID = EnvVar(
+    "GOODPUT_LAUNCH_ID", "this launch's id, in crash-loop records and the ledger", "", "goodput launch"
+)
+LAUNCHER_PID = EnvVar(
+    "GOODPUT_LAUNCHER_PID", "the launcher's process id, whose end ends every worker", "", "goodput launch"
+)
+MOSAIC_PYTHON = EnvVar(
+    "GOODPUT_MOSAIC_PYTHON",
+    "the python of the venv with mosaicml-streaming, for goodput bench cache's comparison",
+    ".venv-mosaic/bin/python",
+    "user",
+)
+BENCH_S3_OPTIONS = EnvVar(
+    "GOODPUT_BENCH_S3_OPTIONS",
+    "the benchmark server's storage options, kept out of argv",
+    "",
+    "goodput bench",
+)
+WARM_STORE = EnvVar(
+    "GOODPUT_WARM_STORE", "the warm agent's TCP store (host:port)", "", "goodput launch --restart warm"
+)
+WARM_PREFIX = EnvVar(
+    "GOODPUT_WARM_PREFIX", "this job's key prefix in the shared store", "", "goodput launch --restart warm"
+)
+WARM_ROLE = EnvVar("GOODPUT_WARM_ROLE", "worker or spare", "", "goodput launch --restart warm")
+WARM_GEN = EnvVar("GOODPUT_WARM_GEN", "the generation a worker joins", "", "goodput launch --restart warm")
+WARM_SPARE_ID = EnvVar(
+    "GOODPUT_WARM_SPARE_ID", "a spare's id (node-index)", "", "goodput launch --restart warm"
+)
+WARM_PG_TIMEOUT = EnvVar(
+    "GOODPUT_WARM_PG_TIMEOUT",
+    "seconds a generation's collectives wait",
+    "60",
+    "goodput launch --restart warm",
+)
+WARM_REFORM_TIMEOUT = EnvVar(
+    "GOODPUT_WARM_REFORM_TIMEOUT",
+    "seconds a survivor waits for the next generation",
+    "60",
+    "goodput launch --restart warm",
+)
+
+VARIABLES: tuple[EnvVar, ...] = (
+    RUN_DIR,
+    FAULTS,
+    CRASH_LOOP,
+    PREEMPT_SIGNAL,
+    ALLOW_FRESH_START,
+    RECORDS,
+    LAUNCH_DIR,
+    LAUNCH_ID,
+    LAUNCHER_PID,
+    MOSAIC_PYTHON,
+    BENCH_S3_OPTIONS,
+    WARM_STORE,
+    WARM_PREFIX,
+    WARM_ROLE,
+    WARM_GEN,
+    WARM_SPARE_ID,
+    WARM_PG_TIMEOUT,
+    WARM_REFORM_TIMEOUT,
+)

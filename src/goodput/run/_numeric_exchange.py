@@ -1,0 +1,55 @@
+"""The numeric guard's agreement: every rank's word for a step, all-gathered on the guard's own gloo group.
+
+The exchange of step N starts at its ``step_done`` and is read at step N+1's, so the step's own work hides the
+round trip; every rank reads the same matrix and draws the same verdict from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Exchange", "new_group", "start_gather"]
+
+
+def new_group() -> Any:
+    """The guard's gloo group, with the warm restarts' collective timeout when there is one (a new group's
+    default is torch's 30 minutes): a survivor whose peer died mid-exchange fails as soon as in the job's group."""
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    from goodput.warm.protocol import PG_TIMEOUT_ENV
+
+    seconds = os.environ.get(PG_TIMEOUT_ENV)
+    timeout = datetime.timedelta(seconds=float(seconds)) if seconds else None
+    return dist.new_group(backend="gloo", timeout=timeout)
+
+
+class Exchange:
+    """One step's all-gather of every rank's word, started at its ``step_done`` and read at the next."""
+
+    def __init__(self, step: int, work: Any, out: Any) -> None:
+        self.step, self._work, self._out = step, work, out
+
+    def rows(self) -> list[list[int]]:
+        """Every rank's row, by rank (waits for the exchange when it is still running)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        if not isinstance(self._out, list):
+            self._out = self._out.tolist()
+        return list(self._out)
+
+
+def start_gather(step: int, row: list[int], group: Any) -> Exchange:
+    """Start the all-gather of every rank's ``row`` (int64s) for ``step`` on ``group`` (None: this rank alone,
+    done at once)."""
+    import torch
+    import torch.distributed as dist
+
+    if group is None:
+        return Exchange(step, None, [row])
+    out = torch.empty(dist.get_world_size(group), len(row), dtype=torch.int64)
+    tensor = torch.tensor(row, dtype=torch.int64)
+    return Exchange(step, dist.all_gather_single(out.view(-1), tensor, group=group, async_op=True), out)

@@ -1,0 +1,98 @@
+"""The numeric guard's gradient check: is any gradient NaN or infinite before the optimizer step?
+
+Two ways, the cheaper where it applies:
+
+* **A DDP model**: a communication hook sums each gradient bucket right after its all-reduce
+  (:class:`BucketCheck`). The reduced gradients are the same on every rank, so every rank reaches the same
+  answer with no collective of its own, and a NaN made by one rank's backward reaches every rank's sum through
+  the all-reduce. A bucket is one flat buffer: one reduction per bucket instead of one per parameter.
+* **Anything else** (FSDP2's local shards, a plain module, a DDP model whose user registered a hook of their
+  own): the sum of every gradient this rank holds (:func:`gradient_sum`).
+
+Either way the sum is NaN or infinite exactly when an element is (a NaN propagates; an Inf stays infinite or
+meets the opposite Inf as NaN); a sum can overflow only past float32's 3.4e38, which counts as non-finite too.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+__all__ = ["BucketCheck"]
+
+# A DDP model accepts one communication hook for its lifetime: the guard of each restore (a warm restart
+# attaches again) re-binds the check already registered on it.
+_REGISTERED: weakref.WeakKeyDictionary[Any, BucketCheck] = weakref.WeakKeyDictionary()
+
+
+class BucketCheck:
+    """A DDP communication hook: the default all-reduce, then the sum of the reduced bucket, kept on its device
+    until :meth:`take` reads the step's total.
+
+    ``poison``: set by a drill's ``nan@...,into=grad`` fault on its rank; the next bucket is made non-finite
+    before its all-reduce, as a rank whose backward produced a NaN would send it.
+    """
+
+    def __init__(self) -> None:
+        self._sums: list[Any] = []
+        self.poison: float | None = None
+
+    @classmethod
+    def install(cls, model: Any) -> BucketCheck | None:
+        """The check registered on ``model`` (a DDP module), registering it on first use; None when ``model``
+        is not DDP or already carries another hook."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(model, DistributedDataParallel):
+            return None
+        check = _REGISTERED.get(model)
+        if check is None:
+            check = cls()
+            try:
+                model.register_comm_hook(model.process_group, check.hook_function())
+            except RuntimeError:  # the user's own hook is there: fall back to the pass over the gradients
+                return None
+            _REGISTERED[model] = check
+        check._sums.clear()
+        check.poison = None
+        return check
+
+    def arm(self, faults: Any, step: int) -> None:
+        """A drill's ``nan@step,into=grad`` (``faults``: the run's plan) for ``step``'s backward goes into this
+        rank's first bucket before its all-reduce, as a NaN from this rank's own backward would."""
+        fault = faults.take("nan", step, into="grad")
+        self.poison = None if fault is None else (math.nan if fault.value == "nan" else math.inf)
+
+    def hook_function(self) -> Any:
+        """The hook as DDP takes it: DDP refuses a ``bucket`` annotated other than ``dist.GradBucket``, which a
+        postponed (string) annotation is, so the function it gets carries none."""
+
+        def hook(group, bucket):  # type: ignore[no-untyped-def]
+            return self._hook(group, bucket)
+
+        return hook
+
+    def _hook(self, group: Any, bucket: Any) -> Any:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        if self.poison is not None:
+            bucket.buffer().view(-1)[0] = self.poison
+            self.poison = None
+
+        def summed(future: Any) -> Any:
+            reduced = future.value()[0]
+            self._sums.append(reduced.sum())
+            return reduced
+
+        return allreduce_hook(group, bucket).then(summed)
+
+    def take(self) -> float | None:
+        """The total of the buckets reduced since the last call (None: no bucket was reduced, e.g. under
+        ``no_sync``)."""
+        import torch
+
+        sums, self._sums = self._sums, []
+        if not sums:
+            return None
+        return float(torch.stack(sums).sum().item())

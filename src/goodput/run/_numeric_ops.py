@@ -1,0 +1,116 @@
+"""The numeric guard's operations on tensors, process groups and files, apart from its decisions
+(``goodput.run.numeric``) and its pure rules (``goodput.run._numeric_rules``): the gradient check, the
+all-gather of each rank's word, the skip list of the run folder, and the drill's corruptions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from goodput.faults import Fault
+
+__all__ = [
+    "SKIPS_FILE",
+    "apply_skips",
+    "flip_bit",
+    "gather_rows",
+    "gradient_sum",
+    "json_number",
+    "local_tensor",
+    "poison",
+    "read_skips",
+    "replicated",
+    "write_skips",
+]
+
+SKIPS_FILE = os.path.join("numeric", "skips.json")
+
+
+def gradient_sum(grads: list[Any]) -> float:
+    """The sum of every element of the tensors: NaN or infinite when any element is (a NaN propagates, an Inf
+    stays infinite or meets the opposite Inf as NaN). One pass and one host sync, the cheapest such pass on CPU
+    (an infinity norm's reduction is several times slower there); a sum can overflow only past 3.4e38."""
+    import torch
+
+    return float(torch.stack([g.sum() for g in grads]).sum().item())
+
+
+def gather_rows(row: list[int], group: Any) -> list[list[int]]:
+    """Every rank's ``row`` (int64s), by rank: one all-gather on ``group``."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    out = torch.empty(world * len(row), dtype=torch.int64)
+    dist.all_gather_single(out, torch.tensor(row, dtype=torch.int64), group=group)
+    return out.view(world, len(row)).tolist()
+
+
+def read_skips(run_dir: str) -> list[tuple[int, int, int]]:
+    """The run's skipped data ranges ``(epoch, first position, end position)`` (``RUN_DIR/numeric/skips.json``)."""
+    try:
+        with open(os.path.join(run_dir, SKIPS_FILE)) as f:
+            return [(int(e), int(lo), int(hi)) for e, lo, hi in json.load(f)]
+    except FileNotFoundError:
+        return []
+
+
+def write_skips(run_dir: str, skips: list[tuple[int, int, int]]) -> None:
+    path = os.path.join(run_dir, SKIPS_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump([list(s) for s in skips], f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def apply_skips(loader: Any, skips: list[tuple[int, int, int]]) -> None:
+    skip = getattr(getattr(loader, "sampler", None), "skip", None)
+    if callable(skip):
+        for epoch, lo, hi in skips:
+            skip(epoch, lo, hi)
+
+
+def replicated(model: Any) -> bool:
+    """Whether the ranks' parameters are bitwise-equal replicas, so fingerprints compare across ranks: a DDP
+    model, or DTensors replicated on every mesh dimension. False for sharded parameters (FSDP2) and for a plain
+    module, which each rank may train on its own."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        return True
+    placements = [getattr(p, "placements", None) for p in model.parameters()]
+    return bool(placements) and all(pl is not None and all(x.is_replicate() for x in pl) for pl in placements)
+
+
+def local_tensor(tensor: Any) -> Any:
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def poison(grad: Any, fault: Fault) -> None:
+    grad.view(-1)[0] = math.nan if fault.value == "nan" else math.inf
+
+
+def flip_bit(model: Any, bit: int) -> None:
+    """Flip bit ``bit`` of the first element of the first parameter, in place (a ``bitflip`` fault)."""
+    import torch
+
+    from goodput.run._numeric_rules import _INT_OF_SIZE
+
+    param = next(iter(model.parameters()))
+    with torch.no_grad():
+        local = local_tensor(param.data)
+        width = 8 * local.element_size()
+        bit = min(bit, width - 1)
+        ints = local.view(-1).view(_INT_OF_SIZE[local.element_size()])
+        ints[0] ^= (1 << bit) if bit < width - 1 else -(1 << bit)  # the sign bit of a signed integer
+
+
+def json_number(value: float | None) -> float | str | None:
+    return value if value is None or math.isfinite(value) else repr(value)

@@ -1,0 +1,186 @@
+"""The hooks that watch a run from inside the worker: the watchdog's beat, the crash-loop record, the progress
+line, verify-resume's step records and the data cache's counters.
+
+Each adapts an object with an API of its own (``Watchdog``, ``CrashLoopDetector``, ``Progress``,
+``StepRecorder``, ``CacheStatsRecorder``) to the moments of :class:`~goodput.run.hooks.RunHook`, so ``Run`` calls
+them all the same way and none of them knows about the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from goodput._env import CRASH_LOOP
+from goodput.faults import Fault
+from goodput.ledger.exporters import MetricsExporter
+from goodput.run._cachestats import CacheStatsRecorder
+from goodput.run._nodeloss import NodeLossDrill
+from goodput.run.crashloop import CrashLoopDetector
+from goodput.run.hooks import RunHook
+from goodput.run.numeric import NumericConfig, NumericGuard
+from goodput.run.progress import Progress
+from goodput.run.records import StepRecorder
+from goodput.run.watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from goodput.checkpoint.state import TrainingState
+    from goodput.run.run import Run
+
+__all__ = ["CacheStatsHook", "CrashLoopHook", "ProgressHook", "RecordsHook", "WatchdogHook", "builtin_hooks"]
+
+
+def builtin_hooks(
+    run: Run,
+    *,
+    plan: list[Fault],
+    crash_loop: int | None,
+    progress: bool,
+    exporters: Sequence[MetricsExporter],
+    numeric: NumericConfig | None,
+) -> list[RunHook]:
+    """A new run's hooks (but the watchdog's, which ``Run`` puts first once no crash loop refused the attempt),
+    in the order they are called: the step records first and the numeric guard last (a peer's failure inside its
+    all-gather leaves this rank where the next step's collective would, after every observer recorded the
+    step). ``on_close`` goes in the reverse order."""
+    # Rank 0 refuses an attempt of a crash loop before anything else starts.
+    limit = crash_loop if crash_loop is not None else int(CRASH_LOOP.get())
+    crash = CrashLoopHook(run.run_dir, run.attempt, limit) if run.info.rank == 0 else None
+    hooks: list[RunHook] = []
+    # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.run.records.
+    recorder = StepRecorder.from_env(run.run_dir, rank=run.info.rank, attempt=run.attempt)
+    if recorder is not None:
+        hooks.append(RecordsHook(recorder))
+    if run.warm_hook is not None:
+        hooks.append(run.warm_hook)
+    if any(f.action == "nodeloss" for f in plan):
+        hooks.append(NodeLossDrill())
+    if crash is not None:
+        hooks.append(crash)
+    if progress or exporters:
+        hooks.append(ProgressHook(draw=progress, exporters=exporters))
+    hooks.append(CacheStatsHook())
+    if numeric is not None:
+        hooks.append(NumericGuard(numeric))
+    return hooks
+
+
+class WatchdogHook(RunHook):
+    """Each finished step is a heartbeat; the run's end stops the watchdog's thread."""
+
+    def __init__(self, watchdog: Watchdog) -> None:
+        self.watchdog = watchdog
+
+    def on_step(self, run: Run, step: int, loss: float | None) -> bool:
+        self.watchdog.beat()
+        return False
+
+    def on_close(self, run: Run, status: str) -> None:
+        self.watchdog.close()
+
+
+class CrashLoopHook(RunHook):
+    """Rank 0's record of each attempt's progress; refuses an attempt of a crash loop when it opens."""
+
+    def __init__(self, run_dir: str, attempt: int, limit: int) -> None:
+        self.detector = CrashLoopDetector(run_dir, attempt, limit=limit)
+        self.detector.check()
+
+    def on_restore(self, run: Run, state: TrainingState, step: int | None) -> None:
+        self.detector.start(step)
+
+    def on_step(self, run: Run, step: int, loss: float | None) -> bool:
+        self.detector.progress(step)
+        return False
+
+    def on_attempt(self, run: Run, kind: str) -> None:
+        if kind == "warm":  # each generation is an attempt of the crash-loop count, as a process start is
+            self.detector.close()
+            self.detector = CrashLoopDetector(run.run_dir, run.attempt, limit=self.detector.limit)
+            self.detector.check()
+
+    def on_fail(self, run: Run) -> None:
+        self.detector.close()
+
+    def on_finish(self, run: Run) -> None:
+        self.detector.close()
+
+
+class ProgressHook(RunHook):
+    """The progress line on rank 0 and the exporters' live figures, from each restore to the run's end."""
+
+    def __init__(self, *, draw: bool, exporters: Sequence[MetricsExporter]) -> None:
+        self._draw = draw
+        self._exporters = list(exporters)
+        self.progress: Progress | None = None
+
+    def on_restore(self, run: Run, state: TrainingState, step: int | None) -> None:
+        self.progress = Progress(
+            total=run.total_steps,
+            ledger=run.ledger,
+            initial=run.step,
+            disable=None if self._draw else True,
+            exporters=self._exporters,
+        )
+
+    def on_step(self, run: Run, step: int, loss: float | None) -> bool:
+        if self.progress is not None:
+            self.progress.update(step, loss=loss, fetch_seconds=run.fetch_seconds)
+        return False
+
+    def on_attempt(self, run: Run, kind: str) -> None:
+        if kind == "warm":  # the next restore draws a new line for the new generation
+            self.on_close(run, "failed")
+
+    def on_close(self, run: Run, status: str) -> None:
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+
+
+class RecordsHook(RunHook):
+    """Verify-resume's record of each step (only under ``$GOODPUT_RECORDS``; see ``goodput.run.records``)."""
+
+    def __init__(self, recorder: StepRecorder) -> None:
+        self.recorder = recorder
+
+    def on_step(self, run: Run, step: int, loss: float | None) -> bool:
+        state = run.state
+        self.recorder.step(step, loaders=(run.loader, state.loader if state else None), loss=loss)
+        return False
+
+    def on_attempt(self, run: Run, kind: str) -> None:
+        # The steps redone from here belong to the new attempt.
+        self.recorder.close()
+        recorder = StepRecorder.from_env(run.run_dir, rank=run.info.rank, attempt=run.attempt)
+        assert recorder is not None  # the environment that made the first one is unchanged
+        self.recorder = recorder
+
+    def on_finish(self, run: Run) -> None:
+        if run.state is not None:
+            self.recorder.final(run.state, run.step)
+
+    def on_close(self, run: Run, status: str) -> None:
+        self.recorder.close()
+
+
+class CacheStatsHook(RunHook):
+    """The data cache's counters into the ledger at each epoch's end and when the run finishes."""
+
+    def __init__(self) -> None:
+        self.recorder: CacheStatsRecorder | None = None
+
+    def on_batches(self, run: Run, loader: Any) -> None:
+        self.recorder = CacheStatsRecorder(run.ledger, loader)
+
+    def on_iterator(self, run: Run, loader: Any, first: bool) -> None:
+        if self.recorder is not None:
+            self.recorder.epoch = int(getattr(loader, "epoch", 0))
+
+    def on_epoch_end(self, run: Run, loader: Any) -> None:
+        if self.recorder is not None:
+            self.recorder.record()
+
+    def on_finish(self, run: Run) -> None:
+        if self.recorder is not None:
+            self.recorder.record()

@@ -1,0 +1,106 @@
+"""Starting a warm job: its configuration, what it refuses, the nodes' rendezvous, and ``launch_warm``.
+
+The launcher around it: ``launch_warm`` runs the agent as a process under torchrun's supervisor
+(``goodput.launch.supervise``), so a warm launch keeps every promise of a cold one: preemption (exit 75), the
+crash-loop verdict (each generation is an attempt; exit 3), errors a restart cannot fix (a worker reports its
+own as ``FATAL`` before it exits, so no spare is handed it; exit 78), and no process left behind. An elastic
+``--nnodes MIN:MAX`` is refused: a generation keeps the world size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+from goodput.errors import ConfigError
+from goodput.launch.launcher import LaunchConfig
+from goodput.warm.record import record_folder, remove_folder
+
+__all__ = ["WarmConfig", "check_warm", "launch_warm", "rendezvous"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WarmConfig:
+    """How warm restarts behave.
+
+    Args:
+        spares: hot spare processes kept per node (0: a replacement is started cold and survivors wait).
+        reform_timeout: seconds for a warm restart to re-form the group and recover before a cold restart.
+        pg_timeout: seconds a collective may wait before it fails. A survivor blocked in a collective with a
+            hung peer leaves it after this long, so keep it shorter than the script's ``Run(hang_timeout=)``:
+            the hung rank's own watchdog then ends it and a spare takes its place.
+        first_spare_delay: at most this many seconds from the start before the first spares are started (they
+            start as soon as every worker has finished its first step; 0: at once, with the workers).
+    """
+
+    spares: int = 1
+    reform_timeout: float = 30.0
+    pg_timeout: float = 30.0
+    first_spare_delay: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.spares < 0:
+            raise ConfigError(f"--spares must be >= 0, got {self.spares}")
+        for name in ("reform_timeout", "pg_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"WarmConfig.{name} must be > 0, got {getattr(self, name)}")
+
+
+def rendezvous(launch: LaunchConfig) -> tuple[int, str, Any]:
+    """Meet the other nodes' agents through torch elastic's c10d rendezvous: this node's rank, and the
+    ``host:port`` of the store the rendezvous hosts (shared by every agent, worker and spare of the job), and
+    the rendezvous handler, which must stay alive: on the node that hosts the store it owns the server."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    if launch.rdzv_endpoint is None:
+        raise ConfigError("--restart warm with --nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+    nnodes = int(launch.nnodes)
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=launch.rdzv_endpoint,
+        run_id=launch.rdzv_id,
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        local_addr="127.0.0.1" if launch.rdzv_endpoint.startswith(("127.0.0.1:", "localhost:")) else None,
+    )
+    handler = get_rendezvous_handler(params)
+    info = handler.next_rendezvous()
+    return info.rank, launch.rdzv_endpoint, handler
+
+
+def check_warm(launch: LaunchConfig) -> None:
+    """Refuse what warm restarts do not support, in one line.
+
+    Raises:
+        ConfigError: for an elastic node count (``--nnodes MIN:MAX``).
+    """
+    if not launch.nnodes.isdigit():
+        raise ConfigError(
+            f"--restart warm needs a fixed node count, got --nnodes {launch.nnodes}: pass --nnodes N (the same "
+            "on every node), or use --restart cold for an elastic MIN:MAX"
+        )
+
+
+def launch_warm(launch: LaunchConfig, warm: WarmConfig) -> int:
+    """Run ``launch``'s script under the warm-restart agent; returns the job's exit status.
+
+    The agent runs as a child of ``goodput launch``'s supervisor, in torchrun's place, so a warm launch keeps
+    every promise of a cold one: the launch folder, preemption with one agreed save (``EXIT_PREEMPTED``), the
+    crash-loop and fatal-error verdicts (``EXIT_CRASH_LOOP``, ``EXIT_FATAL``) and no process left behind.
+    """
+    from goodput.launch.preflight import check_before_launch
+    from goodput.launch.supervise import Supervisor
+
+    check_warm(launch)
+    check_before_launch(launch)
+    spec = json.dumps({"launch": dataclasses.asdict(launch), "warm": dataclasses.asdict(warm)})
+    supervisor = Supervisor(launch, command=[sys.executable, "-m", "goodput.warm", spec])
+    try:
+        return supervisor.run()
+    finally:
+        if supervisor.folder:  # the agent removes it, unless the launcher had to kill it first
+            remove_folder(record_folder("", "", launch=os.path.basename(supervisor.folder)))

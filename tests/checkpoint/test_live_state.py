@@ -1,0 +1,56 @@
+"""TrainingState's live form, the one codec of a warm hand-over: a survivor's state, sent as bytes and loaded
+by another process's freshly built objects, continues training exactly as the survivor would have."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from goodput.checkpoint import TrainingState
+from goodput.data import ResumableLoader
+
+
+def _objects(seed: int) -> TrainingState:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    loader = ResumableLoader(list(range(64)), batch_size=4, seed=7)
+    return TrainingState(model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
+
+
+def _train(state: TrainingState, steps: int, batches: Iterator[Any]) -> list[float]:
+    assert state.model is not None and state.optimizer is not None
+    losses = []
+    for _ in range(steps):
+        batch = next(batches)
+        x = torch.stack([torch.full((4,), float(v)) for v in batch]) / 64
+        loss = state.model(x).pow(2).mean()
+        loss.backward()
+        state.optimizer.step()
+        state.optimizer.zero_grad()
+        state.scheduler.step()
+        losses.append(float(loss))
+    return losses
+
+
+def test_a_survivor_s_live_state_continues_exactly_in_a_new_process_s_objects() -> None:
+    survivor = _objects(seed=0)
+    assert survivor.loader is not None
+    batches = iter(survivor.loader)  # type: ignore[call-overload]
+    _train(survivor, 5, batches)
+    survivor.extras["tokens"] = 123
+    survivor.samples_seen = 20
+    position = survivor.loader.state_dict()
+    buf = io.BytesIO()
+    torch.save(survivor.live_state_dict(loader=position), buf)
+    expected = _train(survivor, 4, batches)
+
+    fresh = _objects(seed=1)  # other weights: everything must come from the hand-over
+    fresh.load_live_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
+    assert fresh.extras == {"tokens": 123} and fresh.samples_seen == 20
+    assert _train(fresh, 4, iter(fresh.loader)) == expected  # type: ignore[call-overload]
+    assert survivor.holds_full_replica()
