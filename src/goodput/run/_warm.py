@@ -35,6 +35,7 @@ class WarmHook(RunHook):
         self._pending: Any = None  # a survivor's state, held from its failure to the next restore
         self._next: dict[str, Any] | None = None  # what the agent said about the next generation
         self._first: float | None = None  # when the recovered generation started, until its first step
+        self._live = False  # the last restore took the state from a survivor, not a checkpoint
 
     def snapshot(self, run: Run) -> None:
         """Keep this survivor's state of ``run.step`` (its manager is about to be dropped with the dead group)."""
@@ -55,7 +56,14 @@ class WarmHook(RunHook):
         self.worker.recovered()
         self._pending = self._next = None
         self._first = time.monotonic()
+        self._live = step is not None
         return step
+
+    def on_restore(self, run: Run, state: TrainingState, step: int | None) -> None:
+        # A warm restart before this generation's first completed step hands on the restored step.
+        if step is not None:
+            self.worker.position_restored(step, state.loader, from_checkpoint=not self._live)
+        self._live = False
 
     def on_iterator(self, run: Run, loader: Any, first: bool) -> None:
         if first:

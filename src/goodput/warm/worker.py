@@ -122,7 +122,8 @@ class WarmWorker:
         self._rng_records = RecordFiles(record_folder(WARM_STORE.get(), prefix), self.rank)
         self._stepped = False
         self.joined_wall = 0.0
-        self._last_loader: Any = None
+        self._last_loader: Any = None  # the loader's position after step ``_loader_step``
+        self._loader_step: int | None = None
         self._failed_wall: float | None = None
         self._pending_rng: bytes | None = None
         from goodput.checkpoint.rng import RngCapture  # torch: imported by the worker, not by the agent
@@ -203,12 +204,29 @@ class WarmWorker:
     # ---- every step ----------------------------------------------------------------------------------------
     def step_committed(self, step: int, loader: Any) -> None:
         """Record this rank's position after a completed step: the loader's in memory, the RNG in the store."""
-        # a plain iterable (a list of batches) has no position to hand on
-        self._last_loader = loader.state_dict() if hasattr(loader, "state_dict") else None
+        self._keep_position(step, loader)
         self._rng_records.write(step, self._rng.capture())
         if not self._stepped:
             self.store.set(stepped_key(self.rank), str(step))
             self._stepped = True
+
+    def position_restored(self, step: int, loader: Any, *, from_checkpoint: bool) -> None:
+        """Record the position just restored as this rank's last completed step's.
+
+        A warm restart before this generation's first completed step hands on the restored step: without this
+        it would hand on that step's model with no loader position (a cold generation's new process has none),
+        and every rank's new loader would start the data again. After a checkpoint's restore the RNG record of
+        the step is written too (the checkpoint put the states back), so the rank's records agree with it.
+        """
+        self._keep_position(step, loader)
+        if from_checkpoint:
+            self._rng.reset()
+            self._rng_records.write(step, self._rng.capture())
+
+    def _keep_position(self, step: int, loader: Any) -> None:
+        # a plain iterable (a list of batches) has no position to hand on
+        self._last_loader = loader.state_dict() if hasattr(loader, "state_dict") else None
+        self._loader_step = step
 
     def _record_before_step(self) -> None:
         """Record the RNG again just before an optimizer step, as the step in progress (``Run`` sets
@@ -221,6 +239,8 @@ class WarmWorker:
     def snapshot(self, step: int, state: Any) -> Snapshot | None:
         """The survivor's state after its last completed step, or None if it holds none worth handing on."""
         if state is None or step <= 0 or not state.holds_full_replica():
+            return None
+        if self._loader_step != step:  # no loader position of this step: the model alone would repeat data
             return None
         return Snapshot(step=step, parts=state.live_state_dict(loader=self._last_loader))
 
