@@ -86,7 +86,12 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="rank 1 SIGKILLs itself after this step's backward, before its optimizer step (first process only)",
     )
-    p.add_argument("--check-every", type=int, default=50, help="the numeric guard's replica check interval")
+    p.add_argument(
+        "--check-every",
+        type=int,
+        default=None,
+        help="turn the numeric guard on with this replica check interval (default: the guard is off, as in Run)",
+    )
     p.add_argument(
         "--die-after-optimizer",
         type=int,
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         hang_timeout=args.hang_timeout,
         progress=False,
         backend="nccl" if args.device == "cuda" else "gloo",
-        numeric=NumericConfig(check_every=args.check_every),
+        numeric=NumericConfig(check_every=args.check_every) if args.check_every else False,
     )
     dataset = _Samples()  # built once: a survivor reuses it after a warm restart
     run.warm(lambda r: _train(r, args, dataset))
