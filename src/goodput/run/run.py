@@ -26,7 +26,7 @@ from typing import Any
 
 from goodput._env import FAULTS
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
-from goodput.errors import ConfigError, DataError
+from goodput.errors import ConfigError, DataError, SaveFailed
 from goodput.faults import install_faults
 from goodput.launch.folder import install_error_report, register_pid
 from goodput.ledger.exporters import MetricsExporter
@@ -322,9 +322,9 @@ class Run:
         """Save the current step now (blocking only for the strategy's blocking part)."""
         manager = self.manager
         manager.state.step = self.step
-        with self.phase("checkpoint_save"):
+        with self.phase("checkpoint_save"), contextlib.suppress(SaveFailed):  # logged, in the ledger
             manager.save(self.step)
-        self._last_saved = self.step
+            self._last_saved = self.step
 
     def close(self) -> None:
         """Save the final step if it is not saved yet, wait until it is durable, and end the attempt."""
