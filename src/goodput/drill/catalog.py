@@ -1,13 +1,18 @@
-"""Every scenario of the drill, in the order the table shows them: importing a module registers its scenarios.
+"""Every module of drill scenarios, in the order the table shows them: importing one registers its scenarios.
 
-Add a module of scenarios with one import line in its block below (each module calls
+Add a module of scenarios with one line in its block below (each module calls
 :func:`goodput.drill.scenario.register` for each of its scenarios at import).
 """
 
-# isort: off  (the order of the imports is the drill's order)
+from __future__ import annotations
 
-# process scenarios: rank, agent, launcher, preempt, hang
+__all__ = ["MODULES"]
 
-# storage and node scenarios: storage-full, storage-slow, throttled, flaky, node
-
-# numeric and straggler scenarios: nan, spike, bitflip, slow
+MODULES = (
+    # process scenarios: rank, hang, preempt, agent, launcher
+    "goodput.drill.process",
+    "goodput.drill.supervisors",
+    # storage and node scenarios: storage-full, storage-slow, throttled, flaky, node
+    # numeric and straggler scenarios: nan, spike, bitflip, slow
+    "goodput.drill.numeric",
+)

@@ -119,7 +119,12 @@ def register(scenario: Scenario) -> Scenario:
 
 
 def registered() -> dict[str, Scenario]:
-    """Name -> scenario, every one :mod:`goodput.drill.catalog` imports, in the drill's order."""
-    import goodput.drill.catalog  # noqa: F401  (its imports register the scenarios)
+    """Name -> scenario, of every module :mod:`goodput.drill.catalog` lists, in the drill's order."""
+    import importlib
+
+    from goodput.drill.catalog import MODULES
+
+    for module in MODULES:
+        importlib.import_module(module)  # registers its scenarios (once: Python keeps the module)
 
     return dict(_REGISTRY)
