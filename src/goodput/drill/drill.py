@@ -18,7 +18,7 @@ from goodput.drill.scenario import DrillContext, Reference, Scenario, ScenarioRe
 from goodput.errors import ConfigError
 from goodput.verify.records import RunRecords, read_records
 
-__all__ = ["DEMO_SCRIPT", "drill", "format_table"]
+__all__ = ["DEMO_SCRIPT", "drill", "format_table", "reference_run"]
 
 DEMO_SCRIPT = os.path.join(os.path.dirname(__file__), "demo_train.py")
 
@@ -56,7 +56,7 @@ def drill(
         f"goodput drill: {' '.join(script)}, {nproc} ranks x {nnodes} node(s), {len(chosen)} scenarios, in {work}"
     )
     say("uninterrupted run (the reference) ...")
-    reference = _reference(script, nproc=nproc, nnodes=nnodes, seed=seed, work=work, say=say)
+    reference = reference_run(script, nproc=nproc, nnodes=nnodes, seed=seed, work=work, say=say)
     if reference is None:
         return 1
     say(
@@ -105,7 +105,7 @@ def _indent(say: Callable[[str], None]) -> Callable[[str], None]:
     return lambda line: say(f"  {line}")
 
 
-def _reference(
+def reference_run(
     script: tuple[str, ...], *, nproc: int, nnodes: int, seed: int, work: str, say: Callable[[str], None]
 ) -> Reference | None:
     """Run the script uninterrupted; None (and why, said) when it fails."""

@@ -62,8 +62,8 @@ def _hang(context: DrillContext) -> ScenarioResult:
     in_step = min(max(ref.saves[0] + 1, 1), last) if ref.saves else max(ref.steps // 3, 1)
     later = [s for s in ref.saves if s > in_step and s < ref.steps]
     plan = f"hang@step={in_step},rank={context.nproc * context.nnodes - 1}"
-    if later:  # a rank that stops on entering a save while its peers wait inside the save's collectives
-        plan += f"; hang@phase=checkpoint_begin,step={later[0]},rank=0"
+    if later:  # a rank that stops inside a save while its peers wait for it in the collectives
+        plan += f"; hang@phase=checkpoint_write,step={later[0]},rank=0"
     run_dir = os.path.join(context.work_dir, "run")
     context.say(f"hang: {plan} (the script's hang timeout decides how long this takes)")
     done = run_launch(context, run_dir, LaunchSpec(faults=plan, restarts=4))
@@ -93,8 +93,8 @@ def _hang_detections(run_dir: str) -> list[tuple[str, float]]:
 HANG = register(
     Scenario(
         name="hang",
-        injects="one rank stops making progress without dying, inside a step and as it enters a save "
-        "(its peers wait inside the collectives)",
+        injects="one rank stops making progress without dying, inside a step and inside a checkpoint write "
+        "(its peers wait for it inside the collectives)",
         outcome="detected by the hang timeout (4x inside a save), the job restarts and completes; every "
         "sample once; final state identical",
         run=_hang,
@@ -112,35 +112,48 @@ def signal_step(context: DrillContext, after: int = 0) -> int:
 def launch_until_step(
     context: DrillContext, run_dir: str, spec: LaunchSpec, step: int
 ) -> tuple[subprocess.Popen[bytes], float, bool]:
-    """Launch with every rank pausing a few seconds at ``step``, and return once a rank has recorded it.
+    """Launch with every rank pausing a few seconds at ``step``, and return once a rank of this launch has
+    recorded it (the pause is the window to signal or kill in).
 
     Returns the launch, its start time, and whether the step was reached (False: the launch ended first).
     """
     faults = "; ".join(f for f in (spec.faults, f"slow@step={step},seconds={_WINDOW}") if f)
+    before = _last_attempt(run_dir)
     started = time.monotonic()
     proc = start_launch(context, run_dir, dataclasses.replace(spec, faults=faults))
     while proc.poll() is None:
-        if _recorded(run_dir, step):
+        if _recorded(run_dir, step, after_attempt=before):
             return proc, started, True
         time.sleep(0.05)  # polling for the step, not a synchronisation by time
     return proc, started, False
 
 
-def _recorded(run_dir: str, step: int) -> bool:
+def _last_attempt(run_dir: str) -> int:
+    try:
+        return max(read_records(run_dir).attempts, default=-1)
+    except FileNotFoundError:
+        return -1
+
+
+def _recorded(run_dir: str, step: int, *, after_attempt: int) -> bool:
     try:
         records = read_records(run_dir)
     except (FileNotFoundError, ValueError):
         return False
-    return any(step in steps for steps in records.steps.values())
+    return any(
+        record.attempt > after_attempt for steps in records.steps.values() if (record := steps.get(step))
+    )
 
 
 def _preempt(context: DrillContext) -> ScenarioResult:
     run_dir = os.path.join(context.work_dir, "run")
     problems: list[str] = []
-    seconds, step = 0.0, 0
+    seconds, restored = 0.0, 0
     injected: list[str] = []
     for signum in (signal.SIGTERM, signal.SIGUSR1):
-        step = signal_step(context, after=step)
+        # The ranks agree on a stop at check steps, the first one right after the step they resumed from
+        # (goodput.run.signals): a signal before it is acted on within a step, in a run of any length.
+        step = restored + 1
         context.say(f"preempt: {signum.name} to goodput launch at step {step}")
         proc, started, reached = launch_until_step(context, run_dir, LaunchSpec(restarts=0), step)
         if reached:
@@ -148,6 +161,7 @@ def _preempt(context: DrillContext) -> ScenarioResult:
         done = finish(proc, started)
         seconds += done.seconds
         saved = _preemption_saves(run_dir, len(injected))
+        restored = saved[0] if len(saved) == 1 else restored
         injected.append(
             f"{signum.name} at step {step}: {outcome_text(done.status)}, saved {saved or 'nothing'}"
         )
