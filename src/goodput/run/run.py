@@ -39,6 +39,7 @@ from goodput.run._runhooks import (
     batch_source,
     check_train_fn,
     checked_plan,
+    checkpoint_config,
     exit_preempted,
     join_group,
     observe_failures,
@@ -130,7 +131,7 @@ class Run:
             self._plan_text, self.info.world_size, total_steps, numeric_on=numeric is not False
         )
         self.faults = arm_faults(self, self._plan_text)
-        self.config = checkpoint or CheckpointConfig(root=os.path.join(run_dir, "checkpoints"))
+        self.config = checkpoint_config(checkpoint, run_dir)
         self._manager: CheckpointManager | None = None
         self.loader: Any = None  # the loader ``batches`` reads
         self.fetch_seconds = 0.0  # the last step's wait for its batch
@@ -312,7 +313,8 @@ class Run:
             with self.phase("checkpoint_save"):
                 manager.save_memory(self.step)
         if durable:
-            self.save()
+            with contextlib.suppress(SaveFailed):  # logged and in the ledger: train on, save again later
+                self.save()
 
     def section(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Time a named part of the step for the straggler detector (a no-op when it is off)."""
@@ -322,9 +324,9 @@ class Run:
         """Save the current step now (blocking only for the strategy's blocking part)."""
         manager = self.manager
         manager.state.step = self.step
-        with self.phase("checkpoint_save"), contextlib.suppress(SaveFailed):  # logged, in the ledger
+        with self.phase("checkpoint_save"):
             manager.save(self.step)
-            self._last_saved = self.step
+        self._last_saved = self.step
 
     def close(self) -> None:
         """Save the final step if it is not saved yet, wait until it is durable, and end the attempt."""
