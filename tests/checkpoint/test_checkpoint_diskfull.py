@@ -143,7 +143,9 @@ def test_a_run_trains_on_through_a_full_disk_and_saves_again_once_there_is_room(
     assert committed[5][-1] == 6  # space came back: step 6 committed (and retention then removed step 2)
     assert [(r.step, r.status) for r in list_checkpoints(str(two_checkpoint_disk))] == [(8, "committed")]
     warnings = [
-        r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("goodput")
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("goodput")
     ]
     assert len(warnings) == 1 and "saving step 4 failed" in warnings[0], warnings
     failed = [e for e in read_events(str(tmp_path / "run"), rank=None) if e["event"] == "checkpoint_failed"]
