@@ -84,9 +84,10 @@ def test_ledger_learns_through_events() -> None:
     assert _violations({"ledger"}, {"run", "cli", "checkpoint"}) == []
 
 
-def test_only_bench_uses_testing() -> None:
+def test_only_bench_and_drill_use_testing() -> None:
+    """The S3 server and the fault proxy serve benchmarks and the drill's storage scenarios, nothing else."""
     users = {_part(m) for m, targets in _imports().items() if any(_part(t) == "testing" for t in targets)}
-    assert users <= {"bench", "testing"}, users
+    assert users <= {"bench", "drill", "testing"}, users
 
 
 def test_launch_never_imports_torch() -> None:

@@ -13,6 +13,8 @@ MODULES = (
     "goodput.drill.process",
     "goodput.drill.supervisors",
     # storage and node scenarios: storage-full, storage-slow, throttled, flaky, node
+    "goodput.drill.storage",
+    "goodput.drill.objectstore",
     # numeric and straggler scenarios: nan, spike, bitflip, slow
     "goodput.drill.numeric",
 )
