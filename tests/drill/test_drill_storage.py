@@ -39,7 +39,6 @@ def test_storage_full_fails_one_save_trains_on_and_ends_identical(
     assert failed and durable[0] < failed[0] < durable[-1]  # a checkpoint before; a later one committed
     log = (run_dir / "output.log").read_text()
     assert log.count(f"saving step {failed[0]} failed") == 2  # one warning on each of the 2 ranks
-    assert "Traceback" not in log
     assert not os.path.ismount(tmp_path / "full" / "disk")  # the drill unmounted its tmpfs
 
 

@@ -56,6 +56,7 @@ def _store_scenario(context: DrillContext, name: str, burst: Callable[[FaultProx
         from goodput.testing import S3Server
         from goodput.testing.faultproxy import FaultProxy
 
+        os.makedirs(os.path.join(context.work_dir, "s3"), exist_ok=True)
         server = S3Server(bucket=_BUCKET, data_dir=os.path.join(context.work_dir, "s3"))
         server.start()
     except RuntimeError as err:  # no weed binary
