@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.planner import ReadItem
 
 from goodput.checkpoint._direct_read import DirectReadMixin, join_agreement
-from goodput.checkpoint._saving import _FAILURES, _quiet_single_process
+from goodput.checkpoint._saving import FAILURES, quiet_single_process
 from goodput.checkpoint.hashing import HashingFileSystem, VerifyingFileSystem
 from goodput.checkpoint.objectstore import ConcurrentObjectFileSystem
 from goodput.checkpoint.state import TrainingState, check_shapes, tensor_shapes
@@ -236,13 +236,13 @@ def load_dcp(state: TrainingState, folder: str, ctx: SaveContext) -> dict[str, f
     """
     start = time.perf_counter()
     reader = make_reader(folder, ctx)
-    _quiet_single_process()  # no_dist=True makes DCP warn that it loads "in a single process"
+    quiet_single_process()  # no_dist=True makes DCP warn that it loads "in a single process"
     try:
         target = _planned_target(state, reader)
         dcp.load(
             target, storage_reader=reader, planner=SafeLoadPlanner(), process_group=ctx.group, no_dist=True
         )
-    except _FAILURES as err:  # DCP raises a CheckpointException (a BaseException) even with no_dist
+    except FAILURES as err:  # DCP raises a CheckpointException (a BaseException) even with no_dist
         join_agreement(reader.fs, err)  # raises: err, or the failure another rank reported first
         raise
     read = float(getattr(reader.fs, "read_seconds", 0.0))
