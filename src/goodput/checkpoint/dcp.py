@@ -225,7 +225,7 @@ def load_dcp(state: TrainingState, folder: str, ctx: SaveContext) -> dict[str, f
 
     Each rank plans its reads alone (``dcp.load(no_dist=True)``): DCP's default load planning is local, and its
     global step returns the plans unchanged, so the gather and scatter of every rank's plan (and the all-gather
-    closing the read step) only cost time (measured ~10-25 ms of a ~0.1 s restore with 2 gloo ranks). The one
+    closing the read step) only cost time. The one
     collective left is the read step's agreement that every rank's checks passed (``_direct_read._agree``); a
     rank that fails before it still joins it with its error, so no rank waits for ever, and the manager then
     gathers every rank's outcome.

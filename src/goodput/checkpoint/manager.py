@@ -399,7 +399,7 @@ class CheckpointManager:
         thread finishing the last collective aborts the process (see ``_groups``)."""
         coll = self._coll
         groups = [g for g in (coll.ctl, coll.io, self._memory_group) if g is not None]
-        if not join:  # a join would wait for the stuck collective: unregister only, as before
+        if not join:  # a join would wait for the stuck collective: unregister only
             for group in groups:
                 dist.destroy_process_group(group)
             return

@@ -37,7 +37,7 @@ class DemoConfig:
     seed: int = 0
     faults: bool = True
     batch_size: int = 16
-    restart: str = "warm"  # measured: 88.3% goodput against 78.7% cold (docs/BENCHMARKS.md)
+    restart: str = "warm"  # more goodput than cold restarts (docs/BENCHMARKS.md has the figures)
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -89,8 +89,8 @@ def run_demo(config: DemoConfig) -> int:
     if config.restart == "warm":
         from goodput.warm.agent import WarmConfig, launch_warm
 
-        # Two spares: at one failure every 40 s, two failures within a spare's start (~10 s of imports on 2
-        # busy cores) are common enough that a lone spare is often still importing when the second one comes.
+        # Two spares: at one failure every 40 s, two failures within a spare's start (its imports take
+        # seconds) are common enough that a lone spare is often still importing when the second one comes.
         status = launch_warm(launch, WarmConfig(spares=2))
     else:
         status = launch_job(launch)

@@ -43,7 +43,7 @@ def collate(items: list[tuple[int, torch.Tensor]]) -> tuple[list[int], np.ndarra
     """Sample ids and a (batch, window) int64 array.
 
     An array, not a tensor: a DataLoader worker hands a tensor over in shared memory, one file descriptor
-    sent over a fresh socket per batch (~1 ms here), while a small array travels inside the pickle (the
+    sent over a fresh socket per batch, while a small array travels inside the pickle (the
     demo's batch is 8 KiB). The training loop wraps it with ``torch.from_numpy`` (no copy).
     """
     return [i for i, _ in items], np.stack([t.numpy() for _, t in items]).astype(np.int64)
@@ -190,7 +190,7 @@ def _loader(args: argparse.Namespace, dataset: Any, kept: dict[str, Any]) -> Res
             collate_fn=collate,
             drop_last=True,
             # Samples shuffled within windows of a few shards (shards shuffled too): each worker opens a shard
-            # once per window instead of for nearly every sample (~0.2 ms each, on the cores the ranks train on).
+            # once per window instead of for nearly every sample (each open costs more than a sample).
             shard_window=args.shard_window or None,
         )
         kept["start"] = kept["loader"].state_dict()

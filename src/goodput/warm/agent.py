@@ -183,8 +183,7 @@ class WarmAgent:
         """Whether to start spares yet: not while the first workers are still starting.
 
         A spare imports torch and the script's imports: started together with the first workers it competes
-        with them for the CPU and lengthens the job's first init (measured on 2 busy cores: three processes
-        importing at once instead of two). So the first spares start once every worker of this node has
+        with them for the CPU and lengthens the job's first init (one more process importing at once). So the first spares start once every worker of this node has
         finished a step (its ``stepped/<rank>`` key exists), or after ``first_spare_delay`` seconds at most; a
         failure before that starts the rank's replacement cold.
         """
