@@ -35,7 +35,6 @@ to the newest checkpoint.
 from __future__ import annotations
 
 import datetime
-import io
 import json
 import os
 import time
@@ -299,16 +298,16 @@ class WarmWorker:
         if best <= 0:
             return None
         source = values.index(best)
-        payload = _encode(snapshot) if self.rank == source and snapshot is not None else b""
+        from goodput.checkpoint.state import decode_live, encode_live
+
+        payload = encode_live(snapshot.parts) if self.rank == source and snapshot is not None else b""
         size = torch.tensor([len(payload)], dtype=torch.int64)
         dist.broadcast(size, src=source, group=self._ctl)
         buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else None
         if buf is None:
             buf = torch.empty(int(size.item()), dtype=torch.uint8)
         dist.broadcast(buf, src=source, group=self._ctl)
-        # on the CPU whatever device the source's tensors lived on; load_state_dict copies them into place
-        parts = torch.load(io.BytesIO(buf.numpy().tobytes()), map_location="cpu", weights_only=True)
-        state.load_live_state_dict(parts)
+        state.load_live_state_dict(decode_live(buf.numpy().tobytes()))
         self._restore_rng(best)
         state.step = best
         return best
@@ -355,11 +354,3 @@ class WarmWorker:
             "restore_seconds": round(restore_seconds, 6),
             "spare_wait_seconds": self.spare_wait if role == "replacement" else None,
         }
-
-
-def _encode(snapshot: Snapshot) -> bytes:
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(snapshot.parts, buf)
-    return buf.getvalue()
