@@ -35,6 +35,7 @@ from goodput.launch.folder import PREEMPTED_FILE, launch_dir, write_marker
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.ledger.tiers import live_recovered_share
+from goodput.run.numeric import NumericConfig
 from goodput.warm.worker import WarmWorker, warm_enabled
 
 if TYPE_CHECKING:
@@ -93,6 +94,21 @@ def join_group(
         return worker, info, info.world_size > 1
     info = init_distributed(backend)
     return None, info, single_process_group(backend) or info.world_size > 1
+
+
+def checked_numeric(numeric: object) -> NumericConfig | None:
+    """The numeric guard's config from ``Run(numeric=...)`` (``True``: the defaults), None when it is off.
+
+    Raises:
+        ConfigError: anything but a ``NumericConfig``, True or False.
+    """
+    if numeric is True:
+        return NumericConfig()
+    if numeric is False:
+        return None
+    if not isinstance(numeric, NumericConfig):
+        raise ConfigError(f"numeric must be a gp.NumericConfig, True or False, got {numeric!r}")
+    return numeric
 
 
 def checked_plan(text: str, world_size: int, total_steps: int | None, *, numeric_on: bool) -> list[Fault]:
