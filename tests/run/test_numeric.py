@@ -27,6 +27,7 @@ from goodput.run._numeric_rules import (
     verdict,
 )
 from goodput.run.numeric import NumericConfig
+from tests.helpers.numeric import replay_alarms
 
 
 def _verdict(rows: list[list[int]], history: list[float] | None = None, comparable: bool = True):  # type: ignore[no-untyped-def]
@@ -198,23 +199,6 @@ def _restart_train_losses(steps: int) -> list[float]:
     return losses
 
 
-def _alarms(losses: list[float], start: int, config: NumericConfig) -> list[int]:
-    """The steps the guard's verdict calls a spike when its window starts at ``start`` (a relaunch there)."""
-    history: list[float] = []
-    alarms = []
-    for step in range(start, len(losses)):
-        found = verdict(
-            [encode_row(FLAG_LOSS, losses[step], 0, 0.0)], history=history[-config.spike_window :],
-            warmup=config.spike_warmup, k=config.spike_k or 0.0, min_rise=config.spike_min_rise, spikes=True,
-            comparable=False,
-        )  # fmt: skip
-        if found.kind == "spike":
-            alarms.append(step)  # rolled back and redone: the window does not take it
-        else:
-            history.append(losses[step])
-    return alarms
-
-
 def test_no_false_spike_on_a_small_batch_squared_error_from_any_relaunch_step() -> None:
     """The warm preemption test's loss (500 of the 600 steps of _restart_train.py): its steps reach 4-5x the median of their
     window, ten MADs on the loss's own scale (the rule measured there called them spikes, from relaunches near
@@ -222,6 +206,6 @@ def test_no_false_spike_on_a_small_batch_squared_error_from_any_relaunch_step() 
     threshold is near 28x the window's median: a loss this noisy hides a smaller one)."""
     losses = _restart_train_losses(500)
     config = NumericConfig()
-    alarms = {start: _alarms(losses, start, config) for start in range(0, 480, 2)}
+    alarms = {start: replay_alarms(losses, start, config) for start in range(0, 480, 2)}
     assert {s: a for s, a in alarms.items() if a} == {}
     assert 50 * losses[499] > spike_threshold(losses[399:499], k=6.0, min_rise=0.1)
