@@ -91,6 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--dropout", type=float, default=0.1, help="the model's dropout (default 0.1)")
     p.add_argument("--augment", type=float, default=0.02, help="byte-noise probability in the workers")
+    p.add_argument(
+        "--numeric", action="store_true", help="the numeric guard at its defaults (goodput demo turns it on)"
+    )
     return p.parse_args(argv)
 
 
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         hang_timeout=args.hang_timeout,
         progress=not args.no_progress,
         backend="gloo",  # the demo trains on the CPU, also on a machine with GPUs
+        numeric=args.numeric,
     )
     cache = CacheConfig(
         folder=args.cache_dir or os.path.join(run_dir, "cache"),
