@@ -209,3 +209,17 @@ def test_no_false_spike_on_a_small_batch_squared_error_from_any_relaunch_step() 
     alarms = {start: replay_alarms(losses, start, config) for start in range(0, 480, 2)}
     assert {s: a for s, a in alarms.items() if a} == {}
     assert 50 * losses[499] > spike_threshold(losses[399:499], k=6.0, min_rise=0.1)
+
+
+def test_goodput_numeric_turns_the_guard_on_where_the_script_leaves_it_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verify-rollback drills a user's script that never passed numeric=: GOODPUT_NUMERIC=1 turns the guard on."""
+    import goodput as gp
+
+    monkeypatch.setenv("GOODPUT_NUMERIC", "1")
+    run = gp.Run(str(tmp_path), total_steps=4, progress=False, hang_timeout=None, faults="nan@step=2")
+    try:
+        assert any(type(hook).__name__ == "NumericGuard" for hook in run.hooks)
+    finally:
+        run._shutdown("ok")
