@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         strategy=args.strategy,
         every=every,
         keep_last=2,
-        memory=_memory_tier(args.memory_every, args.memory_folder),
+        memory=_memory_tier(args.memory_every, args.memory_folder, keep=4 if args.numeric else 2),
         # the demo's failure rate, as the prior of the auto interval: one failure per mtbf seconds
         **({"gpus": 1, "afr": 365 * 86400 / args.mtbf} if args.mtbf else {}),
     )
@@ -213,10 +213,13 @@ def _rank0_attempt(run: Run) -> int:
     return int(box[0])
 
 
-def _memory_tier(every: str, folder: str) -> MemoryTier | None:
+def _memory_tier(every: str, folder: str, *, keep: int) -> MemoryTier | None:
+    """The memory tier; the numeric guard's rollback of a corrupted replica goes back to the last replica check
+    that agreed (up to 50 steps, several memory saves at the auto interval), so with the guard on the tier keeps
+    4 saves, enough to reach it without the durable tier."""
     if every == "off":
         return None
-    return MemoryTier(every=int(every) if every.isdigit() else every, folder=folder)
+    return MemoryTier(every=int(every) if every.isdigit() else every, folder=folder, keep=keep)
 
 
 def _loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
