@@ -111,7 +111,7 @@ def test_the_demo_plan_drills_a_nan_that_comes_back_one_spike_and_one_flipped_bi
     from goodput.demo.main import DemoConfig, numeric_faults
     from goodput.faults import check_plan
 
-    for nproc, steps in ((2, 2000), (3, 300)):
+    for nproc, steps in ((2, 2000), (3, 2500)):
         config = DemoConfig(run_dir="unused", nproc=nproc, steps=steps)
         plan = parse_faults(f"kill@mtbf=40s,seed=0; {numeric_faults(config)}")
         check_plan(plan, world_size=nproc, total_steps=steps)
