@@ -29,6 +29,7 @@ from goodput.data import CacheConfig, ResumableLoader, ShardedDataset
 from goodput.demo.augment import ByteNoise
 from goodput.demo.model import ModelConfig, TinyLM
 from goodput.run import Run
+from goodput.run.stragglers import StragglerConfig
 
 INDEX = struct.Struct("<I")
 
@@ -89,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--hang-timeout", type=float, default=120.0)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--stragglers", action="store_true", help="turn on the straggler detector (defaults)")
     p.add_argument("--dropout", type=float, default=0.1, help="the model's dropout (default 0.1)")
     p.add_argument("--augment", type=float, default=0.02, help="byte-noise probability in the workers")
     return p.parse_args(argv)
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         hang_timeout=args.hang_timeout,
         progress=not args.no_progress,
         backend="gloo",  # the demo trains on the CPU, also on a machine with GPUs
+        stragglers=StragglerConfig() if args.stragglers else None,
     )
     cache = CacheConfig(
         folder=args.cache_dir or os.path.join(run_dir, "cache"),
