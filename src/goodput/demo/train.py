@@ -30,6 +30,7 @@ from goodput.demo.augment import ByteNoise
 from goodput.demo.model import ModelConfig, TinyLM
 from goodput.run import Run
 from goodput.run.numeric import NumericConfig
+from goodput.run.stragglers import StragglerConfig
 
 INDEX = struct.Struct("<I")
 
@@ -90,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--hang-timeout", type=float, default=120.0)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--stragglers", action="store_true", help="turn on the straggler detector (defaults)")
     p.add_argument("--dropout", type=float, default=0.1, help="the model's dropout (default 0.1)")
     p.add_argument("--augment", type=float, default=0.02, help="byte-noise probability in the workers")
     p.add_argument(
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         # this run's short auto intervals the checkpoints kept (2 durable, 4 in memory) span a few tens of
         # steps, so the replicas are compared every 10 steps rather than 50 (one parameter pass each).
         numeric=NumericConfig(check_every=10) if args.numeric else False,
+        stragglers=StragglerConfig() if args.stragglers else None,
     )
     cache = CacheConfig(
         folder=args.cache_dir or os.path.join(run_dir, "cache"),
