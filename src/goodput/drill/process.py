@@ -13,7 +13,16 @@ import signal
 import subprocess
 import time
 
-from goodput.drill.runs import LaunchSpec, finish, outcome_text, result, run_launch, start_launch
+from goodput.drill.runs import (
+    OUTPUT_LOG,
+    LaunchSpec,
+    finish,
+    outcome_text,
+    processes_of,
+    result,
+    run_launch,
+    start_launch,
+)
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
 from goodput.launch.launcher import EXIT_PREEMPTED
 from goodput.verify.records import read_records
@@ -173,12 +182,22 @@ def _preempt(context: DrillContext) -> ScenarioResult:
             )
         elif len(saved) != 1:
             problems.append(f"{signum.name}: the ranks saved steps {saved}, expected one agreed step")
+        elif _said(run_dir, f"preempted by {signum.name}") != len(injected):
+            problems.append(f"{signum.name}: goodput launch did not say in one line where it saved")
+        if left := processes_of(run_dir):
+            problems.append(f"{signum.name}: {len(left)} process(es) of the job outlived the launch")
     context.say("preempt: the same command again, to the end")
     done = run_launch(context, run_dir, LaunchSpec(restarts=0))
     return result(
         context, run_dir, injected="; ".join(injected), status=done.status, seconds=seconds + done.seconds,
         problems=problems,
     )  # fmt: skip
+
+
+def _said(run_dir: str, words: str) -> int:
+    """How many of goodput launch's own lines in the run's output contain ``words``."""
+    with open(os.path.join(run_dir, OUTPUT_LOG), errors="replace") as f:
+        return sum(1 for line in f if line.startswith("goodput launch:") and words in line)
 
 
 def _preemption_saves(run_dir: str, launch: int) -> list[int]:
