@@ -103,6 +103,20 @@ def test_launch_never_imports_torch() -> None:
     assert out.strip() == "[]", out
 
 
+def test_the_command_line_up_to_a_launch_never_imports_torch(tmp_path: Path) -> None:
+    """Every ``goodput`` command first builds the whole parser (each command registers its options, the data
+    formats among them), and ``goodput launch`` checks its arguments before torchrun starts: none of it may
+    import torch, which costs each of the many CLI processes a test or a job starts seconds."""
+    code = (
+        "import sys\n"
+        "from goodput.cli import main\n"
+        f"status = main(['launch', '--nproc', '2', '--run-dir', {str(tmp_path / 'run')!r}, '--', 'missing.py'])\n"
+        "print('exit', status, 'torch imported:', 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "exit 2 torch imported: False", done.stdout + done.stderr
+
+
 def test_warm_reaches_checkpoint_only_through_training_state() -> None:
     """The warm hand-over speaks TrainingState's live form; its one other need is the RNG module."""
     allowed = {"goodput.checkpoint.state", "goodput.checkpoint.rng"}
