@@ -56,6 +56,13 @@ ALLOW_FRESH_START = EnvVar(
     "",
     "user, goodput launch --allow-fresh-start",
 )
+CHECKPOINT_ROOT = EnvVar(
+    "GOODPUT_CHECKPOINT_ROOT",
+    "where Run saves checkpoints instead of its configured root (the store's endpoint and credentials then "
+    "come from the environment)",
+    "",
+    "goodput drill",
+)
 RECORDS = EnvVar(
     "GOODPUT_RECORDS",
     "1: Run records each step's samples, loss and RNG for verify-resume",
@@ -117,6 +124,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     CRASH_LOOP,
     PREEMPT_SIGNAL,
     ALLOW_FRESH_START,
+    CHECKPOINT_ROOT,
     RECORDS,
     NUMERIC,
     LAUNCH_DIR,

@@ -189,9 +189,11 @@ class _SavePath:
             self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
         if outcome[0] != "ok":
             self._emit("checkpoint_failed", step=step, error=outcome[1])
-            raise SaveFailed(
+            failed = SaveFailed(
                 f"saving step {step} failed ({outcome[1]}); the previous checkpoint is untouched"
             )
+            log.warning("%s", failed)  # once, here, whoever catches it (``Run`` trains on)
+            raise failed
         url, size = outcome[1]
         self._committed.add(step)
         forced = (
@@ -253,8 +255,7 @@ class _SavePath:
         future, self._inflight = self._inflight, None
         try:
             return future.result()
-        except SaveFailed as err:
-            log.warning("%s", err)
+        except SaveFailed as err:  # logged where it failed
             return err
 
     def wait(self) -> SaveResult | None:

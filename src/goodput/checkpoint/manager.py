@@ -96,6 +96,7 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         self._failed: set[int] = set()  # steps whose committed checkpoint failed to restore (saved over)
         self._last_step: int | None = None  # the newest step given to maybe_save/save, for close()'s check
         self._inflight: Future[SaveResult] | None = None
+        self._deferred: int | None = None  # the first step a time-based save waited at for the one in flight
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-ckpt")
         self._purger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-purge")
         self._purge: Future[None] | None = None
@@ -220,7 +221,7 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
 
     def _decide(self, policy: SavePolicy, schedule: StepSchedule | None, step: int, now: float) -> bool:
         if schedule is None:
-            return bool(policy.due(step, now))
+            return bool(policy.due(step, now)) and not self._busy(policy, step)
         due = False
         if schedule.in_flight is not None and schedule.in_flight[0] <= step:
             _, work, answer = schedule.in_flight  # sent at the step before, by now long arrived
@@ -232,11 +233,35 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
             step
         ):  # a decision step: rank 0 decides the next step, sent in the background
             decision = schedule.decide(step + 1, now) if self.rank == 0 else (False, 0)
+            if decision[0] and self._busy(policy, step + 1):
+                decision = (False, step + 1)  # ask again at the next step
             answer = torch.tensor([int(decision[0]), decision[1]], dtype=torch.int64)
             src = dist.get_global_rank(self._ctl, 0)
             work = dist.broadcast(answer, src=src, group=self._ctl, async_op=True)
             schedule.in_flight = (step + 1, work, answer)
         return due
+
+    def _busy(self, policy: SavePolicy, step: int) -> bool:
+        """Whether a time-based durable save must wait because the previous one is still in flight.
+
+        Saving then would block training until the previous save is durable (one save in flight at most), so
+        saves would queue behind a slow store; instead the save waits for the step after the previous one is
+        durable, and the interval in effect widens to the time a save takes (``auto`` also plans for it once
+        the slow save is measured). Step-based policies keep their exact steps and wait instead.
+        """
+        inflight = self._inflight
+        busy = (
+            policy is self._policy
+            and isinstance(policy, EveryInterval)
+            and inflight is not None
+            and not inflight.done()
+        )
+        if busy and self._deferred is None:
+            log.info(
+                "a save is due at step %d while the previous one is still in flight: saving after it", step
+            )
+        self._deferred = step if busy else None
+        return busy
 
     def should_save_memory(self, step: int) -> bool:
         """Whether the memory tier saves ``step`` (decided by the last ``should_save`` call, for that step)."""

@@ -26,7 +26,7 @@ from typing import Any
 
 from goodput._env import FAULTS, NUMERIC
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
-from goodput.errors import ConfigError, DataError
+from goodput.errors import ConfigError, DataError, SaveFailed
 from goodput.faults import install_faults
 from goodput.launch.folder import install_error_report, register_pid
 from goodput.ledger.exporters import MetricsExporter
@@ -39,6 +39,7 @@ from goodput.run._runhooks import (
     batch_source,
     check_train_fn,
     checked_plan,
+    checkpoint_config,
     exit_preempted,
     join_group,
     observe_failures,
@@ -130,7 +131,7 @@ class Run:
             self._plan_text, self.info.world_size, total_steps, numeric_on=numeric is not False
         )
         self.faults = arm_faults(self, self._plan_text)
-        self.config = checkpoint or CheckpointConfig(root=os.path.join(run_dir, "checkpoints"))
+        self.config = checkpoint_config(checkpoint, run_dir)
         self._manager: CheckpointManager | None = None
         self.loader: Any = None  # the loader ``batches`` reads
         self.fetch_seconds = 0.0  # the last step's wait for its batch
@@ -312,7 +313,8 @@ class Run:
             with self.phase("checkpoint_save"):
                 manager.save_memory(self.step)
         if durable:
-            self.save()
+            with contextlib.suppress(SaveFailed):  # logged and in the ledger: train on, save again later
+                self.save()
 
     def section(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Time a named part of the step for the straggler detector (a no-op when it is off)."""
