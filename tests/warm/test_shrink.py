@@ -183,3 +183,22 @@ def test_a_sharded_model_does_not_shrink_but_takes_a_new_process(tmp_path: os.Pa
     assert [h["rank"] for h in events[0]["handed"]] == [1]
     restored = [e["step"] for e in _events(run_dir, "restore_end") if e["attempt"] == 1]
     assert restored == [5, 5]  # both ranks of the new generation read the checkpoint of step 5
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (("--shrink-after", "5"), "--restart warm"),
+        (
+            ("--restart", "warm", "--shrink-after", "5", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"),
+            "one node",
+        ),
+        (("--restart", "warm", "--nproc", "2", "--shrink-after", "5", "--min-world", "3"), "--min-world 3"),
+    ],
+)
+def test_shrinking_where_it_cannot_work_is_refused_in_one_line(
+    tmp_path: os.PathLike[str], flags: tuple[str, ...], named: str
+) -> None:
+    cmd = [sys.executable, "-m", "goodput", "launch", "--run-dir", str(tmp_path), *flags, "--", SCRIPT]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and named in proc.stderr, proc.stderr
