@@ -8,7 +8,9 @@ sample ids of each step it trains with the world size in force (``<run_dir>/samp
 rank 0 writes ``<run_dir>/final.json`` with hashes of the final model and optimizer state. No dropout: after a
 shrink each survivor keeps its own random stream, which a cold resume on fewer ranks does not reproduce.
 ``--spare-after-step N``: a hot spare finishes its imports only once the group has trained step N (so a test
-knows the job shrinks first and grows back later).
+knows the job shrinks first and grows back later). ``--hold-for-grow A,B``: a shrunk group waits before its
+step A until the agent has grown the job once (before B: twice), and ``--step-seconds`` makes the steps after
+it long enough for the survivors to leave at a step boundary before the run ends.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=18)
     p.add_argument("--spare-after-step", type=int, default=0)
+    p.add_argument("--hold-for-grow", default="")
+    p.add_argument("--step-seconds", type=float, default=0.0)
     args = p.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
@@ -82,10 +86,27 @@ def main() -> None:
         run_dir, checkpoint=config, total_steps=args.steps, hang_timeout=60, progress=False, backend="gloo"
     )
     dataset = _Samples()
-    run.warm(lambda r: _train(r, dataset))
+    holds = [int(step) for step in args.hold_for_grow.split(",") if step]
+    run.warm(lambda r: _train(r, dataset, holds, args.step_seconds))
 
 
-def _train(run: Run, dataset: _Samples) -> None:
+def _grows(run_dir: str) -> int:
+    try:
+        with open(os.path.join(run_dir, "warm", "agent.jsonl")) as f:
+            return sum('"grow"' in line for line in f)
+    except FileNotFoundError:
+        return 0
+
+
+def _hold(run: Run, holds: list[int]) -> None:
+    """Before a step of ``holds``, a shrunk group waits for the agent's next grow (the test's schedule)."""
+    step = run.step + 1
+    if step in holds and run.info.world_size < int(os.environ["GOODPUT_RESERVED_WORLD"]):
+        while _grows(run.run_dir) <= holds.index(step):
+            time.sleep(0.05)
+
+
+def _train(run: Run, dataset: _Samples, holds: list[int], step_seconds: float) -> None:
     torch.manual_seed(0)
     inner = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     model: torch.nn.Module = inner
@@ -101,11 +122,14 @@ def _train(run: Run, dataset: _Samples) -> None:
     path = os.path.join(run.run_dir, "samples", f"rank-{run.info.rank}.jsonl")
     with open(path, "a", buffering=1) as log:
         for ids, x in run.batches(loader):
+            _hold(run, holds)
             loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             sched.step()
+            if step_seconds and holds and run.step >= holds[0]:
+                time.sleep(step_seconds)
             record = {"step": run.step + 1, "samples": ids, "pid": os.getpid(), "world": run.info.world_size}
             log.write(json.dumps(record) + "\n")
             run.step_done(loss=float(loss.detach()))

@@ -23,18 +23,28 @@ NEVER = "1000000"  # --spare-after-step: the spares never finish their imports w
 
 
 def _launch(
-    run_dir: str, nproc: int, steps: int, *extra: str, faults: str = "", spare_after: str = NEVER
+    run_dir: str,
+    nproc: int,
+    steps: int,
+    *extra: str,
+    faults: str = "",
+    spare_after: str = NEVER,
+    hold: str = "",
 ) -> str:
     cmd = [sys.executable, "-m", "goodput", "launch", "--nproc", str(nproc), "--run-dir", run_dir, *extra]
     cmd += ["--faults", faults, "--", SCRIPT, "--steps", str(steps), "--spare-after-step", spare_after]
+    cmd += ["--hold-for-grow", hold, "--step-seconds", "0.05"] if hold else []
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stderr
 
 
-def _warm(run_dir: str, nproc: int, faults: str, spare_after: str = NEVER, steps: int = STEPS) -> str:
+def _warm(run_dir: str, nproc: int, faults: str, hold: str = "", steps: int = STEPS) -> str:
+    """A warm launch with no spare that shrinks at once; ``hold``: the steps before which a shrunk group waits
+    for a grow (the replacement's imports; without it the replacement never becomes ready)."""
     extra = ("--restart", "warm", "--spares", "0", "--shrink-after", "0", "--collective-timeout", "4")
-    return _launch(run_dir, nproc, steps, *extra, faults=faults, spare_after=spare_after)
+    spare_after = "0" if hold else NEVER
+    return _launch(run_dir, nproc, steps, *extra, faults=faults, spare_after=spare_after, hold=hold)
 
 
 def _reference(run_dir: str, schedule: list[tuple[int, int]], steps: int = STEPS) -> None:
@@ -140,11 +150,13 @@ def test_a_second_failure_during_a_shrink_shrinks_again(tmp_path: os.PathLike[st
 @pytest.mark.slow
 def test_a_returning_spare_grows_the_group_back(tmp_path: os.PathLike[str]) -> None:
     run_dir, ref_dir = os.path.join(tmp_path, "run"), os.path.join(tmp_path, "ref")
-    # the replacement started at the shrink finishes its imports once step 8 is trained: the group grows back
-    _warm(run_dir, 2, "kill@step=4,rank=1", spare_after="8", steps=24)
+    # the replacement started at the shrink finishes its imports; the group grows back (before step 8 the
+    # survivor waits for it, so that the run does not end first)
+    _warm(run_dir, 2, "kill@step=4,rank=1", hold="8", steps=24)
     assert _agent(run_dir) == ["shrink", "warm_restart_done", "grow", "warm_restart_done"]
     schedule = _schedule(_per_step(run_dir))
     assert schedule[:2] == [(1, 2), (5, 1)] and schedule[2][1] == 2 and schedule[2][0] > 8, schedule
+    assert len(schedule) == 3
     grows = _events(run_dir, "grow")
     assert sorted((e["rank"], e["world_before"], e["world_after"], e["joined"]) for e in grows) == [
         (0, 1, 2, 1),
@@ -157,7 +169,7 @@ def test_a_returning_spare_grows_the_group_back(tmp_path: os.PathLike[str]) -> N
 @pytest.mark.slow
 def test_a_newcomer_killed_while_it_restores_shrinks_and_grows_again(tmp_path: os.PathLike[str]) -> None:
     run_dir = os.path.join(tmp_path, "run")
-    _warm(run_dir, 2, "kill@step=4,rank=1;kill@phase=restore,rank=1,attempt=2", spare_after="8", steps=24)
+    _warm(run_dir, 2, "kill@step=4,rank=1;kill@phase=restore,rank=1,attempt=2", hold="8,14", steps=24)
     events = _agent(run_dir)
     assert events[:3] == ["shrink", "warm_restart_done", "grow"] and "cold_restart" not in events, events
     assert events[3] == "shrink"  # the newcomer died restoring: the survivor goes on alone again
