@@ -127,10 +127,8 @@ class WarmAgent:
                 protocol.REFORM_TIMEOUT_ENV: str(self.warm.reform_timeout),
             },
         )
-        if self.resize.on:
-            env[WARM_MIN_WORLD.name] = str(
-                self.warm.min_world
-            )  # the loader checks its global batch against it
+        if self.resize.on:  # the loader checks its global batch against every world size from this one up
+            env[WARM_MIN_WORLD.name] = str(self.warm.min_world)
         if self.launch.allow_fresh_start:
             env[ALLOW_FRESH_START.name] = "1"  # read by CheckpointConfig.fresh_start_allowed
         if self.nproc > 1:
