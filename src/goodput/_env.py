@@ -117,6 +117,18 @@ WARM_REFORM_TIMEOUT = EnvVar(
     "60",
     "goodput launch --restart warm",
 )
+RESERVED_WORLD = EnvVar(
+    "GOODPUT_RESERVED_WORLD",
+    "the ranks the job reserved (nproc x the largest nnodes), for capacity goodput",
+    "",
+    "goodput launch",
+)
+WARM_MIN_WORLD = EnvVar(
+    "GOODPUT_WARM_MIN_WORLD",
+    "the fewest ranks a warm job may shrink to (set only with --shrink-after)",
+    "",
+    "goodput launch --restart warm --shrink-after",
+)
 
 VARIABLES: tuple[EnvVar, ...] = (
     RUN_DIR,
@@ -139,4 +151,6 @@ VARIABLES: tuple[EnvVar, ...] = (
     WARM_SPARE_ID,
     WARM_PG_TIMEOUT,
     WARM_REFORM_TIMEOUT,
+    RESERVED_WORLD,
+    WARM_MIN_WORLD,
 )

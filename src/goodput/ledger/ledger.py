@@ -19,7 +19,8 @@ attempt) is written through at once, so the step an attempt resumed from is neve
 Event schema (one JSON object per line)::
 
     every event      event (name), wall (time.time()), mono (time.monotonic()), attempt, rank
-    attempt_start    process_start (wall time the process started), pid, host, world_size, restart_count,
+    attempt_start    process_start (wall time the process started), pid, host, world_size, reserved_world
+                     (the ranks the job reserved: $GOODPUT_RESERVED_WORLD, else world_size), restart_count,
                      launch? (``goodput launch``'s id: attempts of one launch share it, a relaunch has another)
     init_done        -
     restore_start    -
@@ -46,6 +47,11 @@ Event schema (one JSON object per line)::
     warm_restart             generation, role ("survivor"/"replacement"), failed_ranks, restored_step, and the
                              parts in seconds: detection, handover, reform, restore, spare_wait (see run/warm.py)
     warm_first_step          step, seconds (restore end to the first step after a warm restart)
+    shrink           generation, step (the first at the new size), world_before, world_after, failed_ranks,
+                     seconds (failure detected to training resumed), batch_rule: the group went on with
+                     fewer ranks, no process restart (goodput.warm; docs/warm-restarts.md)
+    grow             generation, step, world_before, world_after, joined, seconds (newcomer ready to training
+                     resumed, the state copy included): the group took newcomers back at a step boundary
     anything else            a custom event (eval, ...) with the caller's JSON-able fields
 
 How a training loop feeds it (the order matters for the accounting)::
@@ -85,7 +91,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from goodput._env import LAUNCH_ID
+from goodput._env import LAUNCH_ID, RESERVED_WORLD
 from goodput.errors import ConfigError
 from goodput.ledger.files import LEDGER_DIR, LedgerFile, ledger_files, read_events
 
@@ -194,6 +200,7 @@ class Ledger:
             pid=os.getpid(),
             host=socket.gethostname(),
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            reserved_world=int(RESERVED_WORLD.get() or os.environ.get("WORLD_SIZE", "1")),
             restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
             **({"launch": LAUNCH_ID.get()} if LAUNCH_ID.get() else {}),
         )
