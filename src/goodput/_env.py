@@ -66,6 +66,12 @@ LAUNCH_DIR = EnvVar("GOODPUT_LAUNCH_DIR", "this launch's folder (markers, logs)"
 LAUNCH_ID = EnvVar(
     "GOODPUT_LAUNCH_ID", "this launch's id, in crash-loop records and the ledger", "", "goodput launch"
 )
+RESERVED_WORLD = EnvVar(
+    "GOODPUT_RESERVED_WORLD",
+    "the ranks the job reserved (nproc x max nnodes; unset: WORLD_SIZE), capacity goodput's denominator",
+    "",
+    "goodput launch",
+)
 LAUNCHER_PID = EnvVar(
     "GOODPUT_LAUNCHER_PID", "the launcher's process id, whose end ends every worker", "", "goodput launch"
 )
@@ -114,6 +120,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     RECORDS,
     LAUNCH_DIR,
     LAUNCH_ID,
+    RESERVED_WORLD,
     LAUNCHER_PID,
     MOSAIC_PYTHON,
     BENCH_S3_OPTIONS,

@@ -24,18 +24,23 @@ the last event of the last attempt, in exactly one category:
                           failed attempt's time after its failure (the unfinished step's wait beyond a
                           typical step, teardown after a declared failure, the exit after torchrun's
                           SIGTERM, a warm restart's re-form) and the gap to the next attempt
-``failure_detection``     last progress to the declared failure (a hang timeout, for example)
+``reshape``               a shrink or grow in place (no process restarted: :mod:`goodput.ledger.capacity`):
+                          each one's ``seconds``, failure detected (a shrink) or newcomer ready (a grow) to
+                          training resumed at the new size
+``failure_detection``     last progress to the declared failure (a hang timeout, for example); before a
+                          shrink, the interrupted step's wait beyond a typical step
 ``other``                 everything else: eval, logging, gaps between steps
 ``between_launches``      one launch's end to the next launch's start (a relaunch by hand, a scheduler's
                           requeue and queue wait): outside the job, so outside goodput's denominator
 ========================  ===========================================================================
 
 Goodput is ``productive`` over the *job time*, the wall time minus ``between_launches``; the MTBF divides the
-job time by the failures. A preemption (the attempt recorded ``preempted``: Ctrl-C, SIGTERM, the preemption
+job time by the failures (a failed attempt, or a shrink within an attempt). *Capacity goodput* weighs each
+productive second by the world size in force over the ranks the job reserved (:mod:`goodput.ledger.capacity`). A preemption (the attempt recorded ``preempted``: Ctrl-C, SIGTERM, the preemption
 signal) is not a failure: it ends the attempt "preempted", and the relaunch after it is a new launch.
 
 Where spans overlap, the earlier category in this order of precedence (``failure_detection`` >
-``checkpoint_restore`` > ``checkpoint_stall`` > ``data_wait`` > ``warmup`` > ``straggler_wait`` >
+``checkpoint_restore`` > ``checkpoint_stall`` > ``reshape`` > ``data_wait`` > ``warmup`` > ``straggler_wait`` >
 ``lost_work``/``productive`` > ``restart_downtime`` > ``init`` > ``other``) takes the time, so the categories
 tile the wall time exactly. Step numbers follow one convention: a checkpoint "at step s" holds the state after step s, and an
 attempt that restores step r redoes every step above r.
@@ -47,16 +52,27 @@ the previous one ended, through clock skew, is shifted to start at that end).
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
+from goodput.ledger.capacity import (
+    CapacityFigures,
+    Reshape,
+    WorldSpan,
+    capacity,
+    overlay,
+    reserved_ranks,
+    reshape_spans,
+    reshapes,
+    world_spans,
+)
 from goodput.ledger.figures import StepStats, at_risk, declared, measured_interval, step_stats
 from goodput.ledger.ranks import merge_ranks
+from goodput.ledger.series import goodput_over_time
 from goodput.ledger.spans import Attempt, Spans, kept_steps, layout, new_launch, outcome
 from goodput.ledger.stragglers import step_waits
 
@@ -64,9 +80,12 @@ __all__ = [
     "CATEGORIES",
     "Accounting",
     "AttemptSummary",
+    "CapacityFigures",
+    "Reshape",
     "SaveRecord",
     "Segment",
     "StepStats",
+    "WorldSpan",
     "account",
     "goodput_over_time",
 ]
@@ -82,6 +101,7 @@ CATEGORIES = (
     "straggler_wait",
     "lost_work",
     "restart_downtime",
+    "reshape",
     "failure_detection",
     "other",
     "between_launches",
@@ -93,6 +113,7 @@ _PRECEDENCE = (
     "checkpoint_restore",
     "rollback",
     "checkpoint_stall",
+    "reshape",
     "data_wait",
     "warmup",
     "straggler_wait",
@@ -103,6 +124,7 @@ _PRECEDENCE = (
     "other",
 )
 _RANK = {name: i for i, name in enumerate(_PRECEDENCE)}
+_UNDER_RESHAPE = frozenset(_PRECEDENCE[_RANK["reshape"] + 1 :])  # what a shrink's or grow's time takes over
 
 # A step whose compute exceeds this multiple of the run's median is a warm-up step (while at the start).
 WARMUP_FACTOR = 1.5
@@ -189,6 +211,14 @@ class Accounting:
     info: dict[str, Any]
     launches: int = 1
     preemptions: int = 0
+    capacity: CapacityFigures | None = None
+    reshapes: tuple[Reshape, ...] = ()
+    world: tuple[WorldSpan, ...] = ()
+
+    @property
+    def capacity_goodput(self) -> float:
+        """Productive rank-seconds over reserved rank-seconds (:mod:`goodput.ledger.capacity`)."""
+        return self.capacity.capacity_goodput if self.capacity is not None else self.goodput
 
     @property
     def job_seconds(self) -> float:
@@ -197,9 +227,12 @@ class Accounting:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able summary (no segments)."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("segments", "saves", "attempts")}
+        skip = ("segments", "saves", "attempts", "world")
+        out = {k: v for k, v in asdict(self).items() if k not in skip}
         out["attempts"] = [asdict(a) for a in self.attempts]
         out["job_seconds"] = self.job_seconds
+        out["capacity_goodput"] = self.capacity_goodput
+        out["world"] = [[w.start, w.end, w.world, w.reserved] for w in self.world]
         return out
 
 
@@ -265,6 +298,9 @@ def _intervals(
         out.append((start + fetch, start + fetch + excess, "warmup"))
         out.append((end - waited, end, "straggler_wait"))
         out.append((start + fetch + excess, end, "lost_work" if lost else "productive"))
+    for start, detected in s.interrupted:  # a step a shrink's failure interrupted: as a failed attempt's
+        worked = min(detected, start + step_median) if step_median > 0 else detected
+        out += [(start, worked, "lost_work"), (worked, detected, "failure_detection")]
     if failed:
         out.extend(_after_failure(a, s, step_median))
     return out
@@ -333,14 +369,18 @@ def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> 
         if failed and i + 1 < len(attempts) and launches[i + 1] == launches[i]:
             carried = [seg for seg in own if seg.category == "restart_downtime"]
             own = [seg for seg in own if seg.category != "restart_downtime"]
-        own = before + own
+        own = overlay(before + own, reshape_spans(s), _UNDER_RESHAPE)
         per_attempt.append(_sum(own))
         segments.extend(own)
     segments.sort(key=lambda seg: seg.start)  # carried segments interleave with declared detections
     start, end = origin, origin + attempts[-1].end
     categories = _sum(segments)
     wall = attempts[-1].end - attempts[0].begin
-    return _assemble(attempts, spans, outcomes, segments, per_attempt, categories, start, end, wall, launches)
+    acc = _assemble(attempts, spans, outcomes, segments, per_attempt, categories, start, end, wall, launches)
+    reserved = reserved_ranks(attempts, spans, launches)
+    worlds, resized = world_spans(attempts, spans, reserved), reshapes(attempts, spans)
+    figures = capacity(acc.segments, worlds, resized, reserved, attempts[-1].end)
+    return replace(acc, capacity=figures, reshapes=resized, world=worlds)
 
 
 def _launch_numbers(attempts: list[Attempt]) -> list[int]:
@@ -379,14 +419,12 @@ def _assemble(
         for a, s in zip(attempts, spans, strict=True)
         for sv in s.saves
     )
-    failures = outcomes.count("failed")
+    failures = outcomes.count("failed") + sum(s.in_place_failures() for s in spans)
+    in_place = [i > 0 and (_rolled_back(s) or s.reshaped_start()) for i, s in enumerate(spans)]
     restart_costs = [
         cats["restart_downtime"] + cats["init"] + cats["checkpoint_restore"]
         for i, cats in enumerate(per_attempt)
-        if i > 0
-        and outcomes[i - 1] == "failed"
-        and launches[i] == launches[i - 1]
-        and not _rolled_back(spans[i])
+        if i > 0 and outcomes[i - 1] == "failed" and launches[i] == launches[i - 1] and not in_place[i]
     ]
     stalls = [sv.stall_seconds for sv in saves if sv.stall_seconds is not None]
     persists = [sv.persist_seconds for sv in saves if sv.persist_seconds is not None]
@@ -404,10 +442,8 @@ def _assemble(
             for a, s, o, c, n in zip(attempts, spans, outcomes, per_attempt, launches, strict=True)
         ),
         saves=saves,
-        restarts=len(attempts)
-        - 1
-        - launches[-1]
-        - sum(_rolled_back(s) for s in spans[1:]),  # a rollback restarts nothing
+        # a rollback, a shrink or a grow in place restarts nothing
+        restarts=len(attempts) - 1 - launches[-1] - sum(in_place),
         failures=failures,
         mtbf_seconds=job / failures if failures else None,
         ckpt_stall_seconds=_mean(stalls),
@@ -439,41 +475,3 @@ def _summary(a: Attempt, s: Spans, outcome: str, categories: dict[str, float], l
         categories=categories,
         launch=launch,
     )
-
-
-def goodput_over_time(acc: Accounting, *, window: float, points: int = 200) -> list[tuple[float, float]]:
-    """Goodput over a trailing window, sampled at ``points`` evenly spaced times of the run.
-
-    Args:
-        acc: the run's accounting.
-        window: the trailing window in seconds (the first samples use the time elapsed so far).
-        points: how many samples.
-
-    Returns:
-        ``(time, goodput)`` pairs; time in seconds since the run started.
-    """
-    if window <= 0 or points < 1:
-        raise ValueError(f"window must be > 0 and points >= 1, got window={window}, points={points}")
-    segs = acc.segments
-    if not segs or acc.wall_seconds <= 0:
-        return []
-    starts = [seg.start for seg in segs]
-    cumulative = [0.0]
-    for seg in segs:
-        cumulative.append(cumulative[-1] + (seg.end - seg.start if seg.category == "productive" else 0.0))
-
-    def productive_until(x: float) -> float:
-        i = bisect.bisect_right(starts, x) - 1
-        if i < 0:
-            return 0.0
-        seg = segs[i]
-        inside = min(x, seg.end) - seg.start if seg.category == "productive" else 0.0
-        return cumulative[i] + inside
-
-    out = []
-    for j in range(1, points + 1):
-        t = acc.wall_seconds * j / points
-        lo = max(0.0, t - window)
-        span = t - lo  # 0 only when the run is shorter than float resolution (t underflows to 0)
-        out.append((t, (productive_until(t) - productive_until(lo)) / span if span > 0 else 0.0))
-    return out
