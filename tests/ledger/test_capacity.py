@@ -205,3 +205,31 @@ def test_the_prediction_learns_the_shrink_costs(
     assert pred.predicted_goodput == pytest.approx(1 - (SHRINK + GROW + (DETECTED - BEFORE)) / WALL)
     assert pred.predicted_capacity_goodput == pytest.approx(_expected_capacity())
     assert not [a for a in report.advice if a.kind in ("no_checkpoint", "restart")]  # nothing was thrown away
+
+
+def _world_pixels(png: Path) -> int:
+    import matplotlib.image
+
+    from goodput.ledger.plot import WORLD_COLOUR
+
+    pixels = matplotlib.image.imread(str(png))[:, :, :3]
+    rgb = [int(WORLD_COLOUR[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    near = (abs(pixels[:, :, 0] - rgb[0]) < 0.08) & (abs(pixels[:, :, 1] - rgb[1]) < 0.08)
+    return int((near & (abs(pixels[:, :, 2] - rgb[2]) < 0.08)).sum())
+
+
+def test_the_plot_draws_the_world_size_of_a_run_that_shrank(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from goodput.ledger.plot import plot_report
+
+    shrank, steady = tmp_path / "shrank", tmp_path / "steady"
+    _shrink_in_place(shrank, clock, monkeypatch)
+    clock.t = 0.0
+    group = Group(steady, clock, [0, 1], monkeypatch=monkeypatch)
+    group.steps(1, 30)
+    group.close()
+    for run in (shrank, steady):
+        plot_report(load_report(run), str(run / "timeline.png"))
+    assert _world_pixels(shrank / "timeline.png") > 500  # the world size line and its axis label
+    assert _world_pixels(steady / "timeline.png") == 0  # at its reserved size throughout: no second axis
