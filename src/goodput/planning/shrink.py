@@ -9,13 +9,14 @@ group trains short of that rank for ``T - S`` (nothing, when the replacement is 
 With failures at rate ``1/M`` over the job's time (first order: each failure's costs and short time apart),
 
     goodput           = base x (1 - K/M),           K = D + S + G + L
-    capacity goodput  = goodput x (1 - (T - S)/M / ((1 - K/M) x N))
+    capacity goodput  = goodput x (1 - (T - S) / (M x N))
 
 where ``base`` is the goodput of everything else (the checkpoint stalls, and the restarts of failures a
-shrink does not answer) and ``N`` the reserved ranks. The second line is Little's law: the mean number of
-missing ranks is the failure rate times the time each is missing, ``(T - S)/M``, spread over the training time
-``1 - K/M``; each productive second counts at the world size in force over ``N``. A rank lost while another is
-still missing counts once more, so the form holds while the missing ranks stay well below ``N``.
+shrink does not answer) and ``N`` the reserved ranks. The second line is Little's law: while training, the
+mean number of missing ranks is the failure rate times the time each one is missed by a group that trains,
+``(T - S)/M``; each productive second counts at the world size in force over ``N``, and failures that come at
+random are as likely in a productive second as in any other. A rank lost while another is still missing counts
+once more, so the form holds while the missing ranks stay well below ``N``.
 """
 
 from __future__ import annotations
@@ -82,10 +83,9 @@ def goodput_shrink(
     training = max(0.0, 1.0 - waste / mtbf)
     short = max(0.0, regrow - shrink) / mtbf
     time_goodput = base * training
-    per_rank = 1.0 if training == 0.0 else min(1.0, short / (training * ranks))
     return ShrinkGoodput(
         goodput=time_goodput,
-        capacity_goodput=time_goodput * (1.0 - per_rank),
+        capacity_goodput=time_goodput * max(0.0, 1.0 - short / ranks),
         waste_per_failure=waste,
         short_share=short,
     )
