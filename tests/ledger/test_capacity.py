@@ -99,32 +99,49 @@ def test_a_shrink_in_place_and_a_grow(tmp_path: Path, clock: Clock, monkeypatch:
     assert acc.capacity.reduced_per_shrink == pytest.approx(READY - SHRUNK_AT)
 
 
-def test_a_shrink_that_opens_an_attempt(
+def test_a_shrink_and_a_grow_that_each_open_an_attempt(
     tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The survivors close the failed generation's attempt and open the next on 2 ranks (WORLD_SIZE=2, no
-    reserved_world recorded): the launch's reservation is still 3, and the numbers are the same."""
-    group = Group(tmp_path, clock, [0, 1, 2], monkeypatch=monkeypatch)
+    """As the warm agent does it: the survivors close the failed generation's attempt and open the next on 2
+    ranks (recording warm_restart, then the shrink when their state is back, before the wrappers and loader
+    are rebuilt); for the grow, the agent ends that generation at a step boundary (the survivors leave with
+    step 21 begun) and all three open the next. The reshape time runs to the next step's start, and neither
+    the shrink's attempt nor the grow's is a restart, nor the grow a failure."""
+    group = Group(tmp_path, clock, [0, 1, 2], reserved=RESERVED, monkeypatch=monkeypatch)
     step = group.steps(1, BEFORE)
     group.start_step(step)
     clock.t = BEFORE + 0.5
     group.lose(2)
     clock.t = DETECTED
     group.fail("peer failure: rank 2")
-    survivors = Group(tmp_path, clock, [0, 1], attempt=1, monkeypatch=monkeypatch)
+    clock.t = DETECTED + 0.2
+    survivors = Group(tmp_path, clock, [0, 1], attempt=1, reserved=RESERVED, monkeypatch=monkeypatch)
+    clock.t = DETECTED + 0.6
+    survivors.event("warm_restart", generation=1, role="survivor", restored_step=BEFORE)
+    survivors.event("shrink", **{**_shrink_fields(), "seconds": clock.t - DETECTED})
     clock.t = SHRUNK_AT
-    survivors.event("shrink", **_shrink_fields())
     step = survivors.steps(step, SHORT)
+    survivors.start_step(step)
+    clock.t = READY + 0.2
+    survivors.fail(f"peer failure: generation 1 ended: leaving before step {step}")
+    clock.t = READY + 0.3
+    grown = Group(tmp_path, clock, [0, 1, 2], attempt=2, reserved=RESERVED, monkeypatch=monkeypatch)
+    clock.t = READY + 0.8
+    grown.event("warm_restart", generation=2, role="survivor", restored_step=step - 1)
+    grown.event("grow", **{**_grow_fields(), "seconds": clock.t - READY})
     clock.t = GROWN_AT
-    survivors.event("grow", **_grow_fields())
-    survivors.steps(step, AFTER)
-    survivors.close()
-    acc = account(read_events(tmp_path, rank=None))
+    grown.steps(step, AFTER)
+    grown.close()
+    report = load_report(tmp_path)
+    acc = report.accounting
     assert acc.categories["reshape"] == pytest.approx(SHRINK + GROW)
     assert acc.categories["lost_work"] == pytest.approx(DETECTED - BEFORE)
-    assert acc.categories["init"] == pytest.approx(0.0)  # the new attempt's start is the shrink's time
+    assert acc.categories["productive"] == pytest.approx(BEFORE + SHORT + AFTER)
     assert acc.capacity_goodput == pytest.approx(_expected_capacity())
     assert (acc.failures, acc.restarts) == (1, 0)
+    assert [a.outcome for a in acc.attempts] == ["failed", "resized", "ok"]
+    assert [r.seconds for r in acc.reshapes] == [pytest.approx(SHRINK), pytest.approx(GROW)]
+    assert "restarts: " not in report.render()  # the warm_restart events of a shrink and a grow: no restart
 
 
 def test_fewer_ranks_than_reserved(tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:

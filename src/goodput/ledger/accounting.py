@@ -57,7 +57,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 from goodput.ledger.capacity import (
     CapacityFigures,
@@ -74,7 +74,7 @@ from goodput.ledger.figures import StepStats, at_risk, declared, measured_interv
 from goodput.ledger.ranks import merge_ranks
 from goodput.ledger.series import goodput_over_time
 from goodput.ledger.spans import Attempt, Spans, kept_steps, layout, new_launch, outcome
-from goodput.ledger.stragglers import step_waits
+from goodput.ledger.tiling import UNDER_RESHAPE, Segment, intervals, rolled_back, sweep
 
 __all__ = [
     "CATEGORIES",
@@ -107,37 +107,6 @@ CATEGORIES = (
     "between_launches",
 )
 
-# Precedence where spans overlap: lower index wins. "other" is the background.
-_PRECEDENCE = (
-    "failure_detection",
-    "checkpoint_restore",
-    "rollback",
-    "checkpoint_stall",
-    "reshape",
-    "data_wait",
-    "warmup",
-    "straggler_wait",
-    "lost_work",
-    "productive",
-    "restart_downtime",
-    "init",
-    "other",
-)
-_RANK = {name: i for i, name in enumerate(_PRECEDENCE)}
-_UNDER_RESHAPE = frozenset(_PRECEDENCE[_RANK["reshape"] + 1 :])  # what a shrink's or grow's time takes over
-
-# A step whose compute exceeds this multiple of the run's median is a warm-up step (while at the start).
-WARMUP_FACTOR = 1.5
-
-
-class Segment(NamedTuple):
-    """A stretch of wall time in one category (times in seconds since the run started)."""
-
-    start: float
-    end: float
-    category: str
-    attempt: int
-
 
 @dataclass(frozen=True)
 class SaveRecord:
@@ -169,7 +138,7 @@ class AttemptSummary:
     number: int
     start: float
     end: float
-    outcome: str  # "ok" (ended cleanly), "failed", "preempted", or "running" (last attempt, no end recorded)
+    outcome: str  # "ok" (ended cleanly), "failed", "preempted", "resized" (ended for a grow), or "running"
     steps: int
     first_step: int | None
     last_step: int | None
@@ -236,99 +205,6 @@ class Accounting:
         return out
 
 
-def _sweep(
-    intervals: list[tuple[float, float, str]], begin: float, end: float, attempt: int
-) -> list[Segment]:
-    """Tile [begin, end] with segments, each taking the highest-precedence interval covering it."""
-    points: list[tuple[float, int, int]] = []
-    for lo, hi, category in intervals:
-        lo, hi = max(lo, begin), min(hi, end)
-        if hi > lo:
-            points.append((lo, 1, _RANK[category]))
-            points.append((hi, -1, _RANK[category]))
-    points.sort()
-    counts = [0] * len(_PRECEDENCE)
-    segments: list[Segment] = []
-    cursor = begin
-
-    def emit(upto: float) -> None:
-        if upto <= cursor:
-            return
-        top = next((i for i, c in enumerate(counts) if c > 0), _RANK["other"])
-        category = _PRECEDENCE[top]
-        if segments and segments[-1].category == category and segments[-1].end == cursor:
-            segments[-1] = segments[-1]._replace(end=upto)
-        else:
-            segments.append(Segment(cursor, upto, category, attempt))
-
-    for t, delta, rank in points:
-        emit(t)
-        cursor = max(cursor, t)
-        counts[rank] += delta
-    emit(end)
-    return segments
-
-
-def _intervals(
-    a: Attempt, s: Spans, typical: tuple[float, float], keep: tuple[int | None, bool], failed: bool
-) -> list[tuple[float, float, str]]:
-    """Every span of one attempt with its category; ``typical``: the run's median step compute and
-    median step duration."""
-    compute_median, step_median = typical
-    out: list[tuple[float, float, str]] = []
-    first_step = s.steps[0][0] if s.steps else (s.open_step[0] if s.open_step else a.end)
-    out.append((a.begin, first_step, "init"))
-    restore = "rollback" if _rolled_back(s) else "checkpoint_restore"
-    out.extend((lo, hi, restore) for lo, hi in s.restores)
-    out.extend((lo, hi, "checkpoint_stall") for lo, hi in s.memory_stalls)
-    for save in s.saves:
-        if save[4]:
-            out.append((save[1], a.end if save[2] is None else save[2], "checkpoint_stall"))
-    out.extend((lo, hi, "failure_detection") for lo, hi in s.detect)
-    warming = True
-    last_kept, applies = keep
-    waits = step_waits(s.info)
-    for start, end, fetch, step in s.steps:
-        compute = end - start - fetch
-        excess = compute - compute_median if warming and compute > WARMUP_FACTOR * compute_median else 0.0
-        warming = excess > 0.0
-        lost = applies and (last_kept is None or step is None or step > last_kept)
-        waited = min(waits.get(step, 0.0), compute - excess) if step is not None else 0.0
-        out.append((start, start + fetch, "data_wait"))
-        out.append((start + fetch, start + fetch + excess, "warmup"))
-        out.append((end - waited, end, "straggler_wait"))
-        out.append((start + fetch + excess, end, "lost_work" if lost else "productive"))
-    for start, detected in s.interrupted:  # a step a shrink's failure interrupted: as a failed attempt's
-        worked = min(detected, start + step_median) if step_median > 0 else detected
-        out += [(start, worked, "lost_work"), (worked, detected, "failure_detection")]
-    if failed:
-        out.extend(_after_failure(a, s, step_median))
-    return out
-
-
-def _after_failure(a: Attempt, s: Spans, step_median: float) -> list[tuple[float, float, str]]:
-    """A failed attempt's unfinished step, and its time after the failure.
-
-    The unfinished step was thrown away, but only as much of it as a typical step lasts was work: beyond that
-    the rank was waiting on a dead peer, re-forming a warm restart's group, or exiting after torchrun's
-    SIGTERM, all of it downtime. So is everything after a declared failure (teardown). A declared
-    detection inside keeps its span: ``failure_detection`` takes precedence.
-    """
-    if s.open_step is not None:
-        start = s.open_step[0]
-        stop = min((lo for lo, _ in s.detect if lo >= start), default=a.end)
-        worked = min(stop, start + step_median) if step_median > 0 else stop
-        return [(start, worked, "lost_work"), (worked, a.end, "restart_downtime")]
-    if s.detect:
-        return [(max(hi for _, hi in s.detect), a.end, "restart_downtime")]
-    return []
-
-
-def _rolled_back(s: Spans) -> bool:
-    """Whether this attempt began with a rollback in place (its restore is ``rollback``, not a restart's)."""
-    return any(e.get("event") == "rollback" for e in s.info)
-
-
 def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> Accounting:
     """Account for every second of a run from its ledger events.
 
@@ -348,19 +224,18 @@ def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> 
     if not attempts:
         raise ValueError("the ledger has no attempt_start event: nothing to account for")
     spans = [Spans(a) for a in attempts]
-    outcomes = [outcome(i, len(spans), s) for i, s in enumerate(spans)]
+    outcomes = _resized([outcome(i, len(spans), s) for i, s in enumerate(spans)], spans)
     keeps = kept_steps(spans, attempts, outcomes)
     computes = [end - start - fetch for s in spans for start, end, fetch, _ in s.steps]
     durations = [end - start for s in spans for start, end, _, _ in s.steps]
     typical = statistics.median(computes) if computes else 0.0
     step_median = statistics.median(durations) if durations else 0.0
     launches = _launch_numbers(attempts)
-    segments: list[Segment] = []
-    per_attempt: list[dict[str, float]] = []
+    tiles: list[list[Segment]] = []  # per attempt
     carried: list[Segment] = []  # a failed attempt's downtime, charged to the restart that follows it
     for i, (a, s) in enumerate(zip(attempts, spans, strict=True)):
         failed = outcomes[i] == "failed"
-        own = _sweep(_intervals(a, s, (typical, step_median), keeps[i], failed), a.begin, a.end, a.number)
+        own = sweep(intervals(a, s, (typical, step_median), keeps[i], failed), a.begin, a.end, a.number)
         before = [seg._replace(attempt=a.number) for seg in carried]
         if i > 0 and a.begin > attempts[i - 1].end:  # the time before an attempt is charged to it
             gap = "between_launches" if launches[i] != launches[i - 1] else "restart_downtime"
@@ -369,9 +244,12 @@ def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> 
         if failed and i + 1 < len(attempts) and launches[i + 1] == launches[i]:
             carried = [seg for seg in own if seg.category == "restart_downtime"]
             own = [seg for seg in own if seg.category != "restart_downtime"]
-        own = overlay(before + own, reshape_spans(s), _UNDER_RESHAPE)
-        per_attempt.append(_sum(own))
-        segments.extend(own)
+        resizing = reshape_spans(a, s)  # may reach back into the attempt before (the one that ended for it)
+        if tiles:
+            tiles[-1] = overlay(tiles[-1], resizing, UNDER_RESHAPE)
+        tiles.append(overlay(before + own, resizing, UNDER_RESHAPE))
+    per_attempt = [_sum(own) for own in tiles]
+    segments = [seg for own in tiles for seg in own]
     segments.sort(key=lambda seg: seg.start)  # carried segments interleave with declared detections
     start, end = origin, origin + attempts[-1].end
     categories = _sum(segments)
@@ -381,6 +259,20 @@ def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> 
     worlds, resized = world_spans(attempts, spans, reserved), reshapes(attempts, spans)
     figures = capacity(acc.segments, worlds, resized, reserved, attempts[-1].end)
     return replace(acc, capacity=figures, reshapes=resized, world=worlds)
+
+
+def _resized(outcomes: list[str], spans: list[Spans]) -> list[str]:
+    """An attempt whose group ended it to take a newcomer back (the next begins with a grow) did not fail:
+    its outcome is ``resized`` and its declared end is no failure detection."""
+    for i in range(len(spans) - 1):
+        if (
+            outcomes[i] == "failed"
+            and spans[i + 1].reshaped_start("grow")
+            and not spans[i + 1].reshaped_start("shrink")
+        ):
+            outcomes[i] = "resized"
+            spans[i].detect, spans[i].failure_reason = [], None
+    return outcomes
 
 
 def _launch_numbers(attempts: list[Attempt]) -> list[int]:
@@ -420,7 +312,7 @@ def _assemble(
         for sv in s.saves
     )
     failures = outcomes.count("failed") + sum(s.in_place_failures() for s in spans)
-    in_place = [i > 0 and (_rolled_back(s) or s.reshaped_start()) for i, s in enumerate(spans)]
+    in_place = [i > 0 and (rolled_back(s) or s.reshaped_start()) for i, s in enumerate(spans)]
     restart_costs = [
         cats["restart_downtime"] + cats["init"] + cats["checkpoint_restore"]
         for i, cats in enumerate(per_attempt)

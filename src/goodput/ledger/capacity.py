@@ -14,8 +14,10 @@ recorded in ``reserved_world`` or ran with: a launch's reservation does not shri
 rank-seconds are the job time (no ``between_launches``) times the reserved ranks. A job that runs at its
 reserved size throughout has capacity goodput equal to its goodput.
 
-Each shrink and grow costs its ``seconds`` (failure detected, or newcomer ready, to training resumed at the new
-size): that time is ``reshape`` badput, over whatever the attempts' spans made of it.
+Each shrink and grow costs the time from the failure detected (a shrink) or the newcomer ready (a grow), its
+event's ``seconds`` before the event, to training resumed at the new size (the next step's start: a group that
+re-formed in a new attempt rebuilds its wrappers and loader after the event): that time is ``reshape`` badput,
+over whatever the attempts' spans made of it.
 """
 
 from __future__ import annotations
@@ -30,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 from goodput.ledger.spans import Attempt, Spans
 
 if TYPE_CHECKING:
-    from goodput.ledger.accounting import Segment
+    from goodput.ledger.tiling import Segment
 
 
 @dataclass(frozen=True)
 class Reshape:
-    """One shrink or grow; ``at`` is when training resumed at the new size (seconds since the run started)
-    and ``seconds`` its cost (failure detected for a shrink, newcomer ready for a grow, to ``at``)."""
+    """One shrink or grow: ``at`` is when it was recorded (seconds since the run started), ``seconds`` its cost
+    (failure detected for a shrink, newcomer ready for a grow, to training resumed at the new size)."""
 
     kind: str  # "shrink" or "grow"
     at: float
@@ -48,6 +50,7 @@ class Reshape:
     failed_ranks: tuple[int, ...] = ()
     joined: int = 0
     batch_rule: str | None = None
+    generation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -85,13 +88,13 @@ def reshapes(attempts: Sequence[Attempt], spans: Sequence[Spans]) -> tuple[Resha
     """Every shrink and grow of the run, in time order."""
     out = []
     for a, s in zip(attempts, spans, strict=True):
-        for t, e in s.reshapes:
+        for (lo, hi), (t, e) in zip(reshape_spans(a, s), s.reshapes, strict=True):
             failed = e.get("failed_ranks") or ()
             out.append(
                 Reshape(
                     kind=str(e["event"]),
                     at=t,
-                    seconds=max(0.0, float(e.get("seconds") or 0.0)),
+                    seconds=hi - lo,
                     step=None if e.get("step") is None else int(e["step"]),
                     world_before=int(e.get("world_before") or 0),
                     world_after=int(e.get("world_after") or 0),
@@ -99,14 +102,16 @@ def reshapes(attempts: Sequence[Attempt], spans: Sequence[Spans]) -> tuple[Resha
                     failed_ranks=tuple(int(r) for r in failed),
                     joined=int(e.get("joined") or 0),
                     batch_rule=None if e.get("batch_rule") is None else str(e["batch_rule"]),
+                    generation=None if e.get("generation") is None else int(e["generation"]),
                 )
             )
     return tuple(sorted(out, key=lambda r: r.at))
 
 
-def reshape_spans(s: Spans) -> list[tuple[float, float]]:
-    """The ``reshape`` time of one attempt: each shrink's and grow's ``seconds`` before it."""
-    return [(t - max(0.0, float(e.get("seconds") or 0.0)), t) for t, e in s.reshapes]
+def reshape_spans(a: Attempt, s: Spans) -> list[tuple[float, float]]:
+    """The ``reshape`` time of one attempt: from each shrink's and grow's ``seconds`` before it to training
+    resumed."""
+    return [(t - max(0.0, float(e.get("seconds") or 0.0)), s.resumed(t, a.end)) for t, e in s.reshapes]
 
 
 def overlay(

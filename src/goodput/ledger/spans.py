@@ -8,6 +8,7 @@ are told apart as a restart within one launch or a new launch (:func:`new_launch
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -144,6 +145,7 @@ class Spans:
         self.interrupted: list[tuple[float, float]] = []
         self._first_step_start = math.inf
         self._last_step_start = -math.inf
+        self._step_starts: list[float] = []
         self._read(a)
 
     def _read(self, a: Attempt) -> None:
@@ -156,6 +158,7 @@ class Spans:
                 self.open_step = (t, step)
                 self._first_step_start = min(self._first_step_start, t)
                 self._last_step_start = t
+                self._step_starts.append(t)
             elif name == "step_end":
                 self._close_step(t, event)
             elif name == "restore_start":
@@ -203,15 +206,21 @@ class Spans:
             self.interrupted.append((self.open_step[0], max(self.open_step[0], detected)))
             self.open_step = None
 
+    def resumed(self, t: float, end: float) -> float:
+        """When training resumed after ``t``: the next step's start (``end`` when none started)."""
+        i = bisect.bisect_left(self._step_starts, t)
+        return self._step_starts[i] if i < len(self._step_starts) else end
+
     def in_place_failures(self) -> int:
         """Shrinks after this attempt began training: failures its own outcome does not count (a shrink
         that opens an attempt follows the failed one before it, which counts)."""
         first = self._first_step_start
         return sum(1 for t, e in self.reshapes if e.get("event") == "shrink" and t > first)
 
-    def reshaped_start(self) -> bool:
-        """Whether this attempt began with a shrink or grow: the group went on in place, no restart."""
-        return any(t <= self._first_step_start for t, _ in self.reshapes)
+    def reshaped_start(self, kind: str | None = None) -> bool:
+        """Whether this attempt began with a shrink or grow (``kind``: that one only): the group went on in
+        place, no restart."""
+        return any(t <= self._first_step_start and kind in (None, e.get("event")) for t, e in self.reshapes)
 
     def _close_step(self, t: float, event: Mapping[str, Any]) -> None:
         fetch = float(event.get("fetch_seconds") or 0.0)

@@ -127,7 +127,7 @@ def _steps(report: Report) -> list[str]:
             f"  interval changes: {len(changes)}; last to {_dur(last.get('interval_seconds'))}"
             f" ({last.get('reason', 'no reason given')})"
         )
-    lines += _warm_lines(acc.info, acc.restarts)
+    lines += _warm_lines(acc.info, acc.restarts, frozenset(r.generation for r in acc.reshapes))
     lines += _reshape_lines(acc)
     lines += _numeric_lines(acc.info)
     restores = acc.info.get("restore_parts", [])
@@ -213,9 +213,16 @@ def _reshape_lines(acc: Any) -> list[str]:
     return lines
 
 
-def _warm_lines(info: dict[str, Any], restarts: int) -> list[str]:
-    """Warm against cold restarts, and the mean parts of the warm ones (from ``warm_restart`` events)."""
-    warm = info.get("warm_restart", [])
+def _warm_lines(
+    info: dict[str, Any], restarts: int, resized: frozenset[int | None] = frozenset()
+) -> list[str]:
+    """Warm against cold restarts, and the mean parts of the warm ones (from ``warm_restart`` events; those of
+    a generation that shrank or grew in place are no restart)."""
+    warm = [
+        e
+        for e in info.get("warm_restart", [])
+        if e.get("generation") not in resized or e.get("generation") is None
+    ]
     if not warm:
         return []
     firsts = [float(e["seconds"]) for e in info.get("warm_first_step", [])]
