@@ -110,6 +110,12 @@ WARM_REFORM_TIMEOUT = EnvVar(
     "60",
     "goodput launch --restart warm",
 )
+WARM_MIN_WORLD = EnvVar(
+    "GOODPUT_WARM_MIN_WORLD",
+    "the fewest ranks a warm job may shrink to (set only with --shrink-after)",
+    "",
+    "goodput launch --restart warm --shrink-after",
+)
 
 VARIABLES: tuple[EnvVar, ...] = (
     RUN_DIR,
@@ -131,4 +137,5 @@ VARIABLES: tuple[EnvVar, ...] = (
     WARM_SPARE_ID,
     WARM_PG_TIMEOUT,
     WARM_REFORM_TIMEOUT,
+    WARM_MIN_WORLD,
 )

@@ -26,6 +26,7 @@ from typing import Any
 
 from goodput._env import FAULTS
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
+from goodput.distributed import dist_info
 from goodput.errors import ConfigError, DataError
 from goodput.faults import install_faults
 from goodput.launch.folder import install_error_report, register_pid
@@ -415,6 +416,8 @@ class Run:
         self._preempt.leave_group()  # its group belongs to the dead generation; a preemption request stays
         with self.phase("restore"):
             self.warm_hook.leave()
+        self.info = dist_info()  # a shrink or grow renumbers the ranks
+        self._preempt.rank, self._preempt.world_size = self.info.rank, self.info.world_size
         # Every rank of the new generation makes the watch's group at the same point as a spare does in __init__.
         self._preempt.join_group()
         self.begin_attempt("warm", began=self.warm_hook.worker.joined_wall)
