@@ -62,6 +62,12 @@ RECORDS = EnvVar(
     "",
     "goodput verify-resume",
 )
+NUMERIC = EnvVar(
+    "GOODPUT_NUMERIC",
+    "1: Run turns the numeric guard on at its defaults where the script leaves it off",
+    "",
+    "goodput verify-rollback",
+)
 LAUNCH_DIR = EnvVar("GOODPUT_LAUNCH_DIR", "this launch's folder (markers, logs)", "", "goodput launch")
 LAUNCH_ID = EnvVar(
     "GOODPUT_LAUNCH_ID", "this launch's id, in crash-loop records and the ledger", "", "goodput launch"
@@ -124,6 +130,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     PREEMPT_SIGNAL,
     ALLOW_FRESH_START,
     RECORDS,
+    NUMERIC,
     LAUNCH_DIR,
     LAUNCH_ID,
     RESERVED_WORLD,

@@ -72,10 +72,14 @@ def run_demo(config: DemoConfig) -> int:
 
         count = write_corpus(data)
         print(f"demo: wrote {count} samples of Python stdlib source as shards to {data}")
-    faults = f"kill@mtbf={config.mtbf}s,seed={config.seed}" if config.faults else ""
+    faults = f"kill@mtbf={config.mtbf}s,seed={config.seed}; {numeric_faults(config)}" if config.faults else ""
     print(
         f"demo: {config.nproc} ranks, {config.steps} steps, {config.strategy} checkpoints every {config.every}, "
-        + (f"SIGKILL at random every {config.mtbf:.0f}s on average" if faults else "no injected faults")
+        + (
+            f"SIGKILL at random every {config.mtbf:.0f}s on average, and {numeric_faults(config)}"
+            if faults
+            else "no injected faults"
+        )
     )
     script = (
         TRAIN_SCRIPT,
@@ -86,6 +90,7 @@ def run_demo(config: DemoConfig) -> int:
         f"--mtbf={config.mtbf}",
         f"--seed={config.seed}",
         f"--batch-size={config.batch_size}",
+        "--numeric",
         *(
             (f"--global-batch={config.batch_size * config.nproc}",) if _shrinks(config) else ()
         ),  # the global batch stays on fewer ranks
@@ -115,13 +120,13 @@ def _shrinks(config: DemoConfig) -> bool:
 
 
 def numeric_faults(config: DemoConfig) -> str:
-    """The demo's numeric faults: a NaN loss on the last rank at 30% of the steps, a 20x loss spike at 55%, a
-    flipped bit in rank 0's parameters at 80% (found at the next replica check, every 50 steps)."""
-    steps, last = config.steps, config.nproc - 1
-    return (
-        f"nan@step={3 * steps // 10},rank={last}; spike@step={11 * steps // 20},factor=20; "
-        f"bitflip@step={4 * steps // 5},rank=0"
-    )
+    """The demo's numeric faults (:func:`goodput.verify.rollback.drill_plan`): a NaN loss on the last rank at
+    30% of the steps that comes back on the redo, as a NaN in the data does (rolled back, then rolled back again
+    and its window skipped), a 20x loss spike at 55% (rolled back), a flipped bit in rank 0's parameters at the
+    replica check at 80% (rolled back, and the rank named on the redo)."""
+    from goodput.verify.rollback import drill_plan
+
+    return drill_plan(config.steps, config.nproc)
 
 
 def _needs_data(url: str) -> bool:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
-from goodput._env import FAULTS
+from goodput._env import FAULTS, NUMERIC
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
 from goodput.distributed import dist_info
 from goodput.errors import ConfigError, DataError
@@ -123,7 +123,7 @@ class Run:
         )
         self.attempt = self.ledger.attempt
         self._plan_text = faults if faults is not None else FAULTS.get()
-        if numeric is True:
+        if numeric is True or (numeric is False and NUMERIC.on()):  # GOODPUT_NUMERIC: verify-rollback's
             numeric = NumericConfig()
         if not isinstance(numeric, NumericConfig) and numeric is not False:
             raise ConfigError(f"numeric must be a gp.NumericConfig, True or False, got {numeric!r}")
