@@ -14,7 +14,6 @@ _EPILOG = """examples:
   goodput demo --mtbf 20s --steps 800           # harsher failures, longer run
   goodput demo --strategy torch_save            # compare with the blocking baseline
   goodput demo --restart cold                   # torchrun restarts every rank (the baseline)
-  goodput demo --spares 0                       # no spare: shrink in place, grow back (capacity goodput)
   goodput demo --data-url s3://bucket/corpus    # data on S3 (credentials from AWS_* variables)
   goodput report runs/demo-...                  # read a finished run again"""
 
@@ -48,13 +47,6 @@ def register(sub: Any) -> None:
         help="warm: survivors keep their process and a hot spare takes the failed rank (goodput launch "
         "--restart warm; default); cold: torchrun restarts every rank",
     )
-    parser.add_argument(
-        "--spares",
-        type=int,
-        default=2,
-        help="--restart warm: hot spares (default 2); 0: no spare, the survivors shrink in place and the job "
-        "grows back when a replacement is ready",
-    )
     parser.set_defaults(handler=_run)
 
 
@@ -77,6 +69,5 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         faults=not args.no_faults,
         restart=args.restart,
-        spares=args.spares,
     )
     return run_demo(config)

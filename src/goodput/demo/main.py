@@ -38,10 +38,6 @@ class DemoConfig:
     faults: bool = True
     batch_size: int = 16
     restart: str = "warm"  # measured: 88.3% goodput against 78.7% cold (docs/BENCHMARKS.md)
-    # Two spares: at one failure every 40 s, two failures within a spare's start (~10 s of imports on 2 busy
-    # cores) are common enough that a lone spare is often still importing when the second one comes. 0: no
-    # spare, the survivors shrink in place and the job grows back when a replacement is ready.
-    spares: int = 2
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -54,10 +50,6 @@ class DemoConfig:
             raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
         if self.restart not in ("cold", "warm"):
             raise ConfigError(f"--restart must be cold or warm, got {self.restart!r}")
-        if self.spares < 0:
-            raise ConfigError(f"--spares must be >= 0, got {self.spares}")
-        if self.spares != 2 and self.restart != "warm":
-            raise ConfigError("--spares counts hot spares of warm restarts: give it with --restart warm")
 
 
 def run_demo(config: DemoConfig) -> int:
@@ -91,9 +83,6 @@ def run_demo(config: DemoConfig) -> int:
         f"--seed={config.seed}",
         f"--batch-size={config.batch_size}",
         "--numeric",
-        *(
-            (f"--global-batch={config.batch_size * config.nproc}",) if _shrinks(config) else ()
-        ),  # the global batch stays on fewer ranks
     )
     launch = LaunchConfig(
         script=script,
@@ -105,18 +94,14 @@ def run_demo(config: DemoConfig) -> int:
     if config.restart == "warm":
         from goodput.warm.agent import WarmConfig, launch_warm
 
-        shrink = 0.0 if _shrinks(config) else None  # no spare: shrink at once, grow back when one is ready
-        status = launch_warm(launch, WarmConfig(spares=config.spares, shrink_after=shrink))
+        # Two spares: at one failure every 40 s, two failures within a spare's start (~10 s of imports on 2
+        # busy cores) are common enough that a lone spare is often still importing when the second one comes.
+        status = launch_warm(launch, WarmConfig(spares=2))
     else:
         status = launch_job(launch)
     print(f"demo: training finished with exit status {status} after {time.monotonic() - started:.0f}s")
     _summarise(config)
     return status
-
-
-def _shrinks(config: DemoConfig) -> bool:
-    """Whether the demo answers failures by shrinking in place (warm restarts with no spare)."""
-    return config.restart == "warm" and config.spares == 0 and config.nproc > 1
 
 
 def numeric_faults(config: DemoConfig) -> str:
