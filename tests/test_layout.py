@@ -146,7 +146,6 @@ def test_the_drill_is_not_imported_by_the_library() -> None:
 _OVER_LIMIT = {
     "checkpoint/memory/checkpointer.py": 469,
     "data/loader.py": 465,
-    "ledger/accounting.py": 479,  # + the straggler_wait category; split it next
 }
 
 

@@ -79,6 +79,12 @@ LAUNCH_DIR = EnvVar("GOODPUT_LAUNCH_DIR", "this launch's folder (markers, logs)"
 LAUNCH_ID = EnvVar(
     "GOODPUT_LAUNCH_ID", "this launch's id, in crash-loop records and the ledger", "", "goodput launch"
 )
+RESERVED_WORLD = EnvVar(
+    "GOODPUT_RESERVED_WORLD",
+    "the ranks the job reserved (nproc x max nnodes; unset: WORLD_SIZE), capacity goodput's denominator",
+    "",
+    "goodput launch",
+)
 LAUNCHER_PID = EnvVar(
     "GOODPUT_LAUNCHER_PID", "the launcher's process id, whose end ends every worker", "", "goodput launch"
 )
@@ -117,12 +123,6 @@ WARM_REFORM_TIMEOUT = EnvVar(
     "60",
     "goodput launch --restart warm",
 )
-RESERVED_WORLD = EnvVar(
-    "GOODPUT_RESERVED_WORLD",
-    "the ranks the job reserved (nproc x the largest nnodes), for capacity goodput",
-    "",
-    "goodput launch",
-)
 WARM_MIN_WORLD = EnvVar(
     "GOODPUT_WARM_MIN_WORLD",
     "the fewest ranks a warm job may shrink to (set only with --shrink-after)",
@@ -141,6 +141,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     NUMERIC,
     LAUNCH_DIR,
     LAUNCH_ID,
+    RESERVED_WORLD,
     LAUNCHER_PID,
     MOSAIC_PYTHON,
     BENCH_S3_OPTIONS,
@@ -151,6 +152,5 @@ VARIABLES: tuple[EnvVar, ...] = (
     WARM_SPARE_ID,
     WARM_PG_TIMEOUT,
     WARM_REFORM_TIMEOUT,
-    RESERVED_WORLD,
     WARM_MIN_WORLD,
 )
