@@ -10,10 +10,9 @@
 
 Run owns the order of a step: it joins the process group in a store namespace of this attempt (reliable
 torchrun restarts), writes the ledger, restores the newest valid checkpoint, counts each batch's fetch time,
-fires injected faults, stops on preemption and saves when the policy says so. What watches or adjusts a run (the
-watchdog, crash-loop detection, progress, verify-resume's records, the cache counters, the numeric guard, warm
-restarts, the node-loss drill) is a hook in ``run.hooks`` (``goodput.run.hooks``). It works in one process and
-under torchrun (``goodput launch``), with plain, DDP and FSDP2 models.
+fires injected faults, stops on preemption and saves when the policy says so. What watches or adjusts a run
+(watchdog, crash loops, progress, records, cache counters, numeric guard, stragglers, warm restarts) is a hook in
+``run.hooks``. One process or torchrun (``goodput launch``); plain, DDP and FSDP2 models.
 """
 
 from __future__ import annotations
