@@ -8,11 +8,10 @@
         run.step_done(loss=loss.item())
     run.close()
 
-Run owns the order of a step: it joins the process group in a store namespace of this attempt (reliable
-torchrun restarts), writes the ledger, restores the newest valid checkpoint, counts each batch's fetch time,
-fires injected faults, stops on preemption and saves when the policy says so. What watches or adjusts a run
-(watchdog, crash loops, progress, records, cache counters, numeric guard, stragglers, warm restarts) is a hook in
-``run.hooks``. One process or torchrun (``goodput launch``); plain, DDP and FSDP2 models.
+Run owns the order of a step: it joins the process group in this attempt's store namespace, writes the ledger,
+restores the newest valid checkpoint, times each batch's fetch, fires injected faults, stops on preemption and
+saves when the policy says so. What watches or adjusts a run (watchdog, crash loops, progress, records, cache
+counters, numeric guard, stragglers, warm restarts) is a hook in ``run.hooks``.
 """
 
 from __future__ import annotations
