@@ -14,13 +14,14 @@ import pytest
 
 from goodput.checkpoint import list_checkpoints
 from goodput.launch.launcher import EXIT_PREEMPTED
-from goodput.ledger import read_events
+from goodput.ledger import load_report, read_events
 from goodput.run.signals import PreemptionWatch
 from tests.helpers.launching import (
     SCRIPTS,
     WORKER,
     launch_lines,
     processes_with,
+    sigterm_saves_once,
     start_launch,
     wait_for_file,
 )
@@ -40,6 +41,34 @@ def test_a_single_process_stops_at_the_step_after_its_signal() -> None:
     finally:
         watch.close()
     assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL  # the previous handler is back
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_alone_saves_once_then_the_relaunch_resumes(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    args = ("--nproc", "2", "--run-dir", run_dir, "--", WORKER, "--steps", "200", "--step-seconds", "0.05")
+    proc = start_launch(*args, "--strategy", "dcp_async")
+    wait_for_file(os.path.join(run_dir, "training"), proc)
+    step = sigterm_saves_once(proc, run_dir)
+    assert sorted((e["rank"], e["step"]) for e in _preempted(run_dir)) == [(0, step), (1, step)]
+
+    again = subprocess.run(
+        [sys.executable, "-m", "goodput", "launch", *args], capture_output=True, text=True, timeout=240
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert Path(run_dir, "finished").read_text() == "200"
+    restored = [e["step"] for e in read_events(run_dir) if e["event"] == "restore_end"]
+    assert restored == [None, step]
+    report = subprocess.run(
+        [sys.executable, "-m", "goodput", "report", run_dir], capture_output=True, text=True, timeout=120
+    )
+    assert report.returncode == 0 and "preempted" in report.stdout, report.stdout + report.stderr
+    # the preemption is no failure, and the relaunch is a new launch: its wait is not restart downtime
+    data = load_report(run_dir).to_dict()
+    assert (data["failures"], data["preemptions"], data["mtbf_seconds"]) == (0, 1, None)
+    assert (data["launches"], data["restarts"]) == (2, 0)
+    assert data["categories"]["restart_downtime"] == 0.0 and data["categories"]["between_launches"] > 0.0
+    assert data["goodput"] == pytest.approx(data["categories"]["productive"] / data["job_seconds"])
 
 
 @pytest.mark.slow
