@@ -103,6 +103,20 @@ def test_launch_never_imports_torch() -> None:
     assert out.strip() == "[]", out
 
 
+def test_the_command_line_up_to_a_launch_never_imports_torch(tmp_path: Path) -> None:
+    """Every ``goodput`` command first builds the whole parser (each command registers its options, the data
+    formats among them), and ``goodput launch`` checks its arguments before torchrun starts: none of it may
+    import torch, which costs each of the many CLI processes a test or a job starts seconds."""
+    code = (
+        "import sys\n"
+        "from goodput.cli import main\n"
+        f"status = main(['launch', '--nproc', '2', '--run-dir', {str(tmp_path / 'run')!r}, '--', 'missing.py'])\n"
+        "print('exit', status, 'torch imported:', 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "exit 2 torch imported: False", done.stdout + done.stderr
+
+
 def test_warm_reaches_checkpoint_only_through_training_state() -> None:
     """The warm hand-over speaks TrainingState's live form; its one other need is the RNG module."""
     allowed = {"goodput.checkpoint.state", "goodput.checkpoint.rng"}
@@ -117,16 +131,21 @@ def test_warm_reaches_checkpoint_only_through_training_state() -> None:
 
 
 def test_verify_is_not_imported_by_the_library() -> None:
-    """Verify-resume reads and compares runs; only its command (and the tooling) imports it. What Run records
-    lives in goodput.run.records."""
-    assert _violations(set(_PARTS) - {"verify", "cli", "bench", "demo", "testing"}, {"verify"}) == []
+    """Verify-resume reads and compares runs; only its command, the drill (which compares the same way) and the
+    tooling import it. What Run records lives in goodput.run.records."""
+    tools = {"verify", "drill", "cli", "bench", "demo", "testing"}
+    assert _violations(set(_PARTS) - tools, {"verify"}) == []
+
+
+def test_the_drill_is_not_imported_by_the_library() -> None:
+    """The drill runs jobs and judges them from outside; only its command imports it."""
+    assert _violations(set(_PARTS) - {"drill", "cli"}, {"drill"}) == []
 
 
 # Files that were over the limit when it was set; each may shrink, none may grow (split it instead).
 _OVER_LIMIT = {
     "checkpoint/memory/checkpointer.py": 469,
     "data/loader.py": 465,
-    "ledger/accounting.py": 479,  # + the straggler_wait category; split it next
 }
 
 
@@ -142,6 +161,18 @@ def test_no_file_over_450_lines() -> None:
 
 # Reads of another goodput object's private attribute from a module that does not define it: each one here is
 # a known friendship, with its reason. Add to it only with a reason; better, give the owner a public method.
+_RESIZE_USES = (
+    "_done",
+    "_fill_spares",
+    "_hand_over",
+    "_new_generation",
+    "_notice",
+    "_pending",
+    "_poll_workers",
+    "_publish",
+    "_record",
+    "_start_spare",
+)
 _PRIVATE_READS_ALLOWED = {
     # the prefetch thread is the cache's own background half, kept in its own file for size: it runs under
     # the cache's lock and pins the cache's window
@@ -155,6 +186,11 @@ _PRIVATE_READS_ALLOWED = {
     # the cache benchmark reports this process's own counters, which the public cache_metrics() (node-wide,
     # every process of the folder) does not give
     ("goodput.bench._cache_run", "ds._source"),
+    # merged with main after this test was written (to fix by their owners: public methods on the agent and
+    # the loader): the shrink/grow half of the warm agent, split from agent.py for size, drives the agent
+    *(("goodput.warm.resize", f"agent.{name}") for name in _RESIZE_USES),
+    # ... and re-splitting the global batch reads the loader's configured global batch size
+    ("goodput.data._global_batch", "loader._global_batch"),
 }
 
 

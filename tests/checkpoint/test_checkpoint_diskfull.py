@@ -1,9 +1,12 @@
-"""A real full disk (a 5 MiB tmpfs) during a save: a clear SaveFailed, training goes on, the previous
-checkpoint still restores."""
+"""A real full disk (a small tmpfs) during a save: a clear SaveFailed, training goes on, the previous
+checkpoint still restores; under ``Run`` the failure is one warning and a ledger event, retention never removes
+the last valid checkpoint, and the next save after space comes back commits."""
 
 from __future__ import annotations
 
 import gc
+import logging
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -12,16 +15,19 @@ from pathlib import Path
 import pytest
 import torch
 
+import goodput as gp
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState, list_checkpoints
 from goodput.errors import SaveFailed
+from goodput.ledger import read_events
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount_point = tmp_path / "disk"
+def _tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted at ``mount_point`` (skips where mounting is not permitted)."""
     mount_point.mkdir()
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mount_point)], capture_output=True, text=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0:
         pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
@@ -31,6 +37,17 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         gc.collect()  # drop memory maps of restored files before unmounting
         if subprocess.run(["umount", str(mount_point)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    yield from _tmpfs(tmp_path / "disk", "5m")
+
+
+@pytest.fixture
+def two_checkpoint_disk(tmp_path: Path) -> Iterator[Path]:
+    """Room for two checkpoints of ``_model()`` and their optimizer state, not three."""
+    yield from _tmpfs(tmp_path / "disk", "8m")
 
 
 @pytest.mark.parametrize("strategy", ["torch_save", "dcp", "dcp_async"])
@@ -90,3 +107,46 @@ def test_a_failed_async_save_is_reported_by_the_next_save_which_then_proceeds(sm
     assert manager.wait() is not None
     manager.close()
     assert [(r.step, r.status) for r in list_checkpoints(str(small_disk))] == [(3, "committed")]
+
+
+def _fill(disk: Path, leave: int) -> Path:
+    """A ballast file that leaves ``leave`` bytes free on ``disk`` (an operator's other data)."""
+    ballast = disk / "ballast"
+    stat = os.statvfs(disk)
+    ballast.write_bytes(bytes(max(0, stat.f_bavail * stat.f_frsize - leave)))
+    return ballast
+
+
+def test_a_run_trains_on_through_a_full_disk_and_saves_again_once_there_is_room(
+    two_checkpoint_disk: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(512, 512)  # ~3 MiB a checkpoint with AdamW's moments
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    config = gp.CheckpointConfig(root=str(two_checkpoint_disk), strategy="dcp", every=2, keep_last=1)
+    run = gp.Run(str(tmp_path / "run"), checkpoint=config, total_steps=8, progress=False, hang_timeout=None)
+    run.restore(model=model, optimizer=opt)
+    committed = []
+    with caplog.at_level(logging.WARNING):
+        for step in range(1, 9):
+            model(torch.randn(4, 512)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 3:
+                ballast = _fill(two_checkpoint_disk, leave=1 << 20)  # step 4's save runs out mid-way
+            if step == 5:
+                ballast.unlink()  # room again
+            run.step_done(loss=0.0)  # saves at even steps; a failed save raises nothing here
+            committed.append(sorted(r.step for r in list_checkpoints(str(two_checkpoint_disk))))
+        run.close()
+    assert committed[3:5] == [[2], [2]]  # step 4 failed; retention kept step 2, the last valid one
+    assert committed[5][-1] == 6  # space came back: step 6 committed (and retention then removed step 2)
+    assert [(r.step, r.status) for r in list_checkpoints(str(two_checkpoint_disk))] == [(8, "committed")]
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("goodput")
+    ]
+    assert len(warnings) == 1 and "saving step 4 failed" in warnings[0], warnings
+    failed = [e for e in read_events(str(tmp_path / "run"), rank=None) if e["event"] == "checkpoint_failed"]
+    assert [e["step"] for e in failed] == [4]

@@ -245,9 +245,11 @@ class DurableTier:
             self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
         if outcome[0] != "ok":
             self._emit("checkpoint_failed", step=step, error=outcome[1])
-            raise SaveFailed(
+            failed = SaveFailed(
                 f"saving step {step} failed ({outcome[1]}); the previous checkpoint is untouched"
             )
+            log.warning("%s", failed)  # once, here, whoever catches it (``Run`` trains on)
+            raise failed
         url, size = outcome[1]
         self.committed.add(step)
         charged = self._charged  # a memory save made only for this one: part of its cost (see should_save)
@@ -293,15 +295,18 @@ class DurableTier:
             return ""
         return f"; No space left on device? {self.layout.root} has {free} bytes free, the last checkpoint took {needed}"
 
+    def busy(self) -> bool:
+        """Whether a save is in flight and not finished yet."""
+        return self._inflight is not None and not self._inflight.done()
+
     def settle(self) -> SaveResult | SaveFailed | None:
-        """Wait for the save in flight: its result, its failure (logged, returned, not raised) or None."""
+        """Wait for the save in flight: its result, its failure (returned, not raised) or None."""
         if self._inflight is None:
             return None
         future, self._inflight = self._inflight, None
         try:
             return future.result()
-        except SaveFailed as err:
-            log.warning("%s", err)
+        except SaveFailed as err:  # logged where it failed
             return err
 
     def wait(self) -> SaveResult | None:

@@ -99,6 +99,7 @@ class CheckpointManager:
         self._memory_cadence: _Cadence | None = None
         self._memory_due = False
         self._memory_forced: int | None = None  # a step the memory tier saves only because the durable does
+        self._deferred: int | None = None  # the first step a time-based save waited at for the one in flight
         if config.memory is not None:
             self.memory, memory_policy, self._memory_group = open_memory_tier(
                 TierContext(
@@ -214,7 +215,7 @@ class CheckpointManager:
     def _decide(self, cadence: _Cadence, step: int, now: float) -> bool:
         schedule = cadence.schedule
         if schedule is None:
-            return bool(cadence.policy.due(step, now))
+            return bool(cadence.policy.due(step, now)) and not self._busy(cadence, step)
         ctl = self._coll.ctl
         due = False
         if schedule.in_flight is not None and schedule.in_flight[0] <= step:
@@ -227,10 +228,28 @@ class CheckpointManager:
             step
         ):  # a decision step: rank 0 decides the next step, sent in the background
             decision = schedule.decide(step + 1, now) if self.rank == 0 else (False, 0)
+            if decision[0] and self._busy(cadence, step + 1):
+                decision = (False, step + 1)  # ask again at the next step
             answer = torch.tensor([int(decision[0]), decision[1]], dtype=torch.int64)
             work = dist.broadcast(answer, src=dist.get_global_rank(ctl, 0), group=ctl, async_op=True)
             schedule.in_flight = (step + 1, work, answer)
         return due
+
+    def _busy(self, cadence: _Cadence, step: int) -> bool:
+        """Whether a time-based durable save must wait because the previous one is still in flight.
+
+        Saving then would block training until the previous save is durable (one save in flight at most), so
+        saves would queue behind a slow store; instead the save waits for the step after the previous one is
+        durable, and the interval in effect widens to the time a save takes (``auto`` also plans for it once
+        the slow save is measured). Step-based policies keep their exact steps and wait instead.
+        """
+        busy = cadence is self._cadence and isinstance(cadence.policy, EveryInterval) and self.durable.busy()
+        if busy and self._deferred is None:
+            log.info(
+                "a save is due at step %d while the previous one is still in flight: saving after it", step
+            )
+        self._deferred = step if busy else None
+        return busy
 
     def should_save_memory(self, step: int) -> bool:
         """Whether the memory tier saves ``step`` (decided by the last ``should_save`` call, for that step)."""

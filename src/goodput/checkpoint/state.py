@@ -247,7 +247,11 @@ class TrainingState(Stateful):
         """This process's replica as the parts' own state dicts, with no collective: what a survivor hands a
         new generation after a peer died (its group is gone). ``loader``: the data position to hand on (the
         one of its last completed step), as JSON text under ``loader``; the RNG travels apart (per rank)."""
-        sd = {name: part.state_dict() for name in _LIVE_PARTS if (part := getattr(self, name)) is not None}
+        sd = {
+            name: _bare(part).state_dict()
+            for name in _LIVE_PARTS
+            if (part := getattr(self, name)) is not None
+        }
         sd["meta"] = self._meta()
         sd["loader"] = json.dumps(loader)
         return sd
@@ -264,7 +268,7 @@ class TrainingState(Stateful):
         for name in _LIVE_PARTS:
             part = getattr(self, name)
             if part is not None and name in sd:
-                part.load_state_dict(sd[name])
+                _bare(part).load_state_dict(sd[name])
         if "meta" in sd:
             self._load_meta(sd["meta"])
         loader = json.loads(sd.get("loader") or "null")
@@ -291,6 +295,12 @@ def decode_live(data: bytes) -> dict[str, Any]:
     """
     loaded: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     return loaded
+
+
+def _bare(part: Any) -> Any:
+    """The module inside a DDP wrapper (else ``part``): a replica's keys are then the same whether or not the
+    rank that loads it wraps its model, as after a shrink to one rank."""
+    return part.module if isinstance(part, torch.nn.parallel.DistributedDataParallel) else part
 
 
 def tensor_shapes(sd: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[int, ...]]:

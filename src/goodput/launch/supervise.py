@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Iterator
 from typing import IO, Any
 
-from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR
+from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RESERVED_WORLD, RUN_DIR
 from goodput._lifetime import end_with_parent, preload_libc
 from goodput.launch.folder import (
     FATAL_FILE,
@@ -164,6 +164,7 @@ class Supervisor:
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         env[FAULTS.name] = self.config.faults
         env[CRASH_LOOP.name] = str(self.config.crash_loop)
+        env[RESERVED_WORLD.name] = str(self.config.max_world_size)  # capacity goodput's denominator
         if self.config.allow_fresh_start:
             env[ALLOW_FRESH_START.name] = "1"  # read by CheckpointConfig.fresh_start_allowed
         env[LAUNCH_DIR_ENV] = self.folder

@@ -11,6 +11,8 @@ Kept apart from ``run.py`` so that the hot file only calls them.
   line, and the process goes on to ``close()`` and exits 0.
 * A preemption stop saves the agreed step, waits until it is durable, records ``preempted`` in the ledger,
   reports the checkpoint to the launcher (or prints the line itself without one) and ends the process.
+* Checkpoints go to the configured root (default ``<run_dir>/checkpoints``) unless ``$GOODPUT_CHECKPOINT_ROOT``
+  names another: ``goodput drill`` moves a script's checkpoints onto the storage it injects faults into.
 * A run's ``auto`` interval learns the failure rate earlier attempts of the run observed.
 * ``run.warm(train)`` calls ``train(run)``: a ``train`` that cannot take the run is a ConfigError before any
   call (the TypeError of the call would fail every attempt in turn, a crash loop, instead of one line).
@@ -18,13 +20,14 @@ Kept apart from ``run.py`` so that the hot file only calls them.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from goodput._env import RUN_DIR
+from goodput._env import CHECKPOINT_ROOT, NUMERIC, RUN_DIR
 from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
 from goodput.data.loader import ResumableLoader
 from goodput.data.prefetch import DevicePrefetcher
@@ -97,12 +100,13 @@ def join_group(
 
 
 def checked_numeric(numeric: object) -> NumericConfig | None:
-    """The numeric guard's config from ``Run(numeric=...)`` (``True``: the defaults), None when it is off.
+    """The numeric guard's config from ``Run(numeric=...)`` (``True``, or False under ``GOODPUT_NUMERIC``: the
+    defaults), None when it is off.
 
     Raises:
         ConfigError: anything but a ``NumericConfig``, True or False.
     """
-    if numeric is True:
+    if numeric is True or (numeric is False and NUMERIC.on()):  # GOODPUT_NUMERIC: verify-rollback's
         return NumericConfig()
     if numeric is False:
         return None
@@ -272,3 +276,11 @@ def arm_faults(run: Run, plan_text: str) -> FaultPlan:
     )
     install_faults(plan)
     return plan
+
+
+def checkpoint_config(checkpoint: CheckpointConfig | None, run_dir: str) -> CheckpointConfig:
+    """The run's checkpoint configuration: the script's (default: ``<run_dir>/checkpoints``), under the root
+    ``$GOODPUT_CHECKPOINT_ROOT`` names when set (its store's endpoint and credentials from the environment)."""
+    config = checkpoint or CheckpointConfig(root=os.path.join(run_dir, "checkpoints"))
+    root = CHECKPOINT_ROOT.get()
+    return dataclasses.replace(config, root=root, storage_options={}) if root else config

@@ -8,12 +8,10 @@
         run.step_done(loss=loss.item())
     run.close()
 
-Run owns the order of a step: it joins the process group in a store namespace of this attempt (reliable
-torchrun restarts), writes the ledger, restores the newest valid checkpoint, counts each batch's fetch time,
-fires injected faults, stops on preemption and saves when the policy says so. What watches or adjusts a run (the
-watchdog, crash-loop detection, progress, verify-resume's records, the cache counters, the numeric guard, warm
-restarts, the node-loss drill) is a hook in ``run.hooks`` (``goodput.run.hooks``). It works in one process and
-under torchrun (``goodput launch``), with plain, DDP and FSDP2 models.
+Run owns the order of a step: it joins the process group in this attempt's store namespace, writes the ledger,
+restores the newest valid checkpoint, times each batch's fetch, fires injected faults, stops on preemption and
+saves when the policy says so. What watches or adjusts a run (watchdog, crash loops, progress, records, cache
+counters, numeric guard, stragglers, warm restarts) is a hook in ``run.hooks``.
 """
 
 from __future__ import annotations
@@ -26,7 +24,8 @@ from typing import Any
 
 from goodput._env import FAULTS
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
-from goodput.errors import ConfigError
+from goodput.distributed import dist_info
+from goodput.errors import ConfigError, SaveFailed
 from goodput.faults import install_faults
 from goodput.launch.folder import install_error_report, register_pid
 from goodput.ledger.exporters import MetricsExporter
@@ -40,6 +39,7 @@ from goodput.run._runhooks import (
     check_train_fn,
     checked_numeric,
     checked_plan,
+    checkpoint_config,
     exit_preempted,
     join_group,
     observe_failures,
@@ -126,7 +126,7 @@ class Run:
         guard = checked_numeric(numeric)
         plan = checked_plan(self._plan_text, self.info.world_size, total_steps, numeric_on=guard is not None)
         self.faults = arm_faults(self, self._plan_text)
-        self.config = checkpoint or CheckpointConfig(root=os.path.join(run_dir, "checkpoints"))
+        self.config = checkpoint_config(checkpoint, run_dir)
         self._manager: CheckpointManager | None = None
         self.loader: Any = None  # the loader ``batches`` reads
         self.fetch_seconds = 0.0  # the last step's wait for its batch
@@ -252,7 +252,8 @@ class Run:
             with self.phase("checkpoint_save"):
                 manager.save_memory(self.step)
         if durable:
-            self.save()
+            with contextlib.suppress(SaveFailed):  # logged and in the ledger: train on, save again later
+                self.save()
 
     def section(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Time a named part of the step for the straggler detector (a no-op when it is off)."""
@@ -355,6 +356,8 @@ class Run:
         self._preempt.leave_group()  # its group belongs to the dead generation; a preemption request stays
         with self.phase("restore"):
             self.warm_hook.leave()
+        self.info = dist_info()  # a shrink or grow renumbers the ranks
+        self._preempt.rank, self._preempt.world_size = self.info.rank, self.info.world_size
         # Every rank of the new generation makes the watch's group at the same point as a spare does in __init__.
         self._preempt.join_group()
         self.begin_attempt("warm", began=self.warm_hook.worker.joined_wall)

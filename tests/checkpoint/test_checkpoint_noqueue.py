@@ -1,0 +1,75 @@
+"""A save slower than the interval (its upload held 2 s by a ``slow`` fault, as a slow store would) never queues a
+second one behind it: with a duration or ``auto`` the next save waits until the first is durable while training
+goes on, and ``auto`` widens its interval to at least the measured save."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
+from goodput.checkpoint.policy import AutoInterval
+from goodput.faults import FaultPlan, install_faults, parse_faults
+
+
+@pytest.fixture
+def slow_upload() -> Iterator[None]:
+    install_faults(FaultPlan(parse_faults("slow@phase=async_upload,seconds=2")))
+    try:
+        yield
+    finally:
+        install_faults(None)
+
+
+@pytest.mark.parametrize("every", ["2s", "auto"])
+def test_a_save_slower_than_the_interval_never_queues_a_second_one(
+    slow_upload: None, tmp_path: Path, every: str
+) -> None:
+    """Each step (10 ms of work) advances the manager's clock by one second; the first save's upload takes 2 s
+    while the loop trains on. No second save starts while the first is in flight, the next one starts after it,
+    and ``auto`` widens its interval to at least the measured save."""
+    now = [0.0]
+    lock = threading.Lock()
+
+    def clock() -> float:
+        with lock:
+            return now[0]
+
+    def train_one_step(step: int) -> bool:
+        time.sleep(0.01)  # the step's compute
+        with lock:
+            now[0] += 1.0
+        return manager.maybe_save(step) is not None
+
+    model = torch.nn.Linear(64, 64)
+    manager = CheckpointManager(
+        CheckpointConfig(root=str(tmp_path / "ckpt"), strategy="dcp_async", every=every),
+        TrainingState(model=model),
+        clock=clock,
+    )
+    step = 1
+    while not train_one_step(step):  # until the first save starts
+        step += 1
+    started = [step]
+    step += 1
+    while not manager.results:  # until the first save is durable
+        if train_one_step(step):
+            started.append(step)
+        step += 1
+    first = manager.results[0]
+    # ~200 steps trained while the first save was in flight; a second save could start only as it ended (the old
+    # manager started it at the next due step, 1 or 2 steps later, and blocked there until the first was durable)
+    assert step > started[0] + 50
+    assert all(later > started[0] + 50 for later in started[1:]), f"saves started at steps {started}"
+    if every == "auto":
+        policy = manager.policy
+        assert isinstance(policy, AutoInterval) and policy.interval >= first.persist_seconds
+    elif len(started) == 1:  # the interval passed long ago: the next step saves
+        manager.wait()  # the first save's thread is done with it (it added the result just before)
+        assert train_one_step(step)
+    manager.close()
