@@ -159,6 +159,7 @@ def _preempt(context: DrillContext) -> ScenarioResult:
     problems: list[str] = []
     seconds, restored = 0.0, 0
     injected: list[str] = []
+    late = 0
     for signum in (signal.SIGTERM, signal.SIGUSR1):
         # The ranks agree on a stop at check steps, the first one right after the step they resumed from
         # (goodput.run.signals): a signal before it is acted on within a step, in a run of any length.
@@ -176,6 +177,8 @@ def _preempt(context: DrillContext) -> ScenarioResult:
         )
         if not reached:
             problems.append(f"the run ended before step {step}, where {signum.name} was to be sent")
+        elif done.status == 0 and not saved:
+            late += 1  # the job completed before the ranks' next check: done, nothing lost (exit 0)
         elif done.status != EXIT_PREEMPTED:
             problems.append(
                 f"{signum.name}: ended {outcome_text(done.status)}, expected exit {EXIT_PREEMPTED}"
@@ -186,6 +189,8 @@ def _preempt(context: DrillContext) -> ScenarioResult:
             problems.append(f"{signum.name}: goodput launch did not say in one line where it saved")
         if left := processes_of(run_dir):
             problems.append(f"{signum.name}: {len(left)} process(es) of the job outlived the launch")
+    if late == len(injected):
+        problems.append("no signal was acted on: every launch completed before its ranks' check")
     context.say("preempt: the same command again, to the end")
     done = run_launch(context, run_dir, LaunchSpec(restarts=0))
     return result(
@@ -217,8 +222,8 @@ PREEMPT = register(
         name="preempt",
         injects="SIGTERM to goodput launch, then the scheduler's early-warning signal (SIGUSR1) after a "
         "relaunch",
-        outcome="each: one agreed save, exit 75; the same command again resumes; every sample once; final "
-        "state identical",
+        outcome="each: one agreed save, exit 75 (exit 0 when the job completes before its ranks' next "
+        "check); the same command again resumes; every sample once; final state identical",
         run=_preempt,
     )
 )

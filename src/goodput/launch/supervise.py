@@ -252,6 +252,11 @@ class Supervisor:
             cause = f"; last error ({error})" if error else f"; see the logs in {self._logs()}"
             self._say(f"crash loop: {loop}{cause}; fix it, then relaunch (a new launch starts a new count)")
             return EXIT_CRASH_LOOP
+        if self._signals and status == 0:
+            # Every rank ended by itself, successfully, before they agreed on a stop: the job is done and
+            # nothing is lost, so a scheduler must not requeue it.
+            self._say(f"{_name(self._signals[0])} came as the job completed: nothing left to save or run")
+            return 0
         if self._signals:
             why = "no checkpoint within the grace period" if status is None else "the job ended before saving"
             self._say(f"stopped by {_name(self._signals[0])}: {why}; the newest committed checkpoint stays")
