@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -68,6 +69,7 @@ from goodput.run.signals import (
 __all__ = ["Supervisor"]
 
 _POLL = 0.1
+_RANK_FILE = re.compile(r"rank-\d+")  # a rank's pid marker; rank-N.PID.tmp is one being written
 _TERM_WAIT = 5.0  # seconds between SIGTERM and SIGKILL when ending leftovers
 _AFTER_SAVE = 15.0  # seconds the workers get to exit once the preemption checkpoint is durable
 
@@ -217,7 +219,9 @@ class Supervisor:
             return
         for name in names:
             text = read_marker(os.path.join(self.folder, PIDS_DIR), name)
-            if text is None or not text.isdigit() or (name, int(text)) in self._forwarded:
+            if not _RANK_FILE.fullmatch(name) or text is None or not text.isdigit():
+                continue  # a marker still being written (rank-N.PID.tmp)
+            if (name, int(text)) in self._forwarded:
                 continue
             pid = int(text)
             if pid in mine:  # never a stale pid that now names someone else's process
