@@ -117,9 +117,12 @@ def test_data_on_s3_through_the_cache_is_exactly_once_across_a_crash(
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)  # the workers' s3fs finds the server and credentials here
     run_dir = os.path.join(tmp_path, "s3")
-    status = _train(run_dir, s3_url, "kill@step=27,rank=0; kill@phase=cache_download,rank=1")
+    # The ranks share one cache, so which rank downloads a shard is a race: the download kill names no rank and
+    # fires on each rank's first download (a rank whose peers fetched every shard for it may download none).
+    status = _train(run_dir, s3_url, "kill@step=27,rank=0; kill@phase=cache_download")
     assert status == 0
-    assert sorted(os.listdir(os.path.join(run_dir, "faults"))) == ["0-rank0", "1-rank1"]  # both kills fired
+    fired = sorted(os.listdir(os.path.join(run_dir, "faults")))
+    assert "0-rank0" in fired and any(marker.startswith("1-") for marker in fired), fired  # both kinds fired
     assert first_difference(read_run(clean), read_run(run_dir)) is None
     assert os.listdir(os.path.join(run_dir, "cache", "files"))  # the shards came through the cache
 
