@@ -107,16 +107,17 @@ def test_a_plan_that_can_never_fire_is_refused_naming_the_fault() -> None:
         check_plan(plan, total_steps=50)
 
 
-def test_the_demo_plan_drills_one_nan_one_spike_and_one_flipped_bit_within_its_steps() -> None:
+def test_the_demo_plan_drills_a_nan_that_comes_back_one_spike_and_one_flipped_bit_within_its_steps() -> None:
     from goodput.demo.main import DemoConfig, numeric_faults
     from goodput.faults import check_plan
 
-    for nproc, steps in ((2, 2000), (3, 300)):
+    for nproc, steps in ((2, 2000), (3, 2500)):
         config = DemoConfig(run_dir="unused", nproc=nproc, steps=steps)
         plan = parse_faults(f"kill@mtbf=40s,seed=0; {numeric_faults(config)}")
         check_plan(plan, world_size=nproc, total_steps=steps)
         drilled = sorted((f.action, f.step) for f in plan if f.action != "kill")
-        assert [a for a, _ in drilled] == ["bitflip", "nan", "spike"]
+        assert [a for a, _ in drilled] == ["bitflip", "nan", "nan", "spike"]  # the NaN again on its redo
+        assert len({s for a, s in drilled if a == "nan"}) == 1
         assert all(0 < step < steps for _, step in drilled)
 
 

@@ -104,6 +104,20 @@ def test_launch_never_imports_torch() -> None:
     assert out.strip() == "[]", out
 
 
+def test_the_command_line_up_to_a_launch_never_imports_torch(tmp_path: Path) -> None:
+    """Every ``goodput`` command first builds the whole parser (each command registers its options, the data
+    formats among them), and ``goodput launch`` checks its arguments before torchrun starts: none of it may
+    import torch, which costs each of the many CLI processes a test or a job starts seconds."""
+    code = (
+        "import sys\n"
+        "from goodput.cli import main\n"
+        f"status = main(['launch', '--nproc', '2', '--run-dir', {str(tmp_path / 'run')!r}, '--', 'missing.py'])\n"
+        "print('exit', status, 'torch imported:', 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "exit 2 torch imported: False", done.stdout + done.stderr
+
+
 def test_warm_reaches_checkpoint_only_through_training_state() -> None:
     """The warm hand-over speaks TrainingState's live form; its one other need is the RNG module."""
     allowed = {"goodput.checkpoint.state", "goodput.checkpoint.rng"}
@@ -133,7 +147,6 @@ def test_the_drill_is_not_imported_by_the_library() -> None:
 _OVER_LIMIT = {
     "checkpoint/memory/checkpointer.py": 469,
     "data/loader.py": 465,
-    "ledger/accounting.py": 479,  # + the straggler_wait category; split it next
 }
 
 
@@ -145,3 +158,112 @@ def test_no_file_over_450_lines() -> None:
         if lines > _OVER_LIMIT.get(rel, 450):
             too_long.append(f"{rel}: {lines} lines")
     assert too_long == []
+
+
+# Reads of another goodput object's private attribute from a module that does not define it: each one here is
+# a known friendship, with its reason. Add to it only with a reason; better, give the owner a public method.
+_RESIZE_USES = (
+    "_done",
+    "_fill_spares",
+    "_hand_over",
+    "_new_generation",
+    "_notice",
+    "_pending",
+    "_poll_workers",
+    "_publish",
+    "_record",
+    "_start_spare",
+)
+_PRIVATE_READS_ALLOWED = {
+    # the prefetch thread is the cache's own background half, kept in its own file for size: it runs under
+    # the cache's lock and pins the cache's window
+    ("goodput.data._prefetch", "_cache._index"),
+    ("goodput.data._prefetch", "_cache._unpin_window"),
+    ("goodput.data._prefetch", "_cache._ensure"),
+    ("goodput.data._prefetch", "_cache._local"),
+    ("goodput.data._prefetch", "_cache._pin_window"),
+    ("goodput.data._prefetch", "_cache._remote_info"),
+    ("goodput.data._prefetch", "_cache._is_ready"),
+    # the cache benchmark reports this process's own counters, which the public cache_metrics() (node-wide,
+    # every process of the folder) does not give
+    ("goodput.bench._cache_run", "ds._source"),
+    # merged with main after this test was written (to fix by their owners: public methods on the agent and
+    # the loader): the shrink/grow half of the warm agent, split from agent.py for size, drives the agent
+    *(("goodput.warm.resize", f"agent.{name}") for name in _RESIZE_USES),
+    # ... and re-splitting the global batch reads the loader's configured global batch size
+    ("goodput.data._global_batch", "loader._global_batch"),
+}
+
+
+def _private_names(tree: ast.AST) -> set[str]:
+    """The private attribute names a module defines: class members and ``self._x = ...`` assignments."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    names.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+                elif isinstance(item, ast.Assign):
+                    names.update(t.id for t in item.targets if isinstance(t, ast.Name))
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+        ):
+            names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def _imported_names(tree: ast.AST) -> set[str]:
+    """Names a module binds by importing (``os``, ``dist``): their private members are a library's affair."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    return names
+
+
+def _private_reads() -> list[tuple[str, str]]:
+    """(module, ``x._name``) for each read of a private attribute that another goodput module defines, on an
+    object that is not the module's own (``self``, ``cls``, ``super()``)."""
+    trees = {}
+    for path in _SRC.rglob("*.py"):
+        rel = path.relative_to(_SRC.parent).with_suffix("")
+        trees[".".join(rel.parts).removesuffix(".__init__")] = ast.parse(path.read_text())
+    defined = {module: _private_names(tree) for module, tree in trees.items()}
+    everywhere = set().union(*defined.values())
+    found = []
+    for module, tree in trees.items():
+        imported = _imported_names(tree)
+        for node in ast.walk(tree):
+            if (
+                not isinstance(node, ast.Attribute)
+                or not node.attr.startswith("_")
+                or node.attr.startswith("__")
+            ):
+                continue
+            base: ast.expr = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super":
+                continue
+            if isinstance(base, ast.Name) and base.id in imported:
+                continue
+            if node.attr in everywhere and node.attr not in defined[module]:
+                found.append((module, ast.unparse(node).removeprefix("self.")))
+    return sorted(set(found))
+
+
+def test_the_private_walk_sees_reads() -> None:
+    """Guards the test below: the allowed reads are found (so an empty list means none, not a blind walk)."""
+    assert set(_private_reads()) >= _PRIVATE_READS_ALLOWED
+
+
+def test_no_module_reads_another_modules_private_attributes() -> None:
+    """A module uses another module's objects through their public members (``self._x`` is the class's own)."""
+    assert [read for read in _private_reads() if read not in _PRIVATE_READS_ALLOWED] == []

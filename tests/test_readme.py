@@ -513,6 +513,8 @@ def test_the_tensorboard_exporter_excerpt_records_every_step(tmp_path: Path) -> 
     events.Reload()
     assert [e.step for e in events.Scalars("goodput/loss")] == list(range(1, 31))
     assert all(0.0 <= e.value <= 1.0 for e in events.Scalars("goodput/goodput"))
+    capacity = [e.value for e in events.Scalars("goodput/capacity_goodput")]
+    assert capacity == pytest.approx([e.value for e in events.Scalars("goodput/goodput")], rel=1e-3)  # 1 rank
     assert len(events.Scalars("goodput/fetch_seconds")) == 30
 
 

@@ -69,9 +69,21 @@ RECORDS = EnvVar(
     "",
     "goodput verify-resume",
 )
+NUMERIC = EnvVar(
+    "GOODPUT_NUMERIC",
+    "1: Run turns the numeric guard on at its defaults where the script leaves it off",
+    "",
+    "goodput verify-rollback",
+)
 LAUNCH_DIR = EnvVar("GOODPUT_LAUNCH_DIR", "this launch's folder (markers, logs)", "", "goodput launch")
 LAUNCH_ID = EnvVar(
     "GOODPUT_LAUNCH_ID", "this launch's id, in crash-loop records and the ledger", "", "goodput launch"
+)
+RESERVED_WORLD = EnvVar(
+    "GOODPUT_RESERVED_WORLD",
+    "the ranks the job reserved (nproc x max nnodes; unset: WORLD_SIZE), capacity goodput's denominator",
+    "",
+    "goodput launch",
 )
 LAUNCHER_PID = EnvVar(
     "GOODPUT_LAUNCHER_PID", "the launcher's process id, whose end ends every worker", "", "goodput launch"
@@ -111,6 +123,12 @@ WARM_REFORM_TIMEOUT = EnvVar(
     "60",
     "goodput launch --restart warm",
 )
+WARM_MIN_WORLD = EnvVar(
+    "GOODPUT_WARM_MIN_WORLD",
+    "the fewest ranks a warm job may shrink to (set only with --shrink-after)",
+    "",
+    "goodput launch --restart warm --shrink-after",
+)
 
 VARIABLES: tuple[EnvVar, ...] = (
     RUN_DIR,
@@ -120,8 +138,10 @@ VARIABLES: tuple[EnvVar, ...] = (
     ALLOW_FRESH_START,
     CHECKPOINT_ROOT,
     RECORDS,
+    NUMERIC,
     LAUNCH_DIR,
     LAUNCH_ID,
+    RESERVED_WORLD,
     LAUNCHER_PID,
     MOSAIC_PYTHON,
     BENCH_S3_OPTIONS,
@@ -132,4 +152,5 @@ VARIABLES: tuple[EnvVar, ...] = (
     WARM_SPARE_ID,
     WARM_PG_TIMEOUT,
     WARM_REFORM_TIMEOUT,
+    WARM_MIN_WORLD,
 )

@@ -76,26 +76,42 @@ def _args(argv: list[str]) -> argparse.Namespace:
 
 @pytest.mark.slow
 def test_a_short_run_applies_one_schedule_to_every_contender(capsys, tmp_path) -> None:
-    # seed 1: two failures about 11 s in, once both contenders train (a burst at start-up, before any step, is
-    # what goodput's crash-loop guard stops on; the full bench runs seed 0)
-    args = _args(
-        ["--quick", "--seed", "1", "--contenders", "baseline,warm", "--keep", str(tmp_path), "--json"]
-    )
+    # seed 704 of a 40 s mean: failures of rank 0 and rank 1 about 13 s and 17 s in, once both contenders train
+    # (a burst at start-up, before any step, is what goodput's crash-loop guard stops on), then none for
+    # 300 s, past the end of 40 steps: two failures each, not a run restarted until the schedule relents
+    # (the full bench runs seed 0)
+    argv = [
+        "--quick",
+        "--steps",
+        "40",
+        "--schedules",
+        "40s",
+        "--seed",
+        "704",
+        "--contenders",
+        "baseline,warm",
+    ]
+    args = _args([*argv, "--keep", str(tmp_path), "--json"])
+    assert [t for t, _ in draw_schedule(40.0, seed=704, world_size=2, horizon=600.0)][:3] == [
+        13.362,
+        17.117,
+        302.738,
+    ]
     assert args.handler(args) == 0
     result = json.loads(capsys.readouterr().out)
     rows = {(r["contender"], r["schedule"]): r for r in result["rows"]}
-    assert set(rows) == {(c, s) for c in ("baseline", "warm") for s in ("10s", "none")}
-    schedule = [list(x) for x in result["schedules"]["10s"]]
+    assert set(rows) == {(c, s) for c in ("baseline", "warm") for s in ("40s", "none")}
+    schedule = [list(x) for x in result["schedules"]["40s"]]
     for contender in ("baseline", "warm"):
-        kills = rows[contender, "10s"]["kills"]
+        kills = rows[contender, "40s"]["kills"]
         assert kills, f"{contender} received no failure"
         # the failures each run received are the schedule's first ones, in order, at or after their time
         assert [[k["due"], k["rank"]] for k in kills] == schedule[: len(kills)]
         assert all(k["fired"] >= k["due"] for k in kills)
         assert rows[contender, "none"]["kills"] == []
-        assert rows[contender, "10s"]["steps_missing"] == 0
+        assert rows[contender, "40s"]["steps_missing"] == 0
     # every goodput run is exact; the counts are computed from the records (a fault-free run is its own reference)
-    assert rows["warm", "10s"]["samples_twice"] == rows["warm", "10s"]["samples_never"] == 0
+    assert rows["warm", "40s"]["samples_twice"] == rows["warm", "40s"]["samples_never"] == 0
     assert rows["baseline", "none"]["samples_twice"] == 0 and rows["baseline", "none"]["steps_redone"] == 0
     assert result["ratios"]["goodput_samples_wrong"] == 0
-    assert 0 < rows["warm", "none"]["goodput"] <= 1 and 0 < rows["baseline", "10s"]["goodput"] <= 1
+    assert 0 < rows["warm", "none"]["goodput"] <= 1 and 0 < rows["baseline", "40s"]["goodput"] <= 1

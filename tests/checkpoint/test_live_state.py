@@ -4,12 +4,17 @@ by another process's freshly built objects, continues training exactly as the su
 from __future__ import annotations
 
 import io
+import os
+import pickle
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from goodput.checkpoint import TrainingState
+from goodput.checkpoint.state import decode_live, encode_live
 from goodput.data import ResumableLoader
 
 
@@ -45,12 +50,33 @@ def test_a_survivor_s_live_state_continues_exactly_in_a_new_process_s_objects() 
     survivor.extras["tokens"] = 123
     survivor.samples_seen = 20
     position = survivor.loader.state_dict()
-    buf = io.BytesIO()
-    torch.save(survivor.live_state_dict(loader=position), buf)
+    payload = encode_live(survivor.live_state_dict(loader=position))
     expected = _train(survivor, 4, batches)
 
     fresh = _objects(seed=1)  # other weights: everything must come from the hand-over
-    fresh.load_live_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
+    fresh.load_live_state_dict(decode_live(payload))
     assert fresh.extras == {"tokens": 123} and fresh.samples_seen == 20
     assert _train(fresh, 4, iter(fresh.loader)) == expected  # type: ignore[call-overload]
     assert survivor.holds_full_replica()
+
+
+class _Planted:
+    """An object whose unpickling would run code: it would create the file named ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (self.path,))
+
+
+def test_a_hand_over_that_would_run_code_is_refused_and_runs_none(tmp_path: Path) -> None:
+    state = _objects(seed=0)
+    sd = state.live_state_dict(loader=None)
+    marker = tmp_path / "ran"
+    sd["extra"] = _Planted(str(marker))
+    buf = io.BytesIO()
+    torch.save(sd, buf)  # what a sender other than goodput's could put on the wire
+    with pytest.raises(pickle.UnpicklingError):
+        decode_live(buf.getvalue())
+    assert not marker.exists()

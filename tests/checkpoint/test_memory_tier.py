@@ -135,7 +135,7 @@ def test_a_durable_save_of_a_memory_saved_step_writes_the_memory_tier_s_copy(tmp
     _train(first, parts, range(1, 5))
     expected = _snapshot(parts)
     _train(first, parts, range(5, 6))  # restages the buffer while step 4's write may still run
-    assert first._strategy.stager.nbytes == 0  # dcp_async never staged a copy of its own
+    assert first.durable.strategy.stager.nbytes == 0  # dcp_async never staged a copy of its own
     first.close(finished=False)
     fresh = _parts(seed=1)
     config = CheckpointConfig(root=str(tmp_path / "ck"), every=2)  # the durable tier alone

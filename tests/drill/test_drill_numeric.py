@@ -1,5 +1,5 @@
 """The drill's numeric and straggler scenarios (real processes): a NaN, a spike and a flipped bit are rolled back in
-place and the run ends bit for bit equal to the uninterrupted one; a straggler only costs time."""
+place and the run ends bit for bit equal to the uninterrupted one; a straggler changes nothing that is trained."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def test_a_numeric_fault_is_rolled_back_and_changes_nothing(
     assert "(1 rollback)" in result.injected or "rollbacks)" in result.injected, result.injected
 
 
-def test_a_straggler_costs_time_only(drill_reference: Reference, tmp_path: Path) -> None:
+def test_a_straggler_changes_nothing_it_trains(drill_reference: Reference, tmp_path: Path) -> None:
+    # the time it costs is not asserted: a few short steps made twice as long are inside the start-up's noise
     result = registered()["slow"].run(drill.context(str(tmp_path), drill_reference))
     assert result.met, result
-    assert result.exactly_once and result.identical and result.time_lost > 0
+    assert result.outcome == "completed" and result.exactly_once and result.identical

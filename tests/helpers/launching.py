@@ -10,6 +10,7 @@ import sys
 import time
 
 from goodput.checkpoint import list_checkpoints
+from goodput.drill.runs import processes_of
 from goodput.launch.launcher import EXIT_PREEMPTED
 from tests.helpers import paths
 
@@ -42,21 +43,7 @@ def wait_for_file(path: str, proc: subprocess.Popen[str], timeout: float = 180.0
 
 def processes_with(run_dir: str) -> list[int]:
     """Live processes whose environment names ``run_dir`` as GOODPUT_RUN_DIR (the job's processes)."""
-    needle = f"GOODPUT_RUN_DIR={os.path.abspath(run_dir)}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{name}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and state != "Z":
-            found.append(int(name))
-    return found
+    return processes_of(run_dir)
 
 
 def launch_lines(stderr: str) -> list[str]:

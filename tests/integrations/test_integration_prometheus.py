@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families
 
 from goodput.integrations.prometheus import PrometheusExporter
+from tests.helpers.groups import Group, set_clock
 
 
 def _scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -63,6 +65,8 @@ def test_scrape_while_a_run_trains(tmp_path: os.PathLike[str]) -> None:
     assert 0 <= scraped["goodput_seconds_since_durable"][()] < 600
     assert 0 < scraped["goodput_live_ratio"][()] <= 1
     assert 0 < scraped["goodput_run_ratio"][()] <= 1 and scraped["goodput_restarts"][()] == 0
+    assert scraped["goodput_capacity_ratio"][()] == pytest.approx(scraped["goodput_run_ratio"][()])  # 1 of 1
+    assert scraped["goodput_world_size"][()] == 1
     assert scraped["goodput_rollbacks"][()] == 0
     assert scraped["goodput_straggler_score"] == {(("rank", "0"),): 1.0}  # one rank: the fastest
     assert scraped["goodput_fetch_seconds_p95"][()] >= 0 and scraped["goodput_step_seconds"][()] > 0
@@ -83,3 +87,25 @@ def test_only_rank_0_serves_and_a_taken_port_is_a_clear_error(tmp_path: os.PathL
             PrometheusExporter(str(tmp_path), port=first.port)
     finally:
         first.close()
+
+
+def test_capacity_goodput_after_a_shrink(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """10 s on 3 of 3 ranks, a shrink (0 s) and 10 s on 2: capacity (3 x 10 + 2 x 10) / (3 x 20), 2 ranks now."""
+    clock = set_clock(monkeypatch)
+    group = Group(tmp_path, clock, [0, 1], world=3, monkeypatch=monkeypatch)
+    step = group.steps(1, 10)
+    group.event(
+        "shrink", generation=1, step=step, world_before=3, world_after=2, failed_ranks=[2], seconds=0.0
+    )
+    group.steps(step, 10)
+    group.close()
+    monkeypatch.undo()  # the exporter and the scrape on the real clock
+    exporter = PrometheusExporter(str(tmp_path), port=free_port(), refresh_seconds=0, rank=0)
+    try:
+        assert exporter.url is not None
+        scraped = _scrape(exporter.url)
+    finally:
+        exporter.close()
+    assert scraped["goodput_run_ratio"][()] == pytest.approx(1.0)
+    assert scraped["goodput_capacity_ratio"][()] == pytest.approx((3 * 10 + 2 * 10) / (3 * 20))
+    assert scraped["goodput_world_size"][()] == 2

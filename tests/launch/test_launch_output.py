@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -159,3 +160,17 @@ def test_warm_failures_are_one_line_each_and_the_logs_keep_the_rest(tmp_path: os
     assert "rank 1 exited with status 1 (RuntimeError: " in terminal[0], terminal
     assert terminal[-1].startswith("goodput launch: crash loop:"), terminal
     assert "Traceback (most recent call last)" in _logs(other, "stderr.log")
+
+
+def test_a_pid_marker_still_being_written_is_not_a_rank(tmp_path: pathlib.Path) -> None:
+    """A rank writes its pid marker as rank-N.PID.tmp, then renames it: the terminal must skip the .tmp."""
+    from goodput.launch.folder import PIDS_DIR
+    from goodput.launch.output import Terminal
+
+    pids = tmp_path / PIDS_DIR
+    pids.mkdir()
+    (pids / "rank-1").write_text("4242")
+    (pids / "rank-2.4243.tmp").write_text("4243")
+    terminal = Terminal(str(tmp_path), verbose=False, max_restarts=0, warm=True)
+    terminal._learn_ranks()  # raised ValueError on the .tmp name
+    assert terminal._ranks == {4242: 1}

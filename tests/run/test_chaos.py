@@ -4,6 +4,8 @@ The kills land at random steps and inside checkpoint writes, async uploads, purg
 final model and optimizer state, and the same samples at every step, are only possible if no attempt loaded a
 partial or stale checkpoint and the data position came back exactly; the test also checks that the attempts
 really restored (from steps that were saved) rather than starting over.
+
+The hung rank is the drill's ``hang`` scenario now (tests/drill/test_drill_process.py), on a smaller script.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from goodput.verify.demo import first_difference, read_run
 
 pytestmark = pytest.mark.slow
 
-STEPS, EVERY, NPROC = 60, 4, 2
+STEPS, EVERY, NPROC = 40, 4, 2
 
 
 def _train(run_dir: str, data: str, faults: str, **overrides: object) -> int:
@@ -47,21 +49,26 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return data, run_dir
 
 
-def test_ten_sigkills_change_nothing(reference: tuple[str, str], tmp_path: os.PathLike[str]) -> None:
+def test_eight_sigkills_change_nothing(reference: tuple[str, str], tmp_path: os.PathLike[str]) -> None:
+    """Eight kills are the fewest that reach every kill point of the plan: four at plain steps and one each
+    inside a checkpoint write, an async upload, a restore and a purge."""
     data, clean = reference
-    plan = fault_plan(10, steps=STEPS, every=EVERY, nproc=NPROC, seed=1)
-    assert plan.count("kill@") == 10 and "checkpoint_write" in plan and "async_upload" in plan
+    plan = fault_plan(8, steps=STEPS, every=EVERY, nproc=NPROC, seed=1)
+    assert plan.count("kill@") == 8 and plan.count("kill@step=") == 4
+    assert all(
+        f"phase={p}," in plan for p in ("checkpoint_write", "async_upload", "restore", "checkpoint_purge")
+    )
     run_dir = os.path.join(tmp_path, "interrupted")
-    status = _train(run_dir, data, plan, max_restarts=14)
+    status = _train(run_dir, data, plan, max_restarts=12)
     assert status == 0
     fired = os.listdir(os.path.join(run_dir, "faults"))
-    assert len(fired) >= 8, fired  # phase faults whose phase never came again may stay unfired
+    assert len(fired) >= 6, fired  # phase faults whose phase never came again may stay unfired
     assert first_difference(read_run(clean), read_run(run_dir)) is None
     draws = read_run(run_dir)["draws"]  # dropout and worker-side augmentation were compared at every step
     assert isinstance(draws, dict) and all(len(d) == STEPS and None not in d.values() for d in draws.values())
     _assert_restores_were_durable(run_dir)
     acc = load_report(run_dir).accounting
-    assert acc.restarts >= 9
+    assert acc.restarts >= 7
     assert sum(acc.categories.values()) == pytest.approx(acc.wall_seconds, rel=0.01)
     assert acc.categories["lost_work"] > 0
 
@@ -93,21 +100,6 @@ def test_two_nodes_restart_together_and_resume(
     assert restored[0] is None and restored[-1] == 20  # the restart resumed from the step-20 checkpoint
 
 
-def test_a_hung_rank_is_detected_and_the_job_resumes(
-    reference: tuple[str, str], tmp_path: os.PathLike[str]
-) -> None:
-    data, clean = reference
-    run_dir = os.path.join(tmp_path, "hang")
-    status = _train(run_dir, data, "hang@step=30,rank=1", max_restarts=2, hang_timeout=10.0)
-    assert status == 0
-    detected = [e for e in read_events(run_dir) if e["event"] == "failure_detected"]
-    assert detected and detected[0]["reason"].startswith("hang"), detected
-    assert detected[0]["silent_seconds"] >= 10.0
-    assert first_difference(read_run(clean), read_run(run_dir)) is None
-    report = load_report(run_dir)
-    assert report.accounting.categories["failure_detection"] > 0
-
-
 @pytest.mark.s3
 def test_data_on_s3_through_the_cache_is_exactly_once_across_a_crash(
     reference: tuple[str, str],
@@ -125,9 +117,12 @@ def test_data_on_s3_through_the_cache_is_exactly_once_across_a_crash(
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)  # the workers' s3fs finds the server and credentials here
     run_dir = os.path.join(tmp_path, "s3")
-    status = _train(run_dir, s3_url, "kill@step=27,rank=0; kill@phase=cache_download,rank=1")
+    # The ranks share one cache, so which rank downloads a shard is a race: the download kill names no rank and
+    # fires on each rank's first download (a rank whose peers fetched every shard for it may download none).
+    status = _train(run_dir, s3_url, "kill@step=27,rank=0; kill@phase=cache_download")
     assert status == 0
-    assert sorted(os.listdir(os.path.join(run_dir, "faults"))) == ["0-rank0", "1-rank1"]  # both kills fired
+    fired = sorted(os.listdir(os.path.join(run_dir, "faults")))
+    assert "0-rank0" in fired and any(marker.startswith("1-") for marker in fired), fired  # both kinds fired
     assert first_difference(read_run(clean), read_run(run_dir)) is None
     assert os.listdir(os.path.join(run_dir, "cache", "files"))  # the shards came through the cache
 
@@ -135,12 +130,12 @@ def test_data_on_s3_through_the_cache_is_exactly_once_across_a_crash(
 def test_verify_resume_command_passes_and_reports_identical(tmp_path: os.PathLike[str]) -> None:
     """The command users (and CI) run: two short runs, one with SIGKILLs, compared bit for bit."""
     proc = subprocess.run(
-        [sys.executable, "-m", "goodput", "verify-resume", "--steps", "24", "--every", "4", "--kills", "3",
+        [sys.executable, "-m", "goodput", "verify-resume", "--steps", "24", "--every", "4", "--kills", "2",
          "--seed", "2", "--work-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "IDENTICAL" in proc.stdout and "after 3 restarts" in proc.stdout
+    assert "IDENTICAL" in proc.stdout and "after 2 restarts" in proc.stdout
 
 
 def test_verify_resume_rejects_bad_arguments() -> None:

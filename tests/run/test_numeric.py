@@ -27,6 +27,7 @@ from goodput.run._numeric_rules import (
     verdict,
 )
 from goodput.run.numeric import NumericConfig
+from tests.helpers.numeric import replay_alarms
 
 
 def _verdict(rows: list[list[int]], history: list[float] | None = None, comparable: bool = True):  # type: ignore[no-untyped-def]
@@ -163,3 +164,62 @@ def test_a_numeric_fault_with_the_guard_off_is_refused(tmp_path: Path) -> None:
     run._shutdown("ok")  # with the guard on the same plan is accepted
     with pytest.raises(ConfigError, match=r"numeric guard is off: pass numeric=True to drill it"):
         gp.Run(str(tmp_path), total_steps=4, progress=False, hang_timeout=None, faults="nan@step=2")
+
+
+def _restart_train_losses(steps: int) -> list[float]:
+    """The mean loss of 2 ranks of ``bench/_restart_train.py`` (its data, model, optimizer and schedule; batches of
+    8 per rank, one process): a small-batch squared error, skewed to the right (a few samples dominate)."""
+    from goodput.bench._restart_train import _Samples
+
+    data = _Samples().x
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(256, 1)
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.01 * s))
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(0))
+    losses, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)  # as under torchrun: several threads on a few shared cores are slower here
+    try:
+        for step in range(steps):
+            first = 16 * step % len(data)
+            x = data[order[first : first + 16]]
+            ranks = [
+                (model(x[r : r + 8]) - x[r : r + 8].sum(dim=1, keepdim=True)).pow(2).mean() for r in (0, 8)
+            ]
+            loss = (ranks[0] + ranks[1]) / 2
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
+    return losses
+
+
+def test_no_false_spike_on_a_small_batch_squared_error_from_any_relaunch_step() -> None:
+    """The warm preemption test's loss (500 of the 600 steps of _restart_train.py): its steps reach 4-5x the median of their
+    window, ten MADs on the loss's own scale (the rule measured there called them spikes, from relaunches near
+    steps 390 and 455). In factors (the logarithm) they are ordinary; a 50x jump of a late step is a spike (its
+    threshold is near 28x the window's median: a loss this noisy hides a smaller one)."""
+    losses = _restart_train_losses(500)
+    config = NumericConfig()
+    alarms = {start: replay_alarms(losses, start, config) for start in range(0, 480, 2)}
+    assert {s: a for s, a in alarms.items() if a} == {}
+    assert 50 * losses[499] > spike_threshold(losses[399:499], k=6.0, min_rise=0.1)
+
+
+def test_goodput_numeric_turns_the_guard_on_where_the_script_leaves_it_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verify-rollback drills a user's script that never passed numeric=: GOODPUT_NUMERIC=1 turns the guard on."""
+    import goodput as gp
+
+    monkeypatch.setenv("GOODPUT_NUMERIC", "1")
+    run = gp.Run(str(tmp_path), total_steps=4, progress=False, hang_timeout=None, faults="nan@step=2")
+    try:
+        assert any(type(hook).__name__ == "NumericGuard" for hook in run.hooks)
+    finally:
+        run._shutdown("ok")

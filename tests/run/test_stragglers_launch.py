@@ -82,3 +82,24 @@ def test_replace_hands_the_slow_rank_to_a_hot_spare_that_is_not_slowed(tmp_path:
     assert _events(run_dir, "warm_restart")
     ends = [e["step"] for e in _events(run_dir, "step_end") if e.get("rank") == 0]
     assert max(ends) == 60
+
+
+def test_fsdp2_a_slow_forward_of_one_rank_of_two_is_named_compute(tmp_path: Any) -> None:
+    """FSDP2: the fast rank's wait is its time inside FSDP2's all-gathers and reduce-scatters (timed through
+    its custom-collective setters), not its own compute."""
+    run_dir = str(tmp_path / "run")
+    proc = _launch(run_dir, 2, "--steps", "30", "--slow-rank", "1", "--factor", "2", "--fsdp")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [(a["straggler_rank"], a["kind"]) for a in _events(run_dir, "straggler_alarm")] == [(1, "compute")]
+    windows = _events(run_dir, "straggler_window")
+    assert sum(w["wait"][0] for w in windows) > sum(w["wait"][1] for w in windows)  # the fast rank waited
+
+
+def test_the_demo_with_a_slow_rank_reports_a_straggler_section(tmp_path: Any) -> None:
+    run_dir = str(tmp_path / "demo")
+    command = [sys.executable, "-m", "goodput", "demo", "--run-dir", run_dir, "--steps", "60", "--no-faults"]
+    command += ["--restart", "cold", "--strategy", "torch_save", "--every", "1000", "--slow-rank", "1"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "stragglers:" in proc.stdout and "rank 1 on host" in proc.stdout, proc.stdout[-3000:]
+    assert [a["straggler_rank"] for a in _events(run_dir, "straggler_alarm")] == [1]

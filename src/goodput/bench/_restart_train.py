@@ -74,6 +74,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2 instead of DDP")
     p.add_argument("--hang-timeout", type=float, default=60.0)
+    p.add_argument(
+        "--global-batch", type=int, default=0, help="samples per step over all ranks (default: 8 per rank)"
+    )
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
     p.add_argument("--fail-at-step", type=int, default=0, help="rank 1 raises before this step, every time")
     p.add_argument("--fatal-at-step", type=int, default=0, help="rank 1 raises ConfigError before this step")
@@ -147,8 +150,9 @@ def _train(run: Run, args: argparse.Namespace, dataset: _Samples) -> None:
         model = torch.nn.parallel.DistributedDataParallel(inner)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.01 * s))
+    batch = {"global_batch_size": args.global_batch} if args.global_batch else {"batch_size": 8}
     loader = ResumableLoader(
-        dataset, batch_size=8, seed=0, collate_fn=_collate, drop_last=True, num_workers=args.workers
+        dataset, **batch, seed=0, collate_fn=_collate, drop_last=True, num_workers=args.workers
     )
     run.restore(model=model, optimizer=opt, scheduler=sched, loader=loader)
     os.makedirs(os.path.join(run.run_dir, "samples"), exist_ok=True)

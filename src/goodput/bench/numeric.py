@@ -80,22 +80,28 @@ def _rank(rank: int, world: int, steps: int, check_every: int) -> dict[str, floa
 
         return once
 
-    def agreement() -> float:  # started at a step's end, read at the next: the step between is not counted
-        dist.barrier(group=group)
-        start = time.perf_counter()
-        exchange = start_gather(0, row, group)
-        issued = time.perf_counter()
-        step()
-        waited = time.perf_counter()
-        exchange.rows()
-        return (issued - start) + (time.perf_counter() - waited)
+    def agreement(on: Any) -> Callable[[], float]:
+        """Started at a step's end, read at the next: the step between is not counted."""
+
+        def once() -> float:
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            exchange = start_gather(0, row, on)
+            issued = time.perf_counter()
+            step()
+            waited = time.perf_counter()
+            exchange.rows()
+            return (issued - start) + (time.perf_counter() - waited)
+
+        return once
 
     few = max(10, steps // 10)
     return {
         "step": _median(timed(step), few),
         "gradient check, DDP bucket": _median(timed(lambda: torch.stack([bucket.sum()]).sum().item()), steps),
         "gradient check, per tensor": _median(timed(lambda: gradient_sum(grads)), steps),
-        "agreement": _median(agreement, few),
+        "agreement, own gloo group": _median(agreement(group), few),
+        "agreement, DDP's gloo group": _median(agreement(model.process_group), few),
         "fingerprint": _median(timed(lambda: fingerprint(params)), steps) / check_every,
         "spike rule": _median(timed(lambda: spike_threshold(history, k=6.0, min_rise=0.1)), steps),
         "params": float(sum(p.numel() for p in params)),

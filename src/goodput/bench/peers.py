@@ -52,16 +52,21 @@ _GOALS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=800, help="steps every run trains (default 800)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps every run trains (default 800; 80 with --quick)"
+    )
     parser.add_argument(
         "--schedules",
-        default="20s,40s,120s,none",
-        help="failure schedules: mean times between failures, or none",
+        default=None,
+        help="failure schedules: mean times between failures, or none (default 20s,40s,120s,none; 10s,none "
+        "with --quick)",
     )
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="which to run (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the failure schedules (default 0)")
     parser.add_argument(
-        "--quick", action="store_true", help="a short check: 80 steps, schedules 10s,none, no bare loop"
+        "--quick",
+        action="store_true",
+        help="a short check: 80 steps, schedules 10s,none, no bare loop (--steps, --schedules still apply)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--keep", default=None, help="keep the run folders under this folder")
@@ -142,8 +147,10 @@ def _goodput(run_dir: str, mtbf: float | None) -> float | None:
 def run(args: argparse.Namespace) -> int:
     from goodput.errors import ConfigError
 
-    if args.quick:
-        args.steps, args.schedules = 80, "10s,none"
+    if args.steps is None:
+        args.steps = 80 if args.quick else 800
+    if args.schedules is None:
+        args.schedules = "10s,none" if args.quick else "20s,40s,120s,none"
     if args.steps < 20:
         raise ConfigError(f"--steps must be >= 20, got {args.steps}")
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]

@@ -9,7 +9,8 @@ rank 1's dataset 1.5x as slow (the user's own code: data), and the compute slowd
 ``--restart warm`` with ``StragglerConfig(replace=True)``. From the ledgers it prints the steps to the alarm, the
 ratio of ``straggler_wait`` to the time the slowdown added (slowed run's step time minus the clean run's), the
 throughput after the hand-over to the spare over the clean throughput, and the detector's cost per step (its
-bookkeeping, the timed hook per bucket and the window's all-gather amortised) over a 10 ms step.
+bookkeeping, the timed hook per bucket and the window's all-gather amortised) over a 10 ms step, beside the cost
+with a blocking all-gather measured in the same run (the baseline).
 """
 
 from __future__ import annotations
@@ -116,20 +117,34 @@ def _overhead() -> dict[str, float]:
     return {"step": statistics.median(step_samples), "hook_per_bucket": statistics.median(hook_samples)}
 
 
-def _gather_rank(rank: int, world: int) -> float:
-    """Seconds of one window's all-gather (the figures of one rank: 8 floats) on 2 real gloo ranks."""
+def _gather_rank(rank: int, world: int) -> tuple[float, float]:
+    """Seconds per step of one window's exchange (8 floats) on 2 real gloo ranks, amortised over a window: the
+    detector's way (started at a window's end, read after the next step's own all-reduce) and, as the
+    baseline, a blocking all-gather of the same tensor."""
+    import torch
     import torch.distributed as dist
 
     from goodput.run._straggler_rules import StragglerConfig
-    from goodput.run.stragglers import _all_gather
+    from goodput.run.stragglers import _Gather
 
-    samples = []
+    grads = torch.zeros(1024)
+    started, blocking = [], []
     for _ in range(200):
         dist.barrier()
         start = time.perf_counter()
-        _all_gather([0.01] * 8, world)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) / StragglerConfig().every
+        gather = _Gather([0.01] * 8, world)
+        issued = time.perf_counter() - start
+        dist.all_reduce(grads)  # the next step's own collective
+        start = time.perf_counter()
+        gather.result()
+        started.append(issued + time.perf_counter() - start)
+        dist.barrier()
+        start = time.perf_counter()
+        out = [torch.empty(8, dtype=torch.float64) for _ in range(world)]
+        dist.all_gather(out, torch.zeros(8, dtype=torch.float64))
+        blocking.append(time.perf_counter() - start)
+    every = StragglerConfig().every
+    return statistics.median(started) / every, statistics.median(blocking) / every
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
     from goodput.testing.dist import run_ranks
 
     cost = _overhead()
-    cost["gather"] = max(run_ranks(_gather_rank, 2, timeout=300))
+    gathers = run_ranks(_gather_rank, 2, timeout=300)
+    cost["gather"] = max(g[0] for g in gathers)
+    cost["gather_if_blocking"] = max(g[1] for g in gathers)
     result = _result(args, runs, cost)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -176,6 +193,7 @@ def _result(
 
     added = (compute["step_seconds"] - clean["step_seconds"]) * args.steps
     overhead = cost["step"] + cost["hook_per_bucket"] + cost["gather"]  # one bucket: the worker's model
+    blocking = overhead - cost["gather"] + cost["gather_if_blocking"]
     return {
         "steps": args.steps,
         "clean_steps": args.clean_steps,
@@ -193,4 +211,5 @@ def _result(
         "overhead_us_per_step": round(1e6 * overhead, 2),
         "overhead_parts_us": {k: round(1e6 * v, 2) for k, v in cost.items()},
         "overhead_over_10ms_step": round(overhead / _BASE, 5),
+        "overhead_over_10ms_step_if_blocking_gather": round(blocking / _BASE, 5),
     }

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from goodput.checkpoint._saving import _describe
+from goodput.checkpoint._saving import describe
 from goodput.checkpoint.hashing import _BufferReader
 from goodput.errors import CheckpointCorrupt
 
@@ -175,7 +175,7 @@ def _agree(fs: Any, error: BaseException | None) -> None:
     world = int(getattr(fs, "world_size", 1))
     if world > 1 and getattr(fs, "checks", False) and dist.is_available() and dist.is_initialized():
         outcomes: list[Any] = [None] * world
-        mine = None if error is None else _describe(error)
+        mine = None if error is None else describe(error)
         dist.all_gather_object(outcomes, mine, group=getattr(fs, "group", None))
         if error is None:
             failed = [(rank, detail) for rank, detail in enumerate(outcomes) if detail]

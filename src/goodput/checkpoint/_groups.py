@@ -7,10 +7,8 @@ is the tensors' last C++ reference, and torch hands their Python objects back un
 (``TensorImpl::decref_pyobject`` from ``~AsyncAllgatherWork``). If the process is exiting by then, Python's
 finalization has begun, and a thread taking the GIL is ended with ``pthread_exit``; its unwinding through that
 ``noexcept`` destructor calls ``std::terminate``: "terminate called without an active exception", SIGABRT, exit
-status 134 instead of the process's own, after all its Python code ran. Measured with torch 2.13 (CPU, 2 busy
-cores): a 2-rank script that ends right after an ``all_gather_object`` on a ``new_group`` aborted in 3 of 20 runs;
-with ``destroy_process_group`` before the end in 2 of 20; with the group destroyed and its last reference
-dropped, in 0 of 30.
+status 134 instead of the process's own, after all its Python code ran (in a fraction of runs: it is a race).
+Destroying the group alone does not prevent it; destroying it and dropping its last reference does.
 
 ``destroy_process_group`` only unregisters a group. The threads end when the group object itself is destroyed:
 torch binds ``ProcessGroup`` with a holder that releases the GIL around the C++ destructor, and

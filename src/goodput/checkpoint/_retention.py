@@ -1,12 +1,12 @@
-"""Retention for ``CheckpointManager``: which committed checkpoints to remove, removed on a background thread
-after each commit (rank 0). The newest committed checkpoint is never removed.
+"""Retention: which committed checkpoints to remove, removed on a background thread after each commit (rank 0).
 
-A mixin of ``CheckpointManager`` (see ``manager.py``), kept apart so each file holds one part of the manager.
+The newest committed checkpoint is never removed. One part of the durable tier (``durable.py``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from goodput.checkpoint.config import CheckpointConfig
@@ -14,49 +14,66 @@ from goodput.checkpoint.layout import CheckpointLayout
 from goodput.checkpoint.manifest import CheckpointInfo
 from goodput.faults import fault_point
 
-__all__: list[str] = []
+__all__ = ["Retention", "to_purge"]
 
-log = logging.getLogger("goodput.checkpoint.manager")  # the manager's logger, as before the split
+log = logging.getLogger("goodput.checkpoint.manager")  # the manager's logger: one name for its messages
 
 
-class _Retention:
-    """``CheckpointManager``'s retention (the attributes below are set by its ``__init__``)."""
+class Retention:
+    """Purges old checkpoints of ``layout`` in the background, one purge at a time.
 
-    config: CheckpointConfig
-    _layout: CheckpointLayout
-    _committed: set[int]
-    _purger: ThreadPoolExecutor
-    _purge: Future[None] | None
+    Args:
+        config: ``keep_last`` and ``keep_every``.
+        layout: the durable root.
+        newest: the newest committed step (for the fault point a purge passes).
+    """
 
-    def _schedule_purge(self) -> None:
+    def __init__(
+        self, config: CheckpointConfig, layout: CheckpointLayout, newest: Callable[[int], int]
+    ) -> None:
+        self.config = config
+        self.layout = layout
+        self._newest = newest
+        self._purger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-purge")
+        self._purge: Future[None] | None = None
+
+    def schedule(self) -> None:
+        """Start a purge unless one is running (that one sees this commit next time)."""
         if self._purge is not None and not self._purge.done():
-            return  # the running purge will see this commit next time
+            return
         self._purge = self._purger.submit(self._run_purge)
+
+    def close(self) -> None:
+        """Wait for the purge in flight and end the thread."""
+        if self._purge is not None:
+            self._purge.result()
+        self._purger.shutdown(wait=True)
 
     def _run_purge(self) -> None:
         try:
             if self._nothing_to_purge():
                 return
-            for info in self.to_purge(self._layout.scan()):
-                fault_point("checkpoint_purge", max(self._committed, default=info.step))
-                self._layout.remove(info)
+            for info in to_purge(self.config, self.layout.scan()):
+                fault_point("checkpoint_purge", self._newest(info.step))
+                self.layout.remove(info)
         except Exception:
-            log.exception("purging old checkpoints under %s failed; they stay", self._layout.root)
+            log.exception("purging old checkpoints under %s failed; they stay", self.layout.root)
 
     def _nothing_to_purge(self) -> bool:
         """True when the root holds at most ``keep_last`` step folders: then no committed one can be purged, and
         one listing replaces reading every manifest (on an object store, a round trip each, on rank 0's
         connections to the server, while the next save may already be uploading)."""
-        steps = [n for n in self._layout.list_files(self._layout.root) if n.startswith("step-")]
+        steps = [n for n in self.layout.list_files(self.layout.root) if n.startswith("step-")]
         return len(steps) <= self.config.keep_last
 
-    def to_purge(self, rows: list[CheckpointInfo]) -> list[CheckpointInfo]:
-        """Which committed checkpoints retention removes: all but the newest ``keep_last`` and the
-        ``keep_every`` multiples. The newest committed one is never among them."""
-        committed = sorted((r for r in rows if r.status == "committed"), key=lambda r: r.step, reverse=True)
-        keep_every = self.config.keep_every
-        return [
-            r
-            for i, r in enumerate(committed)
-            if i >= self.config.keep_last and not (keep_every and r.step % keep_every == 0)
-        ]
+
+def to_purge(config: CheckpointConfig, rows: list[CheckpointInfo]) -> list[CheckpointInfo]:
+    """Which committed checkpoints retention removes: all but the newest ``keep_last`` and the ``keep_every``
+    multiples. The newest committed one is never among them."""
+    committed = sorted((r for r in rows if r.status == "committed"), key=lambda r: r.step, reverse=True)
+    keep_every = config.keep_every
+    return [
+        r
+        for i, r in enumerate(committed)
+        if i >= config.keep_last and not (keep_every and r.step % keep_every == 0)
+    ]

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.planner import ReadItem
 
 from goodput.checkpoint._direct_read import DirectReadMixin, join_agreement
-from goodput.checkpoint._saving import _FAILURES, _quiet_single_process
+from goodput.checkpoint._saving import FAILURES, quiet_single_process
 from goodput.checkpoint.hashing import HashingFileSystem, VerifyingFileSystem
 from goodput.checkpoint.objectstore import ConcurrentObjectFileSystem
 from goodput.checkpoint.state import TrainingState, check_shapes, tensor_shapes
@@ -225,7 +225,7 @@ def load_dcp(state: TrainingState, folder: str, ctx: SaveContext) -> dict[str, f
 
     Each rank plans its reads alone (``dcp.load(no_dist=True)``): DCP's default load planning is local, and its
     global step returns the plans unchanged, so the gather and scatter of every rank's plan (and the all-gather
-    closing the read step) only cost time (measured ~10-25 ms of a ~0.1 s restore with 2 gloo ranks). The one
+    closing the read step) only cost time. The one
     collective left is the read step's agreement that every rank's checks passed (``_direct_read._agree``); a
     rank that fails before it still joins it with its error, so no rank waits for ever, and the manager then
     gathers every rank's outcome.
@@ -236,13 +236,13 @@ def load_dcp(state: TrainingState, folder: str, ctx: SaveContext) -> dict[str, f
     """
     start = time.perf_counter()
     reader = make_reader(folder, ctx)
-    _quiet_single_process()  # no_dist=True makes DCP warn that it loads "in a single process"
+    quiet_single_process()  # no_dist=True makes DCP warn that it loads "in a single process"
     try:
         target = _planned_target(state, reader)
         dcp.load(
             target, storage_reader=reader, planner=SafeLoadPlanner(), process_group=ctx.group, no_dist=True
         )
-    except _FAILURES as err:  # DCP raises a CheckpointException (a BaseException) even with no_dist
+    except FAILURES as err:  # DCP raises a CheckpointException (a BaseException) even with no_dist
         join_agreement(reader.fs, err)  # raises: err, or the failure another rank reported first
         raise
     read = float(getattr(reader.fs, "read_seconds", 0.0))

@@ -1,9 +1,10 @@
-"""``CheckpointManager``: when to save, one save in flight, commit, retention, and restore of the newest valid.
+"""``CheckpointManager``: when each tier saves, one save in flight, and restore of the newest valid step.
 
 Every rank makes the same calls in the same order (``should_save``, ``save``, ``restore_latest``, ``close``).
-The manager runs its collectives on two gloo groups of its own, made from the training group's ranks: one for
-the training thread's decisions, one for the writes and commits that may run in the background, so checkpoint
-traffic never interleaves with training collectives or with each other.
+The manager holds a list of tiers behind one protocol (``tier.py``): the memory tier when configured
+(``memory/``), then the durable tier (``durable.py``: strategy, layout, retention). It decides when each saves
+and asks the fastest first at restore; the tiers run their collectives on two gloo groups of the manager's own
+(``_collectives.py``), made from the training group's ranks.
 """
 
 from __future__ import annotations
@@ -13,27 +14,28 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint import CheckpointException
 
 from goodput._storage_errors import refusals_named
+from goodput.checkpoint._collectives import Collectives
 from goodput.checkpoint._groups import release_groups
-from goodput.checkpoint._restoring import _RestorePath
-from goodput.checkpoint._retention import _Retention
-from goodput.checkpoint._saving import SaveResult, _quiet_single_process, _raiser, _SavePath
+from goodput.checkpoint._restoring import none_loaded
+from goodput.checkpoint._retention import to_purge
+from goodput.checkpoint._saving import SaveResult, quiet_single_process
 from goodput.checkpoint.config import CheckpointConfig
+from goodput.checkpoint.durable import DurableTier
 from goodput.checkpoint.layout import CheckpointLayout
+from goodput.checkpoint.manifest import CheckpointInfo
 from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer
 from goodput.checkpoint.memory.setup import TierContext, open_memory_tier
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy, StepSchedule
 from goodput.checkpoint.state import TrainingState
-from goodput.checkpoint.strategy import Completion, SaveContext, make_strategy
-from goodput.errors import CheckpointError, SaveFailed
-from goodput.faults import fault_point
+from goodput.checkpoint.tier import CheckpointTier, Restored
+from goodput.errors import CheckpointCorrupt, CheckpointError, SaveFailed
 
 __all__ = ["CheckpointManager", "SaveResult"]
 
@@ -42,7 +44,15 @@ log = logging.getLogger(__name__)
 Listener = Callable[..., None]
 
 
-class CheckpointManager(_SavePath, _RestorePath, _Retention):
+@dataclass
+class _Cadence:
+    """A tier's save policy, and across ranks under a time-based policy, the schedule rank 0 decides it by."""
+
+    policy: SavePolicy
+    schedule: StepSchedule | None
+
+
+class CheckpointManager:
     """Saves and restores a :class:`TrainingState` under ``config.root``.
 
     Args:
@@ -68,73 +78,57 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         self._clock = clock
         self._listeners: list[Listener] = [on_event] if on_event is not None else []
         self._layout = CheckpointLayout(config.root, config.storage_options)
-        self._dist = dist.is_available() and dist.is_initialized()
-        ranks = (
-            dist.get_process_group_ranks(process_group) if self._dist and process_group is not None else None
-        )
-        self._ctl = dist.new_group(ranks=ranks, backend="gloo") if self._dist else None
-        self._io = dist.new_group(ranks=ranks, backend="gloo") if self._dist else None
-        self.rank = dist.get_rank(self._ctl) if self._dist else 0
-        self.world_size = dist.get_world_size(self._ctl) if self._dist else 1
-        self._checksums = config.checksums(self._layout.local)
-        self._algorithm = config.checksum_algorithm(self._layout.local)
-        self._ctx = SaveContext(
-            self._layout,
-            self.rank,
-            self.world_size,
-            self._io,
-            {"async_checkpointer": config.async_checkpointer, "checksum": self._algorithm},
-        )
-        self._strategy = make_strategy(config.strategy, self._ctx)
-        self._policy = self._make_policy()
+        self._coll = Collectives(process_group)
+        self.rank, self.world_size = self._coll.rank, self._coll.world_size
+        policy = self._make_policy()
         # time-based policies across ranks: rank 0 turns the interval into step numbers (one broadcast per save)
-        self._schedule = (
-            StepSchedule(self._policy) if self._dist and isinstance(self._policy, EveryInterval) else None
+        distributed = self._coll.distributed
+        self._cadence = _Cadence(
+            policy, StepSchedule(policy) if distributed and isinstance(policy, EveryInterval) else None
         )
-        self._token = self._bcast(uuid.uuid4().hex[:12] if self.rank == 0 else None)
-        self._committed: set[int] = set()
-        self._failed: set[int] = set()  # steps whose committed checkpoint failed to restore (saved over)
+        token = self._coll.bcast(uuid.uuid4().hex[:12] if self.rank == 0 else None)
+        self.durable = DurableTier(
+            config, state, self._layout, self._coll, policy=policy, token=token, emit=self._emit, clock=clock
+        )
         self._last_step: int | None = None  # the newest step given to maybe_save/save, for close()'s check
-        self._inflight: Future[SaveResult] | None = None
-        self._deferred: int | None = None  # the first step a time-based save waited at for the one in flight
-        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-ckpt")
-        self._purger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-purge")
-        self._purge: Future[None] | None = None
         self._closed = False
-        self.results: list[SaveResult] = []
-        self._restore_parts: dict[str, float] = {}
         if self.rank == 0:
-            self._check_root()
+            self._check_root(token)
         self.memory: MemoryCheckpointer | None = None
         self._memory_group: Any = None
-        self._memory_policy: SavePolicy | None = None
+        self._memory_cadence: _Cadence | None = None
         self._memory_due = False
         self._memory_forced: int | None = None  # a step the memory tier saves only because the durable does
-        self._forced_stall: tuple[int, float] | None = None  # (step, stall) of that memory save
-        self._memory_schedule: StepSchedule | None = None
+        self._deferred: int | None = None  # the first step a time-based save waited at for the one in flight
         if config.memory is not None:
-            self.memory, self._memory_policy, self._memory_group = open_memory_tier(
+            self.memory, memory_policy, self._memory_group = open_memory_tier(
                 TierContext(
                     config=config,
                     state=state,
                     layout=self._layout,
                     rank=self.rank,
                     world_size=self.world_size,
-                    ranks=ranks,
-                    distributed=self._dist,
-                    bcast=self._bcast,
-                    all_gather=self._all_gather,
+                    ranks=self._coll.ranks,
+                    distributed=distributed,
+                    bcast=self._coll.bcast,
+                    all_gather=self._coll.all_gather,
                     emit=self._emit,
                     clock=self._clock,
-                    durable_policy=self._policy,
+                    durable_policy=policy,
                 )
             )
-            if self._dist and isinstance(self._memory_policy, EveryInterval):
-                self._memory_schedule = StepSchedule(self._memory_policy, nearest=True)
-        self._barrier()
+            schedule = (
+                StepSchedule(memory_policy, nearest=True)
+                if distributed and isinstance(memory_policy, EveryInterval)
+                else None
+            )
+            self._memory_cadence = _Cadence(memory_policy, schedule)
+            self.durable.staged = self.memory
+        self.tiers: list[CheckpointTier] = [t for t in (self.memory, self.durable) if t is not None]
+        self._coll.barrier()
 
     # ---- plumbing -------------------------------------------------------------------------------------------
-    def _check_root(self) -> None:
+    def _check_root(self, token: str) -> None:
         """Rank 0, before any training: remove crashed saves' folders and, under a remote root, write and remove
         a probe object. Credentials the store refuses (none, wrong ones, read-only) stop the job here with one
         line (``AccessRefused``, fatal: no restarted attempt can fix them), not at every attempt or first save."""
@@ -142,7 +136,7 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         with refusals_named(config.root, config.storage_options, verb="write checkpoints to"):
             self._layout.clean_partials(stale_after=config.seconds("partial_grace"))
             if not self._layout.local:
-                probe = self._layout.join(f".goodput-probe-{self._token}")
+                probe = self._layout.join(f".goodput-probe-{token}")
                 self._layout.fs.pipe_file(probe, b"")
                 self._layout.fs.rm_file(probe)
 
@@ -165,17 +159,28 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
     @property
     def decisions(self) -> int:
         """How many times the ranks asked rank 0 whether to save (time-based policies across ranks)."""
-        return self._schedule.decisions if self._schedule is not None else 0
+        schedule = self._cadence.schedule
+        return schedule.decisions if schedule is not None else 0
 
     @property
     def policy(self) -> SavePolicy:
         """The save policy in use (``AutoInterval.observe_mtbf`` feeds it observed failures)."""
-        return self._policy
+        return self._cadence.policy
 
     @property
     def memory_policy(self) -> SavePolicy | None:
         """The memory tier's save policy (None without a memory tier)."""
-        return self._memory_policy
+        return self._memory_cadence.policy if self._memory_cadence is not None else None
+
+    @property
+    def results(self) -> list[SaveResult]:
+        """Every durable save this manager committed, oldest first."""
+        return self.durable.results
+
+    def to_purge(self, rows: list[CheckpointInfo]) -> list[CheckpointInfo]:
+        """Which committed checkpoints retention removes: all but the newest ``keep_last`` and the
+        ``keep_every`` multiples. The newest committed one is never among them."""
+        return to_purge(self.config, rows)
 
     def add_listener(self, listener: Listener) -> None:
         """Also call ``listener(name, **fields)`` on every checkpoint event."""
@@ -187,18 +192,6 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
                 listener(name, **fields)
             except Exception:  # a broken listener must not break a save
                 log.exception("checkpoint event listener failed on %s", name)
-
-    def _bcast(self, value: Any, group: Any = None) -> Any:
-        if not self._dist:
-            return value
-        pg: Any = group or self._ctl
-        box = [value]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
-        return box[0]
-
-    def _barrier(self) -> None:
-        if self._dist:
-            dist.barrier(group=self._ctl)
 
     # ---- saving ---------------------------------------------------------------------------------------------
     def should_save(self, step: int, now: float | None = None) -> bool:
@@ -212,16 +205,18 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         the ``auto`` planner, which would otherwise see a durable save as nearly free and save too often).
         """
         now = self._clock() if now is None else now
-        due = self._decide(self._policy, self._schedule, step, now)
-        if self._memory_policy is not None:
-            memory = self._decide(self._memory_policy, self._memory_schedule, step, now)
+        due = self._decide(self._cadence, step, now)
+        if self._memory_cadence is not None:
+            memory = self._decide(self._memory_cadence, step, now)
             self._memory_due = memory or due
             self._memory_forced = step if due and not memory else None
         return due
 
-    def _decide(self, policy: SavePolicy, schedule: StepSchedule | None, step: int, now: float) -> bool:
+    def _decide(self, cadence: _Cadence, step: int, now: float) -> bool:
+        schedule = cadence.schedule
         if schedule is None:
-            return bool(policy.due(step, now)) and not self._busy(policy, step)
+            return bool(cadence.policy.due(step, now)) and not self._busy(cadence, step)
+        ctl = self._coll.ctl
         due = False
         if schedule.in_flight is not None and schedule.in_flight[0] <= step:
             _, work, answer = schedule.in_flight  # sent at the step before, by now long arrived
@@ -233,15 +228,14 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
             step
         ):  # a decision step: rank 0 decides the next step, sent in the background
             decision = schedule.decide(step + 1, now) if self.rank == 0 else (False, 0)
-            if decision[0] and self._busy(policy, step + 1):
+            if decision[0] and self._busy(cadence, step + 1):
                 decision = (False, step + 1)  # ask again at the next step
             answer = torch.tensor([int(decision[0]), decision[1]], dtype=torch.int64)
-            src = dist.get_global_rank(self._ctl, 0)
-            work = dist.broadcast(answer, src=src, group=self._ctl, async_op=True)
+            work = dist.broadcast(answer, src=dist.get_global_rank(ctl, 0), group=ctl, async_op=True)
             schedule.in_flight = (step + 1, work, answer)
         return due
 
-    def _busy(self, policy: SavePolicy, step: int) -> bool:
+    def _busy(self, cadence: _Cadence, step: int) -> bool:
         """Whether a time-based durable save must wait because the previous one is still in flight.
 
         Saving then would block training until the previous save is durable (one save in flight at most), so
@@ -249,13 +243,7 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         durable, and the interval in effect widens to the time a save takes (``auto`` also plans for it once
         the slow save is measured). Step-based policies keep their exact steps and wait instead.
         """
-        inflight = self._inflight
-        busy = (
-            policy is self._policy
-            and isinstance(policy, EveryInterval)
-            and inflight is not None
-            and not inflight.done()
-        )
+        busy = cadence is self._cadence and isinstance(cadence.policy, EveryInterval) and self.durable.busy()
         if busy and self._deferred is None:
             log.info(
                 "a save is due at step %d while the previous one is still in flight: saving after it", step
@@ -270,11 +258,11 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
     def save_memory(self, step: int) -> float:
         """Save ``step`` to the memory tier (blocks only for the staging copy); returns the blocked seconds."""
         self._check_open()
-        assert self.memory is not None and self._memory_policy is not None, "no memory tier configured"
-        self._memory_policy.saved(step, self._clock())
+        assert self.memory is not None and self._memory_cadence is not None, "no memory tier configured"
+        self._memory_cadence.policy.saved(step, self._clock())
         stall = self.memory.save(step)
         if self._memory_forced == step:  # saved only because the durable tier saves this step
-            self._forced_stall = (step, stall)
+            self.durable.charge(step, stall)
         return stall
 
     def maybe_save(self, step: int, now: float | None = None) -> SaveResult | None:
@@ -293,48 +281,77 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         """
         self._check_open()
         self._last_step = step
-        _quiet_single_process()
-        previous = self._wait_inflight()
+        quiet_single_process()
+        previous = self.durable.settle()
         if isinstance(previous, SaveFailed):
             raise previous  # reported once; the next call saves normally
-        if step in self._committed:
-            return SaveResult(
-                step, self.config.strategy, 0.0, 0.0, self._layout.final_dir(step), None, skipped=True
-            )
-        now = self._clock()
-        self._policy.saved(step, now)
-        self._emit("checkpoint_stall", phase="start", step=step)
+        return self.durable.save(step)
+
+    def wait(self) -> SaveResult | None:
+        """Block until the save in flight (if any) is durable; returns its result.
+
+        Raises:
+            SaveFailed: when that save failed.
+        """
+        return self.durable.wait()
+
+    # ---- restoring ------------------------------------------------------------------------------------------
+    def restore_latest(self, *, at_most: int | None = None) -> int | None:
+        """Load the newest valid checkpoint into the state; returns its step, or None when there is none.
+
+        A checkpoint that fails verification or loading is skipped with a warning naming the file, and the
+        next older one is tried. Committed checkpoints of which none loads stop the run (below), unless
+        ``config.fresh_start_allowed()``; folders of saves that never committed are no checkpoints at all.
+        The tiers are asked fastest first; a faster one restores only a step at least as new as the newest
+        durable one.
+
+        ``at_most``: a rollback in place (``goodput.run.numeric``) loads no step newer than this one, and
+        discards every newer checkpoint of both tiers: they belong to the timeline being abandoned (after a
+        corrupted replica, they may hold its corruption), and the redone steps save those steps again.
+
+        Raises:
+            StateMismatch: the newest valid checkpoint does not fit the model/optimizer (names key and shapes).
+            NoValidCheckpoint: committed checkpoints exist (durable ones, or memory-tier parts whose check
+                failed) and none of them could be loaded, and a fresh start is not allowed.
+        """
+        self._check_open()
+        quiet_single_process()
+        self.wait()
+        floor = self.durable.find(at_most=at_most)
         start = self._clock()
-        self.state.step = step
-        if getattr(self._strategy, "writes_later", False):
-            return self._save_staged(step, start)
-        folder, error, exists = self._begin(step, self._ctl)
-        if exists:  # committed by an earlier run that this manager did not restore: never overwrite it
-            self._committed.add(step)
-            self._emit("checkpoint_stall", phase="end", step=step, seconds=self._clock() - start)
-            return SaveResult(
-                step, self.config.strategy, self._clock() - start, 0.0, folder, None, skipped=True
+        for tier in self.tiers:
+            found = tier.restore(at_least=None if tier is self.durable else floor, at_most=at_most)
+            if found is not None:
+                if tier is self.durable:
+                    self._last_step = found.step
+                else:
+                    self.durable.reader.warn_skipped(self.durable.skipped)
+                return self._restored(found, start)
+        none_loaded(
+            self.config,
+            self.durable.reader,
+            self.durable.skipped,
+            self.memory.failures if self.memory is not None else [],
+        )
+        if self.memory is not None and self.memory.overwritten:
+            raise CheckpointCorrupt(
+                "a damaged memory-tier part was read into the live state and no other checkpoint could be"
+                " loaded over it; restart the job (the damaged part is discarded: it starts from the beginning)"
             )
-        completion: Completion
-        if error:
-            completion = _raiser(OSError(error))
-        else:
-            try:
-                fault_point("checkpoint_begin", step)  # this rank enters the save; its peers may be inside
-                completion = self._strategy.save(self.state, folder, self._ctx)
-            except CheckpointException as err:  # DCP raises its failures on every rank alike
-                completion = _raiser(err)
-            except Exception as err:
-                if self.world_size > 1:
-                    raise self._alone(step, err, self._clock() - start) from err
-                completion = _raiser(err)
-        fault_point("checkpoint_write", step)  # written (or staged), not committed
-        if self._strategy.is_async:
-            stall = self._clock() - start
-            self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
-            self._inflight = self._finisher.submit(self._finish, step, folder, completion, start, stall)
-            return SaveResult(step, self.config.strategy, stall)
-        return self._finish(step, folder, completion, start, None)
+        return None
+
+    def _restored(self, found: Restored, start: float) -> int:
+        step = found.step
+        self.state.step = step
+        for cadence in (self._cadence, self._memory_cadence):
+            if cadence is not None:
+                cadence.policy.saved(step, self._clock())
+        for cadence in (self._cadence, self._memory_cadence):
+            if cadence is not None and cadence.schedule is not None:
+                cadence.schedule.reset()
+        seconds = self._clock() - start
+        self._emit("checkpoint_restored", step=step, tier=found.tier, source=found.source, seconds=seconds)
+        return step
 
     # ---- lifetime -------------------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -359,14 +376,15 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
         if self._closed:
             return
         try:
-            previous = self._wait_inflight()  # a failure there is raised after the final save, not instead
+            previous = self.durable.settle()  # a failure there is raised after the final save, not instead
             if step is not None:
                 self.save(step)
             self.wait()
             if isinstance(previous, SaveFailed):
                 raise previous
-            if step is None and self._last_step is not None and self._last_step not in self._committed:
-                newest = max(self._committed, default=None)
+            committed = self.durable.committed
+            if step is None and self._last_step is not None and self._last_step not in committed:
+                newest = max(committed, default=None)
                 log.warning(
                     "closing without saving step %d (newest checkpoint: %s): pass close(step=%d) to save "
                     "the end of the run",
@@ -376,37 +394,39 @@ class CheckpointManager(_SavePath, _RestorePath, _Retention):
                 )
         finally:
             self._closed = True
-            if self.memory is not None:
-                self.memory.close(finished=finished)
-            if self._purge is not None:
-                self._purge.result()
-            self._finisher.shutdown(wait=True)
-            self._purger.shutdown(wait=True)
-            self._strategy.close()
-            settled = True
-            for schedule in (self._schedule, self._memory_schedule):
-                if schedule is not None and schedule.in_flight is not None:
-                    # every rank sent it at the same step; a dead peer's cannot arrive: do not wait long
-                    try:
-                        schedule.in_flight[1].wait(timeout=datetime.timedelta(seconds=10))
-                    except Exception:
-                        settled = False
-                    schedule.in_flight = None
-            self._release_groups(join=settled)
+            for tier in self.tiers:
+                tier.close(finished=finished)
+            self._release_groups(join=self._settle_schedules())
+
+    def _settle_schedules(self) -> bool:
+        """Wait briefly for each schedule's decision in flight; False when one never arrived."""
+        settled = True
+        for cadence in (self._cadence, self._memory_cadence):
+            schedule = cadence.schedule if cadence is not None else None
+            if schedule is not None and schedule.in_flight is not None:
+                # every rank sent it at the same step; a dead peer's cannot arrive: do not wait long
+                try:
+                    schedule.in_flight[1].wait(timeout=datetime.timedelta(seconds=10))
+                except Exception:
+                    settled = False
+                schedule.in_flight = None
+        return settled
 
     def _release_groups(self, *, join: bool) -> None:
         """Destroy the manager's groups; with ``join`` (no collective of ours left running on them) also drop
         every reference to them, so their gloo threads end here and not during the interpreter's exit, where a
         thread finishing the last collective aborts the process (see ``_groups``)."""
-        groups = [g for g in (self._ctl, self._io, self._memory_group) if g is not None]
-        if not join:  # a join would wait for the stuck collective: unregister only, as before
+        coll = self._coll
+        groups = [g for g in (coll.ctl, coll.io, self._memory_group) if g is not None]
+        if not join:  # a join would wait for the stuck collective: unregister only
             for group in groups:
                 dist.destroy_process_group(group)
             return
-        self._ctl = self._io = self._memory_group = None
-        self._ctx.group = None
+        coll.take_groups()
+        self._memory_group = None
+        self.durable.drop_group()
         if self.memory is not None:
-            self.memory.group = self.memory.link.group = None
+            self.memory.drop_group()
         release_groups(groups)
 
     def __enter__(self) -> CheckpointManager:

@@ -200,7 +200,7 @@ class StepSchedule:
     step is saved and, from the step time it measured since the previous decision, at which step to decide
     next (one step before the one at which the interval will have passed). The answer travels while the next
     step trains (a non-blocking broadcast, read at that step), so no rank waits for the others at a decision:
-    a blocking one made each rank wait for the slowest, milliseconds per save on busy cores. One broadcast per
+    a blocking one would make each rank wait for the slowest at every decision. One broadcast per
     decision: about one per save, plus one per step while the step time is first being measured.
     ``decide`` runs on rank 0 only; the other ranks just keep ``next_decision``.
 

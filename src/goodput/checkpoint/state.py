@@ -18,6 +18,7 @@ this run does not have are not read.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Collection, Mapping
 from typing import Any, Protocol
@@ -246,7 +247,11 @@ class TrainingState(Stateful):
         """This process's replica as the parts' own state dicts, with no collective: what a survivor hands a
         new generation after a peer died (its group is gone). ``loader``: the data position to hand on (the
         one of its last completed step), as JSON text under ``loader``; the RNG travels apart (per rank)."""
-        sd = {name: part.state_dict() for name in _LIVE_PARTS if (part := getattr(self, name)) is not None}
+        sd = {
+            name: _bare(part).state_dict()
+            for name in _LIVE_PARTS
+            if (part := getattr(self, name)) is not None
+        }
         sd["meta"] = self._meta()
         sd["loader"] = json.dumps(loader)
         return sd
@@ -263,7 +268,7 @@ class TrainingState(Stateful):
         for name in _LIVE_PARTS:
             part = getattr(self, name)
             if part is not None and name in sd:
-                part.load_state_dict(sd[name])
+                _bare(part).load_state_dict(sd[name])
         if "meta" in sd:
             self._load_meta(sd["meta"])
         loader = json.loads(sd.get("loader") or "null")
@@ -272,6 +277,30 @@ class TrainingState(Stateful):
 
 
 _LIVE_PARTS = ("model", "optimizer", "scheduler", "scaler")
+
+
+def encode_live(sd: Mapping[str, Any]) -> bytes:
+    """A live state dict (:meth:`TrainingState.live_state_dict`) as bytes, to send to another process."""
+    buf = io.BytesIO()
+    torch.save(dict(sd), buf)
+    return buf.getvalue()
+
+
+def decode_live(data: bytes) -> dict[str, Any]:
+    """The live state dict :func:`encode_live` made, its tensors on the CPU (``load_live_state_dict`` copies
+    them into place, whatever device the sender's lived on).
+
+    Loading runs no code from the sender: tensors, containers and plain values only (``weights_only``);
+    anything else is refused with ``pickle.UnpicklingError``.
+    """
+    loaded: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    return loaded
+
+
+def _bare(part: Any) -> Any:
+    """The module inside a DDP wrapper (else ``part``): a replica's keys are then the same whether or not the
+    rank that loads it wraps its model, as after a shrink to one rank."""
+    return part.module if isinstance(part, torch.nn.parallel.DistributedDataParallel) else part
 
 
 def tensor_shapes(sd: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[int, ...]]:

@@ -17,7 +17,18 @@ from goodput.errors import ConfigError
 __all__ = ["main"]
 
 # Each name is a module goodput.cli.<name> exposing register(subparsers).
-_COMMANDS = ("plan", "bench", "report", "data", "ls", "launch", "demo", "verify-resume", "drill")
+_COMMANDS = (
+    "plan",
+    "bench",
+    "report",
+    "data",
+    "ls",
+    "launch",
+    "demo",
+    "verify-resume",
+    "verify-rollback",
+    "drill",
+)
 
 EXIT_USAGE = 2
 

@@ -14,6 +14,7 @@ _EPILOG = """examples:
   goodput demo --mtbf 20s --steps 800           # harsher failures, longer run
   goodput demo --strategy torch_save            # compare with the blocking baseline
   goodput demo --restart cold                   # torchrun restarts every rank (the baseline)
+  goodput demo --slow-rank 1                    # a straggler drill: rank 1 runs 1.5x slower
   goodput demo --data-url s3://bucket/corpus    # data on S3 (credentials from AWS_* variables)
   goodput report runs/demo-...                  # read a finished run again"""
 
@@ -40,6 +41,14 @@ def register(sub: Any) -> None:
     parser.add_argument("--data-url", default=None, help="where the shards live (default: in the run folder)")
     parser.add_argument("--max-restarts", type=int, default=30, help="torchrun's restart budget (default 30)")
     parser.add_argument("--seed", type=int, default=0, help="seed of training and of the fault schedule")
+    parser.add_argument(
+        "--slow-rank",
+        type=int,
+        default=None,
+        metavar="RANK",
+        help="a straggler drill: RANK's process runs 1.5x slower (slow@rank=RANK,factor=1.5,persist) and the "
+        "straggler detector names it; the report gets a straggler section",
+    )
     parser.add_argument(
         "--restart",
         choices=("cold", "warm"),
@@ -68,6 +77,7 @@ def _run(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         seed=args.seed,
         faults=not args.no_faults,
+        slow_rank=args.slow_rank,
         restart=args.restart,
     )
     return run_demo(config)

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from goodput._env import RUN_DIR
+from goodput.errors import ConfigError
 
 __all__ = ["register"]
 
@@ -106,6 +107,21 @@ def register(sub: Any) -> None:
         "below the script's hang timeout)",
     )
     parser.add_argument(
+        "--shrink-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="--restart warm: when a rank fails and no spare is ready within SECONDS, the survivors train on as "
+        "a smaller group (no restart, no checkpoint read) and grow back when a spare is ready (default: off, "
+        "wait for a replacement); the script's loader needs global_batch_size= (docs/warm-restarts.md)",
+    )
+    parser.add_argument(
+        "--min-world",
+        type=int,
+        default=1,
+        help="--shrink-after: the fewest ranks the job trains on (default 1)",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="show torchrun's and every worker's output on the terminal, tracebacks included (by default: the "
@@ -142,8 +158,16 @@ def _run(args: argparse.Namespace) -> int:
         verbose=args.verbose,
         allow_fresh_start=args.allow_fresh_start,
     )
+    if args.shrink_after is not None and args.restart != "warm":
+        raise ConfigError("--shrink-after needs --restart warm (a cold restart always restarts every rank)")
     if args.restart == "warm":
         from goodput.warm.agent import WarmConfig, launch_warm
 
-        return launch_warm(config, WarmConfig(spares=args.spares, pg_timeout=args.collective_timeout))
+        warm = WarmConfig(
+            spares=args.spares,
+            pg_timeout=args.collective_timeout,
+            shrink_after=args.shrink_after,
+            min_world=args.min_world,
+        )
+        return launch_warm(config, warm)
     return launch_job(config)

@@ -16,6 +16,8 @@ from goodput.cli._paths import check_output_file
 from goodput.cli._plan_plot import short_duration
 from goodput.cli._plan_scale import add_arguments as add_scale_arguments
 from goodput.cli._plan_scale import run_scale
+from goodput.cli._plan_shrink import add_arguments as add_shrink_arguments
+from goodput.cli._plan_shrink import shrink_lines, shrink_section
 from goodput.cli._plan_twolevel import add_arguments as add_two_level_arguments
 from goodput.cli._plan_twolevel import two_level_lines, two_level_section
 from goodput.errors import ConfigError
@@ -53,6 +55,10 @@ examples:
 
   # the same rate, observed on 16384 GPUs, scaled to a 512-GPU job (failures grow with the device count)
   goodput plan --failures-per-day 8.6 --observed-gpus 16384 --gpus 512 --ckpt-stall 30s --restart 10m
+
+  # no spare: 512 ranks shrink in place at each failure (20 s) and grow back when a replacement is ready
+  goodput plan --failures-per-day 24 --ckpt-stall 20s --restart 5m --shrink 20s --grow 40s --regrow 10m \
+      --ranks 512 --step-time 2s
 
   # machine-readable, with a Monte Carlo check of every row (1000 simulated jobs)
   goodput plan --gpus 512 --afr 0.02 --days 14 --ckpt-stall 1m --restart 15m --json --simulate 1000
@@ -109,6 +115,7 @@ def register(sub: Any) -> None:
     )
     out.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo runs (default 0)")
     add_two_level_arguments(parser)
+    add_shrink_arguments(parser)
     add_scale_arguments(parser)
     parser.set_defaults(handler=run)
 
@@ -341,6 +348,9 @@ def run(args: argparse.Namespace) -> int:
     two_level = two_level_section(args, inputs, simulate=args.simulate, seed=args.seed)
     if two_level is not None:
         plan["two_level"] = two_level
+    shrink = shrink_section(args, inputs, plan["recommended"]["interval_hours"] * HOUR)
+    if shrink is not None:
+        plan["shrink"] = shrink
     if args.plot:
         from goodput.cli._plan_plot import plot_plan
 
@@ -352,6 +362,8 @@ def run(args: argparse.Namespace) -> int:
         print(_table(plan, inputs))
         if two_level is not None:
             print("\n".join(two_level_lines(two_level)))
+        if shrink is not None:
+            print("\n".join(shrink_lines(shrink, plan["recommended"]["goodput"])))
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0

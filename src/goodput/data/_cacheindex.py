@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value REAL NOT NULL);
 """
 # Held around every use of this process's SQLite connections, and by fork(): a forked child (a DataLoader
 # worker) must never inherit an open SQLite connection, whose lock state would make the child's own
-# connections wait forever. Connections stay open between operations (opening one costs ~0.3 ms) and are
+# connections wait forever. Connections stay open between operations (opening one costs more than most operations) and are
 # closed just before a fork; both sides reopen them lazily.
 _PROCESS_LOCK = threading.RLock()
 _CONNECTIONS: dict[str, sqlite3.Connection] = {}

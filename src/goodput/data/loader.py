@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from goodput.data._global_batch import per_rank_batch
 from goodput.data._workers import EndWithParent
 from goodput.data.randomness import loader_seed
 from goodput.data.sampler import BatchPlan, ResumableSampler
@@ -277,7 +278,7 @@ class ResumableLoader:
         from torch.utils.data import DataLoader
 
         rank, world_size = _rank_and_world(rank, world_size)
-        batch_size = _per_rank_batch(batch_size, global_batch_size, world_size)
+        batch_size = per_rank_batch(batch_size, global_batch_size, world_size)
         self._global_batch = global_batch_size
         self.config = LoaderConfig(
             batch_size=batch_size,
@@ -350,6 +351,11 @@ class ResumableLoader:
         return self.sampler.batches_per_epoch()
 
     @property
+    def keeps_global_batch(self) -> bool:
+        """Whether a step keeps ``global_batch_size`` on any world size (the per-rank batch follows it)."""
+        return self._global_batch is not None
+
+    @property
     def epoch(self) -> int:
         """The epoch of the current position."""
         return self.sampler.epoch
@@ -388,24 +394,6 @@ class ResumableLoader:
                 "(pass global_batch_size= to keep the global batch fixed)",
                 saved, self.sampler.world_size, self.sampler.world_size, batch, self.sampler.world_size * batch,
             )  # fmt: skip
-
-
-def _per_rank_batch(batch_size: int | None, global_batch_size: int | None, world_size: int) -> int:
-    """The per-rank batch: ``batch_size``, or ``global_batch_size`` split evenly over the ranks."""
-    if (batch_size is None) == (global_batch_size is None):
-        raise ConfigError("give ResumableLoader exactly one of batch_size (per rank) and global_batch_size")
-    if global_batch_size is None:
-        assert batch_size is not None
-        return batch_size
-    _positive_int("global_batch_size", global_batch_size)
-    if global_batch_size % world_size:
-        fits = [w for w in range(1, min(global_batch_size, 64) + 1) if global_batch_size % w == 0]
-        raise ConfigError(
-            f"global_batch_size {global_batch_size} does not split over {world_size} ranks: run on a world size "
-            f"that divides it ({', '.join(map(str, fits[:8]))}{', ...' if len(fits) > 8 else ''}) "
-            "or change global_batch_size"
-        )
-    return global_batch_size // world_size
 
 
 _ITERABLE_HELP = (

@@ -198,7 +198,7 @@ class ShardedDataset(Generic[T]):
         storage_options: passed to fsspec (credentials; never logged or shown).
         open_shards: how many shards each process keeps open (mapped and, with a cache, pinned against
             eviction), most recently used first. A shuffled order jumps between shards: re-opening one costs a
-            pin in the cache's index, a mapping and a header parse (~0.2 ms), more than a whole sample. With
+            pin in the cache's index, a mapping and a header parse, more than a whole sample. With
             ``ResumableLoader(shard_window=k)`` and ``open_shards >= k`` a shard is opened once per window.
             Each open through the cache counts one cache hit (or miss).
 

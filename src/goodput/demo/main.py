@@ -37,7 +37,8 @@ class DemoConfig:
     seed: int = 0
     faults: bool = True
     batch_size: int = 16
-    restart: str = "warm"  # measured: 88.3% goodput against 78.7% cold (docs/BENCHMARKS.md)
+    slow_rank: int | None = None
+    restart: str = "warm"  # more goodput than cold restarts (docs/BENCHMARKS.md has the figures)
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -48,6 +49,8 @@ class DemoConfig:
             raise ConfigError(f"--mtbf must be > 0, got {self.mtbf}")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if self.slow_rank is not None and not 0 <= self.slow_rank < self.nproc:
+            raise ConfigError(f"--slow-rank must be a rank in 0..{self.nproc - 1}, got {self.slow_rank}")
         if self.restart not in ("cold", "warm"):
             raise ConfigError(f"--restart must be cold or warm, got {self.restart!r}")
 
@@ -64,11 +67,18 @@ def run_demo(config: DemoConfig) -> int:
 
         count = write_corpus(data)
         print(f"demo: wrote {count} samples of Python stdlib source as shards to {data}")
-    faults = f"kill@mtbf={config.mtbf}s,seed={config.seed}" if config.faults else ""
+    faults = f"kill@mtbf={config.mtbf}s,seed={config.seed}; {numeric_faults(config)}" if config.faults else ""
     print(
         f"demo: {config.nproc} ranks, {config.steps} steps, {config.strategy} checkpoints every {config.every}, "
-        + (f"SIGKILL at random every {config.mtbf:.0f}s on average" if faults else "no injected faults")
+        + (
+            f"SIGKILL at random every {config.mtbf:.0f}s on average, and {numeric_faults(config)}"
+            if faults
+            else "no injected faults"
+        )
     )
+    if config.slow_rank is not None:  # a straggler drill: that rank's process 1.5x slower, the detector on
+        faults = "; ".join(f for f in (faults, f"slow@rank={config.slow_rank},factor=1.5,persist") if f)
+        print(f"demo: rank {config.slow_rank}'s steps take 1.5x as long; the straggler detector is on")
     script = (
         TRAIN_SCRIPT,
         f"--data={data}",
@@ -78,6 +88,8 @@ def run_demo(config: DemoConfig) -> int:
         f"--mtbf={config.mtbf}",
         f"--seed={config.seed}",
         f"--batch-size={config.batch_size}",
+        "--numeric",
+        *(["--stragglers"] if config.slow_rank is not None else []),
     )
     launch = LaunchConfig(
         script=script,
@@ -89,8 +101,8 @@ def run_demo(config: DemoConfig) -> int:
     if config.restart == "warm":
         from goodput.warm.agent import WarmConfig, launch_warm
 
-        # Two spares: at one failure every 40 s, two failures within a spare's start (~10 s of imports on 2
-        # busy cores) are common enough that a lone spare is often still importing when the second one comes.
+        # Two spares: at one failure every 40 s, two failures within a spare's start (its imports take
+        # seconds) are common enough that a lone spare is often still importing when the second one comes.
         status = launch_warm(launch, WarmConfig(spares=2))
     else:
         status = launch_job(launch)
@@ -100,13 +112,13 @@ def run_demo(config: DemoConfig) -> int:
 
 
 def numeric_faults(config: DemoConfig) -> str:
-    """The demo's numeric faults: a NaN loss on the last rank at 30% of the steps, a 20x loss spike at 55%, a
-    flipped bit in rank 0's parameters at 80% (found at the next replica check, every 50 steps)."""
-    steps, last = config.steps, config.nproc - 1
-    return (
-        f"nan@step={3 * steps // 10},rank={last}; spike@step={11 * steps // 20},factor=20; "
-        f"bitflip@step={4 * steps // 5},rank=0"
-    )
+    """The demo's numeric faults (:func:`goodput.verify.rollback.drill_plan`): a NaN loss on the last rank at
+    30% of the steps that comes back on the redo, as a NaN in the data does (rolled back, then rolled back again
+    and its window skipped), a 20x loss spike at 55% (rolled back), a flipped bit in rank 0's parameters at the
+    replica check at 80% (rolled back, and the rank named on the redo)."""
+    from goodput.verify.rollback import drill_plan
+
+    return drill_plan(config.steps, config.nproc)
 
 
 def _needs_data(url: str) -> bool:

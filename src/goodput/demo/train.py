@@ -29,6 +29,8 @@ from goodput.data import CacheConfig, ResumableLoader, ShardedDataset
 from goodput.demo.augment import ByteNoise
 from goodput.demo.model import ModelConfig, TinyLM
 from goodput.run import Run
+from goodput.run.numeric import NumericConfig
+from goodput.run.stragglers import StragglerConfig
 
 INDEX = struct.Struct("<I")
 
@@ -43,7 +45,7 @@ def collate(items: list[tuple[int, torch.Tensor]]) -> tuple[list[int], np.ndarra
     """Sample ids and a (batch, window) int64 array.
 
     An array, not a tensor: a DataLoader worker hands a tensor over in shared memory, one file descriptor
-    sent over a fresh socket per batch (~1 ms here), while a small array travels inside the pickle (the
+    sent over a fresh socket per batch, while a small array travels inside the pickle (the
     demo's batch is 8 KiB). The training loop wraps it with ``torch.from_numpy`` (no copy).
     """
     return [i for i, _ in items], np.stack([t.numpy() for _, t in items]).astype(np.int64)
@@ -89,8 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--hang-timeout", type=float, default=120.0)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--stragglers", action="store_true", help="turn on the straggler detector (defaults)")
     p.add_argument("--dropout", type=float, default=0.1, help="the model's dropout (default 0.1)")
     p.add_argument("--augment", type=float, default=0.02, help="byte-noise probability in the workers")
+    p.add_argument(
+        "--numeric", action="store_true", help="the numeric guard at its defaults (goodput demo turns it on)"
+    )
     return p.parse_args(argv)
 
 
@@ -107,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         strategy=args.strategy,
         every=every,
         keep_last=2,
-        memory=_memory_tier(args.memory_every, args.memory_folder),
+        memory=_memory_tier(args.memory_every, args.memory_folder, keep=4 if args.numeric else 2),
         # the demo's failure rate, as the prior of the auto interval: one failure per mtbf seconds
         **({"gpus": 1, "afr": 365 * 86400 / args.mtbf} if args.mtbf else {}),
     )
@@ -118,6 +124,11 @@ def main(argv: list[str] | None = None) -> None:
         hang_timeout=args.hang_timeout,
         progress=not args.no_progress,
         backend="gloo",  # the demo trains on the CPU, also on a machine with GPUs
+        # A corrupted replica rolls back to a checkpoint at or before the last replica check that agreed; at
+        # this run's short auto intervals the checkpoints kept (2 durable, 4 in memory) span a few tens of
+        # steps, so the replicas are compared every 10 steps rather than 50 (one parameter pass each).
+        numeric=NumericConfig(check_every=10) if args.numeric else False,
+        stragglers=StragglerConfig() if args.stragglers else None,
     )
     cache = CacheConfig(
         folder=args.cache_dir or os.path.join(run_dir, "cache"),
@@ -190,7 +201,7 @@ def _loader(args: argparse.Namespace, dataset: Any, kept: dict[str, Any]) -> Res
             collate_fn=collate,
             drop_last=True,
             # Samples shuffled within windows of a few shards (shards shuffled too): each worker opens a shard
-            # once per window instead of for nearly every sample (~0.2 ms each, on the cores the ranks train on).
+            # once per window instead of for nearly every sample (each open costs more than a sample).
             shard_window=args.shard_window or None,
         )
         kept["start"] = kept["loader"].state_dict()
@@ -209,10 +220,13 @@ def _rank0_attempt(run: Run) -> int:
     return int(box[0])
 
 
-def _memory_tier(every: str, folder: str) -> MemoryTier | None:
+def _memory_tier(every: str, folder: str, *, keep: int) -> MemoryTier | None:
+    """The memory tier; the numeric guard's rollback of a corrupted replica goes back to the last replica check
+    that agreed (up to 50 steps, several memory saves at the auto interval), so with the guard on the tier keeps
+    4 saves, enough to reach it without the durable tier."""
     if every == "off":
         return None
-    return MemoryTier(every=int(every) if every.isdigit() else every, folder=folder)
+    return MemoryTier(every=int(every) if every.isdigit() else every, folder=folder, keep=keep)
 
 
 def _loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,16 @@ import signal
 import subprocess
 import time
 
-from goodput.drill.runs import LaunchSpec, finish, outcome_text, result, run_launch, start_launch
+from goodput.drill.runs import (
+    OUTPUT_LOG,
+    LaunchSpec,
+    finish,
+    outcome_text,
+    processes_of,
+    result,
+    run_launch,
+    start_launch,
+)
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
 from goodput.launch.launcher import EXIT_PREEMPTED
 from goodput.verify.records import read_records
@@ -150,6 +159,7 @@ def _preempt(context: DrillContext) -> ScenarioResult:
     problems: list[str] = []
     seconds, restored = 0.0, 0
     injected: list[str] = []
+    late = 0
     for signum in (signal.SIGTERM, signal.SIGUSR1):
         # The ranks agree on a stop at check steps, the first one right after the step they resumed from
         # (goodput.run.signals): a signal before it is acted on within a step, in a run of any length.
@@ -167,18 +177,32 @@ def _preempt(context: DrillContext) -> ScenarioResult:
         )
         if not reached:
             problems.append(f"the run ended before step {step}, where {signum.name} was to be sent")
+        elif done.status == 0 and not saved:
+            late += 1  # the job completed before the ranks' next check: done, nothing lost (exit 0)
         elif done.status != EXIT_PREEMPTED:
             problems.append(
                 f"{signum.name}: ended {outcome_text(done.status)}, expected exit {EXIT_PREEMPTED}"
             )
         elif len(saved) != 1:
             problems.append(f"{signum.name}: the ranks saved steps {saved}, expected one agreed step")
+        elif _said(run_dir, f"preempted by {signum.name}") != 1:
+            problems.append(f"{signum.name}: goodput launch did not say in one line where it saved")
+        if left := processes_of(run_dir):
+            problems.append(f"{signum.name}: {len(left)} process(es) of the job outlived the launch")
+    if late == len(injected):
+        problems.append("no signal was acted on: every launch completed before its ranks' check")
     context.say("preempt: the same command again, to the end")
     done = run_launch(context, run_dir, LaunchSpec(restarts=0))
     return result(
         context, run_dir, injected="; ".join(injected), status=done.status, seconds=seconds + done.seconds,
         problems=problems,
     )  # fmt: skip
+
+
+def _said(run_dir: str, words: str) -> int:
+    """How many of goodput launch's own lines in the run's output contain ``words``."""
+    with open(os.path.join(run_dir, OUTPUT_LOG), errors="replace") as f:
+        return sum(1 for line in f if line.startswith("goodput launch:") and words in line)
 
 
 def _preemption_saves(run_dir: str, launch: int) -> list[int]:
@@ -198,8 +222,8 @@ PREEMPT = register(
         name="preempt",
         injects="SIGTERM to goodput launch, then the scheduler's early-warning signal (SIGUSR1) after a "
         "relaunch",
-        outcome="each: one agreed save, exit 75; the same command again resumes; every sample once; final "
-        "state identical",
+        outcome="each: one agreed save, exit 75 (exit 0 when the job completes before its ranks' next "
+        "check); the same command again resumes; every sample once; final state identical",
         run=_preempt,
     )
 )

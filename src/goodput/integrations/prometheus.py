@@ -15,6 +15,9 @@ Metrics (gauges)::
     goodput_step_seconds                mean wall time per step since the previous update
     goodput_fetch_seconds_p95           95th percentile of the wait for a batch over the last ``window`` steps
     goodput_run_ratio                   goodput of the whole run so far (all attempts, from the ledger)
+    goodput_capacity_ratio              capacity goodput of the run so far: productive rank-seconds over
+                                        reserved rank-seconds (below goodput_run_ratio after a shrink)
+    goodput_world_size                  the ranks training now (after the latest shrink or grow)
     goodput_badput_seconds{category}    seconds per category of ``goodput report`` but productive, between_launches
     goodput_productive_seconds          productive seconds of the whole run
     goodput_restarts                    restarts so far
@@ -197,6 +200,12 @@ class _Collector:
         for name, doc, value in (
             ("goodput_run_ratio", "goodput of the whole run so far", figures["goodput"]),
             (
+                "goodput_capacity_ratio",
+                "productive rank-seconds over reserved rank-seconds of the run so far",
+                figures["capacity_goodput"],
+            ),
+            ("goodput_world_size", "the ranks training now", figures["world_size"]),
+            (
                 "goodput_productive_seconds",
                 "productive seconds of the run",
                 figures["categories"]["productive"],
@@ -226,6 +235,8 @@ def _account(run_dir: str) -> dict[str, Any] | None:
     return {
         "categories": dict(summary.categories),
         "goodput": summary.goodput,
+        "capacity_goodput": summary.capacity_goodput,
+        "world_size": summary.world[-1].world if summary.world else 1,
         "restarts": summary.restarts,
         "rollbacks": sum(1 for e in events if e.get("event") == "rollback"),
         "durable_step": last["step"] if last is not None else -1,

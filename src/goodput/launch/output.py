@@ -177,8 +177,11 @@ class Terminal:
             return
         for name in names:
             text = read_marker(folder, name)
-            if name.startswith("rank-") and text and text.isdigit():
-                self._ranks[int(text)] = int(name.removeprefix("rank-"))
+            rank = name.removeprefix("rank-")
+            if (
+                name.startswith("rank-") and rank.isdigit() and text and text.isdigit()
+            ):  # not a .tmp being written
+                self._ranks[int(text)] = int(rank)
 
     def _cold_failure(self, exitcode: int, local_rank: int, pid: int) -> str:
         attempt = self._failures

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,7 +33,7 @@ import uuid
 from collections.abc import Iterator
 from typing import IO, Any
 
-from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR
+from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RESERVED_WORLD, RUN_DIR
 from goodput._lifetime import end_with_parent, preload_libc
 from goodput.launch.folder import (
     FATAL_FILE,
@@ -68,6 +69,7 @@ from goodput.run.signals import (
 __all__ = ["Supervisor"]
 
 _POLL = 0.1
+_RANK_FILE = re.compile(r"rank-\d+")  # a rank's pid marker; rank-N.PID.tmp is one being written
 _TERM_WAIT = 5.0  # seconds between SIGTERM and SIGKILL when ending leftovers
 _AFTER_SAVE = 15.0  # seconds the workers get to exit once the preemption checkpoint is durable
 
@@ -164,6 +166,7 @@ class Supervisor:
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         env[FAULTS.name] = self.config.faults
         env[CRASH_LOOP.name] = str(self.config.crash_loop)
+        env[RESERVED_WORLD.name] = str(self.config.max_world_size)  # capacity goodput's denominator
         if self.config.allow_fresh_start:
             env[ALLOW_FRESH_START.name] = "1"  # read by CheckpointConfig.fresh_start_allowed
         env[LAUNCH_DIR_ENV] = self.folder
@@ -216,7 +219,9 @@ class Supervisor:
             return
         for name in names:
             text = read_marker(os.path.join(self.folder, PIDS_DIR), name)
-            if text is None or not text.isdigit() or (name, int(text)) in self._forwarded:
+            if not _RANK_FILE.fullmatch(name) or text is None or not text.isdigit():
+                continue  # a marker still being written (rank-N.PID.tmp)
+            if (name, int(text)) in self._forwarded:
                 continue
             pid = int(text)
             if pid in mine:  # never a stale pid that now names someone else's process
@@ -251,6 +256,11 @@ class Supervisor:
             cause = f"; last error ({error})" if error else f"; see the logs in {self._logs()}"
             self._say(f"crash loop: {loop}{cause}; fix it, then relaunch (a new launch starts a new count)")
             return EXIT_CRASH_LOOP
+        if self._signals and status == 0:
+            # Every rank ended by itself, successfully, before they agreed on a stop: the job is done and
+            # nothing is lost, so a scheduler must not requeue it.
+            self._say(f"{_name(self._signals[0])} came as the job completed: nothing left to save or run")
+            return 0
         if self._signals:
             why = "no checkpoint within the grace period" if status is None else "the job ended before saving"
             self._say(f"stopped by {_name(self._signals[0])}: {why}; the newest committed checkpoint stays")

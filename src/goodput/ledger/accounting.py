@@ -24,18 +24,23 @@ the last event of the last attempt, in exactly one category:
                           failed attempt's time after its failure (the unfinished step's wait beyond a
                           typical step, teardown after a declared failure, the exit after torchrun's
                           SIGTERM, a warm restart's re-form) and the gap to the next attempt
-``failure_detection``     last progress to the declared failure (a hang timeout, for example)
+``reshape``               a shrink or grow in place (no process restarted: :mod:`goodput.ledger.capacity`):
+                          each one's ``seconds``, failure detected (a shrink) or newcomer ready (a grow) to
+                          training resumed at the new size
+``failure_detection``     last progress to the declared failure (a hang timeout, for example); before a
+                          shrink, the interrupted step's wait beyond a typical step
 ``other``                 everything else: eval, logging, gaps between steps
 ``between_launches``      one launch's end to the next launch's start (a relaunch by hand, a scheduler's
                           requeue and queue wait): outside the job, so outside goodput's denominator
 ========================  ===========================================================================
 
 Goodput is ``productive`` over the *job time*, the wall time minus ``between_launches``; the MTBF divides the
-job time by the failures. A preemption (the attempt recorded ``preempted``: Ctrl-C, SIGTERM, the preemption
+job time by the failures (a failed attempt, or a shrink within an attempt). *Capacity goodput* weighs each
+productive second by the world size in force over the ranks the job reserved (:mod:`goodput.ledger.capacity`). A preemption (the attempt recorded ``preempted``: Ctrl-C, SIGTERM, the preemption
 signal) is not a failure: it ends the attempt "preempted", and the relaunch after it is a new launch.
 
 Where spans overlap, the earlier category in this order of precedence (``failure_detection`` >
-``checkpoint_restore`` > ``checkpoint_stall`` > ``data_wait`` > ``warmup`` > ``straggler_wait`` >
+``checkpoint_restore`` > ``checkpoint_stall`` > ``reshape`` > ``data_wait`` > ``warmup`` > ``straggler_wait`` >
 ``lost_work``/``productive`` > ``restart_downtime`` > ``init`` > ``other``) takes the time, so the categories
 tile the wall time exactly. Step numbers follow one convention: a checkpoint "at step s" holds the state after step s, and an
 attempt that restores step r redoes every step above r.
@@ -47,26 +52,40 @@ the previous one ended, through clock skew, is shifted to start at that end).
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
+from goodput.ledger.capacity import (
+    CapacityFigures,
+    Reshape,
+    WorldSpan,
+    capacity,
+    overlay,
+    reserved_ranks,
+    reshape_spans,
+    reshapes,
+    world_spans,
+)
 from goodput.ledger.figures import StepStats, at_risk, declared, measured_interval, step_stats
 from goodput.ledger.ranks import merge_ranks
+from goodput.ledger.series import goodput_over_time
 from goodput.ledger.spans import Attempt, Spans, kept_steps, layout, new_launch, outcome
-from goodput.ledger.stragglers import step_waits
+from goodput.ledger.tiling import UNDER_RESHAPE, Segment, intervals, rolled_back, sweep
 
 __all__ = [
     "CATEGORIES",
     "Accounting",
     "AttemptSummary",
+    "CapacityFigures",
+    "Reshape",
     "SaveRecord",
     "Segment",
     "StepStats",
+    "WorldSpan",
     "account",
     "goodput_over_time",
 ]
@@ -82,39 +101,11 @@ CATEGORIES = (
     "straggler_wait",
     "lost_work",
     "restart_downtime",
+    "reshape",
     "failure_detection",
     "other",
     "between_launches",
 )
-
-# Precedence where spans overlap: lower index wins. "other" is the background.
-_PRECEDENCE = (
-    "failure_detection",
-    "checkpoint_restore",
-    "rollback",
-    "checkpoint_stall",
-    "data_wait",
-    "warmup",
-    "straggler_wait",
-    "lost_work",
-    "productive",
-    "restart_downtime",
-    "init",
-    "other",
-)
-_RANK = {name: i for i, name in enumerate(_PRECEDENCE)}
-
-# A step whose compute exceeds this multiple of the run's median is a warm-up step (while at the start).
-WARMUP_FACTOR = 1.5
-
-
-class Segment(NamedTuple):
-    """A stretch of wall time in one category (times in seconds since the run started)."""
-
-    start: float
-    end: float
-    category: str
-    attempt: int
 
 
 @dataclass(frozen=True)
@@ -147,7 +138,7 @@ class AttemptSummary:
     number: int
     start: float
     end: float
-    outcome: str  # "ok" (ended cleanly), "failed", "preempted", or "running" (last attempt, no end recorded)
+    outcome: str  # "ok" (ended cleanly), "failed", "preempted", "resized" (ended for a grow), or "running"
     steps: int
     first_step: int | None
     last_step: int | None
@@ -189,6 +180,14 @@ class Accounting:
     info: dict[str, Any]
     launches: int = 1
     preemptions: int = 0
+    capacity: CapacityFigures | None = None
+    reshapes: tuple[Reshape, ...] = ()
+    world: tuple[WorldSpan, ...] = ()
+
+    @property
+    def capacity_goodput(self) -> float:
+        """Productive rank-seconds over reserved rank-seconds (:mod:`goodput.ledger.capacity`)."""
+        return self.capacity.capacity_goodput if self.capacity is not None else self.goodput
 
     @property
     def job_seconds(self) -> float:
@@ -197,100 +196,13 @@ class Accounting:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able summary (no segments)."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("segments", "saves", "attempts")}
+        skip = ("segments", "saves", "attempts", "world")
+        out = {k: v for k, v in asdict(self).items() if k not in skip}
         out["attempts"] = [asdict(a) for a in self.attempts]
         out["job_seconds"] = self.job_seconds
+        out["capacity_goodput"] = self.capacity_goodput
+        out["world"] = [[w.start, w.end, w.world, w.reserved] for w in self.world]
         return out
-
-
-def _sweep(
-    intervals: list[tuple[float, float, str]], begin: float, end: float, attempt: int
-) -> list[Segment]:
-    """Tile [begin, end] with segments, each taking the highest-precedence interval covering it."""
-    points: list[tuple[float, int, int]] = []
-    for lo, hi, category in intervals:
-        lo, hi = max(lo, begin), min(hi, end)
-        if hi > lo:
-            points.append((lo, 1, _RANK[category]))
-            points.append((hi, -1, _RANK[category]))
-    points.sort()
-    counts = [0] * len(_PRECEDENCE)
-    segments: list[Segment] = []
-    cursor = begin
-
-    def emit(upto: float) -> None:
-        if upto <= cursor:
-            return
-        top = next((i for i, c in enumerate(counts) if c > 0), _RANK["other"])
-        category = _PRECEDENCE[top]
-        if segments and segments[-1].category == category and segments[-1].end == cursor:
-            segments[-1] = segments[-1]._replace(end=upto)
-        else:
-            segments.append(Segment(cursor, upto, category, attempt))
-
-    for t, delta, rank in points:
-        emit(t)
-        cursor = max(cursor, t)
-        counts[rank] += delta
-    emit(end)
-    return segments
-
-
-def _intervals(
-    a: Attempt, s: Spans, typical: tuple[float, float], keep: tuple[int | None, bool], failed: bool
-) -> list[tuple[float, float, str]]:
-    """Every span of one attempt with its category; ``typical``: the run's median step compute and
-    median step duration."""
-    compute_median, step_median = typical
-    out: list[tuple[float, float, str]] = []
-    first_step = s.steps[0][0] if s.steps else (s.open_step[0] if s.open_step else a.end)
-    out.append((a.begin, first_step, "init"))
-    restore = "rollback" if _rolled_back(s) else "checkpoint_restore"
-    out.extend((lo, hi, restore) for lo, hi in s.restores)
-    out.extend((lo, hi, "checkpoint_stall") for lo, hi in s.memory_stalls)
-    for save in s.saves:
-        if save[4]:
-            out.append((save[1], a.end if save[2] is None else save[2], "checkpoint_stall"))
-    out.extend((lo, hi, "failure_detection") for lo, hi in s.detect)
-    warming = True
-    last_kept, applies = keep
-    waits = step_waits(s.info)
-    for start, end, fetch, step in s.steps:
-        compute = end - start - fetch
-        excess = compute - compute_median if warming and compute > WARMUP_FACTOR * compute_median else 0.0
-        warming = excess > 0.0
-        lost = applies and (last_kept is None or step is None or step > last_kept)
-        waited = min(waits.get(step, 0.0), compute - excess) if step is not None else 0.0
-        out.append((start, start + fetch, "data_wait"))
-        out.append((start + fetch, start + fetch + excess, "warmup"))
-        out.append((end - waited, end, "straggler_wait"))
-        out.append((start + fetch + excess, end, "lost_work" if lost else "productive"))
-    if failed:
-        out.extend(_after_failure(a, s, step_median))
-    return out
-
-
-def _after_failure(a: Attempt, s: Spans, step_median: float) -> list[tuple[float, float, str]]:
-    """A failed attempt's unfinished step, and its time after the failure.
-
-    The unfinished step was thrown away, but only as much of it as a typical step lasts was work: beyond that
-    the rank was waiting on a dead peer, re-forming a warm restart's group, or exiting after torchrun's
-    SIGTERM, all of it downtime. So is everything after a declared failure (teardown). A declared
-    detection inside keeps its span: ``failure_detection`` takes precedence.
-    """
-    if s.open_step is not None:
-        start = s.open_step[0]
-        stop = min((lo for lo, _ in s.detect if lo >= start), default=a.end)
-        worked = min(stop, start + step_median) if step_median > 0 else stop
-        return [(start, worked, "lost_work"), (worked, a.end, "restart_downtime")]
-    if s.detect:
-        return [(max(hi for _, hi in s.detect), a.end, "restart_downtime")]
-    return []
-
-
-def _rolled_back(s: Spans) -> bool:
-    """Whether this attempt began with a rollback in place (its restore is ``rollback``, not a restart's)."""
-    return any(e.get("event") == "rollback" for e in s.info)
 
 
 def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> Accounting:
@@ -312,19 +224,18 @@ def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> 
     if not attempts:
         raise ValueError("the ledger has no attempt_start event: nothing to account for")
     spans = [Spans(a) for a in attempts]
-    outcomes = [outcome(i, len(spans), s) for i, s in enumerate(spans)]
+    outcomes = _resized([outcome(i, len(spans), s) for i, s in enumerate(spans)], spans)
     keeps = kept_steps(spans, attempts, outcomes)
     computes = [end - start - fetch for s in spans for start, end, fetch, _ in s.steps]
     durations = [end - start for s in spans for start, end, _, _ in s.steps]
     typical = statistics.median(computes) if computes else 0.0
     step_median = statistics.median(durations) if durations else 0.0
     launches = _launch_numbers(attempts)
-    segments: list[Segment] = []
-    per_attempt: list[dict[str, float]] = []
+    tiles: list[list[Segment]] = []  # per attempt
     carried: list[Segment] = []  # a failed attempt's downtime, charged to the restart that follows it
     for i, (a, s) in enumerate(zip(attempts, spans, strict=True)):
         failed = outcomes[i] == "failed"
-        own = _sweep(_intervals(a, s, (typical, step_median), keeps[i], failed), a.begin, a.end, a.number)
+        own = sweep(intervals(a, s, (typical, step_median), keeps[i], failed), a.begin, a.end, a.number)
         before = [seg._replace(attempt=a.number) for seg in carried]
         if i > 0 and a.begin > attempts[i - 1].end:  # the time before an attempt is charged to it
             gap = "between_launches" if launches[i] != launches[i - 1] else "restart_downtime"
@@ -333,14 +244,35 @@ def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> 
         if failed and i + 1 < len(attempts) and launches[i + 1] == launches[i]:
             carried = [seg for seg in own if seg.category == "restart_downtime"]
             own = [seg for seg in own if seg.category != "restart_downtime"]
-        own = before + own
-        per_attempt.append(_sum(own))
-        segments.extend(own)
+        resizing = reshape_spans(a, s)  # may reach back into the attempt before (the one that ended for it)
+        if tiles:
+            tiles[-1] = overlay(tiles[-1], resizing, UNDER_RESHAPE)
+        tiles.append(overlay(before + own, resizing, UNDER_RESHAPE))
+    per_attempt = [_sum(own) for own in tiles]
+    segments = [seg for own in tiles for seg in own]
     segments.sort(key=lambda seg: seg.start)  # carried segments interleave with declared detections
     start, end = origin, origin + attempts[-1].end
     categories = _sum(segments)
     wall = attempts[-1].end - attempts[0].begin
-    return _assemble(attempts, spans, outcomes, segments, per_attempt, categories, start, end, wall, launches)
+    acc = _assemble(attempts, spans, outcomes, segments, per_attempt, categories, start, end, wall, launches)
+    reserved = reserved_ranks(attempts, spans, launches)
+    worlds, resized = world_spans(attempts, spans, reserved), reshapes(attempts, spans)
+    figures = capacity(acc.segments, worlds, resized, reserved, attempts[-1].end)
+    return replace(acc, capacity=figures, reshapes=resized, world=worlds)
+
+
+def _resized(outcomes: list[str], spans: list[Spans]) -> list[str]:
+    """An attempt whose group ended it to take a newcomer back (the next begins with a grow) did not fail:
+    its outcome is ``resized`` and its declared end is no failure detection."""
+    for i in range(len(spans) - 1):
+        if (
+            outcomes[i] == "failed"
+            and spans[i + 1].reshaped_start("grow")
+            and not spans[i + 1].reshaped_start("shrink")
+        ):
+            outcomes[i] = "resized"
+            spans[i].detect, spans[i].failure_reason = [], None
+    return outcomes
 
 
 def _launch_numbers(attempts: list[Attempt]) -> list[int]:
@@ -379,14 +311,12 @@ def _assemble(
         for a, s in zip(attempts, spans, strict=True)
         for sv in s.saves
     )
-    failures = outcomes.count("failed")
+    failures = outcomes.count("failed") + sum(s.in_place_failures() for s in spans)
+    in_place = [i > 0 and (rolled_back(s) or s.reshaped_start()) for i, s in enumerate(spans)]
     restart_costs = [
         cats["restart_downtime"] + cats["init"] + cats["checkpoint_restore"]
         for i, cats in enumerate(per_attempt)
-        if i > 0
-        and outcomes[i - 1] == "failed"
-        and launches[i] == launches[i - 1]
-        and not _rolled_back(spans[i])
+        if i > 0 and outcomes[i - 1] == "failed" and launches[i] == launches[i - 1] and not in_place[i]
     ]
     stalls = [sv.stall_seconds for sv in saves if sv.stall_seconds is not None]
     persists = [sv.persist_seconds for sv in saves if sv.persist_seconds is not None]
@@ -404,10 +334,8 @@ def _assemble(
             for a, s, o, c, n in zip(attempts, spans, outcomes, per_attempt, launches, strict=True)
         ),
         saves=saves,
-        restarts=len(attempts)
-        - 1
-        - launches[-1]
-        - sum(_rolled_back(s) for s in spans[1:]),  # a rollback restarts nothing
+        # a rollback, a shrink or a grow in place restarts nothing
+        restarts=len(attempts) - 1 - launches[-1] - sum(in_place),
         failures=failures,
         mtbf_seconds=job / failures if failures else None,
         ckpt_stall_seconds=_mean(stalls),
@@ -439,41 +367,3 @@ def _summary(a: Attempt, s: Spans, outcome: str, categories: dict[str, float], l
         categories=categories,
         launch=launch,
     )
-
-
-def goodput_over_time(acc: Accounting, *, window: float, points: int = 200) -> list[tuple[float, float]]:
-    """Goodput over a trailing window, sampled at ``points`` evenly spaced times of the run.
-
-    Args:
-        acc: the run's accounting.
-        window: the trailing window in seconds (the first samples use the time elapsed so far).
-        points: how many samples.
-
-    Returns:
-        ``(time, goodput)`` pairs; time in seconds since the run started.
-    """
-    if window <= 0 or points < 1:
-        raise ValueError(f"window must be > 0 and points >= 1, got window={window}, points={points}")
-    segs = acc.segments
-    if not segs or acc.wall_seconds <= 0:
-        return []
-    starts = [seg.start for seg in segs]
-    cumulative = [0.0]
-    for seg in segs:
-        cumulative.append(cumulative[-1] + (seg.end - seg.start if seg.category == "productive" else 0.0))
-
-    def productive_until(x: float) -> float:
-        i = bisect.bisect_right(starts, x) - 1
-        if i < 0:
-            return 0.0
-        seg = segs[i]
-        inside = min(x, seg.end) - seg.start if seg.category == "productive" else 0.0
-        return cumulative[i] + inside
-
-    out = []
-    for j in range(1, points + 1):
-        t = acc.wall_seconds * j / points
-        lo = max(0.0, t - window)
-        span = t - lo  # 0 only when the run is shorter than float resolution (t underflows to 0)
-        out.append((t, (productive_until(t) - productive_until(lo)) / span if span > 0 else 0.0))
-    return out

@@ -107,7 +107,7 @@ def _on_auto(acc: Accounting) -> bool:
 
 
 def _no_checkpoint(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
-    if acc.saves or acc.failures == 0 or acc.categories["lost_work"] <= 0:
+    if acc.saves or acc.failures == 0 or model.mtbf is None or acc.categories["lost_work"] <= 0:
         return None
     share = acc.categories["lost_work"] / acc.job_seconds
     text = "no checkpoint was saved, so every failure threw away all work since the start: enable checkpoints"
@@ -189,7 +189,7 @@ def _cold_cache(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advi
 
 
 def _restarts(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
-    if acc.failures == 0 or model.interval is None:
+    if acc.failures == 0 or model.interval is None or model.mtbf is None:  # no failure was a restart
         return None
     cost = model.restart + model.detect
     waste = model.interval / 2.0 + model.persist

@@ -2,7 +2,7 @@
 
 Neither package is a dependency of goodput: each exporter imports its package when it is created and raises
 ConfigError naming the package to install when it is missing. :class:`goodput.run.progress.Progress` feeds every
-exporter it is given the step's ``fetch_seconds``, ``goodput`` (live) and ``loss``.
+exporter it is given the step's ``fetch_seconds``, ``goodput`` and ``capacity_goodput`` (live) and ``loss``.
 """
 
 from __future__ import annotations

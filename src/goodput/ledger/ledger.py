@@ -20,6 +20,7 @@ Event schema (one JSON object per line)::
 
     every event      event (name), wall (time.time()), mono (time.monotonic()), attempt, rank
     attempt_start    process_start (wall time the process started), pid, host, world_size, restart_count,
+                     reserved_world (the ranks the job reserved: $GOODPUT_RESERVED_WORLD, else world_size),
                      launch? (``goodput launch``'s id: attempts of one launch share it, a relaunch has another)
     init_done        -
     restore_start    -
@@ -46,6 +47,11 @@ Event schema (one JSON object per line)::
     warm_restart             generation, role ("survivor"/"replacement"), failed_ranks, restored_step, and the
                              parts in seconds: detection, handover, reform, restore, spare_wait (see run/warm.py)
     warm_first_step          step, seconds (restore end to the first step after a warm restart)
+    shrink                   generation, step (the first step at the new size), world_before, world_after,
+                             failed_ranks, seconds (failure detected to training resumed), batch_rule: the
+                             group went on with fewer ranks, no process restarted (``reshape`` in the report)
+    grow                     generation, step, world_before, world_after, joined, seconds (newcomer ready to
+                             training resumed at the new size): the group took ranks back at a step boundary
     anything else            a custom event (eval, ...) with the caller's JSON-able fields
 
 How a training loop feeds it (the order matters for the accounting)::
@@ -85,9 +91,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from goodput._env import LAUNCH_ID
+from goodput._env import LAUNCH_ID, RESERVED_WORLD
 from goodput.errors import ConfigError
 from goodput.ledger.files import LEDGER_DIR, LedgerFile, ledger_files, read_events
+from goodput.ledger.live import Live
 
 __all__ = ["Ledger", "LedgerConfig", "LedgerFile", "ledger_files", "read_events"]
 
@@ -130,6 +137,24 @@ def _process_start_wall() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return time.time() - max(0.0, age)
+
+
+def _reserved_world(world: int) -> int:
+    """The ranks the job reserved: ``$GOODPUT_RESERVED_WORLD`` (set by goodput launch), else ``world``.
+
+    Raises:
+        ConfigError: when the variable is set but is not a whole number >= 1.
+    """
+    text = RESERVED_WORLD.get().strip()
+    if not text:
+        return world
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{RESERVED_WORLD.name}={text!r} must be a whole number of ranks >= 1")
+    return value
 
 
 def _next_attempt(folder: Path, rank: int) -> int:
@@ -187,13 +212,17 @@ class Ledger:
         self._stop = threading.Event()
         now = time.time()
         process_start = began if began is not None else _process_start_wall()
-        self._live = _Live(now if process_start is None else min(process_start, now), time.monotonic())
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        reserved = _reserved_world(world)
+        began_at = now if process_start is None else min(process_start, now)
+        self._live = Live(began_at, time.monotonic(), world=world, reserved=reserved)
         self.event(
             "attempt_start",
             process_start=self._live.process_start,
             pid=os.getpid(),
             host=socket.gethostname(),
-            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            world_size=world,
+            reserved_world=reserved,
             restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
             **({"launch": LAUNCH_ID.get()} if LAUNCH_ID.get() else {}),
         )
@@ -251,6 +280,9 @@ class Ledger:
         except (TypeError, ValueError) as err:
             raise ConfigError(f"ledger event {name!r}: fields must be JSON-serialisable ({err})") from None
         self._append(line + "\n", name, mono, fields.get("fetch_seconds"))
+        if name in ("shrink", "grow") and isinstance(fields.get("world_after"), int):
+            with self._lock:
+                self._live.resized(fields["world_after"])
 
     def _append(self, line: str, name: str, mono: float, fetch: Any) -> None:
         data = line.encode()  # bytes now, so the flush thread only joins and writes (little GIL time)
@@ -347,6 +379,12 @@ class Ledger:
             return self._live.goodput(time.monotonic())
 
     @property
+    def live_capacity_goodput(self) -> float:
+        """As :attr:`live_goodput`, each step weighed by the world size in force over the reserved ranks."""
+        with self._lock:
+            return self._live.capacity_goodput(time.monotonic())
+
+    @property
     def last_fetch_seconds(self) -> float | None:
         with self._lock:
             return self._live.last_fetch
@@ -408,26 +446,3 @@ def _disown(ledger: Ledger | None) -> None:
         ledger._pending = []
         ledger._closed = True
         atexit.unregister(ledger._at_exit)
-
-
-class _Live:
-    """Running totals for the progress line (internal; guarded by the ledger's lock)."""
-
-    def __init__(self, process_start: float, mono_now: float) -> None:
-        self.process_start = process_start
-        self.mono_origin = mono_now - max(0.0, time.time() - process_start)
-        self.useful = 0.0
-        self.last_fetch: float | None = None
-        self._step_start: float | None = None
-
-    def observe(self, name: str, mono: float, fetch: Any) -> None:
-        if name == "step_start":
-            self._step_start = mono
-        elif name == "step_end" and self._step_start is not None:
-            self.last_fetch = float(fetch or 0.0)
-            self.useful += max(0.0, mono - self._step_start - self.last_fetch)
-            self._step_start = None
-
-    def goodput(self, mono_now: float) -> float:
-        elapsed = mono_now - self.mono_origin
-        return self.useful / elapsed if elapsed > 0 else 0.0

@@ -1,10 +1,11 @@
-"""The picture behind ``goodput report --plot``: attempts coloured by category, and goodput over time."""
+"""The picture behind ``goodput report --plot``: attempts coloured by category, and goodput over time; for a
+run that trained on fewer ranks than it reserved (a shrink, or started short), the world size on a second axis."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from goodput.ledger.accounting import CATEGORIES, Segment, goodput_over_time
+from goodput.ledger.accounting import CATEGORIES, Accounting, Segment, goodput_over_time
 
 if TYPE_CHECKING:
     from goodput.ledger.report import Report
@@ -20,10 +21,12 @@ COLOURS = {
     "straggler_wait": "#17becf",
     "lost_work": "#7f0000",
     "restart_downtime": "#555555",
+    "reshape": "#ffbb78",
     "failure_detection": "#e377c2",
     "other": "#c7c7c7",
     "between_launches": "#f0f0f0",
 }
+WORLD_COLOUR = "#6a3d9a"  # the world size line (second axis of the goodput panel)
 # Above this many segments the timeline is drawn in bins, each a stack of its categories' shares: a step's
 # thin data_wait sliver would otherwise vanish (or flicker) at screen resolution.
 MAX_SEGMENTS = 600
@@ -119,7 +122,10 @@ def plot_report(report: Report, path: str, *, window: float | None = None) -> No
     top.set_yticks(range(len(numbers)))
     top.set_yticklabels([f"attempt {a.number} ({a.outcome})" for a in acc.attempts])
     top.set_ylim(len(numbers) - 0.5, -0.5)
-    top.set_title(f"{report.run_dir or 'run'}: goodput {acc.goodput:.1%} of {wall / scale:.3g} {unit}")
+    capacity = f", capacity goodput {acc.capacity_goodput:.1%}" if acc.capacity_goodput < acc.goodput else ""
+    top.set_title(
+        f"{report.run_dir or 'run'}: goodput {acc.goodput:.1%}{capacity} of {wall / scale:.3g} {unit}"
+    )
     legend = [
         Patch(color=COLOURS[c], label=f"{c} {acc.categories[c] / wall:.1%}")
         for c in CATEGORIES
@@ -127,6 +133,7 @@ def plot_report(report: Report, path: str, *, window: float | None = None) -> No
     ]
     top.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     _goodput_panel(bottom, report, window or wall / 20.0, scale, unit)
+    _world_axis(bottom, acc, scale)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -161,3 +168,21 @@ def _goodput_panel(ax: Any, report: Report, window: float, scale: float, unit: s
     ax.set_xlabel(f"time since the run started ({unit}); grey lines: restarts")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+
+def _world_axis(ax: Any, acc: Accounting, scale: float) -> None:
+    """The world size in force (a step line) against the reserved ranks (dashed), on a second y axis, when
+    the run ever trained short of its reservation."""
+    if not any(w.world < w.reserved for w in acc.world):
+        return
+    twin = ax.twinx()
+    xs = [x for w in acc.world for x in (w.start / scale, w.end / scale)]
+    twin.plot(
+        xs, [w.world for w in acc.world for _ in (0, 1)], color=WORLD_COLOUR, lw=1.6, label="world size"
+    )
+    twin.plot(xs, [w.reserved for w in acc.world for _ in (0, 1)], color=WORLD_COLOUR, lw=1, ls="--",
+              label="reserved ranks")  # fmt: skip
+    top = max(w.reserved for w in acc.world)
+    twin.set_ylim(0, top * 1.05)
+    twin.set_ylabel("ranks", color=WORLD_COLOUR)
+    twin.legend(loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=8, frameon=False)

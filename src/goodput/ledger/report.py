@@ -6,6 +6,12 @@ restart time R, detection time D and the observed MTBF M, at the measured checkp
 optimum. The planner models checkpoints and failures only, so the comparable ``predicted_goodput`` is the
 planner's goodput times the share of job time (wall time minus between_launches) outside what it does not
 model (data_wait, warmup, straggler_wait, other and the first attempt's init).
+
+A run that answered failures by shrinking in place (``shrink`` events: no spare was left) is predicted with
+:func:`goodput.planning.goodput_shrink` on top: its measured shrink and grow costs, detection, lost step and
+the time it trained short of a rank give the time goodput and the capacity goodput; the checkpoint model then
+counts only the failures that were restarts. Without shrinks the predicted capacity goodput is the predicted
+goodput scaled by the world sizes the run had (as measured).
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ class Prediction:
     modelled_share: float
     predicted_goodput: float | None
     restart_estimated: bool
+    predicted_capacity_goodput: float | None = None
+    shrink: dict[str, float] | None = None  # the shrink model's inputs and answer, for a run that shrank
 
 
 @dataclass(frozen=True)
@@ -94,11 +102,13 @@ class Report:
         out: dict[str, Any] = {
             "run_dir": self.run_dir,
             "goodput": acc.goodput,
+            "capacity_goodput": acc.capacity_goodput,
             "wall_seconds": acc.wall_seconds,
             "job_seconds": acc.job_seconds,
             "categories": dict(acc.categories),
             "restarts": acc.restarts,
             "predicted_goodput": self.prediction.predicted_goodput,
+            "predicted_capacity_goodput": self.prediction.predicted_capacity_goodput,
         }
         out.update({k: v for k, v in acc.to_dict().items() if k not in out})
         out["prediction"] = asdict(self.prediction)
@@ -113,9 +123,18 @@ class Report:
         return render(self)
 
 
+def _shrinks(acc: Accounting) -> int:
+    return sum(1 for r in acc.reshapes if r.kind == "shrink")
+
+
 def _model(acc: Accounting, mtbf: float | None) -> tuple[MeasuredModel, str, bool]:
-    if acc.mtbf_seconds is not None:
-        used, source = acc.mtbf_seconds, "observed"
+    """The checkpoint model's inputs: its MTBF counts the failures that were restarts (a shrink rolls back to
+    no checkpoint), so a run whose every failure shrank has none."""
+    restarted = acc.failures - _shrinks(acc)
+    if acc.failures and restarted <= 0:
+        used, source = None, "observed"
+    elif acc.mtbf_seconds is not None:
+        used, source = acc.job_seconds / restarted, "observed"
     elif mtbf is not None:
         used, source = mtbf, "assumed"
     else:
@@ -140,20 +159,47 @@ def _prediction(acc: Accounting, model: MeasuredModel, source: str, estimated: b
     unmodelled = (
         sum(acc.categories[k] for k in ("data_wait", "warmup", "straggler_wait", "other")) + first_init
     )
-    share = 1.0 - unmodelled / acc.job_seconds if acc.job_seconds > 0 else 0.0
+    share = max(0.0, 1.0 - unmodelled / acc.job_seconds if acc.job_seconds > 0 else 0.0)
     optimum = model.optimum()
     planner = model.goodput()
+    shrink = _shrink_model(acc, planner if planner is not None or acc.saves else 1.0)
+    capacity: float | None = None
+    if shrink is not None:
+        planner, capacity = shrink["goodput"], shrink["capacity_goodput"] * share
+    elif planner is not None:
+        capacity = planner * share * (acc.capacity_goodput / acc.goodput if acc.goodput > 0 else 1.0)
     return Prediction(
-        mtbf_seconds=model.mtbf,
+        mtbf_seconds=acc.mtbf_seconds if acc.failures else model.mtbf,
         mtbf_source=source,
         interval_seconds=model.interval,
         optimal_interval_seconds=optimum,
         planner_goodput=planner,
         planner_goodput_optimal=model.goodput(optimum) if optimum else None,
-        modelled_share=max(0.0, share),
-        predicted_goodput=None if planner is None else planner * max(0.0, share),
+        modelled_share=share,
+        predicted_goodput=None if planner is None else planner * share,
         restart_estimated=estimated,
+        predicted_capacity_goodput=capacity,
+        shrink=shrink,
     )
+
+
+def _shrink_model(acc: Accounting, base: float | None) -> dict[str, float] | None:
+    """The shrink model (:func:`goodput.planning.goodput_shrink`) fed with the run's own figures, per
+    failure answered by a shrink; None when nothing shrank (or no checkpoint interval was measured)."""
+    shrinks, figures = _shrinks(acc), acc.capacity
+    if not shrinks or base is None or figures is None or acc.job_seconds <= 0 or figures.reserved_world < 2:
+        return None
+    grows = [r.seconds for r in acc.reshapes if r.kind == "grow"]
+    inputs = {
+        "mtbf": acc.job_seconds / shrinks,
+        "shrink": figures.shrink_seconds or 0.0,
+        "grow": sum(grows) / shrinks,
+        "regrow": (figures.shrink_seconds or 0.0) + (figures.reduced_per_shrink or 0.0),
+        "detect": acc.detect_seconds or 0.0,
+        "lost": acc.categories["lost_work"] / acc.failures if acc.failures else 0.0,
+    }
+    answer = planning.goodput_shrink(ranks=figures.reserved_world, base=base, **inputs)
+    return {**inputs, "ranks": float(figures.reserved_world), "base": base, **answer.to_dict()}
 
 
 def build_report(

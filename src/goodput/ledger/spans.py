@@ -8,6 +8,7 @@ are told apart as a restart within one launch or a new launch (:func:`new_launch
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -35,8 +36,15 @@ class Attempt:
         self.end = max(self.times)
         self.launch = head.get("launch")  # goodput launch's id, when the attempt ran under one
         self.restart_count = head.get("restart_count")  # torchrun's, which a new torchrun starts at 0
-        # a warm restart's attempt, or a rollback in place (goodput.run.numeric): the same processes go on
-        self.warm = any(e.get("event") in ("warm_restart", "rollback") for e in events)
+        # a warm restart's attempt, a rollback in place (goodput.run.numeric), or a shrink or grow in place:
+        # the same processes go on
+        self.warm = any(e.get("event") in ("warm_restart", "rollback", *RESHAPES) for e in events)
+        self.world = int(head.get("world_size") or 1)
+        self.reserved = max(self.world, int(head.get("reserved_world") or self.world))
+
+
+# The group went on at another size with no process restarted (goodput.warm): a rank lost, or one taken back.
+RESHAPES = ("shrink", "grow")
 
 
 def begin_wall(head: Mapping[str, Any]) -> float:
@@ -132,7 +140,12 @@ class Spans:
         self.preempted = False
         self.failure_reason: str | None = None
         self.info: list[Mapping[str, Any]] = []
+        # shrinks and grows: (time, event); a shrink's interrupted step: (step start, failure detected)
+        self.reshapes: list[tuple[float, Mapping[str, Any]]] = []
+        self.interrupted: list[tuple[float, float]] = []
+        self._first_step_start = math.inf
         self._last_step_start = -math.inf
+        self._step_starts: list[float] = []
         self._read(a)
 
     def _read(self, a: Attempt) -> None:
@@ -143,7 +156,9 @@ class Spans:
             step = event.get("step")
             if name == "step_start":
                 self.open_step = (t, step)
+                self._first_step_start = min(self._first_step_start, t)
                 self._last_step_start = t
+                self._step_starts.append(t)
             elif name == "step_end":
                 self._close_step(t, event)
             elif name == "restore_start":
@@ -173,12 +188,39 @@ class Spans:
                 self.failure_reason = str(event.get("reason", "failure detected"))
             elif name == "attempt_end":
                 self.status = str(event.get("status", "ok"))
+            elif name in RESHAPES:
+                self._reshape(t, event)
             elif name not in BUILT_IN:  # declarations and custom events, kept for the report
                 self.info.append(event)
                 self.preempted = self.preempted or name == "preempted"
             last_event_t = t
         if restore_open is not None:
             self.restores.append((restore_open, a.end))
+
+    def _reshape(self, t: float, event: Mapping[str, Any]) -> None:
+        """A shrink or grow at ``t`` (training resumed at the new size); a step open at a shrink was
+        interrupted by the failure, ``seconds`` (failure detected to resumed) before ``t``."""
+        self.reshapes.append((t, event))
+        if event.get("event") == "shrink" and self.open_step is not None:
+            detected = t - max(0.0, float(event.get("seconds") or 0.0))
+            self.interrupted.append((self.open_step[0], max(self.open_step[0], detected)))
+            self.open_step = None
+
+    def resumed(self, t: float, end: float) -> float:
+        """When training resumed after ``t``: the next step's start (``end`` when none started)."""
+        i = bisect.bisect_left(self._step_starts, t)
+        return self._step_starts[i] if i < len(self._step_starts) else end
+
+    def in_place_failures(self) -> int:
+        """Shrinks after this attempt began training: failures its own outcome does not count (a shrink
+        that opens an attempt follows the failed one before it, which counts)."""
+        first = self._first_step_start
+        return sum(1 for t, e in self.reshapes if e.get("event") == "shrink" and t > first)
+
+    def reshaped_start(self, kind: str | None = None) -> bool:
+        """Whether this attempt began with a shrink or grow (``kind``: that one only): the group went on in
+        place, no restart."""
+        return any(t <= self._first_step_start and kind in (None, e.get("event")) for t, e in self.reshapes)
 
     def _close_step(self, t: float, event: Mapping[str, Any]) -> None:
         fetch = float(event.get("fetch_seconds") or 0.0)
@@ -218,7 +260,8 @@ def kept_steps(
     """Per attempt: (last kept step, whether steps above it are lost) for lost-work accounting.
 
     The next attempt's restored step decides when it is known (its steps above were redone, whatever this
-    attempt's outcome); a failed attempt without that falls back to the newest durable checkpoint so far.
+    attempt's outcome); one that began with a shrink or grow in place kept every step; a failed attempt
+    without either falls back to the newest durable checkpoint so far.
     """
     result: list[tuple[int | None, bool]] = []
     durable_so_far: list[tuple[float, int]] = []
@@ -227,6 +270,8 @@ def kept_steps(
         nxt = spans[i + 1] if i + 1 < len(spans) else None
         if nxt is not None and nxt.has_restore:
             result.append((nxt.restored_step, True))
+        elif nxt is not None and nxt.reshaped_start():
+            result.append((None, False))  # the survivors went on in place with the state they had
         elif outcomes[i] == "failed":
             result.append((max((step for _, step in durable_so_far), default=None), True))
         else:

@@ -70,12 +70,14 @@ def _figures(report: Report) -> list[str]:
         if not pred.restart_estimated
         else f"{_dur(_restart_estimate(report))} (est.)"
     )
+    model = "shrink and regrow model" if pred.shrink is not None else "planner"
     planner = (
         "n/a (no checkpoint interval measured)"
         if pred.planner_goodput is None
-        else f"{_pct(pred.predicted_goodput)}  = planner {_pct(pred.planner_goodput)} x modelled share "
+        else f"{_pct(pred.predicted_goodput)}  = {model} {_pct(pred.planner_goodput)} x modelled share "
         f"{_pct(pred.modelled_share)}"
     )
+    shrinks = sum(1 for r in acc.reshapes if r.kind == "shrink")
     optimum = pred.optimal_interval_seconds
     interval = f"current {_dur(pred.interval_seconds)}, optimal {_dur(optimum)}"
     if optimum is not None and pred.planner_goodput_optimal is not None:
@@ -83,7 +85,11 @@ def _figures(report: Report) -> list[str]:
     return [
         f"  {'goodput (measured)':<28}{_pct(acc.goodput)}",
         f"  {'goodput (predicted)':<28}{planner}",
+        f"  {'capacity goodput (measured)':<28}{_pct(acc.capacity_goodput)}  = productive rank-seconds / "
+        f"reserved rank-seconds ({acc.capacity.reserved_world if acc.capacity else 1} ranks reserved)",
+        f"  {'capacity goodput (pred.)':<28}{_pct(pred.predicted_capacity_goodput)}",
         f"  {'restarts / failures':<28}{acc.restarts} / {acc.failures}"
+        + (f", {shrinks} answered by shrinking in place" if shrinks else "")
         + (f" (and {acc.preemptions} preemption(s), not failures)" if acc.preemptions else ""),
         f"  {'MTBF':<28}{mtbf}",
         f"  {'C checkpoint stall':<28}{_dur(acc.ckpt_stall_seconds)} mean of {n_saves} save(s)",
@@ -121,7 +127,8 @@ def _steps(report: Report) -> list[str]:
             f"  interval changes: {len(changes)}; last to {_dur(last.get('interval_seconds'))}"
             f" ({last.get('reason', 'no reason given')})"
         )
-    lines += _warm_lines(acc.info, acc.restarts)
+    lines += _warm_lines(acc.info, acc.restarts, frozenset(r.generation for r in acc.reshapes))
+    lines += _reshape_lines(acc)
     lines += _numeric_lines(acc.info)
     restores = acc.info.get("restore_parts", [])
     if restores:  # the last restore, split into its parts
@@ -170,9 +177,52 @@ def _numeric_lines(info: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _warm_lines(info: dict[str, Any], restarts: int) -> list[str]:
-    """Warm against cold restarts, and the mean parts of the warm ones (from ``warm_restart`` events)."""
-    warm = info.get("warm_restart", [])
+_LISTED = 12  # shrinks and grows listed one per line; the rest are counted
+
+
+def _reshape_lines(acc: Any) -> list[str]:
+    """The time short of the reserved ranks, and each shrink and grow with its cost."""
+    figures = acc.capacity
+    if figures is None or (not acc.reshapes and figures.reduced_seconds <= 0):
+        return []
+    share = figures.reduced_seconds / acc.job_seconds if acc.job_seconds > 0 else 0.0
+    lines = [
+        f"  world size: {figures.reserved_world} ranks reserved; below that for {fd(figures.reduced_seconds)} "
+        f"({_pct(share)} of job time)"
+    ]
+    if not acc.reshapes:
+        return lines
+    means = [
+        f"shrink {_dur(figures.shrink_seconds)}",
+        f"grow {_dur(figures.grow_seconds)}",
+        f"replacement ready {_dur(figures.regrow_seconds)} after a failure was noticed",
+    ]
+    lines.append(f"  shrinks and grows in place (mean): {', '.join(means)}")
+    for r in acc.reshapes[:_LISTED]:
+        if r.kind == "shrink":
+            what = f"ranks {list(r.failed_ranks)} lost" + (
+                f", batch kept by {r.batch_rule}" if r.batch_rule else ""
+            )
+        else:
+            what = f"{r.joined} joined"
+        lines.append(
+            f"    {r.kind} {r.world_before}->{r.world_after} at {fd(r.at)}, step {r.step}: {fd(r.seconds)} ({what})"
+        )
+    if len(acc.reshapes) > _LISTED:
+        lines.append(f"    ... and {len(acc.reshapes) - _LISTED} more")
+    return lines
+
+
+def _warm_lines(
+    info: dict[str, Any], restarts: int, resized: frozenset[int | None] = frozenset()
+) -> list[str]:
+    """Warm against cold restarts, and the mean parts of the warm ones (from ``warm_restart`` events; those of
+    a generation that shrank or grew in place are no restart)."""
+    warm = [
+        e
+        for e in info.get("warm_restart", [])
+        if e.get("generation") not in resized or e.get("generation") is None
+    ]
     if not warm:
         return []
     firsts = [float(e["seconds"]) for e in info.get("warm_first_step", [])]

@@ -1,7 +1,8 @@
 """The planner: pure models of failures, checkpoint waste and goodput, and a Monte Carlo check of them.
 
 ``model`` holds the closed forms (failure probability, waste per failure, first-order and Daly's exact
-goodput, the Young/Daly/exact optimum); ``simulation`` replays a job's failures and checkpoints to check
+goodput, the Young/Daly/exact optimum); ``shrink`` the goodput and capacity goodput of a job that answers
+failures by shrinking in place and growing back; ``simulation`` replays a job's failures and checkpoints to check
 them. Nothing here does I/O, reads a clock or touches torch: inputs in, numbers out.
 """
 
@@ -20,6 +21,7 @@ from goodput.planning.model import (
     waste_per_failure,
     young_interval,
 )
+from goodput.planning.shrink import ShrinkGoodput, goodput_shrink
 from goodput.planning.simulation import SimulationResult, simulate_goodput
 from goodput.planning.twolevel import (
     TwoLevelPlan,
@@ -31,6 +33,7 @@ from goodput.planning.twolevel import (
 
 __all__ = [
     "PlanInputs",
+    "ShrinkGoodput",
     "SimulationResult",
     "TwoLevelPlan",
     "daily_waste",
@@ -40,6 +43,7 @@ __all__ = [
     "failure_probability",
     "goodput_daly",
     "goodput_first_order",
+    "goodput_shrink",
     "goodput_two_level",
     "lost_work_per_failure",
     "mtbf_from_rate",

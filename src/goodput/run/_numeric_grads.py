@@ -19,6 +19,8 @@ import math
 import weakref
 from typing import Any
 
+from goodput.run._comm_hook import add_tap
+
 __all__ = ["BucketCheck"]
 
 # A DDP model accepts one communication hook for its lifetime: the guard of each restore (a warm restart
@@ -49,9 +51,8 @@ class BucketCheck:
         check = _REGISTERED.get(model)
         if check is None:
             check = cls()
-            try:
-                model.register_comm_hook(model.process_group, check.hook_function())
-            except RuntimeError:  # the user's own hook is there: fall back to the pass over the gradients
+            # one hook per DDP model, shared with the straggler detector (goodput.run._comm_hook)
+            if not add_tap(model, "numeric", check._hook):  # the user's own hook: the pass over the gradients
                 return None
             _REGISTERED[model] = check
         check._sums.clear()
@@ -64,28 +65,18 @@ class BucketCheck:
         fault = faults.take("nan", step, into="grad")
         self.poison = None if fault is None else (math.nan if fault.value == "nan" else math.inf)
 
-    def hook_function(self) -> Any:
-        """The hook as DDP takes it: DDP refuses a ``bucket`` annotated other than ``dist.GradBucket``, which a
-        postponed (string) annotation is, so the function it gets carries none."""
-
-        def hook(group, bucket):  # type: ignore[no-untyped-def]
-            return self._hook(group, bucket)
-
-        return hook
-
-    def _hook(self, group: Any, bucket: Any) -> Any:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
+    def _hook(self, bucket: Any, reduce: Any) -> Any:
+        """A tap of the model's shared hook: poison the bucket when armed, sum it once reduced."""
         if self.poison is not None:
             bucket.buffer().view(-1)[0] = self.poison
             self.poison = None
 
         def summed(future: Any) -> Any:
-            reduced = future.value()[0]
+            reduced = future.value()  # the bucket, all-reduced (one flat tensor)
             self._sums.append(reduced.sum())
             return reduced
 
-        return allreduce_hook(group, bucket).then(summed)
+        return reduce().then(summed)
 
     def take(self) -> float | None:
         """The total of the buckets reduced since the last call (None: no bucket was reduced, e.g. under

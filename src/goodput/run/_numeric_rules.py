@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 import struct
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ FLAG_GRAD_BAD = 4  # a gradient was NaN or infinite before the optimizer step (t
 FLAG_FINGERPRINT = 8  # the row carries the parameters' fingerprint (a check step)
 FLAG_SELF_DIFFERS = 16  # this rank fingerprinted this step before (a redo) and got another value then
 
+_LOG_MAX = math.log(sys.float_info.max)
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -80,12 +82,23 @@ def fingerprint(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def spike_threshold(history: Sequence[float], *, k: float, min_rise: float) -> float:
-    """The loss above which a step is a spike: median + max(k x MAD (scaled to a normal's sigma), min_rise x
-    |median|) of the recent losses.
+    """The loss above which a step is a spike: a rise above the recent losses' median by more than ``k`` x
+    their MAD (scaled to a normal's sigma) and by at least ``min_rise`` x the median.
 
-    The median and the MAD ignore a few outliers of their own window; the relative floor keeps a flat loss
-    (MAD near zero) from calling every small rise a spike.
+    Measured on the logarithm of the losses when they are all positive (every loss of a likelihood, a cross
+    entropy or a squared error is), else on the losses themselves. A small batch's loss is skewed to the
+    right (a few samples with large errors dominate a mean of squares): on its own scale, its ordinary steps
+    reach many MADs above the median, while their logarithm is nearly symmetric, so a spike is a jump by a
+    factor that the recent steps' own spread in factors does not explain. The median and the MAD ignore a few
+    outliers of their own window; the floor keeps a flat loss (MAD near zero) from calling every small rise a
+    spike.
     """
+    if min(history) > 0:
+        logs = [math.log(x) for x in history]
+        median = statistics.median(logs)
+        mad = 1.4826 * statistics.median(abs(x - median) for x in logs)
+        exponent = median + max(k * mad, math.log1p(min_rise))
+        return math.exp(exponent) if exponent < _LOG_MAX else math.inf
     median = statistics.median(history)
     mad = 1.4826 * statistics.median(abs(x - median) for x in history)
     return median + max(k * mad, min_rise * abs(median))

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from goodput._env import CHECKPOINT_ROOT, RUN_DIR
+from goodput._env import CHECKPOINT_ROOT, NUMERIC, RUN_DIR
 from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
 from goodput.data.loader import ResumableLoader
 from goodput.data.prefetch import DevicePrefetcher
@@ -38,6 +38,7 @@ from goodput.launch.folder import PREEMPTED_FILE, launch_dir, write_marker
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.ledger.tiers import live_recovered_share
+from goodput.run.numeric import NumericConfig
 from goodput.warm.worker import WarmWorker, warm_enabled
 
 if TYPE_CHECKING:
@@ -96,6 +97,22 @@ def join_group(
         return worker, info, info.world_size > 1
     info = init_distributed(backend)
     return None, info, single_process_group(backend) or info.world_size > 1
+
+
+def checked_numeric(numeric: object) -> NumericConfig | None:
+    """The numeric guard's config from ``Run(numeric=...)`` (``True``, or False under ``GOODPUT_NUMERIC``: the
+    defaults), None when it is off.
+
+    Raises:
+        ConfigError: anything but a ``NumericConfig``, True or False.
+    """
+    if numeric is True or (numeric is False and NUMERIC.on()):  # GOODPUT_NUMERIC: verify-rollback's
+        return NumericConfig()
+    if numeric is False:
+        return None
+    if not isinstance(numeric, NumericConfig):
+        raise ConfigError(f"numeric must be a gp.NumericConfig, True or False, got {numeric!r}")
+    return numeric
 
 
 def checked_plan(text: str, world_size: int, total_steps: int | None, *, numeric_on: bool) -> list[Fault]:

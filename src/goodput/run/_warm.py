@@ -15,6 +15,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from goodput.data._global_batch import regroup
 from goodput.faults import fault_point
 from goodput.launch.folder import FATAL_ERRORS, report_failure
 from goodput.run.hooks import RunHook
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from goodput.checkpoint.state import TrainingState
     from goodput.run.run import Run
 
-__all__ = ["WarmHook", "exit_failed"]
+__all__ = ["WarmHook", "exit_failed", "resized_event"]
 
 
 class WarmHook(RunHook):
@@ -36,10 +37,15 @@ class WarmHook(RunHook):
         self._next: dict[str, Any] | None = None  # what the agent said about the next generation
         self._first: float | None = None  # when the recovered generation started, until its first step
         self._live = False  # the last restore took the state from a survivor, not a checkpoint
+        self._recovering = False  # inside a live recovery: the objects hold no state of this process yet
 
     def snapshot(self, run: Run) -> None:
-        """Keep this survivor's state of ``run.step`` (its manager is about to be dropped with the dead group)."""
-        self._pending = self.worker.snapshot(run.step, run.state)
+        """Keep this survivor's state of ``run.step`` (its manager is about to be dropped with the dead group).
+
+        A failure inside a recovery keeps the state taken before it: the new objects hold nothing yet.
+        """
+        if not self._recovering:
+            self._pending = self.worker.snapshot(run.step, run.state)
 
     def leave(self) -> None:
         """Leave the failed generation and wait to join the next one."""
@@ -49,10 +55,16 @@ class WarmHook(RunHook):
         if not self.worker.live_recovery:
             return None
         start = time.monotonic()
+        if self.worker.resized:  # a loader kept across generations takes its share of the new world
+            regroup(state.loader, run.info.rank, run.info.world_size)
+        self._recovering = True
         fault_point("restore")
         step = self.worker.recover(self._pending, state)
+        self._recovering = False
         parts = self.worker.parts(time.monotonic() - start, self._next)
         run.ledger.event("warm_restart", restored_step=step, **parts)
+        if self.worker.resized:
+            resized_event(run, self.worker.info, step, state)
         self.worker.recovered()
         self._pending = self._next = None
         self._first = time.monotonic()
@@ -60,6 +72,7 @@ class WarmHook(RunHook):
         return step
 
     def on_restore(self, run: Run, state: TrainingState, step: int | None) -> None:
+        self.worker.state_registered(state)
         # A warm restart before this generation's first completed step hands on the restored step.
         if step is not None:
             self.worker.position_restored(step, state.loader, from_checkpoint=not self._live)
@@ -68,6 +81,14 @@ class WarmHook(RunHook):
     def on_iterator(self, run: Run, loader: Any, first: bool) -> None:
         if first:
             self.worker.apply_rng()
+
+    def on_batch(self, run: Run, step: int) -> None:
+        # The agent ended this generation (a grow, or a peer's failure): leave at this step boundary, holding
+        # the last completed step, rather than start a step whose collectives or optimizer step must fail.
+        if self.worker.ending:
+            import torch.distributed as dist
+
+            raise dist.DistError(f"goodput: generation {self.worker.gen} ended: leaving before step {step}")
 
     def on_step(self, run: Run, step: int, loss: float | None) -> bool:
         self.worker.step_committed(step, run.loader)
@@ -79,6 +100,27 @@ class WarmHook(RunHook):
 
     def on_close(self, run: Run, status: str) -> None:
         self.worker.stop_watch()
+
+
+def resized_event(run: Run, info: dict[str, Any], step: int | None, state: TrainingState) -> None:
+    """The ledger's ``shrink`` or ``grow`` event of a resized generation, as this rank saw it (seconds: from
+    the failure's detection, or the newcomer's readiness, to training resumed)."""
+    kind = info["kind"]
+    since = float(info["detected_wall"] if kind == "shrink" else info["ready_wall"])
+    fields: dict[str, Any] = {
+        "generation": info["gen"],
+        "step": (step or 0) + 1,
+        "world_before": info["world_before"],
+        "world_after": info["world_size"],
+        "seconds": round(max(0.0, time.time() - since), 6),
+    }
+    if kind == "shrink":
+        fields["failed_ranks"] = info["failed"]
+        keeps = getattr(state.loader, "keeps_global_batch", False)
+        fields["batch_rule"] = "per_rank_batch" if keeps else "unchecked"
+    else:
+        fields["joined"] = info["joined"]
+    run.ledger.event(kind, **fields)
 
 
 def exit_failed(run: Run, err: BaseException) -> NoReturn:

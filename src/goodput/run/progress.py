@@ -8,7 +8,9 @@
 
 It shows ``step 120/10000 | loss 2.314 | fetch 12ms | goodput 87.3%``; the fetch time and goodput come from
 the ledger (the last step's ``fetch_seconds`` and this attempt's step compute over its time since process
-start) unless given. Only rank 0 draws it by default. Any exporters given receive the same figures.
+start) unless given. Only rank 0 draws it by default. Any exporters given receive the same figures, and
+``capacity_goodput`` (the live goodput weighed by the world size in force over the reserved ranks: lower
+while a job trains on fewer ranks after a shrink).
 
 When the output is not a terminal (a log file, a pipe, a batch job's stdout), a redrawn line would become one
 long line of carriage returns; there it writes plain lines instead: the first step, then one every
@@ -121,9 +123,15 @@ class Progress:
         self._bar.update(step - self._bar.n)
         if self._plain is not None:
             self._plain.update(step, parts[1:])
+        capacity = self._ledger.live_capacity_goodput if self._ledger is not None else None
         metrics = {
             k: float(v)
-            for k, v in (("fetch_seconds", fetch_seconds), ("goodput", goodput), ("loss", loss))
+            for k, v in (
+                ("fetch_seconds", fetch_seconds),
+                ("goodput", goodput),
+                ("capacity_goodput", capacity),
+                ("loss", loss),
+            )
             if v is not None
         }
         for exporter in self._exporters:

@@ -8,12 +8,10 @@
         run.step_done(loss=loss.item())
     run.close()
 
-Run owns the order of a step: it joins the process group in a store namespace of this attempt (reliable
-torchrun restarts), writes the ledger, restores the newest valid checkpoint, counts each batch's fetch time,
-fires injected faults, stops on preemption and saves when the policy says so. What watches or adjusts a run (the
-watchdog, crash-loop detection, progress, verify-resume's records, the cache counters, the numeric guard, warm
-restarts, the node-loss drill) is a hook in ``run.hooks`` (``goodput.run.hooks``). It works in one process and
-under torchrun (``goodput launch``), with plain, DDP and FSDP2 models.
+Run owns the order of a step: it joins the process group in this attempt's store namespace, writes the ledger,
+restores the newest valid checkpoint, times each batch's fetch, fires injected faults, stops on preemption and
+saves when the policy says so. What watches or adjusts a run (watchdog, crash loops, progress, records, cache
+counters, numeric guard, stragglers, warm restarts) is a hook in ``run.hooks``.
 """
 
 from __future__ import annotations
@@ -26,18 +24,20 @@ from typing import Any
 
 from goodput._env import FAULTS
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
-from goodput.errors import ConfigError, DataError, SaveFailed
+from goodput.distributed import dist_info
+from goodput.errors import ConfigError, SaveFailed
 from goodput.faults import install_faults
 from goodput.launch.folder import install_error_report, register_pid
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
 from goodput.run._attempt import agreed_attempt
+from goodput.run._batches import BatchLoop
 from goodput.run._observers import WatchdogHook, builtin_hooks
 from goodput.run._runhooks import (
     already_complete,
     arm_faults,
-    batch_source,
     check_train_fn,
+    checked_numeric,
     checked_plan,
     checkpoint_config,
     exit_preempted,
@@ -123,21 +123,15 @@ class Run:
         )
         self.attempt = self.ledger.attempt
         self._plan_text = faults if faults is not None else FAULTS.get()
-        if numeric is True:
-            numeric = NumericConfig()
-        if not isinstance(numeric, NumericConfig) and numeric is not False:
-            raise ConfigError(f"numeric must be a gp.NumericConfig, True or False, got {numeric!r}")
-        plan = checked_plan(
-            self._plan_text, self.info.world_size, total_steps, numeric_on=numeric is not False
-        )
+        guard = checked_numeric(numeric)
+        plan = checked_plan(self._plan_text, self.info.world_size, total_steps, numeric_on=guard is not None)
         self.faults = arm_faults(self, self._plan_text)
         self.config = checkpoint_config(checkpoint, run_dir)
         self._manager: CheckpointManager | None = None
         self.loader: Any = None  # the loader ``batches`` reads
         self.fetch_seconds = 0.0  # the last step's wait for its batch
-        self._ahead: Iterator[Any] | None = None  # what ``batches`` reads (maybe a receiving thread's)
+        self._loop = BatchLoop()  # the iteration state of ``batches``
         self._last_saved: int | None = None
-        self._rewound = False  # a hook rolled the run back: ``batches`` iterates the loader again
         self._closed = False
         self.hooks: list[RunHook] = builtin_hooks(
             self,
@@ -145,7 +139,7 @@ class Run:
             crash_loop=crash_loop,
             progress=progress,
             exporters=exporters,
-            numeric=numeric or None,
+            numeric=guard,
         )
         self.watchdog = Watchdog(hang_timeout, on_hang=self._hung) if hang_timeout else None
         if self.watchdog is not None:  # first: a finished step is a heartbeat before any hook works on it
@@ -234,62 +228,7 @@ class Run:
         loader = loader if loader is not None else self.loader
         if loader is None:
             raise ConfigError("batches() needs a loader (or one given to restore())")
-        self._stop_ahead()  # a previous iteration's thread must leave the loader before it is iterated again
-        self.loader = loader
-        steps = steps if steps is not None else self.total_steps
-        for hook in self.hooks:
-            hook.on_batches(self, loader)
-        checkpointed = self.state is not None and self.state.loader is loader
-        source = batch_source(loader, ahead, checkpointed=checkpointed)
-        iterator = self._iterate(source, loader, first=True)
-        pending = False  # a step_start was recorded and its batch not yet handed out
-        empty_epochs = 0
-        while steps is None or self.step < steps or self._loop_end_rewound():
-            if self._rewound:  # rolled back in place: from the restored position
-                self._rewound = False
-                self._stop_ahead()
-                iterator = self._iterate(source, loader, first=False)
-            if not pending:
-                self.ledger.step_start(self.step + 1)
-                pending = True
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                empty_epochs += 1
-                if empty_epochs > 1:
-                    raise DataError(
-                        "the loader yields no batches: is the dataset smaller than a batch?"
-                    ) from None
-                for hook in self.hooks:
-                    hook.on_epoch_end(self, loader)
-                iterator = self._iterate(source, loader, first=False)  # the next epoch
-                continue
-            empty_epochs, pending = 0, False
-            for hook in self.hooks:
-                hook.on_batch(self, self.step + 1)
-            yield batch
-
-    def _loop_end_rewound(self, *, closing: bool = False) -> bool:
-        """The loop reached its last step (``closing``: ``close()`` came first): whether a hook's verdict on the
-        last steps rolled the run back, so ``batches`` goes on from the restored step."""
-        for hook in self.hooks:
-            if hook.on_loop_end(self, closing):
-                self._rewound = True
-                return True
-        return False
-
-    def _iterate(self, source: Any, loader: Any, *, first: bool) -> Iterator[Any]:
-        iterator = self._ahead = iter(source)
-        for hook in self.hooks:
-            hook.on_iterator(self, loader, first)
-        return iterator
-
-    def _stop_ahead(self) -> None:
-        """Stop the background receiver of the last ``batches()`` (it joins its thread; nothing is consumed)."""
-        iterator, self._ahead = self._ahead, None
-        close = getattr(iterator, "close", None)
-        if callable(close):
-            close()
+        yield from self._loop.batches(self, loader, steps if steps is not None else self.total_steps, ahead)
 
     def step_done(self, *, loss: float | None = None) -> None:
         """Mark the step finished: record it, fire due faults, and save when the policy says so."""
@@ -303,7 +242,7 @@ class Run:
         self.ledger.step_end(step, fetch_seconds=self.fetch_seconds, loss=loss)
         for hook in self.hooks:
             if hook.on_step(self, step, loss):
-                self._rewound = True
+                self._loop.rewound = True
                 return  # rolled back in place, to an earlier step: batches() goes on from there
         self.faults.check(phase="step", step=self.step)
         if self._preempt.should_stop(self.step):
@@ -336,11 +275,11 @@ class Run:
         if self._closed:
             return
         self._closed = True
-        self._stop_ahead()
+        self._loop.stop()
         try:
             if self._manager is not None:
                 if status == "ok":
-                    self._loop_end_rewound(closing=True)
+                    self._loop.loop_end_rewound(self, closing=True)
                 if self._last_saved != self.step:
                     self.save()
                 with self.phase("checkpoint_save"):
@@ -401,7 +340,7 @@ class Run:
             try:
                 return train_fn(self)
             except Exception as err:
-                self._stop_ahead()
+                self._loop.stop()
                 if self.warm_hook is None:
                     raise
                 if not is_peer_failure(err):
@@ -417,6 +356,8 @@ class Run:
         self._preempt.leave_group()  # its group belongs to the dead generation; a preemption request stays
         with self.phase("restore"):
             self.warm_hook.leave()
+        self.info = dist_info()  # a shrink or grow renumbers the ranks
+        self._preempt.rank, self._preempt.world_size = self.info.rank, self.info.world_size
         # Every rank of the new generation makes the watch's group at the same point as a spare does in __init__.
         self._preempt.join_group()
         self.begin_attempt("warm", began=self.warm_hook.worker.joined_wall)

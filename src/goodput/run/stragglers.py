@@ -1,18 +1,19 @@
 """The straggler detector's worker side: each rank's own time per step, exchanged once a window.
 
 Per step a rank's time splits into its batch wait (the loader's ``fetch_seconds``), its own compute, and its
-wait for the other ranks. For a DDP model (the one given to ``run.restore``) a communication hook wrapping DDP's
-default all-reduce times each gradient bucket: the wait is from the last bucket being ready on this rank to its
-all-reduce being done, which ends only when the slowest rank's bucket is ready too. Compute is the rest of the
-step. Any loop can time named parts with ``with run.section("name"):``; without a DDP model the sections'
-sum is the rank's compute (nothing else tells its own work from its waits).
+wait for the other ranks, timed by the hooks its model's parallelism offers (:mod:`goodput.run._straggler_waits`:
+DDP's communication hook, FSDP2's custom collectives). Compute is the rest of the step. Any loop can time named
+parts with ``with run.section("name"):``; for a model neither DDP nor FSDP2 the sections' sum is the rank's
+compute (nothing else tells its own work from its waits).
 
-Once every ``StragglerConfig.every`` steps the ranks exchange one small tensor of medians (one all-gather, no
-blocking collective per step); :mod:`goodput.run._straggler_rules` scores them the same on every rank, so every
-rank knows the verdict without another message. Rank 0 records each window in the ledger (``straggler_window``)
-and feeds the scores to the run's exporters; every rank acts on an alarm (``straggler_alarm``): stop the job
-(``StragglerConfig.stop``) or, under warm restarts, let the slow rank exit so a hot spare takes its place
-(``StragglerConfig.replace``).
+Once every ``StragglerConfig.every`` steps each rank starts an all-gather of one small tensor of medians without
+waiting for it, and reads it at the end of the next step: by then the step's own collectives (DDP's all-reduce,
+FSDP2's reduce-scatter), issued after it on the same group, have completed, so reading it does not block and no
+collective is added to the step's critical path. :mod:`goodput.run._straggler_rules` scores the figures the same
+on every rank, so every rank knows the verdict without another message. Rank 0 records each window in the
+ledger (``straggler_window``) and feeds the scores to the run's exporters; every rank acts on an alarm
+(``straggler_alarm``): stop the job (``StragglerConfig.stop``) or, under warm restarts, let the slow rank exit
+so a hot spare takes its place (``StragglerConfig.replace``).
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import socket
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError, GoodputError, StragglerStop
 from goodput.run._straggler_rules import RankWindow, StragglerConfig, StragglerRules, WindowVerdict
 from goodput.run.hooks import RunHook
+
+if TYPE_CHECKING:
+    from goodput.run._straggler_waits import WaitClock
 
 __all__ = ["StragglerConfig", "StragglerMonitor", "StragglerReplaced"]
 
@@ -37,33 +41,29 @@ class StragglerReplaced(GoodputError):
     """This rank stayed slow and ``StragglerConfig(replace=True)`` hands its place to a hot spare."""
 
 
-class _BucketTimes:
-    """When this step's gradient buckets were ready and their all-reduces done (perf_counter seconds)."""
+class _Gather:
+    """One window's all-gather of every rank's figures, started without waiting (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self.ready = 0.0
-        self.done = 0.0
-        self.process_group: Any = None
+    def __init__(self, values: list[float], world_size: int) -> None:
+        import torch
+        import torch.distributed as dist
 
-    def reset(self) -> None:
-        self.ready = self.done = 0.0
+        self._values = values
+        self._work: Any = None
+        self._out: list[Any] = []
+        if world_size == 1 or not dist.is_initialized():
+            return
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        mine = torch.tensor(values, dtype=torch.float64, device=device)
+        self._out = [torch.empty_like(mine) for _ in range(world_size)]
+        self._work = dist.all_gather(self._out, mine, async_op=True)
 
-    def wait(self) -> float:
-        return max(0.0, self.done - self.ready) if self.ready > 0.0 else 0.0
-
-
-def _timed_allreduce(state: _BucketTimes, bucket: Any) -> Any:
-    """DDP's default all-reduce hook, timed: this bucket ready now, its all-reduce done when the future is."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    state.ready = time.perf_counter()
-    future = default_hooks.allreduce_hook(state.process_group, bucket)
-
-    def done(fut: Any) -> Any:
-        state.done = time.perf_counter()
-        return fut.value()
-
-    return future.then(done)
+    def result(self) -> list[list[float]]:
+        """Every rank's values, by rank (waits for the all-gather if it is not done yet)."""
+        if self._work is None:
+            return [self._values]
+        self._work.wait()
+        return [t.tolist() for t in self._out]
 
 
 class StragglerMonitor:
@@ -94,7 +94,8 @@ class StragglerMonitor:
         self._export = export
         self._act = act
         self._rules = StragglerRules(config, world_size)
-        self._buckets: _BucketTimes | None = None
+        self._clock: WaitClock | None = None
+        self._pending: tuple[int, _Gather] | None = None  # a window's exchange: its last step, the gather
         self._sections: dict[str, float] = {}
         self._names: list[str] = []
         self._rows: list[tuple[float, ...]] = []
@@ -103,39 +104,22 @@ class StragglerMonitor:
         self.last: WindowVerdict | None = None
 
     def attach(self, model: Any) -> bool:
-        """Time a DDP model's gradient all-reduces; False (sections only) for any other model, or one that
-        has a communication hook of its own already."""
-        from torch.nn.parallel import DistributedDataParallel
+        """Time the waits of a DDP or FSDP2 model; False (sections only) for any other model, or a DDP model
+        with a communication hook of its own already."""
+        from goodput.run._straggler_waits import attach_clock
 
         self._rows.clear()
-        self._buckets = None
+        self._pending = None  # a new generation's group: the old one's exchange is not read
         self._hosts = None  # a new generation may hold a spare from another host
         self._rules = StragglerRules(self.config, self.world_size)  # the same fresh state on every rank
-        if not isinstance(model, DistributedDataParallel):
-            return False
-        import torch
-        import torch.distributed as dist
-
-        buckets = _BucketTimes()
-        buckets.process_group = model.process_group
-        # DDP checks the hook's annotations as objects; this module's are strings (postponed evaluation).
-        _timed_allreduce.__annotations__ = {
-            "state": _BucketTimes,
-            "bucket": dist.GradBucket,
-            "return": torch.futures.Future[torch.Tensor],
-        }
-        try:
-            model.register_comm_hook(buckets, _timed_allreduce)
-        except RuntimeError:
-            return False  # the user's own hook: keep it, time sections only
-        self._buckets = buckets
-        return True
+        self._clock = attach_clock(model)
+        return self._clock is not None
 
     def handed(self) -> None:
         """A batch was handed to the loop: the step's own work starts."""
         self._handed = time.perf_counter()
-        if self._buckets is not None:
-            self._buckets.reset()
+        if self._clock is not None:
+            self._clock.reset()
         if self._sections:
             self._sections = dict.fromkeys(self._sections, 0.0)
 
@@ -151,30 +135,39 @@ class StragglerMonitor:
             self._sections[name] = self._sections.get(name, 0.0) + time.perf_counter() - start
 
     def step_done(self, step: int, fetch: float) -> WindowVerdict | None:
-        """Record the step that just ended; at a window's end, exchange and score (every rank together)."""
+        """Record the step that just ended; read the last window's exchange (every rank together) and, at a
+        window's end, start the next; returns the verdict read at this step, if any."""
         if self._handed == 0.0:
             return None
         took = time.perf_counter() - self._handed
-        wait = self._buckets.wait() if self._buckets is not None else 0.0
+        wait = self._clock.wait() if self._clock is not None else 0.0
         parts = [self._sections.get(name, 0.0) for name in self._names]
-        compute = took - wait if self._buckets is not None or not parts else sum(parts)
+        compute = took - wait if self._clock is not None or not parts else sum(parts)
         self._rows.append((max(0.0, compute), fetch, wait, *parts))
         self._handed = 0.0
-        if step % self.config.every != 0 or len(self._rows) < 1:
-            return None
-        return self._exchange(step)
+        verdict = self.finish(step)
+        if step % self.config.every == 0:
+            rows, self._rows = self._rows, []
+            medians = [
+                statistics.median(r[i] if i < len(r) else 0.0 for r in rows) for i in range(3 + _SECTIONS)
+            ]
+            self._pending = (step, _Gather([*medians, float(len(rows))], self.world_size))
+        return verdict
 
-    def _exchange(self, step: int) -> WindowVerdict:
-        rows, self._rows = self._rows, []
-        medians = [statistics.median(r[i] if i < len(r) else 0.0 for r in rows) for i in range(3 + _SECTIONS)]
-        gathered = _all_gather([*medians, float(len(rows))], self.world_size)
+    def finish(self, step: int) -> WindowVerdict | None:
+        """Score the window whose exchange is under way (called by every rank at the same step: the next one,
+        and the loop's end)."""
+        if self._pending is None:
+            return None
+        (last, gather), self._pending = self._pending, None
+        gathered = gather.result()
         windows = [RankWindow(g[0], g[1], g[2], int(g[-1])) for g in gathered]
         verdict = self._rules.window(windows)
         self.last = verdict
         if self._hosts is None:
             self._hosts = _hosts(self.world_size)
         if self.rank == 0:
-            self._report(step, gathered, verdict)
+            self._report(last, step, gathered, verdict)
         if verdict.alarm is not None:
             self._act(verdict)
         return verdict
@@ -183,12 +176,15 @@ class StragglerMonitor:
         """The host of ``rank`` (known after the first window)."""
         return self._hosts[rank] if self._hosts is not None else "?"
 
-    def _report(self, step: int, gathered: Sequence[Sequence[float]], verdict: WindowVerdict) -> None:
+    def _report(
+        self, last: int, step: int, gathered: Sequence[Sequence[float]], verdict: WindowVerdict
+    ) -> None:
+        """Rank 0's record of the window ending at ``last``, read at ``step`` (where an alarm is raised)."""
         steps = int(gathered[0][-1])
         self._record(
             "straggler_window",
-            first_step=step - steps + 1,
-            last_step=step,
+            first_step=last - steps + 1,
+            last_step=last,
             compute=[round(g[0], 6) for g in gathered],
             data=[round(g[1], 6) for g in gathered],
             wait=[round(g[2], 6) for g in gathered],
@@ -198,7 +194,7 @@ class StragglerMonitor:
             slowest=verdict.slowest,
             cost_seconds=round(verdict.cost_seconds, 6),
         )
-        self._export(step, {f"straggler_score_rank{r}": s for r, s in enumerate(verdict.scores)})
+        self._export(last, {f"straggler_score_rank{r}": s for r, s in enumerate(verdict.scores)})
         if verdict.alarm is not None:
             self._record(
                 "straggler_alarm",
@@ -209,20 +205,6 @@ class StragglerMonitor:
                 score=round(verdict.scores[verdict.alarm], 4),
                 windows=self.config.windows,
             )
-
-
-def _all_gather(values: list[float], world_size: int) -> list[list[float]]:
-    """Every rank's ``values`` (same length on every rank), by rank: one all-gather of one small tensor."""
-    import torch
-    import torch.distributed as dist
-
-    if world_size == 1 or not dist.is_initialized():
-        return [values]
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    mine = torch.tensor(values, dtype=torch.float64, device=device)
-    out = [torch.empty_like(mine) for _ in range(world_size)]
-    dist.all_gather(out, mine)
-    return [t.tolist() for t in out]
 
 
 def _hosts(world_size: int) -> list[str]:
@@ -289,7 +271,8 @@ def attach_stragglers(
 
 class StragglerHook(RunHook):
     """The detector as one of ``Run``'s hooks: a batch handed out starts a rank's own time, a finished step
-    ends it (its DDP comm hook is attached by ``Run.restore`` before the state is loaded)."""
+    ends it, the loop's end reads the last window (its wait clock is attached by ``Run.restore`` before the
+    state is loaded)."""
 
     def __init__(self, monitor: StragglerMonitor) -> None:
         self.monitor = monitor
@@ -299,4 +282,8 @@ class StragglerHook(RunHook):
 
     def on_step(self, run: Any, step: int, loss: float | None) -> bool:
         self.monitor.step_done(step, run.fetch_seconds)
+        return False
+
+    def on_loop_end(self, run: Any, closing: bool) -> bool:
+        self.monitor.finish(run.step)
         return False

@@ -23,7 +23,7 @@ from goodput.launch.launcher import LaunchConfig, launch_job
 from goodput.verify.compare import compare_records, idle_generators
 from goodput.verify.records import RECORDS_ENV, RunRecords, read_records
 
-__all__ = ["kill_plan", "run_captured", "verify_resume"]
+__all__ = ["kill_plan", "records_of", "run_captured", "verify_resume"]
 
 OUTPUT_LOG = "output.log"
 
@@ -122,7 +122,7 @@ def verify_resume(
 
     if not run_captured(launch(clean_dir, "", 0), clean_dir, "uninterrupted", say):
         return 1
-    reference = _records(clean_dir, script)
+    reference = records_of(clean_dir, script)
     steps = max(max(steps, default=0) for steps in reference.steps.values())
     saves, async_saves = _saves(clean_dir)
     plan = kill_plan(kills, steps=steps, saves=saves, nproc=nproc, seed=seed, async_saves=async_saves)
@@ -132,7 +132,7 @@ def verify_resume(
     budget = 2 * kills + 2 if restart == "warm" else kills + 2
     if not run_captured(launch(killed_dir, plan, budget), killed_dir, "interrupted", say):
         return 1
-    return _verdict(reference, _records(killed_dir, script), killed_dir, say)
+    return _verdict(reference, records_of(killed_dir, script), killed_dir, say)
 
 
 def kill_plan(
@@ -174,7 +174,8 @@ def _check(script: Sequence[str], *, nproc: int, kills: int) -> None:
         raise ConfigError(f"need --nproc >= 1 and --kills >= 0, got --nproc {nproc} --kills {kills}")
 
 
-def _records(run_dir: str, script: Sequence[str]) -> RunRecords:
+def records_of(run_dir: str, script: Sequence[str]) -> RunRecords:
+    """What ``Run`` recorded in ``run_dir``; a script that recorded no step is refused (it does not use Run)."""
     try:
         records = read_records(run_dir)
     except FileNotFoundError:

@@ -40,18 +40,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR
+from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR, WARM_MIN_WORLD
 from goodput.launch.folder import LOGS_DIR, launch_dir, write_notice
 from goodput.launch.launcher import LaunchConfig
 from goodput.launch.output import describe_exit
 from goodput.warm import protocol
 from goodput.warm.idle import can_return, make_idle, make_normal
 from goodput.warm.record import claim_folder, record_folder, remove_folder
-from goodput.warm.start import WarmConfig, check_warm, launch_warm, rendezvous
+from goodput.warm.resize import Resizer
+from goodput.warm.start import WarmConfig, boot_args, check_warm, kill_group, launch_warm, rendezvous
 
 __all__ = ["AGENT_LOG", "WarmAgent", "WarmConfig", "launch_warm"]
 
 AGENT_LOG = os.path.join("warm", "agent.jsonl")
+_DURING = "a failure during a warm restart"
 
 
 @dataclasses.dataclass
@@ -86,8 +88,9 @@ class WarmAgent:
         self._base = base  # the connection (and, on one node, the server) lives as long as the agent
         self.prefix = prefix
         self.store: Any = dist.PrefixStore(prefix, base) if prefix else base
-        self.world_size = self.nnodes * self.nproc
-        self.ranks = [self.node_rank * self.nproc + i for i in range(self.nproc)]
+        self.world_size = self.nnodes * self.nproc  # shrinks and grows with --shrink-after
+        self.reserved = self.world_size
+        self.ranks = self.ranks_of_node()
         self.gen = 0
         self.cold_restarts = 0
         self.restarts = 0
@@ -95,14 +98,17 @@ class WarmAgent:
         self.spares: list[_Slot] = []
         self._idle_spares = can_return()  # spares wait under SCHED_IDLE when they can be put back
         self._next_spare = 0
-        self._pending: tuple[int, float] | None = (
-            None  # (generation, deadline) of an unconfirmed warm restart
-        )
+        self._pending: tuple[int, float] | None = None  # (generation, deadline) of an unconfirmed restart
         self._done: set[int] = set()
         self._failures: dict[int, str] = {}  # rank -> how its last process ended, for the terminal's line
         self._log_path = os.path.join(launch.run_dir, AGENT_LOG) if launch.run_dir else None
         self._started = time.monotonic()
         self._spares_started = warm.first_spare_delay <= 0
+        self.resize = Resizer(self)
+
+    def ranks_of_node(self) -> list[int]:
+        """This node's ranks at the reserved world size."""
+        return [self.node_rank * self.nproc + i for i in range(self.nproc)]
 
     # ---- processes ---------------------------------------------------------------------------------------
     def _env(self, **extra: str) -> dict[str, str]:
@@ -121,6 +127,8 @@ class WarmAgent:
                 protocol.REFORM_TIMEOUT_ENV: str(self.warm.reform_timeout),
             },
         )
+        if self.resize.on:  # the loader checks its global batch against every world size from this one up
+            env[WARM_MIN_WORLD.name] = str(self.warm.min_world)
         if self.launch.allow_fresh_start:
             env[ALLOW_FRESH_START.name] = "1"  # read by CheckpointConfig.fresh_start_allowed
         if self.nproc > 1:
@@ -139,7 +147,7 @@ class WarmAgent:
         ctx = start_processes(
             name=name,
             entrypoint=sys.executable,
-            args={0: ("-u", *_boot(self.launch.script))},
+            args={0: ("-u", *boot_args(self.launch.script))},
             envs={0: env},
             logs_specs=DefaultLogsSpecs(log_dir=logs, redirects=redirects),
         )
@@ -176,15 +184,14 @@ class WarmAgent:
             else:
                 self._record("spare_died", spare=slot.spare, pid=slot.pid)
         self.spares = alive
-        while len(self.spares) < self.warm.spares:
+        while len(self.spares) < self.resize.wanted_spares():
             self._start_spare()
 
     def _spares_due(self) -> bool:
         """Whether to start spares yet: not while the first workers are still starting.
 
         A spare imports torch and the script's imports: started together with the first workers it competes
-        with them for the CPU and lengthens the job's first init (measured on 2 busy cores: three processes
-        importing at once instead of two). So the first spares start once every worker of this node has
+        with them for the CPU and lengthens the job's first init (one more process importing at once). So the first spares start once every worker of this node has
         finished a step (its ``stepped/<rank>`` key exists), or after ``first_spare_delay`` seconds at most; a
         failure before that starts the rank's replacement cold.
         """
@@ -235,10 +242,11 @@ class WarmAgent:
             self._follow()
             failed = self._poll_workers()
             if not failed:
-                if len(self._done) == self.nproc:
+                if len(self._done) == len(self.ranks) or self.resize.finished_before_grow():
                     return 0
                 self._check_pending()
                 self._fill_spares()
+                self.resize.maybe_grow()
                 continue
             detected = time.time()
             if self.restarts >= self.launch.max_restarts:
@@ -250,6 +258,8 @@ class WarmAgent:
                 return 1
             self.restarts += 1
             reason = self._cold_reason()
+            if reason in (None, _DURING) and self.resize.answer(set(failed), detected, during=bool(reason)):
+                continue
             if reason is None:
                 self._warm_restart(sorted(failed), detected)
             else:
@@ -270,7 +280,7 @@ class WarmAgent:
                 # Its children (forked data-loader workers) hold copies of its sockets: until they go, the
                 # survivors' collectives see no closed connection (the workers notice a dead parent only
                 # every 5 s). The worker leads its own session, so its process group is its children.
-                _kill_group(slot.pid)
+                kill_group(slot.pid)
             else:
                 self._done.add(rank)
         return failed
@@ -280,7 +290,7 @@ class WarmAgent:
         # fails at the same step every time) is a new failure, to restart warm again, not one during it.
         self._confirm_recovered()
         if self._pending is not None or self._unrecovered():
-            return "a failure during a warm restart"
+            return _DURING
         if self._done:
             return "a worker had already finished"
         return None
@@ -312,7 +322,8 @@ class WarmAgent:
             return False
         info = json.loads(self.store.get(protocol.info_key(self.gen)))
         return bool(
-            info["kind"] == "warm" and self.store.add(protocol.recovered_key(self.gen), 0) < self.world_size
+            info["kind"] in ("warm", "shrink", "grow")
+            and self.store.add(protocol.recovered_key(self.gen), 0) < self.world_size
         )
 
     def _new_generation(self) -> int:
@@ -381,7 +392,7 @@ class WarmAgent:
         }
         ready = self.store.check(
             [protocol.spare_ready_key(f"{self.node_rank}-{spare.spare}")]
-        )  # False: still importing
+        )  # False: importing
         if self._idle_spares:
             make_normal(spare.pid)
         self.store.set(protocol.spare_assign_key(f"{self.node_rank}-{spare.spare}"), json.dumps(assign))
@@ -402,6 +413,7 @@ class WarmAgent:
         self.workers.clear()
         self._done.clear()
         self._pending = None
+        self.world_size, self.ranks = self.reserved, self.ranks_of_node()  # a shrunk job restarts whole
         self.gen = self._new_generation()
         self.cold_restarts += 1
         self._publish("cold", failed=failed, detected_wall=detected, reason=reason)
@@ -416,7 +428,7 @@ class WarmAgent:
         for slot in slots:
             with contextlib.suppress(Exception):
                 slot.ctx.close(death_sig=signal.SIGKILL, timeout=5)
-            _kill_group(slot.pid)
+            kill_group(slot.pid)
 
     def _notice(self, failed: Sequence[int], done: str) -> None:
         """One line for the terminal: what failed and what was done (see ``goodput.launch.output``)."""
@@ -429,13 +441,3 @@ class WarmAgent:
         os.makedirs(os.path.dirname(self._log_path), exist_ok=True)
         with open(self._log_path, "a") as f:
             f.write(json.dumps({"event": event, "wall": time.time(), **fields}) + "\n")
-
-
-def _boot(script: tuple[str, ...]) -> tuple[str, ...]:
-    """The script's command line behind ``-m goodput.warm.boot`` (its imports with the collector held back)."""
-    return ("-m", "goodput.warm.boot", *script) if os.path.isfile(script[0]) else script
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)

@@ -7,7 +7,7 @@ spare runs only when a core would otherwise idle; when it is handed a rank, the 
 back under the normal policy (a spare still importing then finishes at full speed).
 
 Leaving ``SCHED_IDLE`` needs privilege: the agent uses it only as root or when ``RLIMIT_NICE`` permits nice 0;
-otherwise spares start at the normal policy, as before.
+otherwise spares start at the normal policy.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ __all__ = [
     "PREFIX_ENV",
     "REFORM_TIMEOUT_ENV",
     "ROLE_ENV",
+    "SHARDED_KEY",
     "SPARE_ENV",
     "STORE_ENV",
     "WARM_GEN",
@@ -57,6 +58,7 @@ REFORM_TIMEOUT_ENV = WARM_REFORM_TIMEOUT.name
 
 CURRENT_KEY = "gen/current"  # the generation now running
 COUNTER_KEY = "gen/counter"  # the last generation number handed out
+SHARDED_KEY = "job/sharded"  # set by a rank whose model holds no full replica (FSDP): the job cannot shrink
 
 
 def info_key(gen: int) -> str:

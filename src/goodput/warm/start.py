@@ -9,9 +9,11 @@ own as ``FATAL`` before it exits, so no spare is handed it; exit 78), and no pro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -19,7 +21,7 @@ from goodput.errors import ConfigError
 from goodput.launch.launcher import LaunchConfig
 from goodput.warm.record import record_folder, remove_folder
 
-__all__ = ["WarmConfig", "check_warm", "launch_warm", "rendezvous"]
+__all__ = ["WarmConfig", "boot_args", "check_warm", "kill_group", "launch_warm", "rendezvous"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -34,12 +36,19 @@ class WarmConfig:
             the hung rank's own watchdog then ends it and a spare takes its place.
         first_spare_delay: at most this many seconds from the start before the first spares are started (they
             start as soon as every worker has finished its first step; 0: at once, with the workers).
+        shrink_after: when a rank fails and no spare is ready to take it within this many seconds, the
+            survivors go on as a smaller group, and grow back when a spare is ready (None: never shrink; a
+            replacement is waited for, as before).
+        min_world: the fewest ranks the job shrinks to (with ``shrink_after``); below it a replacement is
+            waited for.
     """
 
     spares: int = 1
     reform_timeout: float = 30.0
     pg_timeout: float = 30.0
     first_spare_delay: float = 120.0
+    shrink_after: float | None = None
+    min_world: int = 1
 
     def __post_init__(self) -> None:
         if self.spares < 0:
@@ -47,6 +56,10 @@ class WarmConfig:
         for name in ("reform_timeout", "pg_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"WarmConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.shrink_after is not None and self.shrink_after < 0:
+            raise ConfigError(f"--shrink-after must be >= 0 seconds, got {self.shrink_after}")
+        if self.min_world < 1:
+            raise ConfigError(f"--min-world must be >= 1, got {self.min_world}")
 
 
 def rendezvous(launch: LaunchConfig) -> tuple[int, str, Any]:
@@ -72,12 +85,23 @@ def rendezvous(launch: LaunchConfig) -> tuple[int, str, Any]:
     return info.rank, launch.rdzv_endpoint, handler
 
 
-def check_warm(launch: LaunchConfig) -> None:
+def check_warm(launch: LaunchConfig, warm: WarmConfig | None = None) -> None:
     """Refuse what warm restarts do not support, in one line.
 
     Raises:
-        ConfigError: for an elastic node count (``--nnodes MIN:MAX``).
+        ConfigError: for an elastic node count (``--nnodes MIN:MAX``), or shrinking on several nodes or below
+            the smallest world size.
     """
+    if warm is not None and warm.shrink_after is not None:
+        if launch.nnodes != "1":
+            raise ConfigError(
+                f"--shrink-after works on one node (--nnodes 1), got --nnodes {launch.nnodes}: shrinking a "
+                "multi-node warm job is not built; drop --shrink-after to replace failed ranks with spares"
+            )
+        if warm.min_world > launch.nproc:
+            raise ConfigError(
+                f"--min-world {warm.min_world} is above --nproc {launch.nproc}: pass at most {launch.nproc}"
+            )
     if not launch.nnodes.isdigit():
         raise ConfigError(
             f"--restart warm needs a fixed node count, got --nnodes {launch.nnodes}: pass --nnodes N (the same "
@@ -95,7 +119,7 @@ def launch_warm(launch: LaunchConfig, warm: WarmConfig) -> int:
     from goodput.launch.preflight import check_before_launch
     from goodput.launch.supervise import Supervisor
 
-    check_warm(launch)
+    check_warm(launch, warm)
     check_before_launch(launch)
     spec = json.dumps({"launch": dataclasses.asdict(launch), "warm": dataclasses.asdict(warm)})
     supervisor = Supervisor(launch, command=[sys.executable, "-m", "goodput.warm", spec])
@@ -104,3 +128,14 @@ def launch_warm(launch: LaunchConfig, warm: WarmConfig) -> int:
     finally:
         if supervisor.folder:  # the agent removes it, unless the launcher had to kill it first
             remove_folder(record_folder("", "", launch=os.path.basename(supervisor.folder)))
+
+
+def boot_args(script: tuple[str, ...]) -> tuple[str, ...]:
+    """The script's command line behind ``-m goodput.warm.boot`` (its imports with the collector held back)."""
+    return ("-m", "goodput.warm.boot", *script) if os.path.isfile(script[0]) else script
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group ``pid`` leads (a worker and its data-loader processes)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

@@ -35,7 +35,6 @@ to the newest checkpoint.
 from __future__ import annotations
 
 import datetime
-import io
 import json
 import os
 import time
@@ -47,6 +46,7 @@ from goodput.launch.folder import PEER_FAILURE_MARKERS
 from goodput.warm.protocol import (
     GEN_ENV,
     ROLE_ENV,
+    SHARDED_KEY,
     WARM_GEN,
     WARM_PG_TIMEOUT,
     WARM_PREFIX,
@@ -68,6 +68,9 @@ from goodput.warm.record import RecordFiles, record_folder
 from goodput.warm.watch import EndWatch, connect_store, install_optimizer_guard
 
 __all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
+
+_LIVE = ("warm", "shrink", "grow")  # the generations that recover from the survivors' replicas
+_POLL_SECONDS = 0.05
 
 
 def warm_enabled() -> bool:
@@ -121,6 +124,7 @@ class WarmWorker:
         self.info: dict[str, Any] = {}
         self._rng_records = RecordFiles(record_folder(WARM_STORE.get(), prefix), self.rank)
         self._stepped = False
+        self._sharded_told = False
         self.joined_wall = 0.0
         self._last_loader: Any = None  # the loader's position after step ``_loader_step``
         self._loader_step: int | None = None
@@ -156,12 +160,13 @@ class WarmWorker:
         os.environ[GEN_ENV] = str(assign["gen"])
         os.environ[ROLE_ENV] = "worker"
 
-    def join(self, backend: str | None = None) -> None:
+    def join(self, backend: str | None = None, *, survivor: bool = False) -> None:
         """Form generation ``self.gen``'s process group in its own store namespace.
 
         ``backend`` is remembered: the generations a warm restart forms later use the same one. With NCCL,
         ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` defaults to 2 (abort the communicators on an error or a timeout,
-        keep the process), so NCCL's watchdog does not end a survivor whose peer died.
+        keep the process), so NCCL's watchdog does not end a survivor whose peer died. A ``survivor`` of a
+        shrink or grow takes its new rank and world size from the generation's info.
         """
         import torch
         import torch.distributed as dist
@@ -169,6 +174,8 @@ class WarmWorker:
         if backend is not None:
             self._backend = backend
         self.info = json.loads(self.store.get(info_key(self.gen)))
+        if survivor:
+            self._renumber()
         self._wait_for_all()
         backend = self._backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
@@ -189,17 +196,53 @@ class WarmWorker:
     def _wait_for_all(self) -> None:
         """Wait until every rank of the generation has arrived, so the short collective timeout never has to
         cover a slow start (new processes of a cold generation import torch first: up to 10 minutes)."""
+        import torch.distributed as dist
+
         arrived = int(self.store.add(arrived_key(self.gen), 1))
-        everyone = everyone_key(self.gen)
+        everyone, ended = everyone_key(self.gen), next_key(self.gen)
         if arrived == self.world_size:
             self.store.set(everyone, "1")
-        limit = self.reform_timeout if self.info.get("kind") == "warm" else max(600.0, self.reform_timeout)
-        self.store.wait([everyone], datetime.timedelta(seconds=limit))
+        limit = self.reform_timeout if self.live_recovery else max(600.0, self.reform_timeout)
+        deadline = time.monotonic() + limit
+        # Polled, not one blocking wait: a rank that dies before it arrives makes the agent end the generation
+        # (a shrink), and the ranks that did arrive leave at once instead of after the whole limit.
+        while not self.store.check([everyone]):
+            if self.store.check([ended]):
+                raise dist.DistError(f"goodput: generation {self.gen} ended before it formed (a rank failed)")
+            if time.monotonic() > deadline:
+                raise dist.DistStoreError(f"goodput: generation {self.gen} did not form within {limit:g}s")
+            time.sleep(_POLL_SECONDS)
+
+    def _renumber(self) -> None:
+        """Take this survivor's place in a shrunk or grown generation (the agent's ``ranks``: old -> new)."""
+        ranks = self.info.get("ranks")
+        if ranks is None:
+            return
+        self.rank = int(ranks[str(self.rank)])
+        self.world_size = int(self.info["world_size"])
+        os.environ.update(
+            RANK=str(self.rank),
+            LOCAL_RANK=str(self.rank),  # one node (check_warm refuses shrinking on several)
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_WORLD_SIZE=str(self.world_size),
+        )
+        self._rng_records = RecordFiles(record_folder(WARM_STORE.get(), WARM_PREFIX.get()), self.rank)
 
     @property
     def live_recovery(self) -> bool:
-        """Whether this generation was formed by a warm restart (recover from the survivors, not a checkpoint)."""
-        return self.info.get("kind") == "warm"
+        """Whether this generation was formed by a warm restart, a shrink or a grow (recover from the survivors,
+        not a checkpoint)."""
+        return self.info.get("kind") in _LIVE
+
+    @property
+    def resized(self) -> bool:
+        """Whether this generation changed the world size (a shrink or a grow)."""
+        return self.info.get("kind") in ("shrink", "grow")
+
+    @property
+    def ending(self) -> bool:
+        """Whether the agent has ended this generation (a peer failed, or the group grows)."""
+        return self._watch is not None and self._watch.ended.is_set()
 
     # ---- every step ----------------------------------------------------------------------------------------
     def step_committed(self, step: int, loader: Any) -> None:
@@ -222,6 +265,13 @@ class WarmWorker:
         if from_checkpoint:
             self._rng.reset()
             self._rng_records.write(step, self._rng.capture())
+
+    def state_registered(self, state: Any) -> None:
+        """Tell the agent, once, when this rank's model is sharded (FSDP/DTensor): no survivor would hold a
+        replica to go on with, so the job must not shrink (a failure takes today's path instead)."""
+        if not self._sharded_told and not state.holds_full_replica():
+            self.store.set(SHARDED_KEY, str(self.rank))
+            self._sharded_told = True
 
     def _keep_position(self, step: int, loader: Any) -> None:
         # a plain iterable (a list of batches) has no position to hand on
@@ -272,7 +322,7 @@ class WarmWorker:
             ) from err
         nxt = json.loads(self.store.get(key))
         self.gen = int(nxt["gen"])
-        self.join()
+        self.join(survivor=True)
         return nxt
 
     def stop_watch(self) -> None:
@@ -299,17 +349,20 @@ class WarmWorker:
         if best <= 0:
             return None
         source = values.index(best)
-        payload = _encode(snapshot) if self.rank == source and snapshot is not None else b""
+        from goodput.checkpoint.state import decode_live, encode_live
+
+        payload = encode_live(snapshot.parts) if self.rank == source and snapshot is not None else b""
         size = torch.tensor([len(payload)], dtype=torch.int64)
         dist.broadcast(size, src=source, group=self._ctl)
         buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else None
         if buf is None:
             buf = torch.empty(int(size.item()), dtype=torch.uint8)
         dist.broadcast(buf, src=source, group=self._ctl)
-        # on the CPU whatever device the source's tensors lived on; load_state_dict copies them into place
-        parts = torch.load(io.BytesIO(buf.numpy().tobytes()), map_location="cpu", weights_only=True)
-        state.load_live_state_dict(parts)
-        self._restore_rng(best)
+        state.load_live_state_dict(decode_live(buf.numpy().tobytes()))
+        if not self.resized:
+            # After a shrink or grow the ranks are new: a survivor keeps its own random streams (they are in
+            # its process) and a newcomer has none to take over (docs/warm-restarts.md).
+            self._restore_rng(best)
         state.step = best
         return best
 
@@ -347,6 +400,7 @@ class WarmWorker:
         role = "survivor" if next_info is not None else "replacement"
         return {
             "generation": self.gen,
+            "kind": info.get("kind", "warm"),
             "failed_ranks": info.get("failed", []),
             "role": role,
             "detection_seconds": round(max(0.0, detected - failed), 6),
@@ -355,11 +409,3 @@ class WarmWorker:
             "restore_seconds": round(restore_seconds, 6),
             "spare_wait_seconds": self.spare_wait if role == "replacement" else None,
         }
-
-
-def _encode(snapshot: Snapshot) -> bytes:
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(snapshot.parts, buf)
-    return buf.getvalue()

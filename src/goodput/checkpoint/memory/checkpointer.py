@@ -76,7 +76,7 @@ class Topology:
 
 
 class MemoryCheckpointer:
-    """The memory tier of one rank.
+    """The memory tier of one rank (a ``CheckpointTier``).
 
     Args:
         tier: the configuration.
@@ -88,6 +88,8 @@ class MemoryCheckpointer:
         emit: the manager's event hook.
         clock: monotonic seconds.
     """
+
+    name = "memory"
 
     def __init__(
         self,
@@ -122,9 +124,7 @@ class MemoryCheckpointer:
         self.committed: list[int] = []  # steps every rank completed, newest first
         self.overwritten = False  # a restore wrote a damaged part's bytes into the live state (see restore)
         self.failures: list[tuple[int, str]] = []  # (step, why): marked parts the last restore found damaged
-        self.last_parts: dict[
-            str, float
-        ] = {}  # the last restore's seconds: agree, load, check (all ranks' word)
+        self.last_parts: dict[str, float] = {}  # the last restore's seconds: agree, load, check
         self._failing = False
         if rank == 0 and tier.replicas and topology.node_count < 2:
             log.info(
@@ -390,6 +390,10 @@ class MemoryCheckpointer:
         if finished and self.topology.local[self.rank] == 0:
             self.store.remove_run()
 
+    def drop_group(self) -> None:
+        """Forget the tier's group (its owner releases it)."""
+        self.group = self.link.group = None
+
 
 def _agree(
     inventories: list[dict[str, Any]], world: int, bad: set[tuple[int, int, int]], floor: int
@@ -418,11 +422,6 @@ def _agree(
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
-
-
-def node_of_this_process() -> tuple[int, int]:
-    """(node number, local index) from torchrun's environment (GROUP_RANK, LOCAL_RANK); (0, 0) alone."""
-    return int(os.environ.get("GROUP_RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def run_identity(root: str, token: str) -> str:

@@ -20,7 +20,6 @@ from goodput.checkpoint.layout import CheckpointLayout
 from goodput.checkpoint.memory.checkpointer import (
     MemoryCheckpointer,
     Topology,
-    node_of_this_process,
     run_identity,
 )
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
@@ -54,6 +53,11 @@ class TierContext:
     emit: Callable[..., None]
     clock: Callable[[], float]
     durable_policy: SavePolicy
+
+
+def node_of_this_process() -> tuple[int, int]:
+    """(node number, local index) from torchrun's environment (GROUP_RANK, LOCAL_RANK); (0, 0) alone."""
+    return int(os.environ.get("GROUP_RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def _run_token(layout: CheckpointLayout) -> tuple[str, str]:

@@ -1,0 +1,368 @@
+"""The durable tier: a save strategy writing step folders under the checkpoint root, committed atomically by rank
+0, kept by retention, and restored newest valid first.
+
+A save has two halves: the blocking part (the strategy's write, or only its staging for ``dcp_async``) on the
+training thread, and the finishing (gather every rank's files, commit on rank 0, agree on the outcome) on a
+background thread of its own, so at most one save is in flight. The parts live in their own modules: the
+layout (``layout.py``), the strategies (``strategy.py``), retention (``_retention.py``) and the restore path
+(``_restoring.py``); this class composes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from torch.distributed.checkpoint import CheckpointException
+
+import goodput
+from goodput.checkpoint._collectives import Collectives
+from goodput.checkpoint._restoring import DurableReader
+from goodput.checkpoint._retention import Retention
+from goodput.checkpoint._saving import FAILURES, SaveResult, describe, raiser
+from goodput.checkpoint.config import CheckpointConfig
+from goodput.checkpoint.layout import CheckpointLayout
+from goodput.checkpoint.manifest import FileEntry, Manifest
+from goodput.checkpoint.policy import SavePolicy
+from goodput.checkpoint.state import TrainingState
+from goodput.checkpoint.strategy import Completion, SaveContext, make_strategy
+from goodput.errors import CheckpointError, SaveFailed
+from goodput.faults import fault_point
+
+__all__ = ["DurableRestore", "DurableTier", "StagedSource"]
+
+log = logging.getLogger("goodput.checkpoint.manager")  # the manager's logger: one name for its messages
+
+Emit = Callable[..., None]
+
+
+class StagedSource(Protocol):
+    """A faster tier that may already hold a step staged in memory (the memory tier): the durable save then
+    writes from that copy instead of copying the state again, and holds the copy until its write is done."""
+
+    def staged_state(self, step: int) -> dict[str, Any] | None: ...
+
+    def hold(self, future: Future[Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class DurableRestore:
+    """A step the durable tier restored (``tier`` and ``source`` are ``"durable"``)."""
+
+    step: int
+    tier: str = "durable"
+    source: str = "durable"
+
+
+class DurableTier:
+    """Step folders under ``config.root``, written by ``config.strategy``.
+
+    Args:
+        config: the root, strategy, checksums and retention.
+        state: the training state.
+        layout: the root's folders and manifests.
+        coll: the manager's groups.
+        policy: the durable save policy (told what each save cost).
+        token: this job's token (the lease of its step folders).
+        emit: the manager's event hook.
+        clock: monotonic seconds.
+    """
+
+    name = "durable"
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        state: TrainingState,
+        layout: CheckpointLayout,
+        coll: Collectives,
+        *,
+        policy: SavePolicy,
+        token: str,
+        emit: Emit,
+        clock: Callable[[], float],
+    ) -> None:
+        self.config, self.state, self.layout, self.coll = config, state, layout, coll
+        self.policy, self.token, self._emit, self._clock = policy, token, emit, clock
+        self._algorithm = config.checksum_algorithm(layout.local)
+        self.ctx = SaveContext(
+            layout,
+            coll.rank,
+            coll.world_size,
+            coll.io,
+            {"async_checkpointer": config.async_checkpointer, "checksum": self._algorithm},
+        )
+        self.strategy = make_strategy(config.strategy, self.ctx)
+        self.reader = DurableReader(config, state, layout, coll, self.ctx, clock)
+        self.retention = Retention(config, layout, lambda step: max(self.committed, default=step))
+        self.staged: StagedSource | None = None  # set by the manager when a memory tier stages saves
+        self.committed: set[int] = set()
+        self.failed: set[int] = set()  # steps whose committed checkpoint failed to restore (saved over)
+        self.skipped: list[
+            tuple[int, str]
+        ] = []  # (step, why) of the checkpoints the last restore passed over
+        self.candidates: list[tuple[int, str]] = []  # (step, url) the last ``find`` listed, newest first
+        self.results: list[SaveResult] = []
+        self._charged: tuple[int, float] | None = None  # (step, seconds) another tier spent for this save
+        self._inflight: Future[SaveResult] | None = None
+        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-ckpt")
+
+    # ---- saving ---------------------------------------------------------------------------------------------
+    def charge(self, step: int, seconds: float) -> None:
+        """Count ``seconds`` of another tier's stall as part of saving ``step`` (the policy's cost of a save)."""
+        self._charged = (step, seconds)
+
+    def save(self, step: int) -> SaveResult:
+        """Save the state as ``step`` (see ``CheckpointManager.save``); the caller settled the save in flight."""
+        if step in self.committed:
+            return SaveResult(
+                step, self.config.strategy, 0.0, 0.0, self.layout.final_dir(step), None, skipped=True
+            )
+        now = self._clock()
+        self.policy.saved(step, now)
+        self._emit("checkpoint_stall", phase="start", step=step)
+        start = self._clock()
+        self.state.step = step
+        if getattr(self.strategy, "writes_later", False):
+            return self._save_staged(step, start)
+        folder, error, exists = self._begin(step, self.coll.ctl)
+        if exists:  # committed by an earlier run that this manager did not restore: never overwrite it
+            self.committed.add(step)
+            self._emit("checkpoint_stall", phase="end", step=step, seconds=self._clock() - start)
+            return SaveResult(
+                step, self.config.strategy, self._clock() - start, 0.0, folder, None, skipped=True
+            )
+        completion: Completion
+        if error:
+            completion = raiser(OSError(error))
+        else:
+            try:
+                fault_point("checkpoint_begin", step)  # this rank enters the save; its peers may be inside
+                completion = self.strategy.save(self.state, folder, self.ctx)
+            except CheckpointException as err:  # DCP raises its failures on every rank alike
+                completion = raiser(err)
+            except Exception as err:
+                if self.coll.world_size > 1:
+                    raise self._alone(step, err, self._clock() - start) from err
+                completion = raiser(err)
+        fault_point("checkpoint_write", step)  # written (or staged), not committed
+        if self.strategy.is_async:
+            stall = self._clock() - start
+            self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
+            self._inflight = self._finisher.submit(self._finish, step, folder, completion, start, stall)
+            return SaveResult(step, self.config.strategy, stall)
+        return self._finish(step, folder, completion, start, None)
+
+    def _alone(self, step: int, err: Exception, seconds: float) -> CheckpointError:
+        """This rank failed alone in a save: its peers may wait in a collective it never joins (DCP's
+        planning). No step brings them back in line, so the error ends the attempt; torchrun stops the peers
+        at once and restarts the job (no wait for the hang watchdog). The previous checkpoint is untouched."""
+        error = f"rank {self.coll.rank}: {describe(err)}"
+        self._emit("checkpoint_failed", step=step, error=error)
+        self._emit("checkpoint_stall", phase="end", step=step, seconds=seconds)
+        return CheckpointError(
+            f"saving step {step} failed on {error} before the other ranks' collectives could finish; "
+            "ending this attempt so that the job restarts (the previous checkpoint is untouched)"
+        )
+
+    def _begin(self, step: int, group: Any) -> tuple[str, str, bool]:
+        """Rank 0 creates the step folder with its lease (or finds the step committed); every rank learns
+        (folder, error, already committed)."""
+        begun: tuple[str, str, bool] = ("", "", False)
+        if self.coll.rank == 0:
+            try:
+                # a committed step that failed to restore (a fresh start was allowed) is saved over
+                if step not in self.failed and self.layout.is_committed(step):
+                    begun = (self.layout.final_dir(step), "", True)
+                else:
+                    begun = (self.layout.begin(step, self.token), "", False)
+            except Exception as err:  # every rank waits for rank 0's word: always send one
+                begun = ("", f"creating the step folder: {type(err).__name__}: {err}", False)
+        folder, error, exists = self.coll.bcast(begun, group)
+        return folder, error, exists
+
+    def _save_staged(self, step: int, start: float) -> SaveResult:
+        """An asynchronous save whose strategy only stages now and writes when its completion runs: the step
+        folder, its lease and the already-committed check run in the background, before the write."""
+        folder = self.layout.folder_for(step, self.token)
+        # The memory tier staged this very step a moment ago: write from its copy instead of copying again.
+        staged = self.staged.staged_state(step) if self.staged is not None else None
+        completion: Completion
+        try:
+            if staged is not None and hasattr(self.strategy, "save_staged"):
+                completion = self.strategy.save_staged(staged, folder, self.ctx)
+            else:
+                staged = None
+                completion = self.strategy.save(self.state, folder, self.ctx)
+        except FAILURES as err:
+            completion = raiser(err)
+        fault_point("checkpoint_write", step)  # staged, not written
+        stall = self._clock() - start
+        self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
+        self._inflight = self._finisher.submit(self._begin_and_finish, step, completion, start, stall)
+        if staged is not None and self.staged is not None:
+            self.staged.hold(self._inflight)
+        return SaveResult(step, self.config.strategy, stall)
+
+    def _begin_and_finish(self, step: int, completion: Completion, start: float, stall: float) -> SaveResult:
+        folder, error, exists = self._begin(step, self.coll.io)
+        if exists:  # committed by an earlier run that this manager did not restore: never overwrite it
+            self.committed.add(step)
+            return SaveResult(step, self.config.strategy, stall, 0.0, folder, None, skipped=True)
+        return self._finish(step, folder, raiser(OSError(error)) if error else completion, start, stall)
+
+    def _finish(
+        self, step: int, folder: str, completion: Completion, start: float, stall: float | None
+    ) -> SaveResult:
+        """Wait for this rank's files, gather every rank's, commit on rank 0, agree on the outcome.
+
+        ``stall`` is the blocking time of an asynchronous save; None for a synchronous one (all of it blocked).
+        """
+        mine: tuple[str, Any]
+        try:
+            names = completion()
+            if stall is not None:
+                fault_point("async_upload", step)  # uploaded in the background, not committed
+            # names map to the checksums computed while writing (no read-back); others are read back
+            mine = ("ok", self.layout.rank_files(folder, names, checksum=self._algorithm or False))
+        except FAILURES as err:
+            mine = ("error", f"rank {self.coll.rank}: {describe(err)}")
+        parts = self.coll.gather_io(mine)
+        outcome: tuple[str, Any] = ("error", "")
+        if self.coll.rank == 0:
+            try:
+                outcome = self._commit(step, folder, parts)
+            except Exception as err:  # every rank waits for rank 0's word: always send one
+                outcome = ("error", f"commit: {type(err).__name__}: {err}")
+        outcome = self.coll.bcast(outcome, self.coll.io)
+        persist = self._clock() - start
+        if stall is None:  # a synchronous save blocked training until now
+            stall = persist
+            self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
+        if outcome[0] != "ok":
+            self._emit("checkpoint_failed", step=step, error=outcome[1])
+            failed = SaveFailed(
+                f"saving step {step} failed ({outcome[1]}); the previous checkpoint is untouched"
+            )
+            log.warning("%s", failed)  # once, here, whoever catches it (``Run`` trains on)
+            raise failed
+        url, size = outcome[1]
+        self.committed.add(step)
+        charged = self._charged  # a memory save made only for this one: part of its cost (see should_save)
+        self.policy.measured(
+            stall + (charged[1] if charged is not None and charged[0] == step else 0.0), persist
+        )
+        result = SaveResult(step, self.config.strategy, stall, persist, url, size)
+        self.results.append(result)
+        self._emit(
+            "checkpoint_durable", step=step, stall_seconds=stall, persist_seconds=persist, bytes=size, url=url
+        )
+        if self.coll.rank == 0:
+            self.retention.schedule()
+        return result
+
+    def _commit(self, step: int, folder: str, parts: list[tuple[str, Any]]) -> tuple[str, Any]:
+        errors = [str(detail) for status, detail in parts if status != "ok"]
+        if not errors:
+            files: dict[str, FileEntry] = {}
+            for _status, entries in parts:
+                files.update(entries)
+            manifest = Manifest(
+                step=step,
+                strategy=self.config.strategy,
+                world_size=self.coll.world_size,
+                wall_time=time.time(),
+                files=files,
+                goodput_version=goodput.__version__,
+            )
+            try:
+                return ("ok", (self.layout.commit(folder, manifest), manifest.total_bytes))
+            except OSError as err:
+                errors.append(f"commit: {type(err).__name__}: {err}")
+        if folder:
+            self.layout.abort(folder)
+        return ("error", "; ".join(errors) + self._space_hint())
+
+    def _space_hint(self) -> str:
+        """Name a full disk when that is the likely cause (torch's writers hide ENOSPC behind 'unexpected pos')."""
+        free = self.layout.free_bytes()
+        needed = self.results[-1].bytes if self.results and self.results[-1].bytes else 1 << 20
+        if free is None or free >= needed:
+            return ""
+        return f"; No space left on device? {self.layout.root} has {free} bytes free, the last checkpoint took {needed}"
+
+    def busy(self) -> bool:
+        """Whether a save is in flight and not finished yet."""
+        return self._inflight is not None and not self._inflight.done()
+
+    def settle(self) -> SaveResult | SaveFailed | None:
+        """Wait for the save in flight: its result, its failure (returned, not raised) or None."""
+        if self._inflight is None:
+            return None
+        future, self._inflight = self._inflight, None
+        try:
+            return future.result()
+        except SaveFailed as err:  # logged where it failed
+            return err
+
+    def wait(self) -> SaveResult | None:
+        """Block until the save in flight (if any) is durable; returns its result.
+
+        Raises:
+            SaveFailed: when that save failed.
+        """
+        outcome = self.settle()
+        if isinstance(outcome, SaveFailed):
+            raise outcome
+        return outcome
+
+    # ---- restoring ------------------------------------------------------------------------------------------
+    def find(self, *, at_most: int | None = None) -> int | None:
+        """List the committed checkpoints (a rollback's ``at_most`` discards every newer one); returns the newest
+        step, the floor for faster tiers (they restore only a step at least as new)."""
+        started = self._clock()
+        candidates, skipped = self.reader.listing()
+        if at_most is not None:
+            self.reader.discard_newer([(step, url) for step, url in candidates if step > at_most])
+            candidates = [(step, url) for step, url in candidates if step <= at_most]
+            skipped = [(step, why) for step, why in skipped if step <= at_most]  # the abandoned timeline's
+        self.candidates, self.skipped = candidates, skipped
+        self.committed = {step for step, _ in candidates}
+        self.failed = {step for step, _ in skipped}  # failed to load: saved over, not skipped (``_begin``)
+        self.reader.parts = {"find": self._clock() - started}
+        return candidates[0][0] if candidates else None
+
+    def restore(self, *, at_least: int | None = None, at_most: int | None = None) -> DurableRestore | None:
+        """Load the newest valid checkpoint ``find`` listed (no older than ``at_least``); a damaged one is passed
+        over (named in a warning) and saved over when training reaches its step again."""
+        for step, url in self.candidates:
+            if at_least is not None and step < at_least:
+                break
+            failure = self.reader.try_load(step, url)
+            if failure is not None:
+                self.skipped.append((step, failure))
+                self.committed.discard(step)  # a damaged step is saved over when training reaches it again
+                self.failed.add(step)
+                continue
+            self.reader.warn_skipped(self.skipped)
+            self._emit(
+                "restore_parts", step=step, **{f"{k}_seconds": v for k, v in self.reader.parts.items()}
+            )
+            fault_point("restore", step)  # loaded, not yet in use
+            return DurableRestore(step)
+        return None
+
+    # ---- lifetime -------------------------------------------------------------------------------------------
+    def close(self, *, finished: bool = True) -> None:
+        """Wait for retention and the finishing thread; release the strategy's buffers."""
+        self.retention.close()
+        self._finisher.shutdown(wait=True)
+        self.strategy.close()
+
+    def drop_group(self) -> None:
+        """Forget the background group (the manager releases it)."""
+        self.ctx.group = None

@@ -1,0 +1,164 @@
+"""``goodput verify-rollback [-- train.py]``: the numeric guard's ladder, checked bit for bit.
+
+Three runs of the same training under ``goodput launch``, the numeric guard on in each (``GOODPUT_NUMERIC=1``
+turns it on at its defaults in a script that leaves it off):
+
+1. **clean**: no fault. Its length places the drill, and it must raise no alarm (a false alarm would roll back).
+2. **faulted**: the drill of :func:`drill_plan`: a NaN loss that comes back on its redo (rolled back, then rolled
+   back again and its data window skipped), a loss spike (rolled back), a flipped bit on rank 0 (found at a
+   replica check, rolled back).
+3. **skipping**: no fault, the faulted run's skip list given from the start (its run folder begins with the
+   faulted run's ``numeric/skips.json``, which the guard applies at every restore).
+
+The faulted run must end as the skipping one, compared as verify-resume compares (``GOODPUT_RECORDS=1``: each
+step's samples, loss and random generators as last trained, and the final state): the rollbacks left no trace,
+the skipped samples were never trained, and every other sample was trained once, as in a run that never saw
+them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from goodput._env import NUMERIC
+from goodput.errors import ConfigError
+from goodput.launch.launcher import LaunchConfig, launch_job
+from goodput.verify.compare import compare_records
+from goodput.verify.script import OUTPUT_LOG, records_of, run_captured
+
+__all__ = ["drill_plan", "verify_rollback"]
+
+
+def drill_plan(steps: int, nproc: int, *, check_every: int = 50, window: int = 1000) -> str:
+    """The numeric drill for a run of ``steps`` steps: a NaN loss on the last rank at 30% of the steps, twice
+    (it comes back on the redo, as a NaN in the data does: two rollbacks and a skip), a 20x loss spike at 55%,
+    and, with replicas to compare, a flipped bit in rank 0's parameters at a replica check step (every
+    ``check_every``): the first from 80% on, else the last one, and only from the second check on (a corrupted
+    replica rolls back to the last check that agreed, and before the first there is none).
+
+    The guard stops after 3 rollbacks within ``window`` steps (its defaults): when the four rollbacks would
+    fall within one window (a run under 2,000 steps), the spike is left out where the flipped bit fits, else
+    the flipped bit.
+    """
+    last, spike = nproc - 1, max(2, 11 * steps // 20)
+    nan = f"nan@step={max(1, 3 * steps // 10)},rank={last}"
+    check = -(-(4 * steps // 5) // check_every) * check_every
+    if check >= steps:
+        check = (steps - 1) // check_every * check_every
+    flip = [f"bitflip@step={check},rank=0"] if nproc > 1 and check >= 2 * check_every else []
+    spikes = [f"spike@step={spike},factor=20"]
+    if flip and check - max(1, 3 * steps // 10) < window:
+        spikes = []
+    return "; ".join([nan, nan, *spikes, *flip])
+
+
+def verify_rollback(
+    script: Sequence[str], *, nproc: int, work_dir: str | None, say: Callable[[str], None] = print
+) -> int:
+    """Run ``script`` clean, with the numeric drill, and skipping the drill's data from the start; 0 when the
+    last two end identical and every fault was found, 1 otherwise.
+
+    Raises:
+        ConfigError: the script is missing, or it records no step (it does not use ``Run``).
+    """
+    if not script or (script[0].endswith(".py") and not os.path.isfile(script[0])):
+        raise ConfigError(f"the training script {script[0] if script else ''!r} does not exist")
+    if nproc < 1:
+        raise ConfigError(f"need --nproc >= 1, got {nproc}")
+    work = work_dir or tempfile.mkdtemp(prefix="goodput-verify-rollback-")
+    dirs = {name: os.path.join(work, name) for name in ("clean", "faulted", "skipping")}
+    for folder in dirs.values():
+        if os.path.exists(folder):
+            raise ConfigError(f"{folder} already exists (an earlier verify?): choose an empty --work-dir")
+    say(f"goodput verify-rollback: {' '.join(script)}, {nproc} ranks, in {work}")
+
+    def launch(run_dir: str, faults: str) -> Callable[[], int]:
+        config = LaunchConfig(
+            script=tuple(script), nproc=nproc, max_restarts=0, run_dir=run_dir, faults=faults,
+            rdzv_id="goodput-verify", verbose=True,
+        )  # fmt: skip
+        return lambda: launch_job(config)
+
+    with _numeric_on():
+        if not run_captured(launch(dirs["clean"], ""), dirs["clean"], "clean", say):
+            return 1
+        clean = records_of(dirs["clean"], script)
+        steps = max(max(s, default=0) for s in clean.steps.values())
+        alarms = _events(dirs["clean"], "numeric_fault")
+        plan = drill_plan(steps, nproc)
+        say(f"clean: {steps} steps, {len(alarms)} alarm{'' if len(alarms) == 1 else 's'}; drill: {plan}")
+        if not run_captured(launch(dirs["faulted"], plan), dirs["faulted"], "faulted", say):
+            return 1
+        _seed_skips(dirs["faulted"], dirs["skipping"])
+        if not run_captured(launch(dirs["skipping"], ""), dirs["skipping"], "skipping", say):
+            return 1
+    for line in _ladder(dirs["faulted"]):
+        say(line)
+    found = {e["kind"] for e in _events(dirs["faulted"], "numeric_fault")}
+    wanted = {"nonfinite", *(["spike"] if "spike" in plan else []), *(["sdc"] if "bitflip" in plan else [])}
+    problems = [f"the drill's {kind} was not found" for kind in sorted(wanted - found)]
+    problems += [f"the clean run raised {len(alarms)} false alarm(s)"] * bool(alarms)
+    if not _events(dirs["faulted"], "skip"):
+        problems.append("the NaN that came back was not skipped")
+    differences = compare_records(records_of(dirs["skipping"], script), records_of(dirs["faulted"], script))
+    problems += [str(d) for d in differences[:3]]
+    if not problems:
+        say(
+            "IDENTICAL: with the drill's faults rolled back and its data skipped, every step's samples, loss and "
+            "random generators, and the final model, optimizer, scheduler, RNG and data position match a run "
+            "that skipped the same samples from the start: each other sample was trained once"
+        )
+        return 0
+    for problem in problems:
+        say(f"DIFFERENT: {problem}")
+    say(f"(the workers' output is in {dirs['faulted']}/{OUTPUT_LOG} and {dirs['skipping']}/{OUTPUT_LOG})")
+    return 1
+
+
+class _numeric_on:
+    """``GOODPUT_NUMERIC=1`` meanwhile: ``Run`` turns the guard on at its defaults where the script left it off."""
+
+    def __enter__(self) -> None:
+        self._before = os.environ.get(NUMERIC.name)
+        os.environ[NUMERIC.name] = "1"
+
+    def __exit__(self, *exc: object) -> None:
+        if self._before is None:
+            os.environ.pop(NUMERIC.name, None)
+        else:
+            os.environ[NUMERIC.name] = self._before
+
+
+def _seed_skips(faulted: str, skipping: str) -> None:
+    """The skipping run starts with the faulted run's skip list (``numeric/skips.json``)."""
+    from goodput.run._numeric_ops import SKIPS_FILE
+
+    source = os.path.join(faulted, SKIPS_FILE)
+    if os.path.exists(source):
+        os.makedirs(os.path.dirname(os.path.join(skipping, SKIPS_FILE)), exist_ok=True)
+        shutil.copyfile(source, os.path.join(skipping, SKIPS_FILE))
+
+
+def _events(run_dir: str, name: str) -> list[dict[str, Any]]:
+    from goodput.ledger import read_events
+
+    return [e for e in read_events(run_dir, rank=0) if e["event"] == name]
+
+
+def _ladder(run_dir: str) -> list[str]:
+    """One line per rung the faulted run took."""
+    from goodput.ledger import read_events
+
+    lines = []
+    for e in read_events(run_dir, rank=0):
+        if e["event"] == "numeric_fault":
+            lines.append(f"found {e['kind']} ({e.get('detail', '')}) at step {e['step']}")
+        elif e["event"] == "rollback":
+            lines.append(f"rolled back from step {e['from_step']} to {e['to_step']} ({e['tier']} tier)")
+        elif e["event"] == "skip":
+            lines.append(f"skipped steps {e['first_step']}-{e['last_step']}: {e['samples']} samples")
+    return lines

@@ -1,0 +1,148 @@
+"""A small DDP training that keeps its global batch on any world size, for the shrink-and-grow tests.
+
+    goodput launch --restart warm --nproc 3 --spares 0 --shrink-after 0 --run-dir runs/s -- \
+        tests/scripts/shrink_train.py --steps 18
+
+The loader is given ``global_batch_size=12`` (12 samples a step on 1, 2, 3 or 4 ranks). Every rank logs the
+sample ids of each step it trains with the world size in force (``<run_dir>/samples/rank-<r>.jsonl``), and
+rank 0 writes ``<run_dir>/final.json`` with hashes of the final model and optimizer state. No dropout: after a
+shrink each survivor keeps its own random stream, which a cold resume on fewer ranks does not reproduce.
+``--spare-after-step N``: a hot spare finishes its imports only once the group has trained step N (so a test
+knows the job shrinks first and grows back later). ``--hold-for-grow A,B``: a shrunk group waits before its
+step A until the agent has grown the job once (before B: twice), and ``--step-seconds`` makes the steps after
+it long enough for the survivors to leave at a step boundary before the run ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import time
+from typing import Any
+
+import torch
+
+from goodput._env import RUN_DIR, WARM_ROLE
+from goodput.checkpoint import CheckpointConfig
+from goodput.data import ResumableLoader
+from goodput.run import Run
+
+GLOBAL_BATCH = 12
+
+
+class _Samples(torch.utils.data.Dataset[tuple[int, torch.Tensor]]):
+    def __init__(self, n: int = 960) -> None:
+        self.x = torch.randn(n, 16, generator=torch.Generator().manual_seed(7))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor]:
+        return i, self.x[i]
+
+
+def _collate(items: list[tuple[int, torch.Tensor]]) -> tuple[list[int], torch.Tensor]:
+    return [i for i, _ in items], torch.stack([t for _, t in items])
+
+
+def _hash(tensors: dict[str, Any]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(tensors):
+        value = tensors[key]
+        if isinstance(value, dict):
+            digest.update(f"{key}:{_hash(value)}".encode())
+        elif isinstance(value, torch.Tensor):
+            digest.update(value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(f"{key}:{value!r}".encode())
+    return digest.hexdigest()
+
+
+def _trained_step(run_dir: str) -> int:
+    try:
+        with open(os.path.join(run_dir, "samples", "rank-0.jsonl")) as f:
+            return max((json.loads(line)["step"] for line in f if line.endswith("\n")), default=0)
+    except FileNotFoundError:
+        return 0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=18)
+    p.add_argument("--spare-after-step", type=int, default=0)
+    p.add_argument("--hold-for-grow", default="")
+    p.add_argument("--step-seconds", type=float, default=0.0)
+    args = p.parse_args()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    run_dir = RUN_DIR.get()
+    if WARM_ROLE.get() == "spare":
+        while _trained_step(run_dir) < args.spare_after_step:
+            time.sleep(0.05)  # this spare's imports "take" until the group has trained that far
+    config = CheckpointConfig(root=os.path.join(run_dir, "checkpoints"), strategy="torch_save", every=1000)
+    run = Run(
+        run_dir, checkpoint=config, total_steps=args.steps, hang_timeout=60, progress=False, backend="gloo"
+    )
+    dataset = _Samples()
+    holds = [int(step) for step in args.hold_for_grow.split(",") if step]
+    run.warm(lambda r: _train(r, dataset, holds, args.step_seconds))
+
+
+def _grows(run_dir: str) -> int:
+    try:
+        with open(os.path.join(run_dir, "warm", "agent.jsonl")) as f:
+            return sum('"grow"' in line for line in f)
+    except FileNotFoundError:
+        return 0
+
+
+def _hold(run: Run, holds: list[int]) -> None:
+    """Before a step of ``holds``, a shrunk group waits for the agent's next grow (the test's schedule)."""
+    step = run.step + 1
+    if step in holds and run.info.world_size < int(os.environ["GOODPUT_RESERVED_WORLD"]):
+        while _grows(run.run_dir) <= holds.index(step):
+            time.sleep(0.05)
+
+
+def _train(run: Run, dataset: _Samples, holds: list[int], step_seconds: float) -> None:
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    model: torch.nn.Module = inner
+    if run.info.world_size > 1:
+        model = torch.nn.parallel.DistributedDataParallel(inner)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.05 * s))
+    loader = ResumableLoader(
+        dataset, global_batch_size=GLOBAL_BATCH, seed=0, collate_fn=_collate, drop_last=True
+    )
+    run.restore(model=model, optimizer=opt, scheduler=sched, loader=loader)
+    os.makedirs(os.path.join(run.run_dir, "samples"), exist_ok=True)
+    path = os.path.join(run.run_dir, "samples", f"rank-{run.info.rank}.jsonl")
+    with open(path, "a", buffering=1) as log:
+        for ids, x in run.batches(loader):
+            _hold(run, holds)
+            loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            if step_seconds and holds and run.step >= holds[0]:
+                time.sleep(step_seconds)
+            record = {"step": run.step + 1, "samples": ids, "pid": os.getpid(), "world": run.info.world_size}
+            log.write(json.dumps(record) + "\n")
+            run.step_done(loss=float(loss.detach()))
+    run.close()
+    if run.info.rank == 0:
+        final = {
+            "step": run.step,
+            "model": _hash(inner.state_dict()),
+            "optim": _hash(opt.state_dict()["state"]),
+        }
+        with open(os.path.join(run.run_dir, "final.json"), "w") as f:
+            json.dump(final, f)
+
+
+if __name__ == "__main__":
+    main()
