@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -127,6 +128,9 @@ def launch_until_step(
     Returns the launch, its start time, and whether the step was reached (False: the launch ended first).
     """
     faults = "; ".join(f for f in (spec.faults, f"slow@step={step},seconds={_WINDOW}") if f)
+    # A fault's marker names it by its place in the plan, so an earlier launch's window (another plan) would
+    # silence this one: this launch's plan starts with none fired.
+    shutil.rmtree(os.path.join(run_dir, "faults"), ignore_errors=True)
     before = _last_attempt(run_dir)
     started = time.monotonic()
     proc = start_launch(context, run_dir, dataclasses.replace(spec, faults=faults))
