@@ -11,6 +11,8 @@ import pytest
 
 from goodput.errors import ConfigError
 from goodput.run.watchdog import EXIT_HANG, Watchdog
+from goodput.testing import S3Server
+from goodput.testing.faultproxy import FaultProxy
 
 
 def test_hung_process_is_ended_with_exit_hang(tmp_path: os.PathLike[str]) -> None:
@@ -44,3 +46,27 @@ def test_beats_keep_a_busy_process_alive() -> None:
 def test_timeout_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="timeout"):
         Watchdog(0)
+
+
+@pytest.mark.s3
+def test_a_slow_store_at_the_start_is_given_the_restores_time_not_a_steps(
+    s3_server: S3Server, s3_url: str, tmp_path: os.PathLike[str]
+) -> None:
+    # Making the checkpoint manager looks at the store (rank 0 checks the root): that look is part of restoring.
+    code = (
+        "import os, torch, goodput as gp\n"
+        "config = gp.CheckpointConfig(root=os.environ['ROOT'], strategy='dcp')\n"
+        "run = gp.Run(os.environ['RUN'], checkpoint=config, hang_timeout=3.0, progress=False)\n"
+        "print('restored', run.restore(model=torch.nn.Linear(2, 2)))\n"
+        "run.close()\n"
+    )
+    with FaultProxy(s3_server.s3_port) as proxy:
+        proxy.stall_next(1, 6.0)  # the first request: past the 3 s hang timeout, inside the restore's 12 s
+        env = {**os.environ, **s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint_url, "ROOT": s3_url,
+               "RUN": os.path.join(tmp_path, "run")}  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert proxy.injected() == {"stall": 1}
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "restored None" in proc.stdout

@@ -182,15 +182,15 @@ class Run:
         state = TrainingState(
             model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, loader=loader, extras=extras
         )
-        self._manager = CheckpointManager(  # to the ledger of the moment (a rollback opens a new attempt)
-            self.config, state, on_event=lambda name, **fields: self.ledger.on_event(name, **fields)
-        )
-        observe_failures(self._manager, self.run_dir, attempt=self.attempt, rank=self.info.rank)
-        if self._stragglers is not None:  # its DDP comm hook goes on before any other part's
-            self._stragglers.attach(model)
-        self.loader = loader
         self.ledger.restore_start()
-        with self.phase("restore"):
+        with self.phase("restore"):  # the manager's first look at the store is part of restoring, too
+            self._manager = CheckpointManager(  # to the ledger of the moment (a rollback opens a new attempt)
+                self.config, state, on_event=lambda name, **fields: self.ledger.on_event(name, **fields)
+            )
+            observe_failures(self._manager, self.run_dir, attempt=self.attempt, rank=self.info.rank)
+            if self._stragglers is not None:  # its DDP comm hook goes on before any other part's
+                self._stragglers.attach(model)
+            self.loader = loader
             step = None
             for hook in self.hooks:
                 step = hook.before_restore(self, state)
