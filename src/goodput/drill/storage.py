@@ -81,6 +81,17 @@ def _durable_after(run_dir: str, step: int) -> list[int]:
     return sorted({int(e["step"]) for e in events if e["event"] == "checkpoint_durable" and e["step"] > step})
 
 
+def _trained_on(run_dir: str, step: int) -> bool:
+    """Whether rank 0 trained past ``step`` in the attempt whose save of ``step`` failed (no restart)."""
+    from goodput.ledger import read_events
+
+    events = read_events(run_dir, rank=0)
+    attempts = {int(e["attempt"]) for e in events if e["event"] == "checkpoint_failed" and e["step"] == step}
+    return any(
+        e["event"] == "step_end" and int(e["attempt"]) in attempts and int(e["step"]) > step for e in events
+    )
+
+
 def _storage_full(context: DrillContext) -> ScenarioResult:
     ref = context.reference
     size = _checkpoint_bytes(ref.run_dir)
@@ -111,6 +122,8 @@ def _storage_full(context: DrillContext) -> ScenarioResult:
     problems = []
     if not failed:
         problems.append("no save failed: the checkpoints fit on the small file system")
+    elif not _trained_on(run_dir, failed[0]):
+        problems.append(f"training did not go on past the failed save of step {failed[0]} in its attempt")
     elif not _durable_after(run_dir, failed[0]):
         problems.append(f"no save became durable after the failed save of step {failed[0]}")
     injected = f"checkpoint folder full ({limit >> 10} KiB): saves of steps {failed} failed, then room again"
