@@ -9,6 +9,7 @@ that rank's forward (or its dataset's item) take ``--factor`` times as long, as 
 """
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -30,7 +31,17 @@ p.add_argument("--fsdp", action="store_true")
 args = p.parse_args()
 
 config = gp.StragglerConfig(every=args.every, windows=args.windows, stop=args.stop, replace=args.replace)
-run = gp.Run(total_steps=args.steps, hang_timeout=60, progress=False, backend="gloo", stragglers=config)
+# A fixed interval: ``auto`` saves more often after a failure, which would make a replaced run's throughput
+# measure the checkpoint cadence instead of the ranks' speed.
+ckpt = gp.CheckpointConfig(root=os.path.join(os.environ["GOODPUT_RUN_DIR"], "checkpoints"), every=50)
+run = gp.Run(
+    total_steps=args.steps,
+    hang_timeout=60,
+    progress=False,
+    backend="gloo",
+    stragglers=config,
+    checkpoint=ckpt,
+)
 rank = run.info.rank
 slow = rank == args.slow_rank
 extra = args.base * (args.factor - 1.0) if slow else 0.0
