@@ -188,12 +188,13 @@ def install_error_report(rank: int) -> None:
     sys.excepthook = hook
 
 
-def report_failure(rank: int, err: BaseException) -> str:
+def report_failure(rank: int, err: BaseException, *, line: str | None = None) -> str:
     """Report the error that ends this process (the excepthook's, or a warm-restart worker's own failure):
     to torch's error file, and, for an error a restart cannot fix, as the launch's ``FATAL``. Returns its
-    one line (``Type: message``)."""
+    one line (``Type: message``, or ``line`` when given)."""
     kind = type(err)
-    line = f"{kind.__name__}: {err}".splitlines()[0] if str(err) else kind.__name__
+    if line is None:
+        line = f"{kind.__name__}: {err}".splitlines()[0] if str(err) else kind.__name__
     with contextlib.suppress(Exception):
         if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
             callstack = "".join(traceback.format_exception(kind, err, err.__traceback__))
