@@ -236,8 +236,12 @@ def _record_error_file(message: str, callstack: str, rank: int, *, peer: bool) -
         "goodput_peer_failure": "1" if peer else "0",
     }
     data = {"message": {"message": message, "extraInfo": info}}
-    with open(path, "w") as f:
+    # Whole or absent: torchrun reads the file as soon as the process is gone, and a rank ended while writing
+    # (its peer SIGKILLed, torchrun stopping the others) left an empty one that crashed torchrun's agent.
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
         json.dump(data, f)
+    os.replace(tmp, path)
 
 
 def last_error(folder: str) -> str | None:
