@@ -111,7 +111,7 @@ class StepRecorder:
     def final(self, state: Any, step: int) -> None:
         """Record the digests of the final training state (a ``TrainingState``) after ``step``."""
         os.makedirs(self.folder, exist_ok=True)
-        record = {"attempt": self.attempt, "step": step, "state": state_digests(state)}
+        record = {"attempt": self.attempt, "step": step, "world": self.world, "state": state_digests(state)}
         path = os.path.join(self.folder, f"final.rank-{self.rank}.json")
         with open(path + ".tmp", "w") as f:
             json.dump(record, f)

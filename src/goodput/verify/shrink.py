@@ -162,6 +162,10 @@ def verify_shrink(
         return 1
     killed = records_of(dirs["interrupted"], script)
     schedule = world_schedule(killed)
+    ended = {int(f.get("world") or 0) for f in killed.final.values()}
+    if len(ended) == 1 and 0 not in ended and ended != {schedule[-1][1]}:
+        # a failure after the last step (in the final save): the run closed on another world, so does the reference
+        schedule.append((steps + 1, ended.pop()))
     say("world sizes: " + ", ".join(f"{w} from step {s}" for s, w in schedule))
     if not _reference(script, schedule, steps, dirs["reference"], say):
         return 1
@@ -186,15 +190,16 @@ def _reference(
 ) -> bool:
     """One cold launch per part of ``schedule``, each stopped after its last step (but the last)."""
     ends = [first - 1 for first, _ in schedule[1:]] + [steps]
-    for (_, world), end in zip(schedule, ends, strict=True):
-        os.environ[STOP_AFTER.name] = str(end) if end < steps else ""
+    for n, ((_, world), end) in enumerate(zip(schedule, ends, strict=True)):
+        last = n == len(schedule) - 1
+        os.environ[STOP_AFTER.name] = "" if last else str(end)
         try:
             ok = run_captured(functools.partial(_cold, script, world, run_dir), run_dir, "reference", say)
         finally:
             os.environ.pop(STOP_AFTER.name, None)
         if not ok:
             return False
-        if end < steps:  # only the last part's ranks end the run: drop the earlier parts' final states
+        if not last:  # only the last part's ranks end the run: drop the earlier parts' final states
             folder = os.path.join(run_dir, RECORDS_DIR)
             for name in os.listdir(folder):
                 if FINAL_FILE.match(name):
