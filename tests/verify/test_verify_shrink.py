@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from goodput.verify.compare import compare_records
 from goodput.verify.records import RunRecords, StepRecord, StepRecorder, read_records
 from goodput.verify.shrink import effective, exactly_once, world_schedule
 from tests.helpers import paths
@@ -64,6 +65,10 @@ def test_a_step_counts_only_the_ranks_of_the_last_attempt_that_trained_it() -> N
     assert sorted(kept.steps[1]) == [1, 4] and sorted(kept.steps[0]) == [1, 2, 3, 4]
     assert world_schedule(SHRUNK) == [(1, 2), (2, 1), (4, 2)]
     assert world_schedule(CLEAN) == [(1, 2)]
+
+
+def test_a_rank_that_neither_run_had_at_a_step_is_no_difference() -> None:
+    assert compare_records(effective(SHRUNK), effective(SHRUNK)) == []
 
 
 def test_exactly_once_holds_over_world_sizes_and_names_the_first_step_that_breaks_it() -> None:
