@@ -10,20 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from goodput.drill.node import TwoNodeJob, lose_node, until_step
+from goodput.drill.node import TwoNodeJob, free_port, lose_node, until_step
 from goodput.drill.process import said
 from goodput.drill.runs import finish, processes_of
 from goodput.drill.scenario import Reference, registered
 from goodput.launch.launcher import EXIT_PREEMPTED
 from goodput.ledger import read_events
-from goodput.testing import free_port
 from tests.helpers import drill
 
 pytestmark = pytest.mark.slow
 
 
 def _restored(run_dir: str) -> list[int]:
-    return [e["step"] for e in read_events(run_dir, rank=None) if e["event"] == "restore_end" and e.get("step")]
+    return [
+        e["step"] for e in read_events(run_dir, rank=None) if e["event"] == "restore_end" and e.get("step")
+    ]
 
 
 def test_losing_the_store_host_stops_the_survivor_with_75_and_the_relaunch_resumes_exactly(

@@ -27,9 +27,8 @@ from goodput.drill.runs import LaunchSpec, finish, outcome_text, processes_of, r
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
 from goodput.launch.launcher import EXIT_PREEMPTED
 from goodput.run.signals import descendants
-from goodput.testing import free_port
 
-__all__ = ["NODE", "NODE_STORE", "RDZV_TIMEOUT", "TwoNodeJob", "lose_node", "until_step"]
+__all__ = ["NODE", "NODE_STORE", "RDZV_TIMEOUT", "TwoNodeJob", "free_port", "lose_node", "until_step"]
 
 RDZV_TIMEOUT = 20  # the drill's --rdzv-timeout, in seconds: how long a survivor may wait for the lost node
 _STOP_SLACK = 15.0  # seconds past it for the survivor to end its workers and exit
@@ -77,6 +76,13 @@ class TwoNodeJob:
             time.sleep(0.05)  # polling the port, not a synchronisation by time
         self.procs.append(self.start(1, faults))
         return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now: the rendezvous endpoint of a new job."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _listening(endpoint: str) -> bool:
