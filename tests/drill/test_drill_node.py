@@ -10,21 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from goodput.drill.node import TwoNodeJob, free_port, lose_node, until_step
+from goodput.drill.node import TwoNodeJob, free_port, lose_node, restored_steps, until_step
 from goodput.drill.process import said
 from goodput.drill.runs import finish, processes_of
 from goodput.drill.scenario import Reference, registered
 from goodput.launch.launcher import EXIT_PREEMPTED
-from goodput.ledger import read_events
 from tests.helpers import drill
 
 pytestmark = pytest.mark.slow
-
-
-def _restored(run_dir: str) -> list[int]:
-    return [
-        e["step"] for e in read_events(run_dir, rank=None) if e["event"] == "restore_end" and e.get("step")
-    ]
 
 
 def test_losing_the_store_host_stops_the_survivor_with_75_and_the_relaunch_resumes_exactly(
@@ -36,7 +29,7 @@ def test_losing_the_store_host_stops_the_survivor_with_75_and_the_relaunch_resum
     assert f"node 1 stopped, exit {EXIT_PREEMPTED}" in result.injected, result.injected
     run_dir = str(tmp_path / "run")
     assert said(run_dir, "the rendezvous lost the node that hosts its store", log="node-1.log") == 1
-    restored = _restored(run_dir)
+    restored = restored_steps(run_dir)
     assert restored and all(step in drill_reference.saves for step in restored), restored
     assert processes_of(run_dir) == []
 
@@ -50,7 +43,9 @@ def test_losing_the_other_node_the_job_goes_on_once_it_is_back(
     assert "node 0 went on, completed" in result.injected, result.injected
     run_dir = str(tmp_path / "run")
     assert said(run_dir, "the rendezvous lost", log="node-0.log") == 0
-    assert _restored(run_dir) and processes_of(run_dir) == []
+    restored = restored_steps(run_dir)
+    assert restored and all(step in drill_reference.saves for step in restored), restored
+    assert processes_of(run_dir) == []
 
 
 def test_a_node_that_never_comes_back_stops_the_survivor_within_the_rendezvous_timeout(

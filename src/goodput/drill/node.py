@@ -28,7 +28,16 @@ from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, regis
 from goodput.launch.launcher import EXIT_PREEMPTED
 from goodput.run.signals import descendants
 
-__all__ = ["NODE", "NODE_STORE", "RDZV_TIMEOUT", "TwoNodeJob", "free_port", "lose_node", "until_step"]
+__all__ = [
+    "NODE",
+    "NODE_STORE",
+    "RDZV_TIMEOUT",
+    "TwoNodeJob",
+    "free_port",
+    "lose_node",
+    "restored_steps",
+    "until_step",
+]
 
 RDZV_TIMEOUT = 20  # the drill's --rdzv-timeout, in seconds: how long a survivor may wait for the lost node
 _STOP_SLACK = 15.0  # seconds past it for the survivor to end its workers and exit
@@ -92,15 +101,32 @@ def _listening(endpoint: str) -> bool:
 
 
 def until_step(job: TwoNodeJob, step: int) -> bool:
-    """Wait until a rank of this launch recorded ``step``; False when a node's launch ended first."""
+    """Wait until a rank of this launch recorded ``step`` and a checkpoint before it is durable; False when a
+    node's launch ended first."""
     before = last_attempt(job.run_dir)
     if not job.start_both(f"slow@step={step},seconds={_WINDOW}"):
         return False
     while all(proc.poll() is None for proc in job.procs):
-        if recorded(job.run_dir, step, after_attempt=before):
+        if recorded(job.run_dir, step, after_attempt=before) and _durable_before(job.run_dir, step):
             return True
         time.sleep(0.05)  # polling for the step, not a synchronisation by time
     return False
+
+
+def _durable_before(run_dir: str, step: int) -> bool:
+    """Whether a checkpoint of a step before ``step`` is durable: the relaunch has one to resume from."""
+    from goodput.ledger import read_events
+
+    events = read_events(run_dir, rank=None)
+    return any(e["event"] == "checkpoint_durable" and int(e["step"]) < step for e in events)
+
+
+def restored_steps(run_dir: str) -> list[int]:
+    """The step each rank of each attempt restored (an attempt that found no checkpoint is left out)."""
+    from goodput.ledger import read_events
+
+    events = read_events(run_dir, rank=None)
+    return [int(e["step"]) for e in events if e["event"] == "restore_end" and e.get("step") is not None]
 
 
 def lose_node(proc: subprocess.Popen[bytes]) -> None:
@@ -144,6 +170,8 @@ def _node_loss(context: DrillContext, *, store_host: bool) -> ScenarioResult:
         ends = [finish(proc, job.started) for proc in job.procs]
         seconds = max(end.seconds for end in ends)
         seen = f"node {survivor} went on, " + outcome_text(ends[survivor].status)
+    if not restored_steps(run_dir):
+        problems.append("the relaunch restored no checkpoint: it trained from step 0 again")
     if left := processes_of(run_dir):
         problems.append(f"{len(left)} process(es) of the job left after it ended")
         for pid in left:
