@@ -6,7 +6,9 @@ goodput adds these around torchrun and re-implements none of it:
   environment variables (``GOODPUT_RUN_DIR``, ``GOODPUT_FAULTS``, ``GOODPUT_CRASH_LOOP``,
   ``GOODPUT_ALLOW_FRESH_START``), so they work on every node and rank;
 * single-node jobs use torchrun's ``--standalone`` c10d rendezvous on a free local port; multi-node jobs pass
-  ``--nnodes``/``--node-rank``/``--rdzv-endpoint``/``--rdzv-id`` through to torchrun's c10d rendezvous;
+  ``--nnodes``/``--node-rank``/``--rdzv-endpoint``/``--rdzv-id`` through to torchrun's c10d rendezvous, with
+  ``--rdzv-timeout`` as its timeouts; a node whose rendezvous lost a node for good ends with ``EXIT_PREEMPTED``
+  (see ``goodput.launch.rendezvous``);
 * a launch folder (see ``goodput.launch.folder``) where workers report a crash loop, an error a restart cannot
   fix (``ConfigError``, ``StateMismatch``, ``FingerprintMismatch``, ``NoValidCheckpoint``) and a preemption save; the launcher stops
   torchrun at once instead of burning the restart budget, prints one line (quoting the failing rank's last
