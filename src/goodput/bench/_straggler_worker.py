@@ -24,13 +24,14 @@ p.add_argument("--slow-rank", type=int, default=None)
 p.add_argument("--slow-in", choices=("forward", "data"), default="forward")
 p.add_argument("--factor", type=float, default=1.5)
 p.add_argument("--every", type=int, default=5)
-p.add_argument("--windows", type=int, default=3)
+p.add_argument("--windows", type=int, default=None)  # None: StragglerConfig's default
 p.add_argument("--stop", action="store_true")
 p.add_argument("--replace", action="store_true")
 p.add_argument("--fsdp", action="store_true")
 args = p.parse_args()
 
-config = gp.StragglerConfig(every=args.every, windows=args.windows, stop=args.stop, replace=args.replace)
+windows = {} if args.windows is None else {"windows": args.windows}
+config = gp.StragglerConfig(every=args.every, stop=args.stop, replace=args.replace, **windows)
 # A fixed interval: ``auto`` saves more often after a failure, which would make a replaced run's throughput
 # measure the checkpoint cadence instead of the ranks' speed.
 ckpt = gp.CheckpointConfig(root=os.path.join(os.environ["GOODPUT_RUN_DIR"], "checkpoints"), every=50)

@@ -47,7 +47,7 @@ class StragglerConfig:
 
     every: int = 5
     threshold: float = 0.75
-    windows: int = 3
+    windows: int = 2
     min_excess: float = 0.002
     stop: bool = False
     replace: bool = False
