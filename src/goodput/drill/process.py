@@ -29,7 +29,7 @@ from goodput.launch.launcher import EXIT_PREEMPTED
 from goodput.verify.records import read_records
 from goodput.verify.script import kill_plan
 
-__all__ = ["HANG", "PREEMPT", "RANK", "launch_until_step", "signal_step"]
+__all__ = ["HANG", "PREEMPT", "RANK", "last_attempt", "launch_until_step", "recorded", "said", "signal_step"]
 
 _WINDOW = 5  # seconds every rank pauses at the step a signal is sent at (a slow fault): the signal's window
 
@@ -131,24 +131,26 @@ def launch_until_step(
     # A fault's marker names it by its place in the plan, so an earlier launch's window (another plan) would
     # silence this one: this launch's plan starts with none fired.
     shutil.rmtree(os.path.join(run_dir, "faults"), ignore_errors=True)
-    before = _last_attempt(run_dir)
+    before = last_attempt(run_dir)
     started = time.monotonic()
     proc = start_launch(context, run_dir, dataclasses.replace(spec, faults=faults))
     while proc.poll() is None:
-        if _recorded(run_dir, step, after_attempt=before):
+        if recorded(run_dir, step, after_attempt=before):
             return proc, started, True
         time.sleep(0.05)  # polling for the step, not a synchronisation by time
     return proc, started, False
 
 
-def _last_attempt(run_dir: str) -> int:
+def last_attempt(run_dir: str) -> int:
+    """The newest attempt that recorded a step in ``run_dir`` (-1: none yet)."""
     try:
         return max(read_records(run_dir).attempts, default=-1)
     except FileNotFoundError:
         return -1
 
 
-def _recorded(run_dir: str, step: int, *, after_attempt: int) -> bool:
+def recorded(run_dir: str, step: int, *, after_attempt: int) -> bool:
+    """Whether a rank of an attempt after ``after_attempt`` recorded ``step``."""
     try:
         records = read_records(run_dir)
     except (FileNotFoundError, ValueError):
@@ -189,7 +191,7 @@ def _preempt(context: DrillContext) -> ScenarioResult:
             )
         elif len(saved) != 1:
             problems.append(f"{signum.name}: the ranks saved steps {saved}, expected one agreed step")
-        elif _said(run_dir, f"preempted by {signum.name}") != 1:
+        elif said(run_dir, f"preempted by {signum.name}") != 1:
             problems.append(f"{signum.name}: goodput launch did not say in one line where it saved")
         if left := processes_of(run_dir):
             problems.append(f"{signum.name}: {len(left)} process(es) of the job outlived the launch")
@@ -203,9 +205,9 @@ def _preempt(context: DrillContext) -> ScenarioResult:
     )  # fmt: skip
 
 
-def _said(run_dir: str, words: str) -> int:
-    """How many of goodput launch's own lines in the run's output contain ``words``."""
-    with open(os.path.join(run_dir, OUTPUT_LOG), errors="replace") as f:
+def said(run_dir: str, words: str, log: str = OUTPUT_LOG) -> int:
+    """How many of goodput launch's own lines in the run's output (``log``) contain ``words``."""
+    with open(os.path.join(run_dir, log), errors="replace") as f:
         return sum(1 for line in f if line.startswith("goodput launch:") and words in line)
 
 
