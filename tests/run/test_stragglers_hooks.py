@@ -37,3 +37,24 @@ def test_the_numeric_guard_and_the_detector_share_ddps_one_hook() -> None:
     assert all(total is not None and not math.isfinite(total) for total, _ in results), results
     # the detector's bucket timing: each rank's wait from its bucket ready to the all-reduce done
     assert all(wait > 0.0 for _, wait in results), results
+
+
+def _exchange_rank(rank: int, world: int) -> list[list[list[float]]]:
+    from goodput.run.stragglers import Exchange
+
+    exchange = Exchange(3, rank, world)
+    seen = []
+    for window in range(3):  # the buffer is reused: an old window's rows must not leak into the next
+        exchange.start(
+            [rank + 0.1 * window, -1.0 / 3.0 * (rank + 1), 1e-9 * (window + 1)] if rank else [0.0] * 3
+        )
+        seen.append(exchange.result())
+    return seen
+
+
+def test_the_exchange_leaves_every_ranks_row_on_every_rank_bit_for_bit_window_after_window() -> None:
+    results = run_ranks(_exchange_rank, 3)
+    expected = [
+        [[0.0] * 3] + [[r + 0.1 * w, -1.0 / 3.0 * (r + 1), 1e-9 * (w + 1)] for r in (1, 2)] for w in range(3)
+    ]
+    assert results == [expected] * 3

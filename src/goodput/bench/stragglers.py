@@ -119,24 +119,25 @@ def _overhead() -> dict[str, float]:
 
 def _gather_rank(rank: int, world: int) -> tuple[float, float]:
     """Seconds per step of one window's exchange (9 floats) on 2 real gloo ranks, amortised over a window: the
-    detector's way (started at a window's end, read after the next step's own all-reduce) and, as the
-    baseline, a blocking all-gather of the same tensor."""
+    detector's way (a sum into a preallocated buffer started at a window's end, read after the next step's own
+    all-reduce) and, as the baseline, a blocking all-gather of the same values."""
     import torch
     import torch.distributed as dist
 
     from goodput.run._straggler_rules import StragglerConfig
-    from goodput.run.stragglers import _Gather
+    from goodput.run.stragglers import Exchange
 
     grads = torch.zeros(1024)
+    exchange = Exchange(9, rank, world)  # made once per group, as the detector does
     started, blocking = [], []
     for _ in range(200):
         dist.barrier()
         start = time.perf_counter()
-        gather = _Gather([0.01] * 9, world)
+        exchange.start([0.01] * 9)
         issued = time.perf_counter() - start
         dist.all_reduce(grads)  # the next step's own collective
         start = time.perf_counter()
-        gather.result()
+        exchange.result()
         started.append(issued + time.perf_counter() - start)
         dist.barrier()
         start = time.perf_counter()

@@ -6,10 +6,10 @@ DDP's communication hook, FSDP2's custom collectives). Compute is the rest of th
 parts with ``with run.section("name"):``; for a model neither DDP nor FSDP2 the sections' sum is the rank's
 compute (nothing else tells its own work from its waits).
 
-Once every ``StragglerConfig.every`` steps each rank starts an all-gather of one small tensor of medians (and its lowest compute) without
-waiting for it, and reads it at the end of the next step: by then the step's own collectives (DDP's all-reduce,
-FSDP2's reduce-scatter), issued after it on the same group, have completed, so reading it does not block and no
-collective is added to the step's critical path. :mod:`goodput.run._straggler_rules` scores the figures the same
+Once every ``StragglerConfig.every`` steps each rank starts an exchange of one small row of medians (and its
+lowest compute) without waiting for it, and reads it at the end of the next step: by then the step's own
+collectives (DDP's all-reduce, FSDP2's reduce-scatter), issued after it on the same group, have completed, so
+reading it does not block and no collective is added to the step's critical path. :mod:`goodput.run._straggler_rules` scores the figures the same
 on every rank, so every rank knows the verdict without another message. Rank 0 records each window in the
 ledger (``straggler_window``) and feeds the scores to the run's exporters; every rank acts on an alarm
 (``straggler_alarm``): stop the job (``StragglerConfig.stop``) or, under warm restarts, let the slow rank exit
@@ -39,29 +39,55 @@ class StragglerReplaced(GoodputError):
     """This rank stayed slow and ``StragglerConfig(replace=True)`` hands its place to a hot spare."""
 
 
-class _Gather:
-    """One window's all-gather of every rank's figures, started without waiting (see the module docstring)."""
+class Exchange:
+    """Every rank's figures of a window, exchanged without waiting (see the module docstring).
 
-    def __init__(self, values: list[float], world_size: int) -> None:
+    One buffer of ``world_size`` rows, made once per process group: each rank writes its row, zeroes the others
+    and starts a sum over the ranks, which leaves every rank's row on every rank (a value plus zeros is the
+    value, bit for bit). A sum into one preallocated tensor costs less per window than an all-gather into a list
+    of new tensors; on gloo the buffer is a NumPy array's memory, so writing a row makes no tensor.
+    """
+
+    def __init__(self, width: int, rank: int, world_size: int) -> None:
+        import numpy as np
+
+        self._rank = rank
+        self._rows = np.zeros((world_size, width))
+        self._buffer: Any = None
+        self._work: Any = None
+        self._values: list[float] = []
+        import torch.distributed as dist
+
+        if world_size == 1 or not dist.is_initialized():
+            return
         import torch
+
+        if dist.get_backend() == "nccl":
+            self._buffer = torch.zeros(world_size, width, dtype=torch.float64, device="cuda")
+        else:
+            self._buffer = torch.from_numpy(self._rows)
+
+    def start(self, values: list[float]) -> None:
+        """Put this rank's values in and start the exchange."""
         import torch.distributed as dist
 
         self._values = values
-        self._work: Any = None
-        self._out: list[Any] = []
-        if world_size == 1 or not dist.is_initialized():
+        if self._buffer is None:
             return
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        mine = torch.tensor(values, dtype=torch.float64, device=device)
-        self._out = [torch.empty_like(mine) for _ in range(world_size)]
-        self._work = dist.all_gather(self._out, mine, async_op=True)
+        self._rows.fill(0.0)
+        self._rows[self._rank] = values
+        if self._buffer.is_cuda:
+            self._buffer.copy_(self._buffer.new_tensor(self._rows))
+        self._work = dist.all_reduce(self._buffer, async_op=True)
 
     def result(self) -> list[list[float]]:
-        """Every rank's values, by rank (waits for the all-gather if it is not done yet)."""
+        """Every rank's values, by rank (waits for the exchange if it is not done yet)."""
         if self._work is None:
             return [self._values]
         self._work.wait()
-        return [t.tolist() for t in self._out]
+        self._work = None
+        rows: list[list[float]] = self._buffer.tolist()
+        return rows
 
 
 class _Section:
@@ -110,7 +136,8 @@ class StragglerMonitor:
         self._act = act
         self._rules = StragglerRules(config, world_size)
         self._clock: WaitClock | None = None
-        self._pending: tuple[int, _Gather] | None = None  # a window's exchange: its last step, the gather
+        self._exchange: Exchange | None = None  # made at the first window's end, once the group exists
+        self._pending: int | None = None  # the last step of the window whose exchange is under way
         self._sections: dict[str, float] = {}
         self._names: list[str] = []
         self._rows: list[tuple[float, ...]] = []
@@ -125,6 +152,7 @@ class StragglerMonitor:
 
         self._rows.clear()
         self._pending = None  # a new generation's group: the old one's exchange is not read
+        self._exchange = None
         self._hosts = None  # a new generation may hold a spare from another host
         self._rules = StragglerRules(self.config, self.world_size)  # the same fresh state on every rank
         self._clock = attach_clock(model)
@@ -163,7 +191,10 @@ class StragglerMonitor:
             rows, self._rows = self._rows, []
             medians = [_median([r[i] if i < len(r) else 0.0 for r in rows]) for i in range(3 + _SECTIONS)]
             floor = min(r[0] for r in rows)
-            self._pending = (step, _Gather([*medians, floor, float(len(rows))], self.world_size))
+            if self._exchange is None:
+                self._exchange = Exchange(4 + _SECTIONS + 1, self.rank, self.world_size)
+            self._exchange.start([*medians, floor, float(len(rows))])
+            self._pending = step
         return verdict
 
     def finish(self, step: int) -> WindowVerdict | None:
@@ -171,8 +202,9 @@ class StragglerMonitor:
         and the loop's end)."""
         if self._pending is None:
             return None
-        (last, gather), self._pending = self._pending, None
-        gathered = gather.result()
+        last, self._pending = self._pending, None
+        assert self._exchange is not None  # started with the pending window
+        gathered = self._exchange.result()
         windows = [RankWindow(g[0], g[1], g[2], int(g[-1]), floor=g[-2]) for g in gathered]
         verdict = self._rules.window(windows)
         self.last = verdict
