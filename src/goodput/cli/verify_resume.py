@@ -10,6 +10,8 @@ import sys
 import tempfile
 from typing import Any
 
+from goodput.cli._script import add_work_dir_and_script, script_of
+
 __all__ = ["register"]
 
 _EPILOG = """what it compares: the final model and optimizer state (sha256 of every tensor) and, for every rank
@@ -77,13 +79,7 @@ def register(sub: Any) -> None:
         help="how the runs restart: cold (torchrun restarts the group; default) or warm (goodput launch "
         "--restart warm: survivors keep their process, a hot spare takes the dead rank)",
     )
-    parser.add_argument("--work-dir", default=None, help="where both runs go (default: a temporary folder)")
-    parser.add_argument(
-        "script",
-        nargs=argparse.REMAINDER,
-        metavar="-- train.py args",
-        help="your training script and its arguments (optional)",
-    )
+    add_work_dir_and_script(parser, runs="both runs")
     parser.set_defaults(handler=_run)
 
 
@@ -93,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     from goodput.verify.demo import first_difference, read_run
     from goodput.verify.script import run_captured
 
-    script = args.script[1:] if args.script[:1] == ["--"] else args.script
+    script = script_of(args)
     if script:
         return _run_script(args, script)
     args.steps, args.every = args.steps or 60, args.every or 5
