@@ -1,4 +1,5 @@
-"""What ``Run`` does at the edges of a run: where its folder is, a run already complete, a preemption stop.
+"""What ``Run`` does at the edges of a run: where its folder is, its options checked, its checkpoint manager
+opened and restored, a run already complete, a preemption stop.
 
 Kept apart from ``run.py`` so that the hot file only calls them.
 
@@ -12,6 +13,9 @@ Kept apart from ``run.py`` so that the hot file only calls them.
 * Checkpoints go to the configured root (default ``<run_dir>/checkpoints``) unless ``$GOODPUT_CHECKPOINT_ROOT``
   names another: ``goodput drill`` moves a script's checkpoints onto the storage it injects faults into.
 * A run's ``auto`` interval learns the failure rate earlier attempts of the run observed.
+* A restore asks the hooks first (the warm hand-over fills the state from a survivor), else the newest valid
+  checkpoint.
+* A fault plan or a numeric guard that cannot apply to the run is a ConfigError when ``Run`` is made.
 * ``run.warm(train)`` calls ``train(run)``: a ``train`` that cannot take the run is a ConfigError before any
   call (the TypeError of the call would fail every attempt in turn, a crash loop, instead of one line).
 """
@@ -51,9 +55,11 @@ __all__ = [
     "exit_preempted",
     "interval_fields",
     "observe_failures",
+    "open_manager",
     "record_state",
     "report_preempted",
     "resolve_run_dir",
+    "restored_step",
 ]
 
 RUN_DIR_ENV = RUN_DIR.name
@@ -177,6 +183,26 @@ def exit_preempted(run: Run, url: str | None, why: str) -> NoReturn:
                 flush=True,
             )
     raise SystemExit(0 if launch_dir() is not None else EXIT_PREEMPTED)
+
+
+def open_manager(run: Run, state: TrainingState) -> CheckpointManager:
+    """The run's checkpoint manager over ``state``: its events go to the ledger of the moment (a rollback or a
+    warm restart opens a new attempt), and its ``auto`` interval learns the failures of earlier attempts."""
+    manager = CheckpointManager(
+        run.config, state, on_event=lambda name, **fields: run.ledger.on_event(name, **fields)
+    )
+    observe_failures(manager, run.run_dir, attempt=run.attempt, rank=run.info.rank)
+    return manager
+
+
+def restored_step(run: Run, state: TrainingState, manager: CheckpointManager) -> int | None:
+    """Fill ``state``: from the first hook that can (the warm hand-over from a survivor: the checkpoint is not
+    read), else from the newest valid checkpoint. Its step, or None when the run starts from scratch."""
+    for hook in run.hooks:
+        step = hook.before_restore(run, state)
+        if step is not None:
+            return step
+    return manager.restore_latest()
 
 
 def observe_failures(manager: CheckpointManager, run_dir: str, *, attempt: int, rank: int) -> None:

@@ -8,10 +8,10 @@
         run.step_done(loss=loss.item())
     run.close()
 
-Run owns the order of a step: it joins the process group in this attempt's store namespace, writes the ledger,
-restores the newest valid checkpoint, times each batch's fetch, fires injected faults, stops on preemption and
-saves when the policy says so. What watches or adjusts a run (watchdog, crash loops, progress, records, cache
-counters, numeric guard, stragglers, warm restarts) is a hook in ``run.hooks``.
+Run owns the order of a step: it writes the ledger, restores the newest valid checkpoint, times each batch's
+fetch, fires injected faults, stops on preemption and saves when the policy says so. Its parts: joining and
+leaving the job (``_membership``), the edges of a run (``_runhooks``), the batch loop (``_batches``), and a hook
+in ``run.hooks`` for what watches or adjusts a run (``_observers``, ``numeric``, ``stragglers``, ``_warm``).
 """
 
 from __future__ import annotations
@@ -156,22 +156,13 @@ class Run:
         state = TrainingState(
             model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, loader=loader, extras=extras
         )
-        self._manager = CheckpointManager(  # to the ledger of the moment (a rollback opens a new attempt)
-            self.config, state, on_event=lambda name, **fields: self.ledger.on_event(name, **fields)
-        )
-        edges.observe_failures(self._manager, self.run_dir, attempt=self.attempt, rank=self.info.rank)
+        self._manager = edges.open_manager(self, state)
         if self._stragglers is not None:  # its DDP comm hook goes on before any other part's
             self._stragglers.attach(model)
         self.loader = loader
         self.ledger.restore_start()
         with self.phase("restore"):
-            step = None
-            for hook in self.hooks:
-                step = hook.before_restore(self, state)
-                if step is not None:
-                    break
-            if step is None:
-                step = self._manager.restore_latest()
+            step = edges.restored_step(self, state, self._manager)
         self.ledger.restore_end(step)
         edges.record_state(self.ledger, state, self.config)
         self.step = step or 0
