@@ -107,6 +107,18 @@ def test_a_plan_that_can_never_fire_is_refused_naming_the_fault() -> None:
         check_plan(plan, total_steps=50)
 
 
+def test_a_job_that_shrank_keeps_the_plan_of_the_ranks_it_reserved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a shrink in place to 1 of 2 reserved ranks, a fault for rank 1 is not refused (it fires once the
+    job grows back); a rank beyond the reservation still is."""
+    from goodput._env import RESERVED_WORLD
+    from goodput.run._runhooks import checked_plan
+
+    monkeypatch.setenv(RESERVED_WORLD.name, "2")
+    assert len(checked_plan("nan@step=36,rank=1", 1, 100, numeric_on=True)) == 1
+    with pytest.raises(ConfigError, match="rank 2 does not exist in a job of 2 ranks"):
+        checked_plan("kill@step=3,rank=2", 1, 100, numeric_on=True)
+
+
 def test_the_demo_plan_drills_a_nan_that_comes_back_one_spike_and_one_flipped_bit_within_its_steps() -> None:
     from goodput.demo.main import DemoConfig, numeric_faults
     from goodput.faults import check_plan

@@ -69,6 +69,12 @@ RECORDS = EnvVar(
     "",
     "goodput verify-resume",
 )
+STOP_AFTER = EnvVar(
+    "GOODPUT_STOP_AFTER",
+    "a step: Run closes (saving that step) and the process exits 0 after it; verify-resume's reference runs",
+    "",
+    "goodput verify-resume",
+)
 NUMERIC = EnvVar(
     "GOODPUT_NUMERIC",
     "1: Run turns the numeric guard on at its defaults where the script leaves it off",
@@ -138,6 +144,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     ALLOW_FRESH_START,
     CHECKPOINT_ROOT,
     RECORDS,
+    STOP_AFTER,
     NUMERIC,
     LAUNCH_DIR,
     LAUNCH_ID,

@@ -21,7 +21,10 @@ def reference(work: str) -> Reference:
     return found
 
 
-def context(work: str, ref: Reference) -> DrillContext:
-    """A scenario's context: the shared reference, a fresh folder ``work``."""
+def context(work: str, ref: Reference, *, nnodes: int = 1) -> DrillContext:
+    """A scenario's context: the shared reference, a fresh folder ``work``; with ``nnodes`` 2 the reference's
+    ``NPROC`` ranks are split over two nodes."""
     os.makedirs(work, exist_ok=True)
-    return DrillContext(script=SCRIPT, nproc=NPROC, nnodes=1, seed=0, work_dir=work, reference=ref, say=print)
+    return DrillContext(
+        script=SCRIPT, nproc=NPROC // nnodes, nnodes=nnodes, seed=0, work_dir=work, reference=ref, say=print
+    )

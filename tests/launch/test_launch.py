@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -77,6 +78,23 @@ def test_torchrun_command_for_multi_node() -> None:
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     assert "--rdzv-endpoint=127.0.0.1:29400" in cmd and "--node-rank=1" in cmd and "--standalone" not in cmd
     assert cmd[-1] == "t.py"
+
+
+def test_a_multi_node_rendezvous_waits_rdzv_timeout_not_torchruns_600s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def conf(**kwargs: Any) -> str:
+        config = LaunchConfig(script=("t.py",), nnodes="2", rdzv_endpoint="127.0.0.1:29400", **kwargs)
+        return next(arg for arg in torchrun_command(config) if arg.startswith("--rdzv-conf="))
+
+    monkeypatch.delenv("PET_RDZV_CONF", raising=False)
+    assert conf() == "--rdzv-conf=join_timeout=300,read_timeout=60"
+    assert conf(rdzv_timeout=12.5) == "--rdzv-conf=join_timeout=13,read_timeout=13"
+    # torchrun's own variable, which the command-line flag would hide, keeps what it sets
+    monkeypatch.setenv("PET_RDZV_CONF", "last_call_timeout=10,join_timeout=900")
+    assert conf() == "--rdzv-conf=last_call_timeout=10,join_timeout=900,read_timeout=60"
+    with pytest.raises(ConfigError, match="--rdzv-timeout must be at least 1 second"):
+        conf(rdzv_timeout=0)
 
 
 def test_torchrun_runs_an_existing_script_behind_the_gc_boot(tmp_path: os.PathLike[str]) -> None:

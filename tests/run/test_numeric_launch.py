@@ -138,6 +138,25 @@ def test_three_replicas_name_the_corrupted_one_by_majority(tmp_path: os.PathLike
     assert finals[0] == finals[1] == finals[2]
 
 
+def test_a_corrupted_replica_rolls_back_to_the_last_agreed_check_past_a_short_save_interval(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """Memory saves every step (2 kept) and no durable save before the end: when the check at step 8 finds rank
+    2's flipped bit, the newest saves are steps 8 and 9, and the last check where every replica agreed is step
+    4. Retention kept step 4's checkpoint (pinned by the guard), so the run rolls back to it in place instead
+    of stopping with "no checkpoint at or before step 4"."""
+    run_dir = os.path.join(tmp_path, "run")
+    faults, args = "bitflip@step=6,rank=2", ("--steps", "12", "--every", "50", "--memory-every", "1")
+    proc = _launch(run_dir, 3, faults, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (fault,) = _events(run_dir, "numeric_fault")
+    assert (fault["kind"], fault["step"], fault["on_rank"]) == ("sdc", 8, 2)
+    rollbacks = [(e["from_step"], e["to_step"], e["tier"]) for e in _events(run_dir, "rollback")]
+    assert rollbacks == [(8, 4, "memory")]
+    finals = _finals(run_dir, 3)
+    assert finals[0] == finals[1] == finals[2] and finals[0]["step"] == 12
+
+
 def test_two_replicas_name_the_rank_on_the_redo_and_a_second_corruption_stops(tmp_path: os.PathLike[str]) -> None:  # fmt: skip
     run_dir = os.path.join(tmp_path, "run")
     proc = _launch(run_dir, 2, "bitflip@step=5,rank=1; bitflip@step=13,rank=1", "--steps", "24", restarts=3)
@@ -189,6 +208,11 @@ def test_under_warm_restarts_a_rank_named_corrupt_is_handed_to_a_hot_spare(
     command += ["--steps", "30", "--every", "10", "--check-every", "10", "--hang-timeout", "60"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # one line says why rank 2 left, naming no exception (a departure goodput chose, not a crash)
+    output = proc.stdout + proc.stderr
+    assert "Error" not in output and "Traceback" not in output, output[-4000:]
+    (line,) = [ln for ln in output.splitlines() if "corrupted its replica" in ln]
+    assert line.startswith("goodput launch: rank 2 ") and "hot spare" in line, line
     (fault,) = _events(run_dir, "numeric_fault")
     assert (fault["kind"], fault["step"], fault["on_rank"]) == ("sdc", 20, 2)
     assert [(e["from_step"], e["to_step"]) for e in _events(run_dir, "rollback")] == [(20, 10)]

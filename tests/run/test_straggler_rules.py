@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -86,3 +87,19 @@ def test_a_bad_setting_names_the_field(field: str, value: float) -> None:
 def test_stop_and_replace_exclude_each_other() -> None:
     with pytest.raises(ValueError, match="stop=True and replace=True"):
         StragglerConfig(stop=True, replace=True)
+
+
+def test_the_scores_compare_each_ranks_lowest_step_so_noise_on_the_fast_rank_hides_no_straggler() -> None:
+    """Noise only adds time: the fast rank's median compute is inflated (a wait its hooks did not see), its
+    lowest is not. Scored on medians the slow rank would look fine (0.0185 / 0.0190); on the lowest compute plus
+    the batch wait it is slow, and its excess is in its data."""
+    rules = StragglerRules(StragglerConfig(windows=1), world_size=2)
+    noisy_fast = RankWindow(compute=0.0185, data=0.0, wait=0.0, steps=5, floor=0.0125)
+    slow = RankWindow(compute=0.0125, data=0.0065, wait=0.0, steps=5, floor=0.0120)
+    verdict = rules.window([noisy_fast, slow])
+    assert verdict.scores[1] == pytest.approx(0.0125 / (0.0120 + 0.0065))
+    assert (verdict.alarm, verdict.kind) == (1, "data")
+    medians_only = StragglerRules(StragglerConfig(windows=1), world_size=2).window(
+        [dataclasses.replace(w, floor=None) for w in (noisy_fast, slow)]
+    )
+    assert medians_only.alarm is None

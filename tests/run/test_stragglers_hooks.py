@@ -20,7 +20,7 @@ def _both_on_one_model(rank: int, world: int) -> tuple[float | None, float]:
         StragglerConfig(), rank=rank, world_size=world, record=lambda *a, **k: None, export=lambda s, m: None
     )
     assert monitor.attach(model)
-    check = BucketCheck.install(model)
+    check = BucketCheck.install(model, torch.distributed.new_group(backend="gloo"))
     assert check is not None, "the numeric guard fell back from the bucket check"
     x = torch.ones(2, 64)
     if rank == 1:

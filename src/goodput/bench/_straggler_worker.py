@@ -9,6 +9,7 @@ that rank's forward (or its dataset's item) take ``--factor`` times as long, as 
 """
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -23,14 +24,25 @@ p.add_argument("--slow-rank", type=int, default=None)
 p.add_argument("--slow-in", choices=("forward", "data"), default="forward")
 p.add_argument("--factor", type=float, default=1.5)
 p.add_argument("--every", type=int, default=5)
-p.add_argument("--windows", type=int, default=3)
+p.add_argument("--windows", type=int, default=None)  # None: StragglerConfig's default
 p.add_argument("--stop", action="store_true")
 p.add_argument("--replace", action="store_true")
 p.add_argument("--fsdp", action="store_true")
 args = p.parse_args()
 
-config = gp.StragglerConfig(every=args.every, windows=args.windows, stop=args.stop, replace=args.replace)
-run = gp.Run(total_steps=args.steps, hang_timeout=60, progress=False, backend="gloo", stragglers=config)
+windows = {} if args.windows is None else {"windows": args.windows}
+config = gp.StragglerConfig(every=args.every, stop=args.stop, replace=args.replace, **windows)
+# A fixed interval: ``auto`` saves more often after a failure, which would make a replaced run's throughput
+# measure the checkpoint cadence instead of the ranks' speed.
+ckpt = gp.CheckpointConfig(root=os.path.join(os.environ["GOODPUT_RUN_DIR"], "checkpoints"), every=50)
+run = gp.Run(
+    total_steps=args.steps,
+    hang_timeout=60,
+    progress=False,
+    backend="gloo",
+    stragglers=config,
+    checkpoint=ckpt,
+)
 rank = run.info.rank
 slow = rank == args.slow_rank
 extra = args.base * (args.factor - 1.0) if slow else 0.0

@@ -3,10 +3,10 @@
     goodput bench numeric --steps 300 [--json]
 
 Costs, on each of 2 real gloo processes holding the demo's TinyLM under DDP, as the guard runs them at its
-defaults: the gradient check on DDP's reduced bucket (one sum per bucket) and, for models without DDP's hook,
-the sum over every gradient; the agreement (an all-gather of four int64 per rank, started at one step's end and
-read at the next, the step's own work between them untimed); the parameter fingerprint amortised over
-``check_every`` steps; the spike rule. Each is a ratio to a 10 ms step (goal <= 0.01), beside this machine's
+defaults: the agreement and the gradient check on DDP's reduced buckets timed inside real DDP steps, the
+guard's way (after) beside the way it had before (before), in alternating blocks of the same run
+(:mod:`goodput.bench._numeric_steps`); for models without DDP's hook, the sum over every gradient; the
+parameter fingerprint amortised over ``check_every`` steps; the spike rule. Each is a ratio to a 10 ms step (goal <= 0.01), beside this machine's
 own step of the model. The drill (``goodput launch`` of ``_numeric_train.py`` over 2 ranks with a NaN, a spike
 and a flipped bit) gives each rollback's time over the memory-tier restore inside it (goal <= 1.5) and the steps
 from each anomaly to its detection (NaN, spike: <= 1; a flipped bit: <= the check interval).
@@ -46,10 +46,10 @@ def _rank(rank: int, world: int, steps: int, check_every: int) -> dict[str, floa
     import torch
     import torch.distributed as dist
 
+    from goodput.bench._numeric_steps import in_step_costs
     from goodput.demo.model import ModelConfig, TinyLM
-    from goodput.run._numeric_exchange import start_gather
     from goodput.run._numeric_ops import gradient_sum
-    from goodput.run._numeric_rules import encode_row, fingerprint, spike_threshold
+    from goodput.run._numeric_rules import fingerprint, spike_threshold
 
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for each worker
     torch.manual_seed(0)
@@ -58,18 +58,22 @@ def _rank(rank: int, world: int, steps: int, check_every: int) -> dict[str, floa
     batch = torch.randint(0, 256, (16, 65))
     group = dist.new_group(backend="gloo")
 
-    def step() -> None:
+    def backward() -> None:
         logits = model(batch[:, :-1])  # through DDP, so its all-reduce is part of the step
         torch.nn.functional.cross_entropy(logits.reshape(-1, 256), batch[:, 1:].reshape(-1)).backward()
+
+    def optimize() -> None:
         opt.step()
         opt.zero_grad(set_to_none=False)
 
+    def step() -> None:
+        backward()
+        optimize()
+
     step()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    bucket = torch.cat([g.reshape(-1) for g in grads])  # the demo model's gradients fit one 25 MB bucket
     params = list(model.parameters())
     history = [2.0 + 0.01 * i for i in range(100)]
-    row = encode_row(1, 2.0, 0, 0.0)
 
     def timed(fn: Callable[[], Any]) -> Callable[[], float]:
         def once() -> float:
@@ -80,28 +84,11 @@ def _rank(rank: int, world: int, steps: int, check_every: int) -> dict[str, floa
 
         return once
 
-    def agreement(on: Any) -> Callable[[], float]:
-        """Started at a step's end, read at the next: the step between is not counted."""
-
-        def once() -> float:
-            dist.barrier(group=group)
-            start = time.perf_counter()
-            exchange = start_gather(0, row, on)
-            issued = time.perf_counter()
-            step()
-            waited = time.perf_counter()
-            exchange.rows()
-            return (issued - start) + (time.perf_counter() - waited)
-
-        return once
-
     few = max(10, steps // 10)
     return {
         "step": _median(timed(step), few),
-        "gradient check, DDP bucket": _median(timed(lambda: torch.stack([bucket.sum()]).sum().item()), steps),
+        **in_step_costs(model, backward, optimize, group, max(24, steps // 4)),
         "gradient check, per tensor": _median(timed(lambda: gradient_sum(grads)), steps),
-        "agreement, own gloo group": _median(agreement(group), few),
-        "agreement, DDP's gloo group": _median(agreement(model.process_group), few),
         "fingerprint": _median(timed(lambda: fingerprint(params)), steps) / check_every,
         "spike rule": _median(timed(lambda: spike_threshold(history, k=6.0, min_rise=0.1)), steps),
         "params": float(sum(p.numel() for p in params)),

@@ -118,7 +118,7 @@ def _overhead() -> dict[str, float]:
 
 
 def _gather_rank(rank: int, world: int) -> tuple[float, float]:
-    """Seconds per step of one window's exchange (8 floats) on 2 real gloo ranks, amortised over a window: the
+    """Seconds per step of one window's exchange (9 floats) on 2 real gloo ranks, amortised over a window: the
     detector's way (started at a window's end, read after the next step's own all-reduce) and, as the
     baseline, a blocking all-gather of the same tensor."""
     import torch
@@ -132,7 +132,7 @@ def _gather_rank(rank: int, world: int) -> tuple[float, float]:
     for _ in range(200):
         dist.barrier()
         start = time.perf_counter()
-        gather = _Gather([0.01] * 8, world)
+        gather = _Gather([0.01] * 9, world)
         issued = time.perf_counter() - start
         dist.all_reduce(grads)  # the next step's own collective
         start = time.perf_counter()
@@ -140,8 +140,8 @@ def _gather_rank(rank: int, world: int) -> tuple[float, float]:
         started.append(issued + time.perf_counter() - start)
         dist.barrier()
         start = time.perf_counter()
-        out = [torch.empty(8, dtype=torch.float64) for _ in range(world)]
-        dist.all_gather(out, torch.zeros(8, dtype=torch.float64))
+        out = [torch.empty(9, dtype=torch.float64) for _ in range(world)]
+        dist.all_gather(out, torch.zeros(9, dtype=torch.float64))
         blocking.append(time.perf_counter() - start)
     every = StragglerConfig().every
     return statistics.median(started) / every, statistics.median(blocking) / every

@@ -1,6 +1,7 @@
 """Retention: which committed checkpoints to remove, removed on a background thread after each commit (rank 0).
 
-The newest committed checkpoint is never removed. One part of the durable tier (``durable.py``).
+The newest committed checkpoint is never removed, nor the one a pin holds (the newest at or before the pinned
+step: the numeric guard's rollback target). One part of the durable tier (``durable.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Retention:
         self._newest = newest
         self._purger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-purge")
         self._purge: Future[None] | None = None
+        self.pinned: int | None = None  # keep the newest committed checkpoint at or before this step
 
     def schedule(self) -> None:
         """Start a purge unless one is running (that one sees this commit next time)."""
@@ -53,7 +55,7 @@ class Retention:
         try:
             if self._nothing_to_purge():
                 return
-            for info in to_purge(self.config, self.layout.scan()):
+            for info in to_purge(self.config, self.layout.scan(), pinned=self.pinned):
                 fault_point("checkpoint_purge", self._newest(info.step))
                 self.layout.remove(info)
         except Exception:
@@ -67,13 +69,16 @@ class Retention:
         return len(steps) <= self.config.keep_last
 
 
-def to_purge(config: CheckpointConfig, rows: list[CheckpointInfo]) -> list[CheckpointInfo]:
-    """Which committed checkpoints retention removes: all but the newest ``keep_last`` and the ``keep_every``
-    multiples. The newest committed one is never among them."""
+def to_purge(
+    config: CheckpointConfig, rows: list[CheckpointInfo], *, pinned: int | None = None
+) -> list[CheckpointInfo]:
+    """Which committed checkpoints retention removes: all but the newest ``keep_last``, the ``keep_every``
+    multiples and the newest at or before ``pinned``. The newest committed one is never among them."""
     committed = sorted((r for r in rows if r.status == "committed"), key=lambda r: r.step, reverse=True)
+    anchor = next((r.step for r in committed if pinned is not None and r.step <= pinned), None)
     keep_every = config.keep_every
     return [
         r
         for i, r in enumerate(committed)
-        if i >= config.keep_last and not (keep_every and r.step % keep_every == 0)
+        if i >= config.keep_last and not (keep_every and r.step % keep_every == 0) and r.step != anchor
     ]

@@ -180,8 +180,16 @@ class CheckpointManager:
 
     def to_purge(self, rows: list[CheckpointInfo]) -> list[CheckpointInfo]:
         """Which committed checkpoints retention removes: all but the newest ``keep_last`` and the
-        ``keep_every`` multiples. The newest committed one is never among them."""
-        return to_purge(self.config, rows)
+        ``keep_every`` multiples and the pinned one. The newest committed one is never among them."""
+        return to_purge(self.config, rows, pinned=self.durable.retention.pinned)
+
+    def pin(self, step: int) -> None:
+        """Keep, in every tier, the newest checkpoint at or before ``step`` until a later pin, however many newer
+        saves retention would keep instead: a rollback to it must still find it (the numeric guard pins its
+        last check where every replica agreed)."""
+        self.durable.retention.pinned = step
+        if self.memory is not None:
+            self.memory.store.pin(step)
 
     def add_listener(self, listener: Listener) -> None:
         """Also call ``listener(name, **fields)`` on every checkpoint event."""

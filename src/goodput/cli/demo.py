@@ -15,6 +15,7 @@ _EPILOG = """examples:
   goodput demo --strategy torch_save            # compare with the blocking baseline
   goodput demo --restart cold                   # torchrun restarts every rank (the baseline)
   goodput demo --slow-rank 1                    # a straggler drill: rank 1 runs 1.5x slower
+  goodput demo --spares 0                       # no spare: shrink in place, grow back (capacity goodput)
   goodput demo --data-url s3://bucket/corpus    # data on S3 (credentials from AWS_* variables)
   goodput report runs/demo-...                  # read a finished run again"""
 
@@ -56,6 +57,13 @@ def register(sub: Any) -> None:
         help="warm: survivors keep their process and a hot spare takes the failed rank (goodput launch "
         "--restart warm; default); cold: torchrun restarts every rank",
     )
+    parser.add_argument(
+        "--spares",
+        type=int,
+        default=2,
+        help="--restart warm: hot spares (default 2); 0: no spare, the survivors shrink in place and the job "
+        "grows back when a replacement is ready",
+    )
     parser.set_defaults(handler=_run)
 
 
@@ -79,5 +87,6 @@ def _run(args: argparse.Namespace) -> int:
         faults=not args.no_faults,
         slow_rank=args.slow_rank,
         restart=args.restart,
+        spares=args.spares,
     )
     return run_demo(config)

@@ -41,7 +41,8 @@ failed, what was done) and a final line naming the cause of a failed job; the fu
 worker's stdout and stderr) are in <run-dir>/launches/<launch>/logs. --verbose shows all of it on the terminal.
 
 exit status: the script's; 3 when consecutive attempts of this launch made no progress (a crash loop; a new
-launch starts a new count); 75 after a preemption save (a scheduler may requeue); 78 when a rank raised an
+launch starts a new count); 75 after a preemption save, or on the surviving nodes of a multi-node job whose
+rendezvous lost a node for --rdzv-timeout (a scheduler may requeue); 78 when a rank raised an
 error a restart cannot fix (ConfigError, StateMismatch, AccessRefused: storage that refuses the credentials,
 or committed checkpoints of which none loads: --allow-fresh-start trains from step 0 instead); 2 for a mistake
 in the command line or a failed pre-flight check. A crash loop quotes the failing rank's last
@@ -66,6 +67,12 @@ def register(sub: Any) -> None:
     parser.add_argument("--node-rank", type=int, default=None, help="this node's rank (static multi-node)")
     parser.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the c10d rendezvous (multi-node)")
     parser.add_argument("--rdzv-id", default="goodput", help="job id shared by every node")
+    parser.add_argument(
+        "--rdzv-timeout",
+        default="300s",
+        help="multi-node: how long a rendezvous waits for every node, and for the node that hosts it to answer; "
+        "past it the surviving nodes stop with exit 75 so the scheduler can requeue the job (default 300s)",
+    )
     parser.add_argument(
         "--max-restarts", type=int, default=3, help="restarts of the worker group (default 3)"
     )
@@ -150,6 +157,7 @@ def _run(args: argparse.Namespace) -> int:
         node_rank=args.node_rank,
         rdzv_endpoint=args.rdzv_endpoint,
         rdzv_id=args.rdzv_id,
+        rdzv_timeout=parse_duration(args.rdzv_timeout, what="--rdzv-timeout"),
         max_restarts=args.max_restarts,
         run_dir=args.run_dir,
         faults=args.faults,

@@ -79,6 +79,26 @@ def register(sub: Any) -> None:
         help="how the runs restart: cold (torchrun restarts the group; default) or warm (goodput launch "
         "--restart warm: survivors keep their process, a hot spare takes the dead rank)",
     )
+    parser.add_argument(
+        "--spares",
+        type=int,
+        default=None,
+        help="--restart warm: hot spares (default 1; 0 with --shrink-after)",
+    )
+    parser.add_argument(
+        "--shrink-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="your script, --restart warm --spares 0: the survivors of a kill shrink in place and grow back; "
+        "compared with a reference on the same world sizes (see below)",
+    )
+    parser.add_argument(
+        "--min-world",
+        type=int,
+        default=1,
+        help="with --shrink-after: the fewest ranks to shrink to (default 1)",
+    )
     add_work_dir_and_script(parser, runs="both runs")
     parser.set_defaults(handler=_run)
 
@@ -90,6 +110,7 @@ def _run(args: argparse.Namespace) -> int:
     from goodput.verify.script import run_captured
 
     script = script_of(args)
+    _check_warm(args, script)
     if script:
         return _run_script(args, script)
     args.steps, args.every = args.steps or 60, args.every or 5
@@ -175,6 +196,18 @@ def _run_script(args: argparse.Namespace, script: list[str]) -> int:
             f"{', '.join(demo_only)} appl{'y' if len(demo_only) > 1 else 'ies'} to the built-in training only;"
             " your script sets its own"
         )
+    if args.shrink_after is not None:
+        from goodput.verify.shrink import verify_shrink
+
+        return verify_shrink(
+            script,
+            nproc=args.nproc,
+            kills=args.kills,
+            seed=args.seed,
+            work_dir=args.work_dir,
+            shrink_after=args.shrink_after,
+            min_world=args.min_world,
+        )
     return verify_resume(
         script,
         nproc=args.nproc,
@@ -182,7 +215,30 @@ def _run_script(args: argparse.Namespace, script: list[str]) -> int:
         seed=args.seed,
         work_dir=args.work_dir,
         restart=args.restart,
+        spares=1 if args.spares is None else args.spares,
     )
+
+
+def _check_warm(args: argparse.Namespace, script: list[str]) -> None:
+    """--spares, --shrink-after and --min-world: only where they mean something, in one line each."""
+    from goodput.errors import ConfigError
+
+    if (args.spares is not None or args.shrink_after is not None) and args.restart != "warm":
+        raise ConfigError("--spares and --shrink-after apply to warm restarts: add --restart warm")
+    if args.spares is not None and args.spares < 0:
+        raise ConfigError(f"--spares must be >= 0, got {args.spares}")
+    if args.shrink_after is None:
+        if args.min_world != 1:
+            raise ConfigError("--min-world applies with --shrink-after: add --shrink-after SECONDS")
+        return
+    if not script:
+        raise ConfigError("--shrink-after verifies your script: give it after '--' (e.g. -- train.py)")
+    if args.spares != 0:
+        raise ConfigError(
+            "--shrink-after verifies shrinking in place, with no spare to take a rank: add --spares 0"
+        )
+    if args.shrink_after < 0:
+        raise ConfigError(f"--shrink-after must be >= 0 seconds, got {args.shrink_after}")
 
 
 def _restarts(run_dir: str) -> str:

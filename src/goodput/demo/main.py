@@ -39,6 +39,10 @@ class DemoConfig:
     batch_size: int = 16
     slow_rank: int | None = None
     restart: str = "warm"  # more goodput than cold restarts (docs/BENCHMARKS.md has the figures)
+    # Two spares: at one failure every 40 s, two failures within a spare's start (its imports take seconds)
+    # are common enough that a lone spare is often still importing when the second one comes. 0: no spare, the
+    # survivors shrink in place and the job grows back when a replacement is ready.
+    spares: int = 2
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -53,6 +57,10 @@ class DemoConfig:
             raise ConfigError(f"--slow-rank must be a rank in 0..{self.nproc - 1}, got {self.slow_rank}")
         if self.restart not in ("cold", "warm"):
             raise ConfigError(f"--restart must be cold or warm, got {self.restart!r}")
+        if self.spares < 0:
+            raise ConfigError(f"--spares must be >= 0, got {self.spares}")
+        if self.spares != 2 and self.restart != "warm":
+            raise ConfigError("--spares counts hot spares of warm restarts: give it with --restart warm")
 
 
 def run_demo(config: DemoConfig) -> int:
@@ -90,7 +98,18 @@ def run_demo(config: DemoConfig) -> int:
         f"--batch-size={config.batch_size}",
         "--numeric",
         *(["--stragglers"] if config.slow_rank is not None else []),
+        *(
+            [f"--global-batch={shrink_global_batch(config.batch_size, config.nproc)}"]
+            if _shrinks(config)
+            else []
+        ),
     )
+    if _shrinks(config):
+        batch = shrink_global_batch(config.batch_size, config.nproc)
+        print(
+            f"demo: no spare: the survivors of a failure train on in place, and the job grows back when a "
+            f"replacement is ready; the global batch of {batch} is kept on any of 1..{config.nproc} ranks"
+        )
     launch = LaunchConfig(
         script=script,
         nproc=config.nproc,
@@ -101,14 +120,31 @@ def run_demo(config: DemoConfig) -> int:
     if config.restart == "warm":
         from goodput.warm.agent import WarmConfig, launch_warm
 
-        # Two spares: at one failure every 40 s, two failures within a spare's start (its imports take
-        # seconds) are common enough that a lone spare is often still importing when the second one comes.
-        status = launch_warm(launch, WarmConfig(spares=2))
+        shrink = 0.0 if _shrinks(config) else None  # no spare: shrink at once, grow back when one is ready
+        status = launch_warm(launch, WarmConfig(spares=config.spares, shrink_after=shrink))
     else:
         status = launch_job(launch)
     print(f"demo: training finished with exit status {status} after {time.monotonic() - started:.0f}s")
     _summarise(config)
     return status
+
+
+def _shrinks(config: DemoConfig) -> bool:
+    """Whether the demo answers failures by shrinking in place (warm restarts with no spare)."""
+    return config.restart == "warm" and config.spares == 0 and config.nproc > 1
+
+
+def shrink_global_batch(batch_size: int, nproc: int, min_world: int = 1) -> int:
+    """The demo's global batch when it shrinks in place: the smallest that is at least ``batch_size`` per rank
+    on all ``nproc`` ranks and splits evenly over every world size from ``min_world`` to ``nproc`` (the rule
+    ``--shrink-after`` enforces, so the global batch and the learning-rate schedule stay as configured while the
+    per-rank batch grows). 2 ranks of 16: 32; 4 ranks of 16: 72 (a multiple of 3 and 4)."""
+    import math
+
+    if batch_size < 1 or not 1 <= min_world <= nproc:
+        raise ConfigError(f"no global batch for {batch_size} per rank on {min_world}..{nproc} ranks")
+    step = math.lcm(*range(min_world, nproc + 1))
+    return -(-batch_size * nproc // step) * step
 
 
 def numeric_faults(config: DemoConfig) -> str:
@@ -149,6 +185,7 @@ def _summarise(config: DemoConfig) -> None:
     report = build_report(every_rank, run_dir=config.run_dir, mtbf=config.mtbf if config.faults else None)
     print()
     print(report.render())
+    print(_samples_line(config.run_dir))
     timeline = os.path.join(config.run_dir, "timeline.png")
     plot_report(report, timeline)
     loss = os.path.join(config.run_dir, "loss.png")
@@ -159,6 +196,29 @@ def _summarise(config: DemoConfig) -> None:
         f"\ntimeline plot:  {timeline}\nloss curve:     {loss}\nreport (JSON):  {config.run_dir}/report.json"
     )
     print(f"read it again:  goodput report {config.run_dir}")
+
+
+def _samples_line(run_dir: str) -> str:
+    """Exactly once, checked from the ranks' sample logs: each step's global batch the last time it was trained
+    (whatever world size trained it), and any sample trained in two steps."""
+    from goodput.verify.demo import global_steps, trained_twice
+
+    folder = os.path.join(run_dir, "samples")
+    files = [os.path.join(folder, n) for n in sorted(os.listdir(folder))] if os.path.isdir(folder) else []
+    ranks = []
+    for path in files:
+        with open(path) as f:
+            ranks.append(f.readlines())
+    steps = global_steps(ranks)
+    if not steps:
+        return "samples: no step logged"
+    sizes = sorted({len(ids) for ids in steps.values()})
+    gaps = sorted(set(range(1, max(steps) + 1)) - set(steps))
+    return (
+        f"samples: {sum(len(ids) for ids in steps.values())} over {len(steps)} steps, "
+        f"{'/'.join(map(str, sizes))} a step; {len(trained_twice(steps))} trained twice, "
+        f"{len(gaps)} steps never trained"
+    )
 
 
 def _plot_loss(events: list[dict[str, Any]], path: str) -> None:

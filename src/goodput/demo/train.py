@@ -74,6 +74,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-budget", type=int, default=64 << 20, help="cache budget in bytes")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=0,
+        help="samples a step over all ranks, on any world size (a shrink in place needs it; default: "
+        "--batch-size per rank)",
+    )
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--strategy", default="dcp_async")
@@ -194,7 +201,8 @@ def _loader(args: argparse.Namespace, dataset: Any, kept: dict[str, Any]) -> Res
     if "loader" not in kept:
         kept["loader"] = ResumableLoader(
             dataset,
-            batch_size=args.batch_size,
+            batch_size=None if args.global_batch else args.batch_size,
+            global_batch_size=args.global_batch or None,
             seed=args.seed,
             num_workers=args.workers,
             persistent_workers=args.workers > 0,

@@ -12,7 +12,8 @@ MODULES = (
     # process scenarios: rank, hang, preempt, agent, launcher
     "goodput.drill.process",
     "goodput.drill.supervisors",
-    # storage and node scenarios: storage-full, storage-slow, throttled, flaky, node
+    # storage and node scenarios: storage-full, storage-slow, throttled, flaky, node, node-store
+    "goodput.drill.node",
     # numeric and straggler scenarios: nan, spike, bitflip, slow
     "goodput.drill.numeric",
 )

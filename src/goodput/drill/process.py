@@ -28,7 +28,7 @@ from goodput.launch.launcher import EXIT_PREEMPTED
 from goodput.verify.records import read_records
 from goodput.verify.script import kill_plan
 
-__all__ = ["HANG", "PREEMPT", "RANK", "launch_until_step", "signal_step"]
+__all__ = ["HANG", "PREEMPT", "RANK", "last_attempt", "launch_until_step", "recorded", "said", "signal_step"]
 
 _WINDOW = 5  # seconds every rank pauses at the step a signal is sent at (a slow fault): the signal's window
 
@@ -127,24 +127,26 @@ def launch_until_step(
     Returns the launch, its start time, and whether the step was reached (False: the launch ended first).
     """
     faults = "; ".join(f for f in (spec.faults, f"slow@step={step},seconds={_WINDOW}") if f)
-    before = _last_attempt(run_dir)
+    before = last_attempt(run_dir)
     started = time.monotonic()
     proc = start_launch(context, run_dir, dataclasses.replace(spec, faults=faults))
     while proc.poll() is None:
-        if _recorded(run_dir, step, after_attempt=before):
+        if recorded(run_dir, step, after_attempt=before):
             return proc, started, True
         time.sleep(0.05)  # polling for the step, not a synchronisation by time
     return proc, started, False
 
 
-def _last_attempt(run_dir: str) -> int:
+def last_attempt(run_dir: str) -> int:
+    """The newest attempt that recorded a step in ``run_dir`` (-1: none yet)."""
     try:
         return max(read_records(run_dir).attempts, default=-1)
     except FileNotFoundError:
         return -1
 
 
-def _recorded(run_dir: str, step: int, *, after_attempt: int) -> bool:
+def recorded(run_dir: str, step: int, *, after_attempt: int) -> bool:
+    """Whether a rank of an attempt after ``after_attempt`` recorded ``step``."""
     try:
         records = read_records(run_dir)
     except (FileNotFoundError, ValueError):
@@ -185,7 +187,7 @@ def _preempt(context: DrillContext) -> ScenarioResult:
             )
         elif len(saved) != 1:
             problems.append(f"{signum.name}: the ranks saved steps {saved}, expected one agreed step")
-        elif _said(run_dir, f"preempted by {signum.name}") != 1:
+        elif said(run_dir, f"preempted by {signum.name}") != 1:
             problems.append(f"{signum.name}: goodput launch did not say in one line where it saved")
         if left := processes_of(run_dir):
             problems.append(f"{signum.name}: {len(left)} process(es) of the job outlived the launch")
@@ -199,9 +201,9 @@ def _preempt(context: DrillContext) -> ScenarioResult:
     )  # fmt: skip
 
 
-def _said(run_dir: str, words: str) -> int:
-    """How many of goodput launch's own lines in the run's output contain ``words``."""
-    with open(os.path.join(run_dir, OUTPUT_LOG), errors="replace") as f:
+def said(run_dir: str, words: str, log: str = OUTPUT_LOG) -> int:
+    """How many of goodput launch's own lines in the run's output (``log``) contain ``words``."""
+    with open(os.path.join(run_dir, log), errors="replace") as f:
         return sum(1 for line in f if line.startswith("goodput launch:") and words in line)
 
 

@@ -47,6 +47,9 @@ class LaunchSpec:
         warm: ``--restart warm`` (one hot spare).
         flags: more ``goodput launch`` flags (``("--grace", "30s")``).
         env: more environment for the launcher and its workers.
+        nodes: the nodes of the job this launch is one node of (its rendezvous in ``flags``); 1: a launch of
+            every rank (``nproc`` x ``nnodes`` of the drill) on this node.
+        log: the file in the run folder its output goes to.
     """
 
     faults: str = ""
@@ -54,6 +57,8 @@ class LaunchSpec:
     warm: bool = False
     flags: tuple[str, ...] = ()
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    nodes: int = 1
+    log: str = OUTPUT_LOG
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,16 +70,20 @@ class Finished:
 
 
 def start_launch(context: DrillContext, run_dir: str, spec: LaunchSpec) -> subprocess.Popen[bytes]:
-    """Start ``goodput launch`` of ``context.script`` into ``run_dir``; its output goes to ``run_dir/output.log``."""
+    """Start ``goodput launch`` of ``context.script`` into ``run_dir``; its output goes to ``run_dir/<spec.log>``.
+
+    Every launch trains the drill's whole world (``nproc`` x ``nnodes`` ranks), on one node or on ``spec.nodes``.
+    """
     os.makedirs(run_dir, exist_ok=True)
+    nproc = context.nproc * context.nnodes // spec.nodes
     command = [
-        sys.executable, "-m", "goodput", "launch", "--nproc", str(context.nproc), "--run-dir", run_dir,
+        sys.executable, "-m", "goodput", "launch", "--nproc", str(nproc), "--run-dir", run_dir,
         "--max-restarts", str(spec.restarts), "--crash-loop", str(spec.restarts + 1), "--verbose",
         *(["--restart", "warm", "--spares", "1"] if spec.warm else []), *(["--faults", spec.faults] if spec.faults else []),
         *spec.flags, "--", *context.script,
     ]  # fmt: skip
     env = {**os.environ, RECORDS_ENV: "1", **spec.env}
-    with open(os.path.join(run_dir, OUTPUT_LOG), "ab") as log:
+    with open(os.path.join(run_dir, spec.log), "ab") as log:
         return subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
         )

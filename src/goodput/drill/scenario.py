@@ -44,7 +44,8 @@ class DrillContext:
 
     Attributes:
         script: the training script and its arguments (the demo's when the user gave none).
-        nproc: ranks per node.
+        nproc: ranks per node; the job has ``nproc`` x ``nnodes`` ranks, which the scenarios that need no
+            second node run on one.
         nnodes: nodes (agents on this machine); 1 unless ``--nnodes 2``.
         seed: seeds the scenario's random choices (which rank, which step).
         work_dir: this scenario's own folder, created and empty.

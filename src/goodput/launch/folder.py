@@ -188,12 +188,13 @@ def install_error_report(rank: int) -> None:
     sys.excepthook = hook
 
 
-def report_failure(rank: int, err: BaseException) -> str:
+def report_failure(rank: int, err: BaseException, *, line: str | None = None) -> str:
     """Report the error that ends this process (the excepthook's, or a warm-restart worker's own failure):
     to torch's error file, and, for an error a restart cannot fix, as the launch's ``FATAL``. Returns its
-    one line (``Type: message``)."""
+    one line (``Type: message``, or ``line`` when given)."""
     kind = type(err)
-    line = f"{kind.__name__}: {err}".splitlines()[0] if str(err) else kind.__name__
+    if line is None:
+        line = f"{kind.__name__}: {err}".splitlines()[0] if str(err) else kind.__name__
     with contextlib.suppress(Exception):
         if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
             callstack = "".join(traceback.format_exception(kind, err, err.__traceback__))
@@ -235,8 +236,12 @@ def _record_error_file(message: str, callstack: str, rank: int, *, peer: bool) -
         "goodput_peer_failure": "1" if peer else "0",
     }
     data = {"message": {"message": message, "extraInfo": info}}
-    with open(path, "w") as f:
+    # Whole or absent: torchrun reads the file as soon as the process is gone, and a rank ended while writing
+    # (its peer SIGKILLed, torchrun stopping the others) left an empty one that crashed torchrun's agent.
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
         json.dump(data, f)
+    os.replace(tmp, path)
 
 
 def last_error(folder: str) -> str | None:

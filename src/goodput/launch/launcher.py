@@ -6,7 +6,9 @@ goodput adds these around torchrun and re-implements none of it:
   environment variables (``GOODPUT_RUN_DIR``, ``GOODPUT_FAULTS``, ``GOODPUT_CRASH_LOOP``,
   ``GOODPUT_ALLOW_FRESH_START``), so they work on every node and rank;
 * single-node jobs use torchrun's ``--standalone`` c10d rendezvous on a free local port; multi-node jobs pass
-  ``--nnodes``/``--node-rank``/``--rdzv-endpoint``/``--rdzv-id`` through to torchrun's c10d rendezvous;
+  ``--nnodes``/``--node-rank``/``--rdzv-endpoint``/``--rdzv-id`` through to torchrun's c10d rendezvous, with
+  ``--rdzv-timeout`` as its timeouts; a node whose rendezvous lost a node for good ends with ``EXIT_PREEMPTED``
+  (see ``goodput.launch.rendezvous``);
 * a launch folder (see ``goodput.launch.folder``) where workers report a crash loop, an error a restart cannot
   fix (``ConfigError``, ``StateMismatch``, ``FingerprintMismatch``, ``NoValidCheckpoint``) and a preemption save; the launcher stops
   torchrun at once instead of burning the restart budget, prints one line (quoting the failing rank's last
@@ -27,6 +29,7 @@ instead (see ``goodput.distributed``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 
@@ -67,6 +70,9 @@ class LaunchConfig:
         node_rank: this node's rank, for static multi-node launches.
         rdzv_endpoint: ``host:port`` of the c10d rendezvous (multi-node); None means a standalone job.
         rdzv_id: the job id shared by every node.
+        rdzv_timeout: seconds a multi-node rendezvous waits for every node to join, and for the node that hosts
+            its store to answer; past it the surviving nodes end with ``EXIT_PREEMPTED`` (requeue) instead of
+            waiting torchrun's 600 s.
         max_restarts: how many times torchrun restarts the worker group.
         run_dir: the run folder, exported to workers as ``GOODPUT_RUN_DIR``.
         faults: a fault plan (see goodput.faults), exported as ``GOODPUT_FAULTS``.
@@ -88,6 +94,7 @@ class LaunchConfig:
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
     rdzv_id: str = "goodput"
+    rdzv_timeout: float = 300.0
     max_restarts: int = 3
     run_dir: str | None = None
     faults: str = ""
@@ -109,6 +116,8 @@ class LaunchConfig:
             raise ConfigError(f"--crash-loop must be >= 1, got {self.crash_loop}")
         if self.nnodes != "1" and self.rdzv_endpoint is None:
             raise ConfigError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT shared by every node")
+        if self.rdzv_timeout < 1:
+            raise ConfigError(f"--rdzv-timeout must be at least 1 second, got {self.rdzv_timeout:g}")
         if self.run_dir is not None and os.path.exists(self.run_dir) and not os.path.isdir(self.run_dir):
             raise ConfigError(f"--run-dir {self.run_dir!r} is a file; pass a folder")
         if self.grace <= 0:
@@ -151,6 +160,7 @@ def torchrun_command(config: LaunchConfig, *, log_dir: str | None = None) -> lis
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={config.rdzv_endpoint}",
             f"--rdzv-id={config.rdzv_id}",
+            f"--rdzv-conf={_rdzv_conf(config.rdzv_timeout)}",
         ]
         if config.node_rank is not None:
             cmd.append(f"--node-rank={config.node_rank}")
@@ -158,6 +168,22 @@ def torchrun_command(config: LaunchConfig, *, log_dir: str | None = None) -> lis
     if os.path.isfile(config.script[0]):  # python -u -m goodput.warm.boot SCRIPT: a faster start (see there)
         cmd += ["--module", "goodput.warm.boot"]
     return cmd + list(config.script)
+
+
+def _rdzv_conf(timeout: float) -> str:
+    """torchrun's ``--rdzv-conf``: the user's ``PET_RDZV_CONF`` (torchrun's own variable, which a command-line
+    ``--rdzv-conf`` would hide), with ``timeout`` for what it leaves unset.
+
+    ``join_timeout`` bounds each rendezvous round (a lost node that does not come back: torch's default is
+    600 s); ``read_timeout`` bounds each call to the rendezvous store, whose host, lost without closing its
+    connections, answers nothing (torch's default, 60 s, unless ``timeout`` is shorter). See
+    ``goodput.launch.rendezvous``.
+    """
+    conf = [item for item in os.environ.get("PET_RDZV_CONF", "").split(",") if item.strip()]
+    given = {item.split("=", 1)[0].strip() for item in conf}
+    timeouts = {"join_timeout": math.ceil(timeout), "read_timeout": math.ceil(min(timeout, 60.0))}
+    conf += [f"{key}={seconds}" for key, seconds in timeouts.items() if key not in given]
+    return ",".join(conf)
 
 
 def launch_job(config: LaunchConfig) -> int:

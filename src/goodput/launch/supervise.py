@@ -57,6 +57,7 @@ from goodput.launch.launcher import (
     torchrun_command,
 )
 from goodput.launch.output import AGENT_LOG, TORCHRUN_LOG, Terminal
+from goodput.launch.rendezvous import AGENT_ERROR_FILE, ERROR_FILE_ENV, rendezvous_lost
 from goodput.run.crashloop import CRASH_LOOP_FILE
 from goodput.run.signals import (
     LAUNCHER_PID_ENV,
@@ -173,6 +174,8 @@ class Supervisor:
         env[LAUNCH_ID_ENV] = os.path.basename(self.folder)
         env[PREEMPT_SIGNAL_ENV] = self.preempt_signal.name
         env[LAUNCHER_PID_ENV] = str(os.getpid())
+        if self.command is None:  # torchrun's own uncaught error (its workers get files of their own)
+            env[ERROR_FILE_ENV] = os.path.join(self.folder, AGENT_ERROR_FILE)
         return env
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -256,6 +259,13 @@ class Supervisor:
             cause = f"; last error ({error})" if error else f"; see the logs in {self._logs()}"
             self._say(f"crash loop: {loop}{cause}; fix it, then relaunch (a new launch starts a new count)")
             return EXIT_CRASH_LOOP
+        lost = self._rendezvous_lost(status)
+        if lost is not None:
+            self._say(
+                f"{lost}: this node's ranks stopped; requeue the job, or run the same command on every node, "
+                f"to resume from the newest checkpoint (exit {EXIT_PREEMPTED})"
+            )
+            return EXIT_PREEMPTED
         if self._signals and status == 0:
             # Every rank ended by itself, successfully, before they agreed on a stop: the job is done and
             # nothing is lost, so a scheduler must not requeue it.
@@ -269,6 +279,13 @@ class Supervisor:
         if status != 0 and not self.config.verbose:
             self._say(f"the job failed (exit status {status}); full logs in {self._logs()}")
         return status
+
+    def _rendezvous_lost(self, status: int | None) -> str | None:
+        """Why torchrun ended, when it ended by itself because its rendezvous lost a node (else None)."""
+        c = self.config
+        if status in (0, None) or self._signals or c.rdzv_endpoint is None:
+            return None
+        return rendezvous_lost(self.folder, endpoint=c.rdzv_endpoint, timeout=c.rdzv_timeout)
 
     def _logs(self) -> str:
         return os.path.join(self.folder, LOGS_DIR) if not self.config.verbose else "the output above"

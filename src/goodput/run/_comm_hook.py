@@ -7,18 +7,36 @@ every *tap* added to it, in the order they were added (the first added is the ou
 with the bucket and a ``reduce()`` that runs the rest of the chain (the inner taps, then the all-reduce) and
 returns its future; it returns that future or one chained to it. A part that attaches again (each restore, a
 warm restart in the same process) replaces its own tap under its name.
+
+A *rider* (:func:`set_rider`; the numeric guard's agreement) sends a few elements of its own with the first
+bucket of each backward: they are all-reduced (summed) in the same collective as the gradients, appended to
+the bucket's averaged copy (written where the default hook divides the bucket in place: the same one pass), so
+they cost no collective of their own.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Tap", "add_tap"]
+__all__ = ["Rider", "Tap", "add_tap", "set_rider"]
 
 Tap = Callable[[Any, Callable[[], Any]], Any]
 """``tap(bucket, reduce) -> future``: wraps the bucket's all-reduce (``reduce()`` starts it)."""
+
+
+class Rider(Protocol):
+    """Elements sent, summed over the ranks, with the first gradient bucket of a backward."""
+
+    def payload(self, dtype: Any) -> Any:
+        """The 1-D tensor of ``dtype`` to send with this bucket (None: nothing this time)."""
+        ...
+
+    def departed(self, future: Any, summed: Any) -> None:
+        """The all-reduce carrying the payload started; ``summed`` holds the sum once ``future`` is done."""
+        ...
+
 
 _HOOKS: weakref.WeakKeyDictionary[Any, _SharedHook] = weakref.WeakKeyDictionary()
 
@@ -28,6 +46,8 @@ class _SharedHook:
 
     def __init__(self) -> None:
         self.taps: dict[str, Tap] = {}
+        self.rider: Rider | None = None
+        self._carrier: Any = None  # bucket 0's averaged copy with the rider's elements after it, reused
 
     def function(self) -> Any:
         """The hook as DDP takes it: DDP refuses a ``bucket`` annotated other than ``dist.GradBucket``, which a
@@ -42,8 +62,30 @@ class _SharedHook:
         if i == len(taps):
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-            return allreduce_hook(group, bucket)
+            rider = self.rider
+            payload = rider.payload(bucket.buffer().dtype) if rider and bucket.index() == 0 else None
+            if payload is None:
+                return allreduce_hook(group, bucket)
+            return self._carry(group, bucket, payload, rider)
         return taps[i](bucket, lambda: self._call(group, bucket, taps, i + 1))
+
+    def _carry(self, group: Any, bucket: Any, payload: Any, rider: Any) -> Any:
+        """DDP's default all-reduce of ``bucket`` (divided by the world size, then summed) with ``payload``
+        appended (summed, not divided); the future DDP gets holds the bucket's part alone."""
+        import torch
+        import torch.distributed as dist
+
+        group = group if group is not None else dist.group.WORLD
+        buffer = bucket.buffer()
+        n, extra = buffer.numel(), payload.numel()
+        carrier = self._carrier
+        if carrier is None or carrier.numel() != n + extra or carrier.dtype != buffer.dtype:
+            carrier = self._carrier = torch.empty(n + extra, dtype=buffer.dtype, device=buffer.device)
+        torch.div(buffer.view(-1), group.size(), out=carrier[:n])
+        carrier[n:].copy_(payload)
+        future = dist.all_reduce(carrier, group=group, async_op=True).get_future()
+        rider.departed(future, carrier[n:])
+        return future.then(lambda _: carrier[:n])
 
 
 def add_tap(model: Any, name: str, tap: Tap) -> bool:
@@ -65,4 +107,17 @@ def add_tap(model: Any, name: str, tap: Tap) -> bool:
             return False
         _HOOKS[model] = shared
     shared.taps[name] = tap
+    return True
+
+
+def set_rider(model: Any, rider: Rider | None) -> bool:
+    """Send ``rider``'s elements with the first bucket of each of ``model``'s backwards (None: stop).
+
+    Returns:
+        False when ``model`` carries no hook of ours (see :func:`add_tap`): nothing rides.
+    """
+    shared = _HOOKS.get(model)
+    if shared is None:
+        return False
+    shared.rider = rider
     return True

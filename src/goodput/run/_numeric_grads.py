@@ -2,10 +2,12 @@
 
 Two ways, the cheaper where it applies:
 
-* **A DDP model**: a communication hook sums each gradient bucket right after its all-reduce
-  (:class:`BucketCheck`). The reduced gradients are the same on every rank, so every rank reaches the same
-  answer with no collective of its own, and a NaN made by one rank's backward reaches every rank's sum through
-  the all-reduce. A bucket is one flat buffer: one reduction per bucket instead of one per parameter.
+* **A DDP model**: a communication hook keeps each gradient bucket's all-reduce, and the optimizer's pre-step
+  hook sums the reduced buckets (:class:`BucketCheck`): one sum per bucket, added on their device and read once
+  per step (no callback per bucket on the collective's thread). The reduced gradients are the same on every
+  rank, so every rank reaches the same answer with no collective of its own, and a NaN made by one rank's
+  backward reaches every rank's sum through the all-reduce. A bucket is one flat buffer: one reduction per
+  bucket instead of one per parameter.
 * **Anything else** (FSDP2's local shards, a plain module, a DDP model whose user registered a hook of their
   own): the sum of every gradient this rank holds (:func:`gradient_sum`).
 
@@ -19,7 +21,8 @@ import math
 import weakref
 from typing import Any
 
-from goodput.run._comm_hook import add_tap
+from goodput.run._comm_hook import add_tap, set_rider
+from goodput.run._numeric_carry import Carrier
 
 __all__ = ["BucketCheck"]
 
@@ -29,21 +32,24 @@ _REGISTERED: weakref.WeakKeyDictionary[Any, BucketCheck] = weakref.WeakKeyDictio
 
 
 class BucketCheck:
-    """A DDP communication hook: the default all-reduce, then the sum of the reduced bucket, kept on its device
-    until :meth:`take` reads the step's total.
+    """A tap of DDP's communication hook: keeps each bucket's all-reduce until :meth:`take` sums the reduced
+    buckets of the step. It also carries the guard's agreement (``carrier``, see ``_numeric_carry``).
 
     ``poison``: set by a drill's ``nan@...,into=grad`` fault on its rank; the next bucket is made non-finite
     before its all-reduce, as a rank whose backward produced a NaN would send it.
     """
 
     def __init__(self) -> None:
-        self._sums: list[Any] = []
+        self._reduced: list[Any] = []
         self.poison: float | None = None
+        self.carrier: Carrier | None = None
 
     @classmethod
-    def install(cls, model: Any) -> BucketCheck | None:
+    def install(cls, model: Any, group: Any) -> BucketCheck | None:
         """The check registered on ``model`` (a DDP module), registering it on first use; None when ``model``
-        is not DDP or already carries another hook."""
+        is not DDP or already carries another hook. ``group``: the guard's own group (None: one rank), for
+        the words the carrier could not send; the carrier is set when DDP's group is the whole job."""
+        import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
         if not isinstance(model, DistributedDataParallel):
@@ -55,8 +61,12 @@ class BucketCheck:
             if not add_tap(model, "numeric", check._hook):  # the user's own hook: the pass over the gradients
                 return None
             _REGISTERED[model] = check
-        check._sums.clear()
+        check._reduced.clear()
         check.poison = None
+        ddp_group = model.process_group
+        whole = group is not None and dist.get_world_size(ddp_group) == dist.get_world_size()
+        check.carrier = Carrier(dist.get_rank(), dist.get_world_size(), group) if whole else None
+        set_rider(model, check.carrier)
         return check
 
     def arm(self, faults: Any, step: int) -> None:
@@ -66,24 +76,22 @@ class BucketCheck:
         self.poison = None if fault is None else (math.nan if fault.value == "nan" else math.inf)
 
     def _hook(self, bucket: Any, reduce: Any) -> Any:
-        """A tap of the model's shared hook: poison the bucket when armed, sum it once reduced."""
+        """A tap of the model's shared hook: poison the bucket when armed, keep its all-reduce."""
         if self.poison is not None:
             bucket.buffer().view(-1)[0] = self.poison
             self.poison = None
-
-        def summed(future: Any) -> Any:
-            reduced = future.value()  # the bucket, all-reduced (one flat tensor)
-            self._sums.append(reduced.sum())
-            return reduced
-
-        return reduce().then(summed)
+        future = reduce()
+        self._reduced.append(future)
+        return future
 
     def take(self) -> float | None:
         """The total of the buckets reduced since the last call (None: no bucket was reduced, e.g. under
-        ``no_sync``)."""
-        import torch
+        ``no_sync``). DDP waited for every bucket before the backward returned: their values are there."""
 
-        sums, self._sums = self._sums, []
-        if not sums:
+        futures, self._reduced = self._reduced, []
+        if not futures:
             return None
-        return float(torch.stack(sums).sum().item())
+        total = futures[0].value().sum()
+        for future in futures[1:]:
+            total += future.value().sum()
+        return float(total.item())

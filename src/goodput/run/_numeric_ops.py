@@ -23,6 +23,7 @@ __all__ = [
     "poison",
     "read_skips",
     "replicated",
+    "skip_window",
     "write_skips",
 ]
 
@@ -67,6 +68,28 @@ def write_skips(run_dir: str, skips: list[tuple[int, int, int]]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def skip_window(run: Any, loader: Any, restored: int, steps: int) -> bool:
+    """Skip the data of the ``steps`` steps after ``restored`` from now on: in ``loader``'s sampler (so in every
+    checkpoint), in ``RUN_DIR/numeric/skips.json`` (rank 0) and in the ledger. False: the loader cannot skip."""
+    sampler = getattr(loader, "sampler", None)
+    if not callable(getattr(sampler, "skip", None)):
+        return False
+    assert sampler is not None
+    epoch, lo = int(sampler.epoch), int(sampler.consumed)
+    hi = min(int(sampler.size), lo + steps * int(sampler.world_size) * int(sampler.batch_size))
+    sampler.skip(epoch, lo, hi)
+    if run.info.rank == 0:
+        write_skips(run.run_dir, [*read_skips(run.run_dir), (epoch, lo, hi)])
+    import numpy as np
+
+    indices = sampler.order(epoch).at(np.arange(lo, hi)).tolist() if hi - lo <= 4096 else None
+    run.ledger.event(
+        "skip", first_step=restored + 1, last_step=restored + steps, epoch=epoch, first_position=lo,
+        end_position=hi, samples=hi - lo, indices=indices,
+    )  # fmt: skip
+    return True
 
 
 def apply_skips(loader: Any, skips: list[tuple[int, int, int]]) -> None:

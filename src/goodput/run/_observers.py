@@ -69,7 +69,9 @@ def builtin_hooks(
     crash = CrashLoopHook(run.run_dir, run.attempt, limit) if run.info.rank == 0 else None
     hooks: list[RunHook] = []
     # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.run.records.
-    recorder = StepRecorder.from_env(run.run_dir, rank=run.info.rank, attempt=run.attempt)
+    recorder = StepRecorder.from_env(
+        run.run_dir, rank=run.info.rank, attempt=run.attempt, world=run.info.world_size
+    )
     if recorder is not None:
         hooks.append(RecordsHook(recorder))
     if run.warm_hook is not None:
@@ -184,7 +186,9 @@ class RecordsHook(RunHook):
     def on_attempt(self, run: Run, kind: str) -> None:
         # The steps redone from here belong to the new attempt.
         self.recorder.close()
-        recorder = StepRecorder.from_env(run.run_dir, rank=run.info.rank, attempt=run.attempt)
+        recorder = StepRecorder.from_env(
+            run.run_dir, rank=run.info.rank, attempt=run.attempt, world=run.info.world_size
+        )
         assert recorder is not None  # the environment that made the first one is unchanged
         self.recorder = recorder
 

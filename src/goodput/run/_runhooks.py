@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from goodput._env import CHECKPOINT_ROOT, NUMERIC, RUN_DIR
+from goodput._env import CHECKPOINT_ROOT, NUMERIC, RESERVED_WORLD, RUN_DIR
 from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
 from goodput.data.loader import ResumableLoader
 from goodput.data.prefetch import DevicePrefetcher
@@ -102,11 +102,17 @@ def checked_numeric(numeric: object) -> NumericConfig | None:
 def checked_plan(text: str, world_size: int, total_steps: int | None, *, numeric_on: bool) -> list[Fault]:
     """The fault plan in ``text``, refused when it cannot apply to this run.
 
+    Ranks are checked against the ranks the job reserved (``$GOODPUT_RESERVED_WORLD``), not this generation's
+    world: a job that shrank in place keeps the plan it was launched with, and a fault for a rank that is gone
+    fires once the job grows back.
+
     Raises:
         ConfigError: a fault the run cannot meet, or numeric faults without the numeric guard.
     """
     plan = parse_faults(text)
-    check_plan(plan, world_size=world_size, total_steps=total_steps)
+    reserved = RESERVED_WORLD.get().strip()
+    world = max(world_size, int(reserved)) if reserved.isdigit() else world_size
+    check_plan(plan, world_size=world, total_steps=total_steps)
     if not numeric_on and any(f.action in NUMERIC_ACTIONS for f in plan):
         raise ConfigError(
             "the fault plan injects numeric faults (nan, spike, bitflip) but the numeric guard is off: "

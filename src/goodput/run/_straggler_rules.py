@@ -2,11 +2,15 @@
 
 Every ``StragglerConfig.every`` steps each rank contributes one :class:`RankWindow`: the medians over those steps
 of its own compute (the step minus its batch wait and minus its wait for the others), its batch wait, and its
-wait for the others. From the windows of every rank :class:`StragglerRules` derives, identically on every rank:
+wait for the others, and the lowest compute of any of its steps in the window. From the windows of every rank
+:class:`StragglerRules` derives, identically on every rank:
 
-- the *relative score* of each rank: the fastest rank's own time over this rank's (1.0: as fast as the fastest;
-  0.67: its own work takes 1.5x as long), own time being compute plus batch wait;
-- the *individual score*: the rank's best own time over its current one (it slowed down against itself);
+- the *relative score* of each rank: the fastest rank's speed over this rank's (1.0: as fast as the fastest;
+  0.67: its own work takes 1.5x as long), speed being the window's lowest compute plus its median batch wait.
+  The lowest compute, not the median: noise on a shared machine (a descheduled thread, a wait the hooks do not
+  see) only ever adds time, while a slow GPU makes every step slow. Batch waits keep the median: a loader with
+  workers hands some batches at once and makes the loop wait for others, so a slow dataset's lowest wait is 0;
+- the *individual score*: the rank's best speed over its current one (it slowed down against itself);
 - the window's *straggler wait*: how much longer the job's steps took than a balanced step would have, where
   balanced is the median of the other ranks' own time (the slowest rank's excess, once per step);
 - an alarm when one rank's relative score stays under ``threshold`` for ``windows`` windows in a row, with
@@ -43,7 +47,7 @@ class StragglerConfig:
 
     every: int = 5
     threshold: float = 0.75
-    windows: int = 3
+    windows: int = 2
     min_excess: float = 0.002
     stop: bool = False
     replace: bool = False
@@ -69,11 +73,17 @@ class RankWindow:
     data: float
     wait: float
     steps: int
+    floor: float | None = None  # the lowest compute of one step in the window (None: use the median)
 
     @property
     def own(self) -> float:
         """The rank's own time per step: what it would take if no rank waited for another."""
         return self.compute + self.data
+
+    @property
+    def speed(self) -> float:
+        """The own time the scores compare: the window's lowest compute (else its median) plus its batch wait."""
+        return self.own if self.floor is None else self.floor + self.data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,19 +114,20 @@ class StragglerRules:
 
     def window(self, ranks: Sequence[RankWindow]) -> WindowVerdict:
         """Score one window of every rank's figures; an alarm is raised once per rank."""
+        speeds = [r.speed for r in ranks]
+        fastest = min(speeds)
+        scores = tuple(_ratio(fastest, speed) for speed in speeds)
+        for i, speed in enumerate(speeds):
+            self._best[i] = min(self._best[i], speed)
+        best_scores = tuple(_ratio(self._best[i], speed) for i, speed in enumerate(speeds))
         owns = [r.own for r in ranks]
-        fastest = min(owns)
-        scores = tuple(_ratio(fastest, own) for own in owns)
-        for i, own in enumerate(owns):
-            self._best[i] = min(self._best[i], own)
-        best_scores = tuple(_ratio(self._best[i], own) for i, own in enumerate(owns))
         slowest = max(range(len(owns)), key=owns.__getitem__)
         others = [own for i, own in enumerate(owns) if i != slowest]
         balanced = statistics.median(others) if others else owns[slowest]
         cost = max(0.0, owns[slowest] - balanced) * ranks[slowest].steps
         alarm = None
         for i, score in enumerate(scores):
-            slow = score < self.config.threshold and owns[i] - fastest >= self.config.min_excess
+            slow = score < self.config.threshold and speeds[i] - fastest >= self.config.min_excess
             self._slow_runs[i] = self._slow_runs[i] + 1 if slow else 0
             if alarm is None and self._slow_runs[i] >= self.config.windows and i not in self.alarmed:
                 alarm = i

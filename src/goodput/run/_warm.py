@@ -138,15 +138,17 @@ def resized_event(run: Run, info: dict[str, Any], step: int | None, state: Train
     run.ledger.event(kind, **fields)
 
 
-def exit_failed(run: Run, err: BaseException) -> NoReturn:
+def exit_failed(run: Run, err: BaseException, *, planned: bool = False) -> NoReturn:
     """This rank's own failure under warm restarts: record it and exit now, so a spare takes the rank.
 
     Exiting at once (not through the interpreter's shutdown, which may wait on the process group) lets the
     survivors' collectives fail promptly. The error is reported as the excepthook does (torch's error file;
     ``FATAL`` for an error a restart cannot fix, which the launcher prints in one line and stops the job on).
+    ``planned``: a departure goodput chose (the numeric guard hands a corrupt rank to a spare): ``err``'s
+    message alone is the report, which the launcher quotes in its one line; nothing else is printed.
     """
-    line = report_failure(run.info.rank, err)
-    if not isinstance(err, FATAL_ERRORS):
+    line = report_failure(run.info.rank, err, line=str(err) if planned else None)
+    if not planned and not isinstance(err, FATAL_ERRORS):
         traceback.print_exception(err)
     run.ledger.failure_detected(f"exception on this rank: {line}"[:300])
     for hook in run.hooks:

@@ -5,13 +5,15 @@
 A hook of :class:`~goodput.run.run.Run` (off by default), attached by ``run.restore``, called by ``step_done``:
 
 * **Detect.** Before each optimizer step the gradients' sum is checked (with DDP, each reduced bucket's, summed
-  in a communication hook: the same on every rank); a NaN/Inf one is dropped, so it never reaches the
+  before the optimizer step: the same on every rank); a NaN/Inf one is dropped, so it never reaches the
   parameters. ``step_done`` checks the loss, applies the spike rule to the ranks' mean loss (median + k x MAD
   of a recent window, after a warm-up) and, every ``check_every`` steps, fingerprints the parameters
-  (:func:`~goodput.run._numeric_rules.fingerprint`). Every rank's word is all-gathered while the next step
-  computes (:mod:`~goodput.run._numeric_exchange`) and every rank draws the same verdict from it, one step
-  late. 3+ replicas name a differing fingerprint by majority; with 2 both roll back and the redo of the check
-  step names the rank whose own fingerprint changed (needs deterministic training).
+  (:func:`~goodput.run._numeric_rules.fingerprint`). Every rank's word reaches every rank while the next step
+  computes and every rank draws the same verdict from it, one step late: with DDP it rides the next step's
+  first gradient bucket (:mod:`~goodput.run._numeric_carry`: no collective of its own), otherwise it is
+  all-gathered on the guard's own group (:mod:`~goodput.run._numeric_exchange`). 3+ replicas name a differing
+  fingerprint by majority; with 2 both roll back and the redo of the check step names the rank whose own
+  fingerprint changed (needs deterministic training).
 * **Respond**, a bounded ladder, every rung in the ledger: roll back in place to the newest checkpoint before
   the anomaly (for a corrupted replica: at or before the last check where every fingerprint agreed), memory tier
   first, and let ``run.batches`` continue from the restored position; when the same NaN or spike comes back
@@ -34,6 +36,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError, NumericFault
+from goodput.run._numeric_carry import Carried
 from goodput.run._numeric_exchange import Exchange, new_group, start_gather
 from goodput.run._numeric_grads import BucketCheck
 from goodput.run._numeric_ops import (
@@ -46,7 +49,7 @@ from goodput.run._numeric_ops import (
     poison,
     read_skips,
     replicated,
-    write_skips,
+    skip_window,
 )
 from goodput.run._numeric_rules import (
     FLAG_FINGERPRINT,
@@ -147,7 +150,7 @@ class NumericGuard(RunHook):
         self._unnamed: set[int] = set()  # check steps whose differing replica no majority could name
         self._tier = "durable"
         self._comparable = True
-        self._inflight: list[Exchange] = []  # steps whose words are being exchanged, oldest first
+        self._inflight: list[Exchange | Carried] = []  # steps whose words are being exchanged, oldest first
         self._closing = False  # the loop ended before close() judged its last step: a fault stops the run
         self._handover: int | None = None  # a rank named corrupt under warm restarts, to leave for a spare
 
@@ -159,13 +162,13 @@ class NumericGuard(RunHook):
 
         self.on_close(run, "restore")
         self._run, self._state = run, state
-        self._agreed = restored or 0
         world = run.info.world_size
         self._group = new_group() if world > 1 and dist.is_initialized() else None
         self._comparable = replicated(state.model)
+        self._agree(restored or 0)
         if self.config.grads and state.optimizer is not None:
             self._hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
-            self._buckets = BucketCheck.install(state.model)
+            self._buckets = BucketCheck.install(state.model, self._group)
             if self._buckets is not None:
                 self._buckets.arm(run.faults, self._agreed + 1)
         run.manager.add_listener(self._on_checkpoint_event)
@@ -174,6 +177,8 @@ class NumericGuard(RunHook):
     def on_close(self, run: Run, status: str) -> None:
         """Remove the optimizer hook, drop the exchanges in flight and release the group."""
         self._inflight = []  # judged by on_loop_end on a clean close; else a failed generation's: not waited for
+        if self._buckets is not None and self._buckets.carrier is not None:
+            self._buckets.carrier.clear()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -222,7 +227,8 @@ class NumericGuard(RunHook):
         before, whose exchange ran while this step computed: True when the run rolled back; raises NumericFault
         to stop. Without peers the step is judged at once."""
         assert self._run is run and self._state is not None, "NumericGuard.on_step before on_restore"
-        self._inflight.append(start_gather(step, self._word(step, loss), self._group))
+        word, carrier = self._word(step, loss), self._buckets.carrier if self._buckets else None
+        self._inflight.append(carrier.board(step, word) if carrier else start_gather(step, word, self._group))
         rolled_back = self._judge_ready(keep=0 if self._group is None else 1)
         self._hand_over(run)
         return rolled_back
@@ -243,9 +249,8 @@ class NumericGuard(RunHook):
         if rank is not None and rank == run.info.rank:
             from goodput.run._warm import exit_failed
 
-            exit_failed(
-                run, RuntimeError(f"numeric guard: rank {rank} corrupted its replica; to a hot spare")
-            )
+            why = f"numeric guard: rank {rank} corrupted its replica; it leaves for a hot spare"
+            exit_failed(run, RuntimeError(why), planned=True)
 
     def _word(self, step: int, loss: float | None) -> list[int]:
         """This rank's row for ``step``: its loss, a refused gradient, its fingerprint on a check step."""
@@ -289,7 +294,7 @@ class NumericGuard(RunHook):
             comparable=self._comparable,
         )
         if found.agreed:
-            self._agreed = step
+            self._agree(step)
         if found.named is not None and found.kind is None and step in self._unnamed:
             self._unnamed.discard(step)
             why = "its redo of this step fingerprinted differently from its first run"
@@ -301,6 +306,13 @@ class NumericGuard(RunHook):
             return False
         self._respond(found, step)
         return True
+
+    def _agree(self, step: int) -> None:
+        """``step`` is the newest where every replica agreed: a corrupted replica's rollback target, which the
+        checkpoint tiers' retention keeps (pinned) while newer saves come and go."""
+        self._agreed = step
+        if self._comparable and self._run is not None:
+            self._run.manager.pin(step)
 
     def adjust_loss(self, run: Run, step: int, loss: float | None) -> float | None:
         """Apply a drill's numeric faults due at ``step``: the loss they make, a flipped bit."""
@@ -385,7 +397,7 @@ class NumericGuard(RunHook):
         )  # fmt: skip
         run.ledger.init_done()
         self._losses = [(s, x) for s, x in self._losses if s <= restored]
-        self._agreed = min(self._agreed, restored)
+        self._agree(min(self._agreed, restored))
         run.rewind(restored)
         if self._buckets is not None:
             self._buckets.arm(run.faults, restored + 1)
@@ -393,27 +405,9 @@ class NumericGuard(RunHook):
 
     def _skip(self, restored: int, step: int) -> bool:
         """Skip the data of steps ``restored+1 ..`` (to ``step``, or ``skip_steps`` of them) from now on."""
-        run = self._run
         loader = self._state.loader if self._state else None
-        sampler = getattr(loader, "sampler", None)
-        if run is None or not callable(getattr(sampler, "skip", None)):
-            return False
-        assert sampler is not None
-        steps = self.config.skip_steps or (step - restored)
-        epoch, lo = int(sampler.epoch), int(sampler.consumed)
-        hi = min(int(sampler.size), lo + steps * int(sampler.world_size) * int(sampler.batch_size))
-        sampler.skip(epoch, lo, hi)
-        if run.info.rank == 0:
-            write_skips(run.run_dir, [*read_skips(run.run_dir), (epoch, lo, hi)])
-        order = sampler.order(epoch)
-        import numpy as np
-
-        indices = order.at(np.arange(lo, hi)).tolist() if hi - lo <= 4096 else None
-        run.ledger.event(
-            "skip", first_step=restored + 1, last_step=restored + steps, epoch=epoch, first_position=lo,
-            end_position=hi, samples=hi - lo, indices=indices,
-        )  # fmt: skip
-        return True
+        assert self._run is not None
+        return skip_window(self._run, loader, restored, self.config.skip_steps or (step - restored))
 
     def _name(self, rank: int, step: int, why: str) -> None:
         run = self._run

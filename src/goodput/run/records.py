@@ -2,10 +2,11 @@
 
 ``goodput verify-resume`` sets ``GOODPUT_RECORDS=1`` in the workers' environment; ``Run`` then keeps, per rank:
 
-- ``<run_dir>/records/attempt-<a>.rank-<r>.jsonl``: a header ``{"attempt", "rank", "resumed"}`` (the step this
-  attempt started after) and one line per finished step ``{"step", "samples", "count", "loss", "rng"}``: a
-  digest of the step's dataset indices (from a loader that knows them, such as ``ResumableLoader``), their
-  number, the loss given to ``step_done`` as an exact float (``float.hex``), and a digest of each random
+- ``<run_dir>/records/attempt-<a>.rank-<r>.jsonl``: a header ``{"attempt", "rank", "resumed", "world"}`` (the
+  step this attempt started after, and its world size: a warm job that shrinks or grows changes it between
+  attempts) and one line per finished step ``{"step", "samples", "count", "ids", "loss", "rng"}``: a digest of
+  the step's dataset indices (from a loader that knows them, such as ``ResumableLoader``), their number, the
+  indices themselves (so that the steps of different world sizes can be checked for exactly-once), the loss given to ``step_done`` as an exact float (``float.hex``), and a digest of each random
   generator's state (python, numpy, torch, cuda). One small append per step, no fsync: the page cache keeps
   it when the process is killed.
 - ``<run_dir>/records/final.rank-<r>.json``: written by ``close()``: a digest of every piece of the final
@@ -68,20 +69,24 @@ class StepRecorder:
         run_dir: the run folder.
         rank: this process's rank.
         attempt: this attempt's number (the ledger's).
+        world: this attempt's world size (None: not recorded).
     """
 
-    def __init__(self, run_dir: str, *, rank: int, attempt: int) -> None:
+    def __init__(self, run_dir: str, *, rank: int, attempt: int, world: int | None = None) -> None:
         self.folder = os.path.join(run_dir, RECORDS_DIR)
         self.rank = rank
         self.attempt = attempt
+        self.world = world
         self._fd: int | None = None
 
     @classmethod
-    def from_env(cls, run_dir: str, *, rank: int, attempt: int) -> StepRecorder | None:
+    def from_env(
+        cls, run_dir: str, *, rank: int, attempt: int, world: int | None = None
+    ) -> StepRecorder | None:
         """A recorder when ``GOODPUT_RECORDS`` is set to a true value, else None."""
         if not RECORDS.on():
             return None
-        return cls(run_dir, rank=rank, attempt=attempt)
+        return cls(run_dir, rank=rank, attempt=attempt, world=world)
 
     def step(self, step: int, *, loaders: Iterable[Any], loss: float | None) -> None:
         """Record finished ``step``: the indices of the batch a loader delivered last, and the loss."""
@@ -89,13 +94,15 @@ class StepRecorder:
             os.makedirs(self.folder, exist_ok=True)
             path = os.path.join(self.folder, f"attempt-{self.attempt}.rank-{self.rank}.jsonl")
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self._write({"attempt": self.attempt, "rank": self.rank, "resumed": step - 1})
+            header = {"attempt": self.attempt, "rank": self.rank, "resumed": step - 1, "world": self.world}
+            self._write(header)
         indices = _last_indices(loaders)
         self._write(
             {
                 "step": step,
                 "samples": None if indices is None else indices_digest(indices),
                 "count": None if indices is None else len(indices),
+                "ids": None if indices is None else _ids(indices),
                 "loss": None if loss is None else float(loss).hex(),
                 "rng": rng_digests(),
             }
@@ -104,7 +111,7 @@ class StepRecorder:
     def final(self, state: Any, step: int) -> None:
         """Record the digests of the final training state (a ``TrainingState``) after ``step``."""
         os.makedirs(self.folder, exist_ok=True)
-        record = {"attempt": self.attempt, "step": step, "state": state_digests(state)}
+        record = {"attempt": self.attempt, "step": step, "world": self.world, "state": state_digests(state)}
         path = os.path.join(self.folder, f"final.rank-{self.rank}.json")
         with open(path + ".tmp", "w") as f:
             json.dump(record, f)
@@ -143,6 +150,12 @@ def rng_digests() -> dict[str, str]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         digests["cuda"] = _digest(*(s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()))
     return digests
+
+
+def _ids(indices: Any) -> list[int]:
+    import numpy as np
+
+    return [int(i) for i in np.asarray(indices, dtype="<i8").reshape(-1)]
 
 
 def _last_indices(loaders: Iterable[Any]) -> Any:

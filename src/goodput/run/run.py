@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
-from goodput._env import FAULTS
+from goodput._env import FAULTS, STOP_AFTER
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
 from goodput.errors import ConfigError, SaveFailed
 from goodput.faults import install_faults
@@ -209,6 +209,9 @@ class Run:
         self.faults.check(phase="step", step=self.step)
         if self._job.preempt.should_stop(self.step):
             self._stop_preempted(self._job.preempt.requested or "a signal")
+        if STOP_AFTER.get() == str(self.step):  # verify-resume's reference: one part of a world-size schedule
+            self.close()
+            raise SystemExit(0)
         durable = manager.should_save(self.step)
         if manager.should_save_memory(self.step):
             with self.phase("checkpoint_save"):

@@ -6,7 +6,7 @@ DDP's communication hook, FSDP2's custom collectives). Compute is the rest of th
 parts with ``with run.section("name"):``; for a model neither DDP nor FSDP2 the sections' sum is the rank's
 compute (nothing else tells its own work from its waits).
 
-Once every ``StragglerConfig.every`` steps each rank starts an all-gather of one small tensor of medians without
+Once every ``StragglerConfig.every`` steps each rank starts an all-gather of one small tensor of medians (and its lowest compute) without
 waiting for it, and reads it at the end of the next step: by then the step's own collectives (DDP's all-reduce,
 FSDP2's reduce-scatter), issued after it on the same group, have completed, so reading it does not block and no
 collective is added to the step's critical path. :mod:`goodput.run._straggler_rules` scores the figures the same
@@ -18,11 +18,9 @@ so a hot spare takes its place (``StragglerConfig.replace``).
 
 from __future__ import annotations
 
-import contextlib
 import socket
-import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError, GoodputError, StragglerStop
@@ -64,6 +62,23 @@ class _Gather:
             return [self._values]
         self._work.wait()
         return [t.tolist() for t in self._out]
+
+
+class _Section:
+    """``with monitor.section(name):`` (a class, not a generator: it runs every step)."""
+
+    __slots__ = ("_monitor", "_name", "_start")
+
+    def __init__(self, monitor: StragglerMonitor, name: str) -> None:
+        self._monitor = monitor
+        self._name = name
+        self._start = 0.0
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._monitor._add(self._name, time.perf_counter() - self._start)
 
 
 class StragglerMonitor:
@@ -123,16 +138,14 @@ class StragglerMonitor:
         if self._sections:
             self._sections = dict.fromkeys(self._sections, 0.0)
 
-    @contextlib.contextmanager
-    def section(self, name: str) -> Iterator[None]:
+    def section(self, name: str) -> _Section:
         """Time a named part of the step (summed over the step when it is entered more than once)."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            if name not in self._sections and len(self._names) < _SECTIONS:
-                self._names.append(name)
-            self._sections[name] = self._sections.get(name, 0.0) + time.perf_counter() - start
+        return _Section(self, name)
+
+    def _add(self, name: str, seconds: float) -> None:
+        if name not in self._sections and len(self._names) < _SECTIONS:
+            self._names.append(name)
+        self._sections[name] = self._sections.get(name, 0.0) + seconds
 
     def step_done(self, step: int, fetch: float) -> WindowVerdict | None:
         """Record the step that just ended; read the last window's exchange (every rank together) and, at a
@@ -148,10 +161,9 @@ class StragglerMonitor:
         verdict = self.finish(step)
         if step % self.config.every == 0:
             rows, self._rows = self._rows, []
-            medians = [
-                statistics.median(r[i] if i < len(r) else 0.0 for r in rows) for i in range(3 + _SECTIONS)
-            ]
-            self._pending = (step, _Gather([*medians, float(len(rows))], self.world_size))
+            medians = [_median([r[i] if i < len(r) else 0.0 for r in rows]) for i in range(3 + _SECTIONS)]
+            floor = min(r[0] for r in rows)
+            self._pending = (step, _Gather([*medians, floor, float(len(rows))], self.world_size))
         return verdict
 
     def finish(self, step: int) -> WindowVerdict | None:
@@ -161,7 +173,7 @@ class StragglerMonitor:
             return None
         (last, gather), self._pending = self._pending, None
         gathered = gather.result()
-        windows = [RankWindow(g[0], g[1], g[2], int(g[-1])) for g in gathered]
+        windows = [RankWindow(g[0], g[1], g[2], int(g[-1]), floor=g[-2]) for g in gathered]
         verdict = self._rules.window(windows)
         self.last = verdict
         if self._hosts is None:
@@ -205,6 +217,13 @@ class StragglerMonitor:
                 score=round(verdict.scores[verdict.alarm], 4),
                 windows=self.config.windows,
             )
+
+
+def _median(values: list[float]) -> float:
+    """The median of a window's values (statistics.median without its type dispatch: this runs per window)."""
+    values.sort()
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def _hosts(world_size: int) -> list[str]:

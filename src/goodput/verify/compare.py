@@ -117,6 +117,8 @@ def _first_step_difference(
         for rank in ranks:
             ref = reference.steps.get(rank, {}).get(step)
             got = other.steps.get(rank, {}).get(step)
+            if ref is None and got is None:  # neither run had this rank at this step (a job that shrank)
+                continue
             if ref is None or got is None:
                 missing = "uninterrupted" if ref is None else "interrupted"
                 return Difference(

@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Iterable
 
-__all__ = ["effective_samples", "first_difference", "read_run"]
+__all__ = ["effective_samples", "first_difference", "global_steps", "read_run", "trained_twice"]
 
 
 def effective_samples(lines: Iterable[str]) -> dict[int, list[int]]:
@@ -25,6 +25,41 @@ def effective_samples(lines: Iterable[str]) -> dict[int, list[int]]:
             continue
         steps[int(record["step"])] = [int(i) for i in record["samples"]]
     return steps
+
+
+def global_steps(ranks: Iterable[Iterable[str]]) -> dict[int, list[int]]:
+    """Step -> the sample ids all ranks trained in it the last time it was trained, sorted: the global batch,
+    whatever the world size was (a job that shrank or grew logs a step under other rank numbers).
+
+    ``ranks`` holds each ``samples/rank-<r>.jsonl``'s lines. The last time is the highest ``attempt`` that
+    logged the step (a warm generation or a cold relaunch), and within it each rank's last record (a rollback
+    redoes steps in the same attempt); a torn last line is ignored.
+    """
+    latest: dict[int, tuple[int, dict[int, list[int]]]] = {}
+    for rank, lines in enumerate(ranks):
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            step, attempt = int(record["step"]), int(record.get("attempt", 0))
+            if step not in latest or attempt > latest[step][0]:
+                latest[step] = (attempt, {})
+            if attempt == latest[step][0]:
+                latest[step][1][rank] = [int(i) for i in record["samples"]]
+    return {
+        step: sorted(i for ids in parts.values() for i in ids) for step, (_, parts) in sorted(latest.items())
+    }
+
+
+def trained_twice(steps: dict[int, list[int]]) -> list[int]:
+    """The sample ids that more than one effective step trained, or one step twice (none: exactly once)."""
+    seen: set[int] = set()
+    twice: set[int] = set()
+    for ids in steps.values():
+        for i in ids:
+            (twice if i in seen else seen).add(i)
+    return sorted(twice)
 
 
 def _effective_draws(lines: Iterable[str]) -> dict[int, object]:

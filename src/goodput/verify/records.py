@@ -27,6 +27,8 @@ class StepRecord:
     count: int | None
     loss: str | None
     rng: dict[str, str]
+    world: int | None = None  # the attempt's world size (from its header; None: not recorded)
+    ids: tuple[int, ...] | None = None  # the dataset indices (None: not recorded)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +68,7 @@ def read_records(run_dir: str) -> RunRecords:
 
 
 def _read_steps(lines: Iterable[str], steps: dict[int, StepRecord], *, rank: int, attempt: int) -> None:
-    resumed = 0
+    resumed, world = 0, None
     for line in lines:
         try:
             record = json.loads(line)
@@ -74,6 +76,7 @@ def _read_steps(lines: Iterable[str], steps: dict[int, StepRecord], *, rank: int
             continue
         if "resumed" in record:
             resumed = int(record["resumed"])
+            world = record.get("world")
             continue
         step = int(record["step"])
         steps[step] = StepRecord(
@@ -85,4 +88,6 @@ def _read_steps(lines: Iterable[str], steps: dict[int, StepRecord], *, rank: int
             count=record.get("count"),
             loss=record.get("loss"),
             rng=record.get("rng") or {},
+            world=world,
+            ids=None if record.get("ids") is None else tuple(record["ids"]),
         )

@@ -93,10 +93,12 @@ def verify_resume(
     work_dir: str | None,
     say: Callable[[str], None] = print,
     restart: str = "cold",
+    spares: int = 1,
 ) -> int:
     """Run ``script`` uninterrupted and with ``kills`` SIGKILLs; 0 when identical, 1 with the difference.
 
-    ``restart="warm"`` runs both under the warm-restart agent (``goodput launch --restart warm``, one spare).
+    ``restart="warm"`` runs both under the warm-restart agent (``goodput launch --restart warm``, ``spares``
+    hot spares).
 
     Raises:
         ConfigError: the script is missing, a flag is out of range, or the script does not use ``Run``.
@@ -117,7 +119,7 @@ def verify_resume(
         if restart == "warm":
             from goodput.warm.agent import WarmConfig, launch_warm
 
-            return lambda: launch_warm(config, WarmConfig(spares=1))
+            return lambda: launch_warm(config, WarmConfig(spares=spares))
         return lambda: launch_job(config)
 
     if not run_captured(launch(clean_dir, "", 0), clean_dir, "uninterrupted", say):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import signal
 import sys
@@ -84,6 +85,8 @@ def rendezvous(launch: LaunchConfig) -> tuple[int, str, Any]:
         min_nodes=nnodes,
         max_nodes=nnodes,
         local_addr="127.0.0.1" if launch.rdzv_endpoint.startswith(("127.0.0.1:", "localhost:")) else None,
+        join_timeout=math.ceil(launch.rdzv_timeout),
+        read_timeout=math.ceil(min(launch.rdzv_timeout, 60.0)),
     )
     handler = get_rendezvous_handler(params)
     info = handler.next_rendezvous()

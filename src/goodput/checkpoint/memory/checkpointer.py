@@ -191,8 +191,7 @@ class MemoryCheckpointer:
         if self._failing:
             log.warning("memory tier: saving works again from step %d", step)
         self._failing = False
-        self.committed.insert(0, step)
-        del self.committed[self.tier.keep :]
+        self.committed = self.store.committed_after(step, self.committed)
         if self._on_measured is not None:
             self._on_measured(stall, persist)
         self.store.retain(self.committed, self.rank)

@@ -125,6 +125,8 @@ class MemoryStore:
         self.node = node
         self.run_dir = os.path.join(tier.folder, run_id)
         self.node_dir = os.path.join(self.run_dir, f"node-{node}")
+        self.pinned: int | None = None  # keep the newest committed step at or before this one (see pin)
+        self.anchor: int | None = None  # ... which is this step, kept by retention beside the newest ``keep``
 
     # ---- paths ---------------------------------------------------------------------------------------------
     def step_dir(self, step: int, *, replica: bool = False) -> str:
@@ -245,8 +247,24 @@ class MemoryStore:
             return memoryview(mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ))
 
     # ---- retention -----------------------------------------------------------------------------------------
+    def pin(self, step: int) -> None:
+        """Keep the newest committed step at or before ``step`` however many newer saves follow, until a later
+        pin: the numeric guard's rollback target for a corrupted replica (its last check where every replica
+        agreed), which a short save interval would otherwise push out of the newest ``keep``."""
+        self.pinned = step
+
+    def committed_after(self, step: int, committed: list[int]) -> list[int]:
+        """The newest ``keep`` committed steps once ``step`` (newer than all of ``committed``) committed; the
+        pinned step's checkpoint, while still among ``committed``, becomes the anchor retention keeps."""
+        steps = [step, *committed]
+        pinned = self.pinned
+        if pinned is not None:
+            self.anchor = max((s for s in steps if s <= pinned), default=self.anchor)
+        return steps[: self.tier.keep]
+
     def retain(self, committed: list[int], rank: int | None, *, replica: bool = False) -> None:
-        """Remove ``rank``'s parts (None: every part) of steps older than the newest ``keep`` committed ones.
+        """Remove ``rank``'s parts (None: every part) of steps older than the newest ``keep`` committed ones, but
+        the anchor (see :meth:`pin`).
 
         ``committed``: steps every rank completed, newest first. The newest committed step is always kept. One
         removed own part per rank is kept as its spare (see the module docstring): ``keep + 1`` parts per rank.
@@ -255,6 +273,8 @@ class MemoryStore:
         if not kept:
             return
         floor = min(kept)
+        if self.anchor is not None:
+            kept.add(self.anchor)
         for step in self.steps(replica=replica):
             if step >= floor or step in kept:
                 continue

@@ -1,0 +1,45 @@
+"""A multi-node job whose rendezvous lost a node: how ``goodput launch`` tells it from a failed job.
+
+torchrun's agent meets the other nodes through the c10d rendezvous, whose store one node hosts. When a node
+is lost, the agents that survive it end one of two ways:
+
+* the lost node hosted the store: the next call to it fails (a closed connection at once, a silent one after
+  ``read_timeout``) and the agent raises ``RendezvousConnectionError``;
+* another node: the survivors' workers fail and their agent waits in a new round for the node to come back,
+  up to ``join_timeout``, then raises ``RendezvousTimeoutError``. A node that comes back in time joins, and
+  the job goes on.
+
+Either way torchrun exits 1 with a traceback, like a failed script. goodput launch gives torchrun an error file
+of its own (``$TORCHELASTIC_ERROR_FILE``, where torch's ``@record`` writes the agent's uncaught exception;
+each worker gets its own file from the agent) and reads it: those two errors mean the job lost a node and
+nothing of it is wrong, so the surviving node stops with ``EXIT_PREEMPTED`` for the scheduler to requeue, and
+the relaunch resumes from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+__all__ = ["AGENT_ERROR_FILE", "ERROR_FILE_ENV", "rendezvous_lost"]
+
+AGENT_ERROR_FILE = "agent-error.json"  # in the launch folder
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+
+_LOST = {
+    "RendezvousConnectionError": "the rendezvous lost the node that hosts its store ({endpoint})",
+    "RendezvousTimeoutError": "the rendezvous lost a node: none came back within --rdzv-timeout {timeout:g}s",
+}
+
+
+def rendezvous_lost(folder: str, *, endpoint: str, timeout: float) -> str | None:
+    """What the launch's agent said when its rendezvous lost a node (None: it did not, or wrote nothing)."""
+    try:
+        with open(os.path.join(folder, AGENT_ERROR_FILE)) as f:
+            message = str(json.load(f)["message"]["message"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    kind = message.split(":", 1)[0]
+    if kind not in _LOST:
+        return None
+    return _LOST[kind].format(endpoint=endpoint, timeout=timeout)

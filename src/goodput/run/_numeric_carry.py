@@ -1,0 +1,125 @@
+"""The numeric guard's agreement riding DDP's gradient all-reduce: no collective of its own.
+
+Each rank's word for step N (four int64, :func:`~goodput.run._numeric_rules.encode_row`) travels with the first
+gradient bucket of step N+1's backward (:func:`~goodput.run._comm_hook.set_rider`), read at step N+1's
+``step_done``: the same step the all-gather on the guard's own group was read, without that collective's
+round trip, which costs a CPU step as much as the gradient check itself. Every rank owns a band of elements of
+the payload: it writes its word there, cut into integers small enough for the bucket's float type to hold
+exactly, and zeros everywhere else. The all-reduce sums one integer and zeros per element, which is exact, so
+every rank reads every rank's word bit for bit and draws the same verdict.
+
+When no backward ran between two ``step_done`` calls (the loop's last step, a step whose backward ran under
+``no_sync``), the word never left: every rank finds that alike (DDP reduces the same buckets on every rank) and
+the word is all-gathered on the guard's own group instead, as it is for a model that is not DDP.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from goodput.run._numeric_exchange import start_gather
+
+__all__ = ["Carried", "Carrier"]
+
+_MASK = (1 << 64) - 1
+
+
+def _bits(dtype: Any) -> int | None:
+    """How many bits of an integer one element of ``dtype`` holds exactly (None: not a float type we use)."""
+    import torch
+
+    return {torch.float32: 24, torch.float64: 32, torch.bfloat16: 8, torch.float16: 11}.get(dtype)
+
+
+def encode(row: list[int], rank: int, world: int, bits: int) -> list[int]:
+    """``row`` (int64s) as unsigned ``bits``-bit pieces, placed in ``rank``'s band of a ``world``-wide payload."""
+    pieces = -(-64 // bits)
+    out = [0] * (world * len(row) * pieces)
+    at = rank * len(row) * pieces
+    for value in row:
+        unsigned = value & _MASK
+        for i in range(pieces):
+            out[at] = (unsigned >> (bits * i)) & ((1 << bits) - 1)
+            at += 1
+    return out
+
+
+def decode(summed: list[float], world: int, bits: int) -> list[list[int]]:
+    """Every rank's row from the summed payload (each element one rank's piece plus zeros: exact)."""
+    pieces = -(-64 // bits)
+    width = len(summed) // (world * pieces)
+    rows = []
+    for r in range(world):
+        row = []
+        for k in range(width):
+            at = (r * width + k) * pieces
+            unsigned = sum(int(summed[at + i]) << (bits * i) for i in range(pieces)) & _MASK
+            row.append(unsigned - (1 << 64) if unsigned >> 63 else unsigned)
+        rows.append(row)
+    return rows
+
+
+class Carried:
+    """One step's word waiting for the next backward's first bucket (:class:`Carrier`), or on its way."""
+
+    def __init__(self, step: int, row: list[int], carrier: Carrier) -> None:
+        self.step, self.row, self._carrier = step, row, carrier
+        self.trip: tuple[Any, Any, int] | None = None  # (future, summed payload, bits) once departed
+        self._rows: list[list[int]] | None = None
+
+    def rows(self) -> list[list[int]]:
+        """Every rank's row, by rank: from the bucket it rode, else (it never left) from an all-gather."""
+        if self._rows is None:
+            if self.trip is None:
+                self._carrier.cancel(self)
+                self._rows = start_gather(self.step, self.row, self._carrier.group).rows()
+            else:
+                future, summed, bits = self.trip
+                future.wait()
+                self._rows = decode(summed.tolist(), self._carrier.world, bits)
+        return self._rows
+
+
+class Carrier:
+    """The rider of one DDP model's hook: sends the newest word that has not left yet.
+
+    Args:
+        rank: this rank in the model's process group (the whole job's: see ``BucketCheck.install``).
+        world: the group's size.
+        group: the guard's own gloo group, for a word that never left.
+    """
+
+    def __init__(self, rank: int, world: int, group: Any) -> None:
+        self.rank, self.world, self.group = rank, world, group
+        self._boarding: Carried | None = None
+        self._riding: Carried | None = None
+
+    def board(self, step: int, row: list[int]) -> Carried:
+        """``row`` goes with the next backward's first bucket; the exchange to read it from."""
+        self._boarding = Carried(step, row, self)
+        return self._boarding
+
+    def cancel(self, word: Carried) -> None:
+        if self._boarding is word:
+            self._boarding = None
+
+    def clear(self) -> None:
+        """Forget every word (a restore or a rollback: the steps they judge are gone)."""
+        self._boarding = self._riding = None
+
+    def payload(self, dtype: Any) -> Any:
+        """The hook's first bucket: the boarding word's payload (None: no word, or a dtype it cannot carry)."""
+        import torch
+
+        word, bits = self._boarding, _bits(dtype)
+        if word is None or bits is None:
+            return None
+        if self._riding is not None:
+            self._riding.rows()  # read before the reused buffer carries this word (judged already, normally)
+        self._boarding, self._riding = None, word
+        return torch.tensor(encode(word.row, self.rank, self.world, bits), dtype=dtype)
+
+    def departed(self, future: Any, summed: Any) -> None:
+        word = self._riding
+        assert word is not None, "Carrier.departed without a payload"
+        word.trip = (future, summed, _bits(summed.dtype) or 0)

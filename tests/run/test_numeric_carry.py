@@ -1,0 +1,59 @@
+"""The numeric guard's words riding DDP's first gradient bucket (goodput.run._numeric_carry): every rank reads
+every rank's word bit for bit, the gradients are DDP's own to the bit, and a word that found no backward to ride
+is all-gathered instead, on 2 real gloo ranks."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from goodput.run._numeric_carry import decode, encode
+from goodput.run._numeric_grads import BucketCheck
+from goodput.run._numeric_rules import FLAG_LOSS, FLAG_LOSS_BAD, decode_row, encode_row
+from goodput.testing.dist import run_ranks
+
+
+def _row(rank: int) -> list[int]:
+    """Rank 1's loss is NaN; the fingerprints are large negative and positive int64s."""
+    loss = math.nan if rank == 1 else 2.5
+    return encode_row(FLAG_LOSS | (FLAG_LOSS_BAD if rank == 1 else 0), loss, -(2**62) + rank, 1e300)
+
+
+def test_words_survive_a_float_sum_of_every_ranks_payload_bit_for_bit() -> None:
+    for dtype, bits in ((torch.float32, 24), (torch.bfloat16, 8), (torch.float16, 11), (torch.float64, 32)):
+        payloads = [torch.tensor(encode(_row(r), r, 3, bits), dtype=dtype) for r in range(3)]
+        summed = payloads[0] + payloads[1] + payloads[2]
+        assert decode(summed.tolist(), 3, bits) == [_row(r) for r in range(3)], dtype
+
+
+def _two_models(rank: int, world: int) -> tuple[bool, list[list[int]], list[list[int]], float | None]:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 300), torch.nn.Tanh(), torch.nn.Linear(300, 4))
+    plain = torch.nn.parallel.DistributedDataParallel(net)  # DDP's own hook
+    carrying = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net))
+    check = BucketCheck.install(carrying, torch.distributed.new_group(backend="gloo"))
+    assert check is not None and check.carrier is not None
+    x = torch.randn(8, 16) + rank
+    word = check.carrier.board(7, _row(rank))
+    for model in (plain, carrying):
+        model(x).square().mean().backward()
+    same = all(
+        torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), carrying.parameters(), strict=True)
+    )
+    rode = word.trip is not None
+    rows = word.rows()
+    unsent = check.carrier.board(8, _row(rank))  # no backward before it is read: all-gathered
+    total = check.take()
+    return same and rode and unsent.trip is None, rows, unsent.rows(), total
+
+
+def test_a_word_rides_the_first_bucket_and_the_gradients_stay_ddps_own() -> None:
+    results = run_ranks(_two_models, 2, timeout=120)
+    expected = [_row(0), _row(1)]
+    for ok, rows, gathered, total in results:
+        assert ok, "the gradients differ from DDP's own hook, or the word did not ride the bucket"
+        assert rows == expected and gathered == expected
+        assert total is not None and math.isfinite(total)
+    assert math.isnan(decode_row(results[0][1][1])[1])  # rank 1's NaN loss, as every rank read it
