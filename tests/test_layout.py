@@ -162,18 +162,6 @@ def test_no_file_over_450_lines() -> None:
 
 # Reads of another goodput object's private attribute from a module that does not define it: each one here is
 # a known friendship, with its reason. Add to it only with a reason; better, give the owner a public method.
-_RESIZE_USES = (
-    "_done",
-    "_fill_spares",
-    "_hand_over",
-    "_new_generation",
-    "_notice",
-    "_pending",
-    "_poll_workers",
-    "_publish",
-    "_record",
-    "_start_spare",
-)
 _PRIVATE_READS_ALLOWED = {
     # the prefetch thread is the cache's own background half, kept in its own file for size: it runs under
     # the cache's lock and pins the cache's window
@@ -187,11 +175,6 @@ _PRIVATE_READS_ALLOWED = {
     # the cache benchmark reports this process's own counters, which the public cache_metrics() (node-wide,
     # every process of the folder) does not give
     ("goodput.bench._cache_run", "ds._source"),
-    # merged with main after this test was written (to fix by their owners: public methods on the agent and
-    # the loader): the shrink/grow half of the warm agent, split from agent.py for size, drives the agent
-    *(("goodput.warm.resize", f"agent.{name}") for name in _RESIZE_USES),
-    # ... and re-splitting the global batch reads the loader's configured global batch size
-    ("goodput.data._global_batch", "loader._global_batch"),
 }
 
 

@@ -7,24 +7,11 @@ checkers read the same names from ``__init__.pyi``.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from goodput._api import ON_TOUCH, PUBLIC
+from goodput._lazy import lazy_names
 
 __version__ = "0.1.0"
 
 __all__ = ["__version__", *sorted(PUBLIC)]
 
-
-def __getattr__(name: str) -> Any:
-    module = PUBLIC.get(name) or ON_TOUCH.get(name)
-    if module is None:
-        raise AttributeError(f"module 'goodput' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, {**PUBLIC, **ON_TOUCH}, globals(), __all__)

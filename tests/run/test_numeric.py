@@ -169,9 +169,9 @@ def test_a_numeric_fault_with_the_guard_off_is_refused(tmp_path: Path) -> None:
 def _restart_train_losses(steps: int) -> list[float]:
     """The mean loss of 2 ranks of ``bench/_restart_train.py`` (its data, model, optimizer and schedule; batches of
     8 per rank, one process): a small-batch squared error, skewed to the right (a few samples dominate)."""
-    from goodput.bench._restart_train import _Samples
+    from goodput.bench._restart_train import Samples
 
-    data = _Samples().x
+    data = Samples().x
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(256, 1)

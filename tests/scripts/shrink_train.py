@@ -16,48 +16,19 @@ it long enough for the survivors to leave at a step boundary before the run ends
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import time
-from typing import Any
 
 import torch
 
 from goodput._env import RUN_DIR, WARM_ROLE
+from goodput.bench._restart_train import Samples, collate, samples_log, write_final
 from goodput.checkpoint import CheckpointConfig
 from goodput.data import ResumableLoader
 from goodput.run import Run
 
 GLOBAL_BATCH = 12
-
-
-class _Samples(torch.utils.data.Dataset[tuple[int, torch.Tensor]]):
-    def __init__(self, n: int = 960) -> None:
-        self.x = torch.randn(n, 16, generator=torch.Generator().manual_seed(7))
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> tuple[int, torch.Tensor]:
-        return i, self.x[i]
-
-
-def _collate(items: list[tuple[int, torch.Tensor]]) -> tuple[list[int], torch.Tensor]:
-    return [i for i, _ in items], torch.stack([t for _, t in items])
-
-
-def _hash(tensors: dict[str, Any]) -> str:
-    digest = hashlib.sha256()
-    for key in sorted(tensors):
-        value = tensors[key]
-        if isinstance(value, dict):
-            digest.update(f"{key}:{_hash(value)}".encode())
-        elif isinstance(value, torch.Tensor):
-            digest.update(value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        else:
-            digest.update(f"{key}:{value!r}".encode())
-    return digest.hexdigest()
 
 
 def _trained_step(run_dir: str) -> int:
@@ -85,7 +56,7 @@ def main() -> None:
     run = Run(
         run_dir, checkpoint=config, total_steps=args.steps, hang_timeout=60, progress=False, backend="gloo"
     )
-    dataset = _Samples()
+    dataset = Samples(960, features=16, seed=7)
     holds = [int(step) for step in args.hold_for_grow.split(",") if step]
     run.warm(lambda r: _train(r, dataset, holds, args.step_seconds))
 
@@ -106,7 +77,7 @@ def _hold(run: Run, holds: list[int]) -> None:
             time.sleep(0.05)
 
 
-def _train(run: Run, dataset: _Samples, holds: list[int], step_seconds: float) -> None:
+def _train(run: Run, dataset: Samples, holds: list[int], step_seconds: float) -> None:
     torch.manual_seed(0)
     inner = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     model: torch.nn.Module = inner
@@ -115,12 +86,10 @@ def _train(run: Run, dataset: _Samples, holds: list[int], step_seconds: float) -
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.05 * s))
     loader = ResumableLoader(
-        dataset, global_batch_size=GLOBAL_BATCH, seed=0, collate_fn=_collate, drop_last=True
+        dataset, global_batch_size=GLOBAL_BATCH, seed=0, collate_fn=collate, drop_last=True
     )
     run.restore(model=model, optimizer=opt, scheduler=sched, loader=loader)
-    os.makedirs(os.path.join(run.run_dir, "samples"), exist_ok=True)
-    path = os.path.join(run.run_dir, "samples", f"rank-{run.info.rank}.jsonl")
-    with open(path, "a", buffering=1) as log:
+    with samples_log(run) as log:
         for ids, x in run.batches(loader):
             _hold(run, holds)
             loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
@@ -134,14 +103,7 @@ def _train(run: Run, dataset: _Samples, holds: list[int], step_seconds: float) -
             log.write(json.dumps(record) + "\n")
             run.step_done(loss=float(loss.detach()))
     run.close()
-    if run.info.rank == 0:
-        final = {
-            "step": run.step,
-            "model": _hash(inner.state_dict()),
-            "optim": _hash(opt.state_dict()["state"]),
-        }
-        with open(os.path.join(run.run_dir, "final.json"), "w") as f:
-            json.dump(final, f)
+    write_final(run, inner, opt)
 
 
 if __name__ == "__main__":

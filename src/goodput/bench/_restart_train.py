@@ -5,7 +5,8 @@
 The model has dropout (so every rank draws from its RNG each step), AdamW and an LR schedule; the data are
 seeded synthetic samples through ``ResumableLoader``. Every rank logs the sample ids of each step it trains
 (``<run_dir>/samples/rank-<r>.jsonl``), and rank 0 writes ``<run_dir>/final.json`` with hashes of the final model
-and optimizer state, so two runs can be compared bit for bit. ``--step-seconds`` adds a fixed sleep to each
+and optimizer state, so two runs can be compared bit for bit (``tests/scripts/shrink_train.py`` shares these
+parts). ``--step-seconds`` adds a fixed sleep to each
 step (a stand-in for a bigger model, so restart costs can be compared with step time). ``--device cuda`` trains
 on each rank's own GPU over NCCL (the GPU-only warm tests); the default is the CPU over gloo, whatever the
 machine has.
@@ -14,29 +15,28 @@ machine has.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import signal
 import time
-from typing import Any
+from typing import IO
 
 import torch
 
 from goodput._env import RUN_DIR
 from goodput.checkpoint import CheckpointConfig
 from goodput.data import ResumableLoader
+from goodput.demo.train import tensor_hash
 from goodput.errors import ConfigError
 from goodput.run import Run
 from goodput.run.numeric import NumericConfig
 
 
-class _Samples(torch.utils.data.Dataset[tuple[int, torch.Tensor]]):
-    """Deterministic synthetic samples: (id, 32 features) from a fixed generator."""
+class Samples(torch.utils.data.Dataset[tuple[int, torch.Tensor]]):
+    """Deterministic synthetic samples: (id, ``features`` values) from a generator seeded with ``seed``."""
 
-    def __init__(self, n: int = 4096) -> None:
-        gen = torch.Generator().manual_seed(1234)
-        self.x = torch.randn(n, 32, generator=gen)
+    def __init__(self, n: int = 4096, features: int = 32, seed: int = 1234) -> None:
+        self.x = torch.randn(n, features, generator=torch.Generator().manual_seed(seed))
 
     def __len__(self) -> int:
         return len(self.x)
@@ -45,23 +45,28 @@ class _Samples(torch.utils.data.Dataset[tuple[int, torch.Tensor]]):
         return i, self.x[i]
 
 
-def _collate(items: list[tuple[int, torch.Tensor]]) -> tuple[list[int], torch.Tensor]:
+def collate(items: list[tuple[int, torch.Tensor]]) -> tuple[list[int], torch.Tensor]:
+    """Sample ids and a (batch, features) tensor."""
     return [i for i, _ in items], torch.stack([t for _, t in items])
 
 
-def _hash(tensors: dict[str, Any]) -> str:
-    digest = hashlib.sha256()
-    for key in sorted(tensors):
-        value = tensors[key]
-        if isinstance(value, dict):
-            digest.update(f"{key}:{_hash(value)}".encode())
-        elif isinstance(value, torch.Tensor):
-            digest.update(f"{key}:{value.dtype}:{tuple(value.shape)}".encode())
-            flat = value.detach().cpu().contiguous().reshape(-1)
-            digest.update(flat.view(torch.uint8).numpy().tobytes())
-        else:
-            digest.update(f"{key}:{value!r}".encode())
-    return digest.hexdigest()
+def samples_log(run: Run) -> IO[str]:
+    """This rank's log of the sample ids it trains at each step, opened to append (one JSON object a line)."""
+    os.makedirs(os.path.join(run.run_dir, "samples"), exist_ok=True)
+    return open(os.path.join(run.run_dir, "samples", f"rank-{run.info.rank}.jsonl"), "a", buffering=1)
+
+
+def write_final(run: Run, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """On rank 0, ``<run_dir>/final.json``: the last step and hashes of the final model and optimizer state."""
+    if run.info.rank != 0:
+        return
+    final = {
+        "step": run.step,
+        "model": tensor_hash(model.state_dict()),
+        "optim": tensor_hash(opt.state_dict()["state"]),
+    }
+    with open(os.path.join(run.run_dir, "final.json"), "w") as f:
+        json.dump(final, f)
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -123,11 +128,11 @@ def main(argv: list[str] | None = None) -> None:
         backend="nccl" if args.device == "cuda" else "gloo",
         numeric=NumericConfig(check_every=args.check_every) if args.check_every else False,
     )
-    dataset = _Samples()  # built once: a survivor reuses it after a warm restart
+    dataset = Samples()  # built once: a survivor reuses it after a warm restart
     run.warm(lambda r: _train(r, args, dataset))
 
 
-def _train(run: Run, args: argparse.Namespace, dataset: _Samples) -> None:
+def _train(run: Run, args: argparse.Namespace, dataset: Samples) -> None:
     """One entry of the training function: everything bound to the process group is built here."""
     torch.manual_seed(0)
     inner = torch.nn.Sequential(
@@ -152,12 +157,10 @@ def _train(run: Run, args: argparse.Namespace, dataset: _Samples) -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.01 * s))
     batch = {"global_batch_size": args.global_batch} if args.global_batch else {"batch_size": 8}
     loader = ResumableLoader(
-        dataset, **batch, seed=0, collate_fn=_collate, drop_last=True, num_workers=args.workers
+        dataset, **batch, seed=0, collate_fn=collate, drop_last=True, num_workers=args.workers
     )
     run.restore(model=model, optimizer=opt, scheduler=sched, loader=loader)
-    os.makedirs(os.path.join(run.run_dir, "samples"), exist_ok=True)
-    path = os.path.join(run.run_dir, "samples", f"rank-{run.info.rank}.jsonl")
-    with open(path, "a", buffering=1) as log:
+    with samples_log(run) as log:
         for ids, x in run.batches(loader):
             _broken(run, args)
             x = x.to(device)
@@ -173,14 +176,8 @@ def _train(run: Run, args: argparse.Namespace, dataset: _Samples) -> None:
             log.write(json.dumps({"step": run.step + 1, "samples": ids, "pid": os.getpid()}) + "\n")
             run.step_done(loss=float(loss.detach()))
     run.close()
-    if run.info.rank == 0 and not args.fsdp:  # (sharded tensors would need a gather to hash)
-        final = {
-            "step": run.step,
-            "model": _hash(inner.state_dict()),
-            "optim": _hash(opt.state_dict()["state"]),
-        }
-        with open(os.path.join(run.run_dir, "final.json"), "w") as f:
-            json.dump(final, f)
+    if not args.fsdp:  # (sharded tensors would need a gather to hash)
+        write_final(run, inner, opt)
 
 
 def _die_mid_step(run: Run, at_step: int) -> None:

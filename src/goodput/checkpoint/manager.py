@@ -32,7 +32,12 @@ from goodput.checkpoint.layout import CheckpointLayout
 from goodput.checkpoint.manifest import CheckpointInfo
 from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer
 from goodput.checkpoint.memory.setup import TierContext, open_memory_tier
-from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy, StepSchedule
+from goodput.checkpoint.policy import (
+    EveryInterval,
+    SavePolicy,
+    StepSchedule,
+    tier_policy,
+)
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.tier import CheckpointTier, Restored
 from goodput.errors import CheckpointCorrupt, CheckpointError, SaveFailed
@@ -142,15 +147,11 @@ class CheckpointManager:
 
     def _make_policy(self) -> SavePolicy:
         cfg = self.config
-        if cfg.every_steps is not None:
-            return EverySteps(cfg.every_steps)
-        if cfg.every_seconds is not None:
-            return EveryInterval(cfg.every_seconds)
-        return AutoInterval(
-            mtbf=cfg.prior_mtbf(self.world_size),
-            max_interval=cfg.seconds("max_interval"),
-            restart=cfg.seconds("restart"),
-            detect=cfg.seconds("detect"),
+        return tier_policy(
+            cfg,
+            cfg.every_steps,
+            cfg.every_seconds,
+            world_size=self.world_size,
             on_change=lambda interval, why: self._emit(
                 "checkpoint_interval", interval_seconds=interval, reason=why
             ),

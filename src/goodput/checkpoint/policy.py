@@ -21,9 +21,12 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["AutoInterval", "EveryInterval", "EverySteps", "SavePolicy", "StepSchedule"]
+if TYPE_CHECKING:
+    from goodput.checkpoint.config import CheckpointConfig
+
+__all__ = ["AutoInterval", "EveryInterval", "EverySteps", "SavePolicy", "StepSchedule", "tier_policy"]
 
 log = logging.getLogger(__name__)
 
@@ -252,3 +255,27 @@ class StepSchedule:
         self.in_flight = None
         self._mark = None
         self._per_step = None
+
+
+def tier_policy(
+    config: CheckpointConfig,
+    every_steps: int | None,
+    every_seconds: float | None,
+    *,
+    world_size: int,
+    on_change: Callable[[float, str], None],
+) -> SavePolicy:
+    """A tier's save policy: every ``every_steps`` steps, every ``every_seconds`` seconds, or else ``auto``
+    (from ``config``'s prior failure rate for ``world_size`` ranks and its cost settings; ``on_change`` hears
+    each new interval and why)."""
+    if every_steps is not None:
+        return EverySteps(every_steps)
+    if every_seconds is not None:
+        return EveryInterval(every_seconds)
+    return AutoInterval(
+        mtbf=config.prior_mtbf(world_size),
+        max_interval=config.seconds("max_interval"),
+        restart=config.seconds("restart"),
+        detect=config.seconds("detect"),
+        on_change=on_change,
+    )

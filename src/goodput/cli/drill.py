@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from goodput.cli._script import script_of
+
 __all__ = ["register"]
 
 _EPILOG = """each scenario runs the script under 'goodput launch' with GOODPUT_RECORDS=1 in a folder of its own
@@ -47,7 +49,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from goodput.drill.drill import drill
 
-    script = args.script[1:] if args.script[:1] == ["--"] else args.script
+    script = script_of(args)
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()] if args.scenarios else None
     return drill(
         script, scenarios=scenarios, nproc=args.nproc, nnodes=args.nnodes, seed=args.seed,

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from goodput._env import RUN_DIR
+from goodput.cli._script import script_of
 from goodput.errors import ConfigError
 
 __all__ = ["register"]
@@ -148,7 +149,7 @@ def _run(args: argparse.Namespace) -> int:
     from goodput.launch.launcher import LaunchConfig, launch_job
     from goodput.units import parse_duration
 
-    script = args.script[1:] if args.script[:1] == ["--"] else args.script
+    script = script_of(args)
     config = LaunchConfig(
         script=tuple(script),
         nproc=args.nproc,

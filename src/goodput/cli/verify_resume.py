@@ -10,6 +10,8 @@ import sys
 import tempfile
 from typing import Any
 
+from goodput.cli._script import add_work_dir_and_script, script_of
+
 __all__ = ["register"]
 
 _EPILOG = """what it compares: the final model and optimizer state (sha256 of every tensor) and, for every rank
@@ -97,13 +99,7 @@ def register(sub: Any) -> None:
         default=1,
         help="with --shrink-after: the fewest ranks to shrink to (default 1)",
     )
-    parser.add_argument("--work-dir", default=None, help="where both runs go (default: a temporary folder)")
-    parser.add_argument(
-        "script",
-        nargs=argparse.REMAINDER,
-        metavar="-- train.py args",
-        help="your training script and its arguments (optional)",
-    )
+    add_work_dir_and_script(parser, runs="both runs")
     parser.set_defaults(handler=_run)
 
 
@@ -113,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     from goodput.verify.demo import first_difference, read_run
     from goodput.verify.script import run_captured
 
-    script = args.script[1:] if args.script[:1] == ["--"] else args.script
+    script = script_of(args)
     _check_warm(args, script)
     if script:
         return _run_script(args, script)

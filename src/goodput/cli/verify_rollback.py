@@ -8,6 +8,8 @@ import os
 import tempfile
 from typing import Any
 
+from goodput.cli._script import add_work_dir_and_script, script_of
+
 __all__ = ["register"]
 
 _EPILOG = """three runs under 'goodput launch', the numeric guard on in each (GOODPUT_NUMERIC=1 turns it on at its
@@ -34,13 +36,7 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--steps", type=int, default=None, help="the demo's training: steps (default 150)")
-    parser.add_argument("--work-dir", default=None, help="where the runs go (default: a temporary folder)")
-    parser.add_argument(
-        "script",
-        nargs=argparse.REMAINDER,
-        metavar="-- train.py args",
-        help="your training script and its arguments (optional)",
-    )
+    add_work_dir_and_script(parser, runs="the runs")
     parser.set_defaults(handler=_run)
 
 
@@ -48,7 +44,7 @@ def _run(args: argparse.Namespace) -> int:
     from goodput.errors import ConfigError
     from goodput.verify.rollback import verify_rollback
 
-    script = args.script[1:] if args.script[:1] == ["--"] else args.script
+    script = script_of(args)
     work = args.work_dir or tempfile.mkdtemp(prefix="goodput-verify-rollback-")
     if script and args.steps is not None:
         raise ConfigError("--steps applies to the demo's training only; your script sets its own")

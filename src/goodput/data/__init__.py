@@ -13,8 +13,9 @@ or the sharded format (a cache reader, a spawned helper) does not pay for import
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from goodput._lazy import lazy_names
 
 if TYPE_CHECKING:
     from goodput.data.arrow import ArrowDataset
@@ -90,14 +91,4 @@ _MODULES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'goodput.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _MODULES, globals(), __all__)

@@ -87,7 +87,7 @@ def regroup(loader: Any, rank: int, world_size: int) -> bool:
             f"the job now trains on {world_size} ranks: give ResumableLoader global_batch_size= to keep the "
             "global batch, or build the loader inside the training function"
         )
-    sampler.batch_size = per_rank_batch(None, loader._global_batch, world_size)
+    sampler.batch_size = per_rank_batch(None, loader.global_batch_size, world_size)
     sampler.rank, sampler.world_size = rank, world_size
     return True
 

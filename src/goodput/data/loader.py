@@ -279,7 +279,7 @@ class ResumableLoader:
 
         rank, world_size = _rank_and_world(rank, world_size)
         batch_size = per_rank_batch(batch_size, global_batch_size, world_size)
-        self._global_batch = global_batch_size
+        self.global_batch_size = global_batch_size  # a step's samples over all ranks (None: per rank)
         self.config = LoaderConfig(
             batch_size=batch_size,
             seed=seed,
@@ -353,7 +353,7 @@ class ResumableLoader:
     @property
     def keeps_global_batch(self) -> bool:
         """Whether a step keeps ``global_batch_size`` on any world size (the per-rank batch follows it)."""
-        return self._global_batch is not None
+        return self.global_batch_size is not None
 
     @property
     def epoch(self) -> int:
@@ -387,7 +387,7 @@ class ResumableLoader:
         """Continue from a saved position (before iterating); see :meth:`ResumableSampler.load_state_dict`."""
         self.sampler.load_state_dict(state)
         saved = state.get("world_size")
-        if self._global_batch is None and saved != self.sampler.world_size:
+        if self.global_batch_size is None and saved != self.sampler.world_size:
             batch = self.sampler.batch_size
             log.warning(
                 "resuming a data position saved by %s ranks on %d: a step now takes %d x %d = %d samples "

@@ -1,5 +1,5 @@
 """The hooks that watch a run from inside the worker: the watchdog's beat, the crash-loop record, the progress
-line, verify-resume's step records and the data cache's counters.
+line, verify-resume's step records and the data cache's counters; and ``builtin_hooks``, a new run's list.
 
 Each adapts an object with an API of its own (``Watchdog``, ``CrashLoopDetector``, ``Progress``,
 ``StepRecorder``, ``CacheStatsRecorder``) to the moments of :class:`~goodput.run.hooks.RunHook`, so ``Run`` calls
@@ -9,7 +9,7 @@ them all the same way and none of them knows about the others.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from goodput._env import CRASH_LOOP
 from goodput.faults import Fault
@@ -21,13 +21,30 @@ from goodput.run.hooks import RunHook
 from goodput.run.numeric import NumericConfig, NumericGuard
 from goodput.run.progress import Progress
 from goodput.run.records import StepRecorder
+from goodput.run.stragglers import StragglerConfig, StragglerHook, StragglerMonitor, attach_stragglers
 from goodput.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from goodput.checkpoint.state import TrainingState
     from goodput.run.run import Run
 
-__all__ = ["CacheStatsHook", "CrashLoopHook", "ProgressHook", "RecordsHook", "WatchdogHook", "builtin_hooks"]
+__all__ = [
+    "BuiltinHooks",
+    "CacheStatsHook",
+    "CrashLoopHook",
+    "ProgressHook",
+    "RecordsHook",
+    "WatchdogHook",
+    "builtin_hooks",
+]
+
+
+class BuiltinHooks(NamedTuple):
+    """A new run's hooks, and the two that ``Run`` also asks directly (for ``phase`` and ``section``)."""
+
+    hooks: list[RunHook]
+    watchdog: Watchdog | None
+    stragglers: StragglerMonitor | None
 
 
 def builtin_hooks(
@@ -38,11 +55,15 @@ def builtin_hooks(
     progress: bool,
     exporters: Sequence[MetricsExporter],
     numeric: NumericConfig | None,
-) -> list[RunHook]:
-    """A new run's hooks (but the watchdog's, which ``Run`` puts first once no crash loop refused the attempt),
-    in the order they are called: the step records first and the numeric guard last (a peer's failure inside its
-    all-gather leaves this rank where the next step's collective would, after every observer recorded the
-    step). ``on_close`` goes in the reverse order."""
+    hang_timeout: float | None,
+    stragglers: StragglerConfig | None,
+) -> BuiltinHooks:
+    """A new run's hooks, in the order they are called: the watchdog's first (made once no crash loop refused
+    the attempt; a finished step is a heartbeat before any hook works on it), the step records next, then the
+    warm hand-over, the node-loss drill, the crash-loop record, the progress line and the cache counters, the
+    numeric guard (a peer's failure inside its all-gather leaves this rank where the next step's collective
+    would, after every observer recorded the step) and last the straggler detector. ``on_close`` goes in the
+    reverse order."""
     # Rank 0 refuses an attempt of a crash loop before anything else starts.
     limit = crash_loop if crash_loop is not None else int(CRASH_LOOP.get())
     crash = CrashLoopHook(run.run_dir, run.attempt, limit) if run.info.rank == 0 else None
@@ -64,14 +85,25 @@ def builtin_hooks(
     hooks.append(CacheStatsHook())
     if numeric is not None:
         hooks.append(NumericGuard(numeric))
-    return hooks
+    watchdog = WatchdogHook(run, hang_timeout) if hang_timeout else None
+    if watchdog is not None:
+        hooks.insert(0, watchdog)
+    monitor = attach_stragglers(run, stragglers, exporters=exporters)
+    if monitor is not None:
+        hooks.append(StragglerHook(monitor))
+    return BuiltinHooks(hooks, watchdog.watchdog if watchdog is not None else None, monitor)
 
 
 class WatchdogHook(RunHook):
-    """Each finished step is a heartbeat; the run's end stops the watchdog's thread."""
+    """Each finished step is a heartbeat; a hang is recorded in the run's ledger before the watchdog ends the
+    process; the run's end stops the watchdog's thread."""
 
-    def __init__(self, watchdog: Watchdog) -> None:
-        self.watchdog = watchdog
+    def __init__(self, run: Run, timeout: float) -> None:
+        self.watchdog = Watchdog(timeout, on_hang=lambda silent, phase: self._hung(run, silent, phase))
+
+    def _hung(self, run: Run, silent: float, phase: str | None) -> None:
+        run.ledger.failure_detected("hang" + (f" in {phase}" if phase else ""), silent_seconds=silent)
+        run.ledger.close("failed")
 
     def on_step(self, run: Run, step: int, loss: float | None) -> bool:
         self.watchdog.beat()

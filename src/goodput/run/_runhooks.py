@@ -1,12 +1,11 @@
-"""What ``Run`` does at the edges of a run: where its folder is, a run already complete, a preemption stop.
+"""What ``Run`` does at the edges of a run: where its folder is, its options checked, its checkpoint manager
+opened and restored, a run already complete, a preemption stop.
 
 Kept apart from ``run.py`` so that the hot file only calls them.
 
 * One run folder: ``goodput launch --run-dir`` exports ``$GOODPUT_RUN_DIR``; ``Run(run_dir)`` may repeat the
   same folder, but a different one is a ConfigError (one line; under ``goodput launch`` the job stops with
   ``EXIT_FATAL``): a drill launched into ``runs/drill`` must never resume ``runs/exp1`` behind the user's back.
-* ``python train.py`` (no torchrun) is one rank: Run makes a one-process group on an in-memory store, so DDP,
-  FSDP2 and DCP work unchanged, and the script can be debugged before it is launched.
 * A run already complete (its restored step reaches ``total_steps``) trains nothing; rank 0 says so in one
   line, and the process goes on to ``close()`` and exits 0.
 * A preemption stop saves the agreed step, waits until it is durable, records ``preempted`` in the ledger,
@@ -14,6 +13,9 @@ Kept apart from ``run.py`` so that the hot file only calls them.
 * Checkpoints go to the configured root (default ``<run_dir>/checkpoints``) unless ``$GOODPUT_CHECKPOINT_ROOT``
   names another: ``goodput drill`` moves a script's checkpoints onto the storage it injects faults into.
 * A run's ``auto`` interval learns the failure rate earlier attempts of the run observed.
+* A restore asks the hooks first (the warm hand-over fills the state from a survivor), else the newest valid
+  checkpoint.
+* A fault plan or a numeric guard that cannot apply to the run is a ConfigError when ``Run`` is made.
 * ``run.warm(train)`` calls ``train(run)``: a ``train`` that cannot take the run is a ConfigError before any
   call (the TypeError of the call would fail every attempt in turn, a crash loop, instead of one line).
 """
@@ -31,7 +33,6 @@ from goodput._env import CHECKPOINT_ROOT, NUMERIC, RESERVED_WORLD, RUN_DIR
 from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
 from goodput.data.loader import ResumableLoader
 from goodput.data.prefetch import DevicePrefetcher
-from goodput.distributed import DistInfo, dist_info, init_distributed
 from goodput.errors import ConfigError
 from goodput.faults import NUMERIC_ACTIONS, Fault, FaultPlan, check_plan, install_faults, parse_faults
 from goodput.launch.folder import PREEMPTED_FILE, launch_dir, write_marker
@@ -39,24 +40,26 @@ from goodput.ledger.accounting import account
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.ledger.tiers import live_recovered_share
 from goodput.run.numeric import NumericConfig
-from goodput.warm.worker import WarmWorker, warm_enabled
 
 if TYPE_CHECKING:
     from goodput.run.run import Run
 
 __all__ = [
     "already_complete",
+    "arm_faults",
     "batch_source",
     "check_train_fn",
+    "checked_numeric",
     "checked_plan",
+    "checkpoint_config",
     "exit_preempted",
     "interval_fields",
-    "join_group",
     "observe_failures",
+    "open_manager",
     "record_state",
     "report_preempted",
     "resolve_run_dir",
-    "single_process_group",
+    "restored_step",
 ]
 
 RUN_DIR_ENV = RUN_DIR.name
@@ -78,25 +81,6 @@ def resolve_run_dir(explicit: str | None) -> str:
     if os.path.exists(run_dir) and not os.path.isdir(run_dir):
         raise ConfigError(f"run folder {run_dir!r} is a file; pass a folder")
     return run_dir
-
-
-def join_group(
-    backend: str | None, *, step_of: Callable[[], int]
-) -> tuple[WarmWorker | None, DistInfo, bool]:
-    """Join this attempt's process group: the warm worker (or None), this rank's place, and whether the run
-    owns the group (and so destroys it at its end).
-
-    Under ``goodput launch --restart warm`` a spare waits here for its rank (imports done), then joins; else the
-    group is torchrun's, or a one-process group the run makes itself.
-    """
-    worker = WarmWorker() if warm_enabled() else None
-    if worker is not None:
-        worker.step_of = step_of
-        worker.join(backend)
-        info = dist_info()
-        return worker, info, info.world_size > 1
-    info = init_distributed(backend)
-    return None, info, single_process_group(backend) or info.world_size > 1
 
 
 def checked_numeric(numeric: object) -> NumericConfig | None:
@@ -168,19 +152,6 @@ def record_state(ledger: Ledger, state: TrainingState, config: CheckpointConfig)
     ledger.on_event("checkpoint_config", strategy=config.strategy, **interval_fields(config))
 
 
-def single_process_group(backend: str | None) -> bool:
-    """Make a one-rank process group when none exists and none is expected; True if one was made."""
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_available() or dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return False
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return True
-
-
 def already_complete(run: Run) -> bool:
     """True (and one line from rank 0) when the restored step already reaches ``total_steps``."""
     if run.total_steps is None or run.step < run.total_steps:
@@ -218,6 +189,26 @@ def exit_preempted(run: Run, url: str | None, why: str) -> NoReturn:
                 flush=True,
             )
     raise SystemExit(0 if launch_dir() is not None else EXIT_PREEMPTED)
+
+
+def open_manager(run: Run, state: TrainingState) -> CheckpointManager:
+    """The run's checkpoint manager over ``state``: its events go to the ledger of the moment (a rollback or a
+    warm restart opens a new attempt), and its ``auto`` interval learns the failures of earlier attempts."""
+    manager = CheckpointManager(
+        run.config, state, on_event=lambda name, **fields: run.ledger.on_event(name, **fields)
+    )
+    observe_failures(manager, run.run_dir, attempt=run.attempt, rank=run.info.rank)
+    return manager
+
+
+def restored_step(run: Run, state: TrainingState, manager: CheckpointManager) -> int | None:
+    """Fill ``state``: from the first hook that can (the warm hand-over from a survivor: the checkpoint is not
+    read), else from the newest valid checkpoint. Its step, or None when the run starts from scratch."""
+    for hook in run.hooks:
+        step = hook.before_restore(run, state)
+        if step is not None:
+            return step
+    return manager.restore_latest()
 
 
 def observe_failures(manager: CheckpointManager, run_dir: str, *, attempt: int, rank: int) -> None:
@@ -263,9 +254,9 @@ def check_train_fn(train_fn: Callable[..., Any]) -> None:
         return
 
 
-def arm_faults(run: Run, plan_text: str) -> FaultPlan:
-    """The run's fault plan for this attempt, installed (under warm restarts a generation is the unit that draws
-    random faults, the same on every rank)."""
+def arm_faults(run: Run, faults: list[Fault]) -> FaultPlan:
+    """The run's fault plan (``faults``, as ``checked_plan`` parsed them) for this attempt, installed (under warm
+    restarts a generation is the unit that draws random faults, the same on every rank)."""
 
     def fired(fault: Fault, where: str) -> None:
         run.ledger.event("fault_injected", action=fault.action, where=where, step=run.step)
@@ -273,7 +264,7 @@ def arm_faults(run: Run, plan_text: str) -> FaultPlan:
             run.ledger.flush()  # the process is about to die or stop: keep the record
 
     plan = FaultPlan(
-        parse_faults(plan_text),
+        faults,
         rank=run.info.rank,
         world_size=run.info.world_size,
         attempt=run.warm_hook.worker.gen if run.warm_hook is not None else run.attempt,

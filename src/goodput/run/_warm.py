@@ -3,8 +3,8 @@ generation recovers from it instead of reading a checkpoint.
 
 ``WarmWorker`` (``goodput.warm.worker``) speaks the agent's protocol; this adapter calls it at the run's
 moments: recover before the checkpoint is read, put the RNG back once the loader's iterator exists, record each
-committed step, and stop the failure watch when the run ends. ``Run.warm`` drives the failure path itself
-(``snapshot`` and ``leave``) because it decides whether this process stays.
+committed step, and stop the failure watch when the run ends. ``Run.warm`` decides whether this process stays
+after a failure; ``rejoin`` then carries it and its state into the next generation.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from goodput.warm.worker import WarmWorker
 
 if TYPE_CHECKING:
     from goodput.checkpoint.state import TrainingState
+    from goodput.run._membership import Membership
     from goodput.run.run import Run
 
 __all__ = ["WarmHook", "exit_failed", "resized_event"]
@@ -50,6 +51,20 @@ class WarmHook(RunHook):
     def leave(self) -> None:
         """Leave the failed generation and wait to join the next one."""
         self._next = self.worker.leave()
+
+    def rejoin(self, run: Run, err: BaseException, membership: Membership) -> None:
+        """After a peer's failure (``err``): close the failed attempt, keep this survivor's state, leave the
+        failed generation and join the next one's group and a new ledger attempt (``run`` then drops its
+        checkpoint manager, which was bound to the dead group)."""
+        run.end_attempt(f"peer failure: {str(err).splitlines()[0][:200] if str(err) else err!r}")
+        self.snapshot(run)
+
+        def leave() -> None:
+            with run.phase("restore"):
+                self.leave()
+
+        run.info = membership.rejoin(leave)
+        run.begin_attempt("warm", began=self.worker.joined_wall)
 
     def before_restore(self, run: Run, state: TrainingState) -> int | None:
         if not self.worker.live_recovery:

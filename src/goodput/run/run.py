@@ -8,10 +8,10 @@
         run.step_done(loss=loss.item())
     run.close()
 
-Run owns the order of a step: it joins the process group in this attempt's store namespace, writes the ledger,
-restores the newest valid checkpoint, times each batch's fetch, fires injected faults, stops on preemption and
-saves when the policy says so. What watches or adjusts a run (watchdog, crash loops, progress, records, cache
-counters, numeric guard, stragglers, warm restarts) is a hook in ``run.hooks``.
+Run owns the order of a step: it writes the ledger, restores the newest valid checkpoint, times each batch's
+fetch, fires injected faults, stops on preemption and saves when the policy says so. Its parts: joining and
+leaving the job (``_membership``), the edges of a run (``_runhooks``), the batch loop (``_batches``), and a hook
+in ``run.hooks`` for what watches or adjusts a run (``_observers``, ``numeric``, ``stragglers``, ``_warm``).
 """
 
 from __future__ import annotations
@@ -24,35 +24,19 @@ from typing import Any
 
 from goodput._env import FAULTS, STOP_AFTER
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
-from goodput.distributed import dist_info
 from goodput.errors import ConfigError, SaveFailed
 from goodput.faults import install_faults
-from goodput.launch.folder import install_error_report, register_pid
+from goodput.launch.folder import install_error_report
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
-from goodput.run._attempt import agreed_attempt
+from goodput.run import _runhooks as edges
 from goodput.run._batches import BatchLoop
-from goodput.run._observers import WatchdogHook, builtin_hooks
-from goodput.run._runhooks import (
-    already_complete,
-    arm_faults,
-    check_train_fn,
-    checked_numeric,
-    checked_plan,
-    checkpoint_config,
-    exit_preempted,
-    join_group,
-    observe_failures,
-    record_state,
-    report_preempted,
-    resolve_run_dir,
-)
+from goodput.run._membership import Membership
+from goodput.run._observers import builtin_hooks
 from goodput.run._warm import WarmHook, exit_failed
 from goodput.run.hooks import RunHook
 from goodput.run.numeric import NumericConfig
-from goodput.run.signals import PreemptionWatch, end_with_launcher
-from goodput.run.stragglers import StragglerConfig, StragglerHook, attach_stragglers
-from goodput.run.watchdog import Watchdog
+from goodput.run.stragglers import StragglerConfig
 from goodput.warm.boot import release as release_gc
 from goodput.warm.worker import is_peer_failure
 
@@ -105,48 +89,38 @@ class Run:
         stragglers: StragglerConfig | None = None,
     ) -> None:
         install_error_report(int(os.environ.get("RANK", "0")))
-        run_dir = resolve_run_dir(run_dir)
+        run_dir = edges.resolve_run_dir(run_dir)
         if total_steps is not None and total_steps < 1:
             raise ConfigError(f"total_steps must be >= 1, got {total_steps}")
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.step = 0
-        worker, self.info, self._owns_group = join_group(backend, step_of=lambda: self.step)
-        self.warm_hook = WarmHook(worker) if worker is not None else None
-        self._preempt = PreemptionWatch(rank=self.info.rank, world_size=self.info.world_size)
-        register_pid(self.info.rank)
-        end_with_launcher()  # this process ends with its parent under goodput launch (also when not booted by it)
-        # One numbering for the job: every rank of this round records the same attempt (see _attempt).
-        attempt = None if worker is not None else agreed_attempt(run_dir)
-        self.ledger = Ledger(
-            run_dir, rank=self.info.rank, attempt=attempt, began=worker.began if worker else None
-        )
+        self._job = Membership(run_dir, backend, step_of=lambda: self.step)
+        self.info = self._job.info
+        self.warm_hook = WarmHook(self._job.worker) if self._job.worker is not None else None
+        self.ledger = Ledger(run_dir, rank=self.info.rank, attempt=self._job.attempt, began=self._job.began)
         self.attempt = self.ledger.attempt
-        self._plan_text = faults if faults is not None else FAULTS.get()
-        guard = checked_numeric(numeric)
-        plan = checked_plan(self._plan_text, self.info.world_size, total_steps, numeric_on=guard is not None)
-        self.faults = arm_faults(self, self._plan_text)
-        self.config = checkpoint_config(checkpoint, run_dir)
+        guard = edges.checked_numeric(numeric)
+        text = faults if faults is not None else FAULTS.get()
+        self._plan = edges.checked_plan(text, self.info.world_size, total_steps, numeric_on=guard is not None)
+        self.faults = edges.arm_faults(self, self._plan)
+        self.config = edges.checkpoint_config(checkpoint, run_dir)
         self._manager: CheckpointManager | None = None
         self.loader: Any = None  # the loader ``batches`` reads
         self.fetch_seconds = 0.0  # the last step's wait for its batch
         self._loop = BatchLoop()  # the iteration state of ``batches``
         self._last_saved: int | None = None
         self._closed = False
-        self.hooks: list[RunHook] = builtin_hooks(
+        self.hooks, self.watchdog, self._stragglers = builtin_hooks(
             self,
-            plan=plan,
+            plan=self._plan,
             crash_loop=crash_loop,
             progress=progress,
             exporters=exporters,
             numeric=guard,
+            hang_timeout=hang_timeout,
+            stragglers=stragglers,
         )
-        self.watchdog = Watchdog(hang_timeout, on_hang=self._hung) if hang_timeout else None
-        if self.watchdog is not None:  # first: a finished step is a heartbeat before any hook works on it
-            self.hooks.insert(0, WatchdogHook(self.watchdog))
-        self._stragglers = attach_stragglers(self, stragglers, exporters=exporters)
-        if self._stragglers is not None:
-            self.hooks.append(StragglerHook(self._stragglers))
 
     def add_hook(self, hook: RunHook) -> None:
         """Append ``hook`` to ``run.hooks`` (called after the built-in ones at every moment; see ``RunHook``)."""
@@ -184,26 +158,17 @@ class Run:
         )
         self.ledger.restore_start()
         with self.phase("restore"):  # the manager's first look at the store is part of restoring, too
-            self._manager = CheckpointManager(  # to the ledger of the moment (a rollback opens a new attempt)
-                self.config, state, on_event=lambda name, **fields: self.ledger.on_event(name, **fields)
-            )
-            observe_failures(self._manager, self.run_dir, attempt=self.attempt, rank=self.info.rank)
+            self._manager = edges.open_manager(self, state)
             if self._stragglers is not None:  # its DDP comm hook goes on before any other part's
                 self._stragglers.attach(model)
             self.loader = loader
-            step = None
-            for hook in self.hooks:
-                step = hook.before_restore(self, state)
-                if step is not None:
-                    break
-            if step is None:
-                step = self._manager.restore_latest()
+            step = edges.restored_step(self, state, self._manager)
         self.ledger.restore_end(step)
-        record_state(self.ledger, state, self.config)
+        edges.record_state(self.ledger, state, self.config)
         self.step = step or 0
         self._last_saved = step
-        self._preempt.start(self.step)
-        already_complete(self)
+        self._job.preempt.start(self.step)
+        edges.already_complete(self)
         self.ledger.init_done()
         release_gc()  # the collector's thresholds back, the set-up's objects frozen (goodput.warm.boot)
         for hook in self.hooks:
@@ -217,13 +182,10 @@ class Run:
 
         Each batch's wait counts as fetch time in the ledger. Call ``step_done()`` after each step.
 
-        ``ahead``: receive the next batch in a background thread while the step computes, so the loop finds it
-        ready (``DevicePrefetcher``'s CPU path). None (the default) turns it on for a ``ResumableLoader`` whose
-        batches come from worker processes: the thread then only receives them (no dataset, collate or RNG
-        code of yours runs in it). A batch received but not handed out is not consumed: the loader's position,
-        and so a checkpoint's, counts the batches the loop got. Any other loader gets the thread only with
-        ``ahead=True`` (its sampler then runs in it), and not when it was given to ``restore``: its own
-        ``state_dict()`` would count the batch received ahead (a ConfigError says so).
+        ``ahead``: receive the next batch in a background thread while the step computes. None (the default)
+        turns it on for a ``ResumableLoader`` with worker processes (a batch received but not handed out is not
+        consumed); any other loader only with ``ahead=True``, and not when ``restore`` checkpoints its position
+        (a ConfigError says why; docs/data.md).
         """
         loader = loader if loader is not None else self.loader
         if loader is None:
@@ -245,8 +207,8 @@ class Run:
                 self._loop.rewound = True
                 return  # rolled back in place, to an earlier step: batches() goes on from there
         self.faults.check(phase="step", step=self.step)
-        if self._preempt.should_stop(self.step):
-            self._stop_preempted(self._preempt.requested or "a signal")
+        if self._job.preempt.should_stop(self.step):
+            self._stop_preempted(self._job.preempt.requested or "a signal")
         if STOP_AFTER.get() == str(self.step):  # verify-resume's reference: one part of a world-size schedule
             self.close()
             raise SystemExit(0)
@@ -296,13 +258,8 @@ class Run:
         for hook in reversed(self.hooks):
             hook.on_close(self, status)
         self.ledger.close(status)
-        self._preempt.close()
         install_faults(None)
-        if self._owns_group:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        self._job.close()
 
     def _stop_preempted(self, why: str) -> None:
         """Save the current step durably on every rank, report it, close the run and end the process."""
@@ -310,9 +267,9 @@ class Run:
             self.save()
         with self.phase("checkpoint_save"):
             result = self.manager.wait()
-        url = report_preempted(self, result, why)
+        url = edges.report_preempted(self, result, why)
         self._close("interrupted")
-        exit_preempted(self, url, why)
+        edges.exit_preempted(self, url, why)
 
     def __enter__(self) -> Run:
         return self
@@ -338,7 +295,7 @@ class Run:
         Raises:
             ConfigError: when ``train_fn`` cannot take the run as its one argument (``def train():``).
         """
-        check_train_fn(train_fn)
+        edges.check_train_fn(train_fn)
         while True:
             try:
                 return train_fn(self)
@@ -348,24 +305,10 @@ class Run:
                     raise
                 if not is_peer_failure(err):
                     exit_failed(self, err)
-                self._warm_restart(err)
-
-    def _warm_restart(self, err: BaseException) -> None:
-        """Leave the failed generation keeping this process and its state, and join the next one."""
-        assert self.warm_hook is not None
-        self.end_attempt(f"peer failure: {str(err).splitlines()[0][:200] if str(err) else err!r}")
-        self.warm_hook.snapshot(self)
-        self._manager = None  # bound to the dead group; a save in flight there is abandoned
-        self._preempt.leave_group()  # its group belongs to the dead generation; a preemption request stays
-        with self.phase("restore"):
-            self.warm_hook.leave()
-        self.info = dist_info()  # a shrink or grow renumbers the ranks
-        self._preempt.rank, self._preempt.world_size = self.info.rank, self.info.world_size
-        # Every rank of the new generation makes the watch's group at the same point as a spare does in __init__.
-        self._preempt.join_group()
-        self.begin_attempt("warm", began=self.warm_hook.worker.joined_wall)
-        self._closed = False
-        self.faults = arm_faults(self, self._plan_text)
+                self.warm_hook.rejoin(self, err, self._job)  # this process and its state go on
+                self._manager = None  # bound to the dead group; a save in flight there is abandoned
+                self._closed = False
+                self.faults = edges.arm_faults(self, self._plan)
 
     def end_attempt(self, failure: str) -> None:
         """Record ``failure`` and close this attempt's ledger (a warm restart or a rollback follows)."""
@@ -387,7 +330,3 @@ class Run:
     def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         """A stretch the watchdog allows longer than a step (``restore``, ``checkpoint_save``)."""
         return self.watchdog.phase(name) if self.watchdog is not None else contextlib.nullcontext()
-
-    def _hung(self, silent: float, phase: str | None) -> None:
-        self.ledger.failure_detected("hang" + (f" in {phase}" if phase else ""), silent_seconds=silent)
-        self.ledger.close("failed")

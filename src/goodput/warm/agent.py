@@ -40,7 +40,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR, WARM_MIN_WORLD
 from goodput.launch.folder import LOGS_DIR, launch_dir, write_notice
 from goodput.launch.launcher import LaunchConfig
 from goodput.launch.output import describe_exit
@@ -48,7 +47,15 @@ from goodput.warm import protocol
 from goodput.warm.idle import can_return, make_idle, make_normal
 from goodput.warm.record import claim_folder, record_folder, remove_folder
 from goodput.warm.resize import Resizer
-from goodput.warm.start import WarmConfig, boot_args, check_warm, kill_group, launch_warm, rendezvous
+from goodput.warm.start import (
+    WarmConfig,
+    boot_args,
+    check_warm,
+    kill_group,
+    launch_warm,
+    rendezvous,
+    worker_env,
+)
 
 __all__ = ["AGENT_LOG", "WarmAgent", "WarmConfig", "launch_warm"]
 
@@ -98,8 +105,8 @@ class WarmAgent:
         self.spares: list[_Slot] = []
         self._idle_spares = can_return()  # spares wait under SCHED_IDLE when they can be put back
         self._next_spare = 0
-        self._pending: tuple[int, float] | None = None  # (generation, deadline) of an unconfirmed restart
-        self._done: set[int] = set()
+        self.pending: tuple[int, float] | None = None  # (generation, deadline) of an unconfirmed restart
+        self.finished: set[int] = set()  # ranks whose process ended well
         self._failures: dict[int, str] = {}  # rank -> how its last process ended, for the terminal's line
         self._log_path = os.path.join(launch.run_dir, AGENT_LOG) if launch.run_dir else None
         self._started = time.monotonic()
@@ -111,31 +118,6 @@ class WarmAgent:
         return [self.node_rank * self.nproc + i for i in range(self.nproc)]
 
     # ---- processes ---------------------------------------------------------------------------------------
-    def _env(self, **extra: str) -> dict[str, str]:
-        env = dict(os.environ)
-        if self.launch.run_dir is not None:
-            env[RUN_DIR.name] = os.path.abspath(self.launch.run_dir)
-        env.update(
-            TORCHELASTIC_RUN_ID=self.launch.rdzv_id,
-            TORCHELASTIC_RESTART_COUNT=str(self.cold_restarts),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=self.address.rsplit(":", 1)[1],
-            **{FAULTS.name: self.launch.faults, CRASH_LOOP.name: str(self.launch.crash_loop)},
-            **{protocol.STORE_ENV: self.address, protocol.PREFIX_ENV: self.prefix},
-            **{
-                protocol.PG_TIMEOUT_ENV: str(self.warm.pg_timeout),
-                protocol.REFORM_TIMEOUT_ENV: str(self.warm.reform_timeout),
-            },
-        )
-        if self.resize.on:  # the loader checks its global batch against every world size from this one up
-            env[WARM_MIN_WORLD.name] = str(self.warm.min_world)
-        if self.launch.allow_fresh_start:
-            env[ALLOW_FRESH_START.name] = "1"  # read by CheckpointConfig.fresh_start_allowed
-        if self.nproc > 1:
-            env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for several processes per node
-        env.update(extra)
-        return env
-
     def _spawn(self, name: str, env: dict[str, str]) -> _Slot:
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
@@ -154,7 +136,8 @@ class WarmAgent:
         return _Slot(ctx=ctx, pid=ctx.pids()[0])
 
     def _start_worker(self, rank: int) -> None:
-        env = self._env(
+        env = worker_env(
+            self,
             RANK=str(rank),
             LOCAL_RANK=str(rank - self.ranks[0]),
             WORLD_SIZE=str(self.world_size),
@@ -164,17 +147,21 @@ class WarmAgent:
         )
         self.workers[rank] = self._spawn(f"rank{rank}", env)
 
-    def _start_spare(self) -> None:
+    def start_spare(self) -> None:
+        """Start one more hot spare (it imports, then waits for a rank)."""
         spare = self._next_spare
         self._next_spare += 1
-        env = self._env(**{protocol.ROLE_ENV: "spare", protocol.SPARE_ENV: f"{self.node_rank}-{spare}"})
+        env = worker_env(
+            self, **{protocol.ROLE_ENV: "spare", protocol.SPARE_ENV: f"{self.node_rank}-{spare}"}
+        )
         slot = self._spawn(f"spare{spare}", env)
         if self._idle_spares:
             make_idle(slot.pid)  # its imports use only CPU time the ranks leave (goodput.warm.idle)
         slot.spare = spare
         self.spares.append(slot)
 
-    def _fill_spares(self) -> None:
+    def fill_spares(self) -> None:
+        """Replace dead spares and start the missing ones, once spares are due."""
         if not self._spares_due():
             return
         alive = []
@@ -182,10 +169,10 @@ class WarmAgent:
             if slot.ctx.wait(0) is None:
                 alive.append(slot)
             else:
-                self._record("spare_died", spare=slot.spare, pid=slot.pid)
+                self.record("spare_died", spare=slot.spare, pid=slot.pid)
         self.spares = alive
         while len(self.spares) < self.resize.wanted_spares():
-            self._start_spare()
+            self.start_spare()
 
     def _spares_due(self) -> bool:
         """Whether to start spares yet: not while the first workers are still starting.
@@ -203,7 +190,8 @@ class WarmAgent:
             self._spares_started = True
         return self._spares_started
 
-    def _publish(self, kind: str, **fields: Any) -> None:
+    def publish(self, kind: str, **fields: Any) -> None:
+        """Publish the current generation's kind and facts in the store (``protocol.info_key``)."""
         info = {"kind": kind, "gen": self.gen, **fields}
         self.store.set(protocol.info_key(self.gen), json.dumps(info))
 
@@ -213,13 +201,13 @@ class WarmAgent:
         import torch.distributed as dist
 
         if self.node_rank == 0:
-            self._publish("cold", failed=[])
+            self.publish("cold", failed=[])
             self.store.set(protocol.CURRENT_KEY, "0")
         claim_folder(record_folder(self.address, self.prefix))  # and sweep a SIGKILLed launch's
         try:
             for rank in self.ranks:
                 self._start_worker(rank)
-            self._fill_spares()
+            self.fill_spares()
             status = self._monitor()
         finally:
             self._stop(list(self.workers.values()) + self.spares)
@@ -240,18 +228,18 @@ class WarmAgent:
         while True:
             time.sleep(self.launch.monitor_interval)
             self._follow()
-            failed = self._poll_workers()
+            failed = self.poll_workers()
             if not failed:
-                if len(self._done) == len(self.ranks) or self.resize.finished_before_grow():
+                if len(self.finished) == len(self.ranks) or self.resize.finished_before_grow():
                     return 0
                 self._check_pending()
-                self._fill_spares()
+                self.fill_spares()
                 self.resize.maybe_grow()
                 continue
             detected = time.time()
             if self.restarts >= self.launch.max_restarts:
-                self._record("give_up", failed=failed, restarts=self.restarts)
-                self._notice(
+                self.record("give_up", failed=failed, restarts=self.restarts)
+                self.notice(
                     sorted(failed),
                     f"no restarts left (--max-restarts {self.launch.max_restarts}): the job stops",
                 )
@@ -265,10 +253,11 @@ class WarmAgent:
             else:
                 self._cold_restart(sorted(failed), detected, reason)
 
-    def _poll_workers(self) -> dict[int, int]:
+    def poll_workers(self) -> dict[int, int]:
+        """The ranks that failed since the last poll, with their exit codes (ranks that finished are noted)."""
         failed: dict[int, int] = {}
         for rank, slot in self.workers.items():
-            if rank in self._done:
+            if rank in self.finished:
                 continue
             result = slot.ctx.wait(0)
             if result is None:
@@ -282,34 +271,34 @@ class WarmAgent:
                 # every 5 s). The worker leads its own session, so its process group is its children.
                 kill_group(slot.pid)
             else:
-                self._done.add(rank)
+                self.finished.add(rank)
         return failed
 
     def _cold_reason(self) -> str | None:
         # A warm restart that recovered since the last poll is done: a failure right after it (a rank that
         # fails at the same step every time) is a new failure, to restart warm again, not one during it.
         self._confirm_recovered()
-        if self._pending is not None or self._unrecovered():
+        if self.pending is not None or self._unrecovered():
             return _DURING
-        if self._done:
+        if self.finished:
             return "a worker had already finished"
         return None
 
     def _confirm_recovered(self) -> bool:
         """Whether the pending warm restart (if any) has recovered on every rank; it is then done."""
-        if self._pending is None:
+        if self.pending is None:
             return False
-        gen = self._pending[0]
+        gen = self.pending[0]
         if self.store.add(protocol.recovered_key(gen), 0) < self.world_size:
             return False
-        self._record("warm_restart_done", gen=gen)
-        self._pending = None
+        self.record("warm_restart_done", gen=gen)
+        self.pending = None
         return True
 
     def _check_pending(self) -> None:
-        if self._pending is None or self._confirm_recovered():
+        if self.pending is None or self._confirm_recovered():
             return
-        if time.monotonic() > self._pending[1]:
+        if time.monotonic() > self.pending[1]:
             self.restarts += 1
             self._cold_restart(
                 [], time.time(), f"warm restart not recovered within {self.warm.reform_timeout}s"
@@ -329,6 +318,16 @@ class WarmAgent:
     def _new_generation(self) -> int:
         return int(self.store.add(protocol.COUNTER_KEY, 1))
 
+    def claim_next(self) -> bool:
+        """Claim the generation after the current one; whether this agent won it (``gen`` is then the new one).
+        A compare-and-set, so two nodes failing at once cannot both restart the same generation."""
+        old, new = self.gen, self._new_generation()
+        won = self.store.compare_set(protocol.next_key(old), "", json.dumps({"gen": new})).decode()
+        if json.loads(won)["gen"] != new:
+            return False
+        self.gen = new
+        return True
+
     def _follow(self) -> None:
         """Join a generation another node's agent made: a cold one restarts this node's workers too."""
         if self.nnodes == 1:
@@ -341,11 +340,11 @@ class WarmAgent:
         if info["kind"] == "cold":
             self._stop(list(self.workers.values()))
             self.workers.clear()
-            self._done.clear()
-            self._pending = None
+            self.finished.clear()
+            self.pending = None
             self.cold_restarts += 1
-            self._record("cold_restart_followed", gen=current, reason=info.get("reason"))
-            self._notice(
+            self.record("cold_restart_followed", gen=current, reason=info.get("reason"))
+            self.notice(
                 [], f"cold restart of every rank, as another node's agent decided ({info.get('reason')})"
             )
             for rank in self.ranks:
@@ -353,18 +352,17 @@ class WarmAgent:
 
     def _warm_restart(self, failed: list[int], detected: float) -> None:
         """Hand each failed rank to a spare (or a fresh process) and let the survivors join the next group."""
-        old, new = self.gen, self._new_generation()
-        won = self.store.compare_set(protocol.next_key(old), "", json.dumps({"gen": new})).decode()
-        if json.loads(won)["gen"] != new:  # another node's agent restarted generation `old` first
+        old = self.gen
+        if not self.claim_next():  # another node's agent restarted generation `old` first
             self._cold_restart(failed, detected, "failures on two nodes at once")
             return
-        self.gen = new
-        handed = [self._hand_over(rank) for rank in failed]
+        new = self.gen
+        handed = [self.hand_over(rank) for rank in failed]
         handover = time.time()
-        self._publish("warm", failed=failed, detected_wall=detected, from_gen=old, handover_wall=handover)
+        self.publish("warm", failed=failed, detected_wall=detected, from_gen=old, handover_wall=handover)
         self.store.set(protocol.CURRENT_KEY, str(new))
-        self._pending = (new, time.monotonic() + self.warm.reform_timeout)
-        self._record(
+        self.pending = (new, time.monotonic() + self.warm.reform_timeout)
+        self.record(
             "warm_restart",
             gen=new,
             failed=failed,
@@ -373,10 +371,11 @@ class WarmAgent:
             handover_seconds=round(handover - detected, 6),
         )
         to = ", ".join(f"spare {h['spare']}" if h["spare"] is not None else "a new process" for h in handed)
-        self._notice(failed, f"warm hand-over to {to} (generation {new})")
-        self._fill_spares()
+        self.notice(failed, f"warm hand-over to {to} (generation {new})")
+        self.fill_spares()
 
-    def _hand_over(self, rank: int) -> dict[str, Any]:
+    def hand_over(self, rank: int) -> dict[str, Any]:
+        """Give ``rank`` to a spare (or a new process when none is alive); what the agent's log records."""
         spare = self._take_spare()
         if spare is None:
             self._start_worker(rank)
@@ -404,25 +403,25 @@ class WarmAgent:
             slot = self.spares.pop(0)
             if slot.ctx.wait(0) is None:
                 return slot
-            self._record("spare_died", spare=slot.spare, pid=slot.pid)
+            self.record("spare_died", spare=slot.spare, pid=slot.pid)
         return None
 
     def _cold_restart(self, failed: list[int], detected: float, reason: str) -> None:
         """Stop every worker and start the whole group anew from the newest checkpoint (torchrun's restart)."""
         self._stop(list(self.workers.values()))
         self.workers.clear()
-        self._done.clear()
-        self._pending = None
+        self.finished.clear()
+        self.pending = None
         self.world_size, self.ranks = self.reserved, self.ranks_of_node()  # a shrunk job restarts whole
         self.gen = self._new_generation()
         self.cold_restarts += 1
-        self._publish("cold", failed=failed, detected_wall=detected, reason=reason)
+        self.publish("cold", failed=failed, detected_wall=detected, reason=reason)
         self.store.set(protocol.CURRENT_KEY, str(self.gen))
-        self._record("cold_restart", gen=self.gen, failed=failed, reason=reason, detected_wall=detected)
-        self._notice(failed, f"cold restart of every rank ({reason})")
+        self.record("cold_restart", gen=self.gen, failed=failed, reason=reason, detected_wall=detected)
+        self.notice(failed, f"cold restart of every rank ({reason})")
         for rank in self.ranks:
             self._start_worker(rank)
-        self._fill_spares()
+        self.fill_spares()
 
     def _stop(self, slots: list[_Slot]) -> None:
         for slot in slots:
@@ -430,12 +429,13 @@ class WarmAgent:
                 slot.ctx.close(death_sig=signal.SIGKILL, timeout=5)
             kill_group(slot.pid)
 
-    def _notice(self, failed: Sequence[int], done: str) -> None:
+    def notice(self, failed: Sequence[int], done: str) -> None:
         """One line for the terminal: what failed and what was done (see ``goodput.launch.output``)."""
         what = "; ".join(f"rank {rank} {self._failures.get(rank, 'failed')}" for rank in failed)
         write_notice(f"{what}; {done}" if what else done)
 
-    def _record(self, event: str, **fields: Any) -> None:
+    def record(self, event: str, **fields: Any) -> None:
+        """Append ``event`` to the agent's log (``RUN_DIR/warm/agent.jsonl``)."""
         if self._log_path is None:
             return
         os.makedirs(os.path.dirname(self._log_path), exist_ok=True)

@@ -19,7 +19,6 @@ path, and the state comes from the newest checkpoint, resharded on restore.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING
 
@@ -59,7 +58,7 @@ class Resizer:
             failed = self.wait_for_spares(failed)
         if not (self.can_shrink(failed) if during else self.should_shrink(failed)):
             return False
-        self.agent._pending = None
+        self.agent.pending = None
         self.shrink(sorted(failed), detected)
         return True
 
@@ -72,11 +71,11 @@ class Resizer:
         while True:
             alive = [slot for slot in agent.spares if slot.ctx.wait(0) is None]
             for _ in range(len(failed) - len(alive)):
-                agent._start_spare()
+                agent.start_spare()
             if self._ready_count() >= len(failed) or time.monotonic() >= deadline:
                 return failed
             time.sleep(agent.launch.monitor_interval)
-            failed |= set(agent._poll_workers())
+            failed |= set(agent.poll_workers())
 
     def should_shrink(self, failed: set[int]) -> bool:
         """Whether to go on without ``failed``: too few spares ready, and enough survivors left."""
@@ -109,12 +108,12 @@ class Resizer:
         survivors = sorted(rank for rank in agent.workers if rank not in failed)
         ranks = {old: new for new, old in enumerate(survivors)}
         old_gen, before = agent.gen, agent.world_size
-        if not self._claim_next():
+        if not agent.claim_next():
             return
         agent.workers = {ranks[rank]: slot for rank, slot in agent.workers.items() if rank in ranks}
         self._resized(len(survivors))
         handover = time.time()
-        agent._publish(
+        agent.publish(
             "shrink",
             failed=failed,
             from_gen=old_gen,
@@ -125,7 +124,7 @@ class Resizer:
             handover_wall=handover,
         )
         agent.store.set(protocol.CURRENT_KEY, str(agent.gen))
-        agent._record(
+        agent.record(
             "shrink",
             gen=agent.gen,
             failed=failed,
@@ -134,31 +133,31 @@ class Resizer:
             detected_wall=detected,
             handover_seconds=round(handover - detected, 6),
         )
-        agent._notice(
+        agent.notice(
             failed,
             f"no spare ready within {self.after:g}s: {agent.world_size} of {agent.reserved} ranks train on "
             f"(generation {agent.gen})",
         )
-        agent._fill_spares()
+        agent.fill_spares()
 
     # ---- capacity back ---------------------------------------------------------------------------------------
     def maybe_grow(self) -> None:
         """Take ready spares back into a shrunk group (at the survivors' next step boundary)."""
         agent = self.agent
-        if not self.on or agent._pending is not None or agent._done or agent.world_size >= agent.reserved:
+        if not self.on or agent.pending is not None or agent.finished or agent.world_size >= agent.reserved:
             return
         ready = self._ready()[: agent.reserved - agent.world_size]
         if not ready:
             return
         seen = time.time()
         old_gen, before = agent.gen, agent.world_size
-        if not self._claim_next():
+        if not agent.claim_next():
             return
         agent.spares.sort(key=lambda slot: slot not in ready)
         self._resized(before + len(ready))
-        handed = [agent._hand_over(rank) for rank in range(before, agent.world_size)]
+        handed = [agent.hand_over(rank) for rank in range(before, agent.world_size)]
         self.newcomers = set(range(before, agent.world_size))
-        agent._publish(
+        agent.publish(
             "grow",
             failed=[],
             from_gen=old_gen,
@@ -171,31 +170,22 @@ class Resizer:
             handover_wall=time.time(),
         )
         agent.store.set(protocol.CURRENT_KEY, str(agent.gen))
-        agent._record("grow", gen=agent.gen, world_before=before, world_after=agent.world_size, handed=handed)
+        agent.record("grow", gen=agent.gen, world_before=before, world_after=agent.world_size, handed=handed)
         grown = f"{agent.world_size} of {agent.reserved} ranks train on (generation {agent.gen})"
-        agent._notice([], f"{len(ready)} spare(s) ready: {grown}")
-        agent._fill_spares()
+        agent.notice([], f"{len(ready)} spare(s) ready: {grown}")
+        agent.fill_spares()
 
     def finished_before_grow(self) -> bool:
         """Whether every rank but a pending grow's newcomers has finished (the job ended as it grew)."""
         agent = self.agent
-        return bool(self.newcomers) and agent._done >= set(agent.ranks) - self.newcomers
+        return bool(self.newcomers) and agent.finished >= set(agent.ranks) - self.newcomers
 
     # ---- shared ----------------------------------------------------------------------------------------------
-    def _claim_next(self) -> bool:
-        agent = self.agent
-        old, new = agent.gen, agent._new_generation()
-        won = agent.store.compare_set(protocol.next_key(old), "", json.dumps({"gen": new})).decode()
-        if json.loads(won)["gen"] != new:
-            return False
-        agent.gen = new
-        return True
-
     def _resized(self, world: int) -> None:
         agent = self.agent
         agent.world_size = world
         agent.ranks = list(range(world))
-        agent._pending = (agent.gen, time.monotonic() + agent.warm.reform_timeout)
+        agent.pending = (agent.gen, time.monotonic() + agent.warm.reform_timeout)
         self.newcomers = set()
 
 

@@ -16,13 +16,18 @@ import math
 import os
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR, WARM_MIN_WORLD
 from goodput.errors import ConfigError
 from goodput.launch.launcher import LaunchConfig
+from goodput.warm import protocol
 from goodput.warm.record import record_folder, remove_folder
 
-__all__ = ["WarmConfig", "boot_args", "check_warm", "kill_group", "launch_warm", "rendezvous"]
+if TYPE_CHECKING:
+    from goodput.warm.agent import WarmAgent
+
+__all__ = ["WarmConfig", "boot_args", "check_warm", "kill_group", "launch_warm", "rendezvous", "worker_env"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -131,6 +136,35 @@ def launch_warm(launch: LaunchConfig, warm: WarmConfig) -> int:
     finally:
         if supervisor.folder:  # the agent removes it, unless the launcher had to kill it first
             remove_folder(record_folder("", "", launch=os.path.basename(supervisor.folder)))
+
+
+def worker_env(agent: WarmAgent, **extra: str) -> dict[str, str]:
+    """The environment a worker or spare of ``agent`` starts with (``extra`` last): the run folder, torchrun's
+    variables, the fault plan and crash-loop limit, and the warm protocol's store and timeouts."""
+    launch, warm = agent.launch, agent.warm
+    env = dict(os.environ)
+    if launch.run_dir is not None:
+        env[RUN_DIR.name] = os.path.abspath(launch.run_dir)
+    env.update(
+        TORCHELASTIC_RUN_ID=launch.rdzv_id,
+        TORCHELASTIC_RESTART_COUNT=str(agent.cold_restarts),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=agent.address.rsplit(":", 1)[1],
+        **{FAULTS.name: launch.faults, CRASH_LOOP.name: str(launch.crash_loop)},
+        **{protocol.STORE_ENV: agent.address, protocol.PREFIX_ENV: agent.prefix},
+        **{
+            protocol.PG_TIMEOUT_ENV: str(warm.pg_timeout),
+            protocol.REFORM_TIMEOUT_ENV: str(warm.reform_timeout),
+        },
+    )
+    if agent.resize.on:  # the loader checks its global batch against every world size from this one up
+        env[WARM_MIN_WORLD.name] = str(warm.min_world)
+    if launch.allow_fresh_start:
+        env[ALLOW_FRESH_START.name] = "1"  # read by CheckpointConfig.fresh_start_allowed
+    if agent.nproc > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for several processes per node
+    env.update(extra)
+    return env
 
 
 def boot_args(script: tuple[str, ...]) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from goodput.checkpoint.memory.checkpointer import (
     Topology,
     run_identity,
 )
-from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
+from goodput.checkpoint.policy import AutoInterval, SavePolicy, tier_policy
 from goodput.checkpoint.state import TrainingState
 from goodput.errors import StorageError
 from goodput.planning.twolevel import durable_share
@@ -78,19 +78,14 @@ def _run_token(layout: CheckpointLayout) -> tuple[str, str]:
 
 
 def _policy(ctx: TierContext) -> SavePolicy:
-    cfg = ctx.config
-    tier = cfg.memory
+    tier = ctx.config.memory
     assert tier is not None
-    if tier.every_steps is not None:
-        return EverySteps(tier.every_steps)
-    if tier.every_seconds is not None:
-        return EveryInterval(tier.every_seconds)
     emit = ctx.emit
-    return AutoInterval(
-        mtbf=cfg.prior_mtbf(ctx.world_size),
-        max_interval=cfg.seconds("max_interval"),
-        restart=cfg.seconds("restart"),
-        detect=cfg.seconds("detect"),
+    return tier_policy(
+        ctx.config,
+        tier.every_steps,
+        tier.every_seconds,
+        world_size=ctx.world_size,
         on_change=lambda interval, why: emit(
             "checkpoint_interval", interval_seconds=interval, reason=why, tier="memory"
         ),

@@ -1,0 +1,26 @@
+"""The options of the commands that run a user's training script (verify-resume, verify-rollback, drill,
+launch): the script and its arguments after ``--``, and where the verifying commands put their runs (internal)."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_work_dir_and_script", "script_of"]
+
+
+def add_work_dir_and_script(parser: argparse.ArgumentParser, *, runs: str) -> None:
+    """``--work-dir`` (where ``runs`` go) and the optional script after ``--``, the last options of a command
+    that checks the built-in training or the user's script."""
+    parser.add_argument("--work-dir", default=None, help=f"where {runs} go (default: a temporary folder)")
+    parser.add_argument(
+        "script",
+        nargs=argparse.REMAINDER,
+        metavar="-- train.py args",
+        help="your training script and its arguments (optional)",
+    )
+
+
+def script_of(args: argparse.Namespace) -> list[str]:
+    """The script and its arguments, without the ``--`` that separates them from the command's options."""
+    script: list[str] = args.script
+    return script[1:] if script[:1] == ["--"] else script
