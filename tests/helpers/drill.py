@@ -21,10 +21,11 @@ def reference(work: str) -> Reference:
     return found
 
 
-def context(work: str, ref: Reference, *, nnodes: int = 1) -> DrillContext:
+def context(work: str, ref: Reference, *, nnodes: int = 1, hang_timeout: float | None = None) -> DrillContext:
     """A scenario's context: the shared reference, a fresh folder ``work``; with ``nnodes`` 2 the reference's
-    ``NPROC`` ranks are split over two nodes."""
+    ``NPROC`` ranks are split over two nodes; ``hang_timeout`` replaces the script's (it changes no result)."""
     os.makedirs(work, exist_ok=True)
+    script = SCRIPT if hang_timeout is None else (*SCRIPT[:-1], str(hang_timeout))
     return DrillContext(
-        script=SCRIPT, nproc=NPROC // nnodes, nnodes=nnodes, seed=0, work_dir=work, reference=ref, say=print
+        script=script, nproc=NPROC // nnodes, nnodes=nnodes, seed=0, work_dir=work, reference=ref, say=print
     )

@@ -100,14 +100,16 @@ def _listening(endpoint: str) -> bool:
         return s.connect_ex((host, int(port))) == 0
 
 
-def until_step(job: TwoNodeJob, step: int) -> bool:
-    """Wait until a rank of this launch recorded ``step`` and a checkpoint before it is durable; False when a
-    node's launch ended first."""
+def until_step(job: TwoNodeJob, step: int, *, durable: bool = True) -> bool:
+    """Wait until a rank of this launch recorded ``step`` and (``durable``) a checkpoint before it is durable;
+    False when a node's launch ended first."""
     before = last_attempt(job.run_dir)
     if not job.start_both(f"slow@step={step},seconds={_WINDOW}"):
         return False
     while all(proc.poll() is None for proc in job.procs):
-        if recorded(job.run_dir, step, after_attempt=before) and durable_before(job.run_dir, step):
+        if recorded(job.run_dir, step, after_attempt=before) and (
+            not durable or durable_before(job.run_dir, step)
+        ):
             return True
         time.sleep(0.05)  # polling for the step, not a synchronisation by time
     return False
