@@ -10,7 +10,8 @@ from goodput.checkpoint.config import ALLOW_FRESH_START_ENV, CheckpointConfig
 from goodput.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, list_checkpoints
 from goodput.checkpoint.manager import CheckpointManager, SaveResult
 from goodput.checkpoint.manifest import CheckpointInfo, FileEntry, Manifest
-from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer, MemoryRestore, list_memory_checkpoints
+from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer, MemoryRestore
+from goodput.checkpoint.memory.listing import list_memory_checkpoints
 from goodput.checkpoint.memory.store import MemoryStore, MemoryTier
 from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, SavePolicy
 from goodput.checkpoint.rng import capture_rng, rank_seed, restore_rng, seed_new_rank

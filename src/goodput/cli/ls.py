@@ -73,7 +73,7 @@ def _when(wall_time: float | None) -> str:
 
 
 def _memory_rows(root: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    from goodput.checkpoint.memory.checkpointer import list_memory_checkpoints
+    from goodput.checkpoint.memory.listing import list_memory_checkpoints
 
     try:
         return list_memory_checkpoints(root, args.memory_folder, _options(args.option))

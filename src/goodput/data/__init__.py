@@ -20,8 +20,9 @@ from goodput._lazy import lazy_names
 if TYPE_CHECKING:
     from goodput.data.arrow import ArrowDataset
     from goodput.data.cache import CacheConfig, RemoteCache
+    from goodput.data.fetch_times import FetchTimes
     from goodput.data.folder import FolderDataset
-    from goodput.data.loader import FetchTimes, LoaderConfig, ResumableLoader
+    from goodput.data.loader import LoaderConfig, ResumableLoader
     from goodput.data.mds import MDSDataset
     from goodput.data.order import EpochOrder, rank_batch_count, rank_batch_range, sample_seed, sample_seeds
     from goodput.data.parquet import ParquetDataset
@@ -67,7 +68,7 @@ _MODULES = {
     "CacheConfig": "goodput.data.cache",
     "DevicePrefetcher": "goodput.data.prefetch",
     "EpochOrder": "goodput.data.order",
-    "FetchTimes": "goodput.data.loader",
+    "FetchTimes": "goodput.data.fetch_times",
     "FolderDataset": "goodput.data.folder",
     "LoaderConfig": "goodput.data.loader",
     "MDSDataset": "goodput.data.mds",

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import time
 
-from goodput.drill.process import last_attempt, recorded, said, signal_step
+from goodput.drill.process import durable_before, last_attempt, recorded, restored_steps, said, signal_step
 from goodput.drill.runs import LaunchSpec, finish, outcome_text, processes_of, result, start_launch
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
 from goodput.launch.launcher import EXIT_PREEMPTED
@@ -107,26 +107,10 @@ def until_step(job: TwoNodeJob, step: int) -> bool:
     if not job.start_both(f"slow@step={step},seconds={_WINDOW}"):
         return False
     while all(proc.poll() is None for proc in job.procs):
-        if recorded(job.run_dir, step, after_attempt=before) and _durable_before(job.run_dir, step):
+        if recorded(job.run_dir, step, after_attempt=before) and durable_before(job.run_dir, step):
             return True
         time.sleep(0.05)  # polling for the step, not a synchronisation by time
     return False
-
-
-def _durable_before(run_dir: str, step: int) -> bool:
-    """Whether a checkpoint of a step before ``step`` is durable: the relaunch has one to resume from."""
-    from goodput.ledger import read_events
-
-    events = read_events(run_dir, rank=None)
-    return any(e["event"] == "checkpoint_durable" and int(e["step"]) < step for e in events)
-
-
-def restored_steps(run_dir: str) -> list[int]:
-    """The step each rank of each attempt restored (an attempt that found no checkpoint is left out)."""
-    from goodput.ledger import read_events
-
-    events = read_events(run_dir, rank=None)
-    return [int(e["step"]) for e in events if e["event"] == "restore_end" and e.get("step") is not None]
 
 
 def lose_node(proc: subprocess.Popen[bytes]) -> None:

@@ -29,7 +29,18 @@ from goodput.launch.launcher import EXIT_PREEMPTED
 from goodput.verify.records import read_records
 from goodput.verify.script import kill_plan
 
-__all__ = ["HANG", "PREEMPT", "RANK", "last_attempt", "launch_until_step", "recorded", "said", "signal_step"]
+__all__ = [
+    "HANG",
+    "PREEMPT",
+    "RANK",
+    "durable_before",
+    "last_attempt",
+    "launch_until_step",
+    "recorded",
+    "restored_steps",
+    "said",
+    "signal_step",
+]
 
 _WINDOW = 5  # seconds every rank pauses at the step a signal is sent at (a slow fault): the signal's window
 
@@ -120,10 +131,11 @@ def signal_step(context: DrillContext, after: int = 0) -> int:
 
 
 def launch_until_step(
-    context: DrillContext, run_dir: str, spec: LaunchSpec, step: int
+    context: DrillContext, run_dir: str, spec: LaunchSpec, step: int, *, durable: bool = False
 ) -> tuple[subprocess.Popen[bytes], float, bool]:
     """Launch with every rank pausing a few seconds at ``step``, and return once a rank of this launch has
-    recorded it (the pause is the window to signal or kill in).
+    recorded it (the pause is the window to signal or kill in); with ``durable``, also once a checkpoint of an
+    earlier step is durable (a kill then proves the relaunch resumes, not that it starts over).
 
     Returns the launch, its start time, and whether the step was reached (False: the launch ended first).
     """
@@ -135,7 +147,7 @@ def launch_until_step(
     started = time.monotonic()
     proc = start_launch(context, run_dir, dataclasses.replace(spec, faults=faults))
     while proc.poll() is None:
-        if recorded(run_dir, step, after_attempt=before):
+        if recorded(run_dir, step, after_attempt=before) and (not durable or durable_before(run_dir, step)):
             return proc, started, True
         time.sleep(0.05)  # polling for the step, not a synchronisation by time
     return proc, started, False
@@ -147,6 +159,22 @@ def last_attempt(run_dir: str) -> int:
         return max(read_records(run_dir).attempts, default=-1)
     except FileNotFoundError:
         return -1
+
+
+def durable_before(run_dir: str, step: int) -> bool:
+    """Whether a checkpoint of a step before ``step`` is durable: the relaunch has one to resume from."""
+    from goodput.ledger import read_events
+
+    events = read_events(run_dir, rank=None)
+    return any(e["event"] == "checkpoint_durable" and int(e["step"]) < step for e in events)
+
+
+def restored_steps(run_dir: str) -> list[int]:
+    """The step each rank of each attempt restored (an attempt that found no checkpoint is left out)."""
+    from goodput.ledger import read_events
+
+    events = read_events(run_dir, rank=None)
+    return [int(e["step"]) for e in events if e["event"] == "restore_end" and e.get("step") is not None]
 
 
 def recorded(run_dir: str, step: int, *, after_attempt: int) -> bool:

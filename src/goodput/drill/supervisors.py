@@ -13,7 +13,7 @@ import os
 import signal
 import time
 
-from goodput.drill.process import launch_until_step, signal_step
+from goodput.drill.process import launch_until_step, restored_steps, signal_step
 from goodput.drill.runs import LaunchSpec, finish, outcome_text, processes_of, result, run_launch
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
 from goodput.warm.record import record_folder
@@ -58,7 +58,7 @@ def _kill_and_relaunch(context: DrillContext, victim: str) -> ScenarioResult:
     spec = LaunchSpec(restarts=3, warm=True)
     step = signal_step(context)
     context.say(f"{victim}: SIGKILL of the {victim} at step {step}, under --restart warm")
-    proc, started, reached = launch_until_step(context, run_dir, spec, step)
+    proc, started, reached = launch_until_step(context, run_dir, spec, step, durable=True)
     problems = [] if reached else [f"the run ended before step {step}, where the {victim} was to be killed"]
     pid = (proc.pid if victim == "launcher" else _agent_pid(run_dir)) if reached else None
     if reached and pid is None:
@@ -82,6 +82,8 @@ def _kill_and_relaunch(context: DrillContext, victim: str) -> ScenarioResult:
         problems.append(f"{len(left)} process(es) left after the relaunch ended")
     if folders := _ram_folders(run_dir):
         problems.append(f"RAM folders left: {', '.join(folders)}")
+    if reached and not restored_steps(run_dir):
+        problems.append("the relaunch restored no checkpoint: it trained from step 0 again")
     injected = f"SIGKILL of the {victim} at step {step}: first launch {outcome_text(first.status)}"
     return result(
         context, run_dir, injected=injected, status=done.status, seconds=first.seconds + done.seconds,

@@ -17,11 +17,8 @@ import torch.distributed as dist
 
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import CheckpointLayout
-from goodput.checkpoint.memory.checkpointer import (
-    MemoryCheckpointer,
-    Topology,
-    run_identity,
-)
+from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer, Topology
+from goodput.checkpoint.memory.listing import run_identity
 from goodput.checkpoint.policy import AutoInterval, SavePolicy, tier_policy
 from goodput.checkpoint.state import TrainingState
 from goodput.errors import StorageError
