@@ -109,3 +109,16 @@ def test_a_changed_global_batch_is_said_not_silent(caplog: pytest.LogCaptureFixt
         kept = ResumableLoader(_data.Squares(40), global_batch_size=8, rank=0, world_size=1)
         kept.load_state_dict(saved)
     assert caplog.text == "" and len(next(iter(kept))) == 8
+
+
+def test_retry_backoff_never_draws_from_pythons_global_generator() -> None:
+    # the data cache retries from its own threads while the training loop draws from `random`
+    import random
+
+    from goodput.data._remote import RetryPolicy
+
+    random.seed(5)
+    before = random.getstate()
+    delays = [RetryPolicy(attempts=4, backoff_s=0.1, max_backoff_s=1.0).delay(n) for n in (1, 2, 3)]
+    assert random.getstate() == before
+    assert all(0.0 <= d <= 1.0 for d in delays)

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from goodput._client_random import isolate_store_clients
 from goodput.checkpoint.manifest import (
     CheckpointInfo,
     FileEntry,
@@ -71,6 +72,8 @@ class CheckpointLayout:
         self.root = os.path.abspath(root.removeprefix("file://")) if self.local else root.rstrip("/")
         self.storage_options = dict(storage_options or {})
         self._fs: Any = None
+        if not self.local:
+            isolate_store_clients(self.root)  # before the first request: no retry may draw the user's random
 
     # ---- storage primitives -------------------------------------------------------------------------------
     @property

@@ -13,11 +13,11 @@ import errno
 import fcntl
 import mmap
 import os
-import random
 import threading
 import time
 from collections.abc import Iterator
 
+from goodput._client_random import OWN_RANDOM
 from goodput.data._cacheindex import CacheIndex, owner_alive
 
 
@@ -95,5 +95,5 @@ def _lock_exclusive(fd: int) -> None:
         except OSError as err:
             if err.errno != errno.EDEADLK:
                 raise
-        time.sleep(random.uniform(0, delay))  # back off: the other process's thread is about to finish
+        time.sleep(OWN_RANDOM.uniform(0, delay))  # back off: the other process's thread is about to finish
         delay = min(delay * 2, 0.05)

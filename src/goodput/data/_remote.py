@@ -9,7 +9,6 @@ import base64
 import binascii
 import hashlib
 import os
-import random
 import re
 import threading
 import time
@@ -18,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from goodput._client_random import OWN_RANDOM
 from goodput._storage_errors import (
     access_refused,
     code_of,
@@ -85,7 +85,7 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based): uniform in [0, min(max, base*2^(n-1))]."""
-        return random.uniform(0.0, min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)))
+        return OWN_RANDOM.uniform(0.0, min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)))
 
 
 def is_transient(err: BaseException) -> bool:

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from goodput._client_random import isolate_store_clients
 from goodput._storage_errors import secret_values
 from goodput.data._cachefolder import mapped_file
 from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries
@@ -70,6 +71,7 @@ class Source:
             import fsspec
             from fsspec.utils import get_protocol
 
+            isolate_store_clients(self.url)
             self._fs = fsspec.filesystem(get_protocol(self.url), skip_instance_cache=True, **self._options)
             self._cache = (
                 None

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from goodput._client_random import isolate_store_clients
 from goodput._storage_errors import redact_url, secret_values
 from goodput.data._cacheconfig import CacheConfig
 from goodput.data._cachefolder import FileLocks, clean_stale, mapped_file
@@ -305,6 +306,7 @@ class RemoteCache:
         with self._fs_lock:
             fs = self._fs.get(protocol)
             if fs is None:
+                isolate_store_clients(url)
                 fs = fsspec.filesystem(protocol, skip_instance_cache=True, **self._options)
                 self._fs[protocol] = fs
         return fs, fs._strip_protocol(url)

@@ -19,6 +19,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+from goodput._client_random import isolate_store_clients
 from goodput._storage_errors import secret_values
 from goodput.data._files import Handles
 from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries
@@ -59,6 +60,7 @@ class ShardWriter:
         self.url = url
         self.shard_bytes = shard_bytes
         self._secrets = secret_values(dict(storage_options or {}))
+        isolate_store_clients(url)
         self._fs = fsspec.filesystem(
             get_protocol(url), skip_instance_cache=True, **dict(storage_options or {})
         )
