@@ -50,18 +50,16 @@ class Exchange:
 
     def __init__(self, width: int, rank: int, world_size: int) -> None:
         import numpy as np
+        import torch
+        import torch.distributed as dist
 
         self._rank = rank
         self._rows = np.zeros((world_size, width))
         self._buffer: Any = None
         self._work: Any = None
         self._values: list[float] = []
-        import torch.distributed as dist
-
         if world_size == 1 or not dist.is_initialized():
             return
-        import torch
-
         if dist.get_backend() == "nccl":
             self._buffer = torch.zeros(world_size, width, dtype=torch.float64, device="cuda")
         else:
