@@ -1,4 +1,4 @@
-"""Fixtures shared by the whole suite: a real S3 server (SeaweedFS) on 127.0.0.1."""
+"""Fixtures shared by the whole suite: a real S3 server (SeaweedFS) on 127.0.0.1, and the chaos tests' reference run."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from goodput.testing import S3Server
+from tests.helpers import demo
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +26,9 @@ def s3_server() -> Iterator[S3Server]:
 def s3_url(s3_server: S3Server) -> str:
     """A fresh, empty prefix inside the test bucket, as an s3:// URL."""
     return f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"
+
+
+@pytest.fixture(scope="session")
+def demo_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The demo's data and one uninterrupted run of it, shared by the chaos tests (tests/helpers/demo.py)."""
+    return demo.reference(str(tmp_path_factory.mktemp("demo-reference")))

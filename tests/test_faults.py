@@ -74,7 +74,10 @@ def test_phase_fault_fires_at_the_first_phase_at_or_after_its_step() -> None:
 def test_random_fault_picks_exactly_one_victim_per_attempt() -> None:
     faults = parse_faults("raise@mtbf=1h,seed=7")
     for attempt in range(20):
-        armed = [FaultPlan(faults, rank=r, world_size=4, attempt=attempt)._deadlines[0] for r in range(4)]
+        armed = [
+            FaultPlan(faults, rank=r, world_size=4, attempt=attempt)._deadlines["raise@mtbf=3600.0,seed=7#0"]
+            for r in range(4)
+        ]
         assert sum(d is not None for d in armed) == 1
 
 
@@ -87,7 +90,7 @@ def test_kill_is_a_real_sigkill(tmp_path: os.PathLike[str]) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert "survived" not in proc.stdout
-    assert os.listdir(tmp_path) == ["0-rank0"]
+    assert os.listdir(tmp_path) == ["kill@step=1#0-rank0"]
 
 
 def test_a_plan_that_can_never_fire_is_refused_naming_the_fault() -> None:
@@ -155,3 +158,26 @@ def test_a_persistent_slow_fault_fires_once_per_rank_so_the_process_that_takes_t
 def test_persist_applies_only_to_a_slow_fault_at_steps(text: str) -> None:
     with pytest.raises(ConfigError, match="persist applies to a slow fault"):
         parse_faults(text)
+
+
+def test_a_relaunch_with_another_plan_inherits_no_marker_of_a_fault_it_does_not_have(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """Markers are named by the fault's own text, not its place in the plan: the same fault, however spelled
+    and wherever it stands, fired already; another plan's first fault did not (the old names, by place, made
+    the second plan's step-5 fault look fired and skipped it)."""
+    marker_dir = os.path.join(tmp_path, "faults")
+    fired: list[int | None] = []
+
+    def plan(text: str) -> FaultPlan:
+        return FaultPlan(parse_faults(text), marker_dir=marker_dir, on_fire=lambda f, _: fired.append(f.step))
+
+    plan("slow@step=3,seconds=0").check(step=3)
+    other = plan("slow@step=5,seconds=0; slow@seconds=0,step=3; slow@step=3,seconds=0")
+    for step in (3, 4, 5):
+        other.check(step=step)
+    # the repeated step-3 fault fires once more (its place among equal faults), the step-5 one fires
+    assert fired == [3, 3, 5]
+    assert sorted(os.listdir(marker_dir)) == [
+        "slow@step=3,seconds=0.0#0-rank0", "slow@step=3,seconds=0.0#1-rank0", "slow@step=5,seconds=0.0#0-rank0"
+    ]  # fmt: skip

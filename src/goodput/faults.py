@@ -33,7 +33,10 @@ per run and rank, so a fault repeated in the plan (``nan@step=12; nan@step=12``)
 after a rollback, as a fault in the data would.
 
 A fault at a step or phase fires once per run and rank: before it acts it leaves a marker in
-``<run_dir>/faults/``, so the restarted attempt that passes the same step again does not die again. Random
+``<run_dir>/faults/``, so the restarted attempt that passes the same step again does not die again. The marker
+is named by the fault's own text (:meth:`Fault.spec`), its place among equal faults of the plan and the rank
+(``kill@step=12,rank=1#0-rank1``), so a relaunch into the same folder with another plan inherits no marker
+of a fault it does not have. Random
 (``mtbf``) faults draw a fresh schedule for every attempt from (seed, attempt), identical on every rank, so
 exactly one rank is chosen as the victim of each draw.
 """
@@ -145,6 +148,16 @@ class Fault:
             raise ConfigError(f"fault bit must be in 0..63, got {self.bit}")
         if not math.isfinite(self.factor) or self.factor <= 0:
             raise ConfigError(f"fault factor must be a positive number, got {self.factor}")
+
+    def spec(self) -> str:
+        """The fault as plan text in one spelling (fields in a fixed order, defaults left out): equal faults
+        have equal specs however the plan wrote them."""
+        changed = [(key, getattr(self, key)) for key in _KEYS if getattr(self, key) != _DEFAULTS[key]]
+        parts = ["persist" if key == "persist" else f"{key}={value}" for key, value in changed]
+        return f"{self.action}@{','.join(parts)}"
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Fault)}
 
 
 def parse_faults(text: str) -> list[Fault]:
@@ -264,10 +277,10 @@ class FaultPlan:
         self._marker_dir = marker_dir
         self._on_fire = on_fire
         self._started = time.monotonic()
-        # Numbered in the whole plan, so a fault's marker names the same fault in every attempt and rank.
+        # Named in the whole plan, so a fault's marker names the same fault in every attempt and rank.
         self._faults = [
             (i, f)
-            for i, f in enumerate(faults)
+            for i, f in _named(faults)
             if (f.rank is None or f.rank == rank)
             and (f.attempt is None or f.attempt == attempt)
             and (f.node is None or f.node == self.node)
@@ -300,24 +313,24 @@ class FaultPlan:
 
     def check(self, *, phase: str = "step", step: int | None = None) -> None:
         """Fire every fault due at this phase and step (a no-op for an empty plan)."""
-        for index, fault in self._faults:
+        for name, fault in self._faults:
             if fault.mtbf is not None:
-                deadline = self._deadlines.get(index)
+                deadline = self._deadlines.get(name)
                 if deadline is not None and time.monotonic() - self._started >= deadline:
-                    self._deadlines[index] = None
+                    self._deadlines[name] = None
                     self._fire(fault, f"random after {deadline:.1f}s", marker=None)
                 continue
             if fault.phase != phase or fault.action in NUMERIC_ACTIONS:
                 continue
             if fault.persist:
                 if self._stretch == 0.0 and (fault.step is None or (step is not None and step >= fault.step)):
-                    self._fire(fault, f"{phase} at step {step}", marker=f"{index}-rank{self.rank}")
+                    self._fire(fault, f"{phase} at step {step}", marker=f"{name}-rank{self.rank}")
                 continue
             if fault.step is not None and (step is None or step < fault.step):
                 continue
             if fault.phase == "step" and step != fault.step:
                 continue
-            self._fire(fault, f"{phase} at step {step}", marker=f"{index}-rank{self.rank}")
+            self._fire(fault, f"{phase} at step {step}", marker=f"{name}-rank{self.rank}")
 
     def stretch(self) -> None:
         """Inside each step, before it ends: once a persistent ``slow`` fault fired, make the time since the
@@ -329,10 +342,10 @@ class FaultPlan:
     def take(self, action: str, step: int, *, into: str | None = None) -> Fault | None:
         """The first numeric fault ``action`` due at ``step`` (and ``into``) that has not fired yet, marked as
         fired; None when there is none. The caller applies it."""
-        for index, fault in self._faults:
+        for name, fault in self._faults:
             if fault.action != action or fault.step != step or (into is not None and fault.into != into):
                 continue
-            if self._mark(fault, f"step {step}", f"{index}-rank{self.rank}"):
+            if self._mark(fault, f"step {step}", f"{name}-rank{self.rank}"):
                 if self._on_fire is not None:
                     self._on_fire(fault, f"step at step {step}")
                 return fault
@@ -375,6 +388,18 @@ class FaultPlan:
             self._stretch = fault.factor - 1.0
         elif fault.action == "slow":
             time.sleep(fault.seconds)
+
+
+def _named(faults: list[Fault]) -> list[tuple[str, Fault]]:
+    """Each fault with its marker's name: its spec and its place among the plan's equal faults (a fault
+    repeated in the plan fires once more)."""
+    seen: dict[str, int] = {}
+    named = []
+    for fault in faults:
+        spec = fault.spec()
+        named.append((f"{spec}#{seen.get(spec, 0)}", fault))
+        seen[spec] = seen.get(spec, 0) + 1
+    return named
 
 
 def lost_node_file(marker_dir: str, node: int) -> str:

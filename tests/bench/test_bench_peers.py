@@ -60,6 +60,22 @@ def test_a_restart_that_skips_ahead_leaves_samples_never_trained() -> None:
     assert counts["samples_never"] == 4 and counts["samples_twice"] == 4  # 8-11 never; 16-19 beyond N
 
 
+def test_a_step_redone_by_the_survivor_of_a_shrink_is_exact() -> None:
+    # rank 1 trained steps 1-3, rank 0 steps 1-2; rank 1 failed, and the survivor (a newer attempt) redid steps
+    # 3-4 alone with both ranks' samples: rank 1's stale record of step 3 is not in the lineage
+    alone = [
+        {**_step(s, sorted(REFERENCE[0][s - 1]["samples"] + REFERENCE[1][s - 1]["samples"])), "attempt": 1}
+        for s in (3, 4)
+    ]
+    records = {0: REFERENCE[0][:2] + alone, 1: REFERENCE[1][:3]}
+    assert exactness(records, REFERENCE, 4) == {
+        "samples_twice": 0,
+        "samples_never": 0,
+        "steps_redone": 0,
+        "steps_missing": 0,
+    }
+
+
 def test_the_schedule_is_a_function_of_its_seed() -> None:
     one = draw_schedule(10.0, seed=3, world_size=2, horizon=200.0)
     assert one == draw_schedule(10.0, seed=3, world_size=2, horizon=200.0)
@@ -76,33 +92,34 @@ def _args(argv: list[str]) -> argparse.Namespace:
 
 @pytest.mark.slow
 def test_a_short_run_applies_one_schedule_to_every_contender(capsys, tmp_path) -> None:
-    # seed 704 of a 40 s mean: failures of rank 0 and rank 1 about 13 s and 17 s in, once both contenders train
-    # (a burst at start-up, before any step, is what goodput's crash-loop guard stops on), then none for
-    # 300 s, past the end of 40 steps: two failures each, not a run restarted until the schedule relents
-    # (the full bench runs seed 0)
+    # seed 253769 of a 40 s mean: failures of rank 0 and rank 1 about 4.7 s and 9.7 s after the launch, then none
+    # for 270 s, past the end of 60 steps: two failures each, early enough that a fast machine has not finished
+    # (a quiet 2-core machine trains 40 steps within 13 s of the launch) and a slow one is past its imports or
+    # restarting (a failure due while a rank has no process lands once it has one; two attempts without a step
+    # are not a crash loop), not a run restarted until the schedule relents (the full bench runs seed 0)
     argv = [
         "--quick",
         "--steps",
-        "40",
+        "60",
         "--schedules",
         "40s",
         "--seed",
-        "704",
+        "253769",
         "--contenders",
-        "baseline,warm",
+        "baseline,shrink",
     ]
     args = _args([*argv, "--keep", str(tmp_path), "--json"])
-    assert [t for t, _ in draw_schedule(40.0, seed=704, world_size=2, horizon=600.0)][:3] == [
-        13.362,
-        17.117,
-        302.738,
+    assert draw_schedule(40.0, seed=253769, world_size=2, horizon=600.0)[:3] == [
+        (4.721, 0),
+        (9.69, 1),
+        (279.656, 1),
     ]
     assert args.handler(args) == 0
     result = json.loads(capsys.readouterr().out)
     rows = {(r["contender"], r["schedule"]): r for r in result["rows"]}
-    assert set(rows) == {(c, s) for c in ("baseline", "warm") for s in ("40s", "none")}
+    assert set(rows) == {(c, s) for c in ("baseline", "shrink") for s in ("40s", "none")}
     schedule = [list(x) for x in result["schedules"]["40s"]]
-    for contender in ("baseline", "warm"):
+    for contender in ("baseline", "shrink"):
         kills = rows[contender, "40s"]["kills"]
         assert kills, f"{contender} received no failure"
         # the failures each run received are the schedule's first ones, in order, at or after their time
@@ -110,8 +127,76 @@ def test_a_short_run_applies_one_schedule_to_every_contender(capsys, tmp_path) -
         assert all(k["fired"] >= k["due"] for k in kills)
         assert rows[contender, "none"]["kills"] == []
         assert rows[contender, "40s"]["steps_missing"] == 0
+        # each failure was answered by a restart or a reshape in place, as the run's own ledger says
+        assert rows[contender, "40s"]["restarts"] + rows[contender, "40s"]["reshapes"] >= 1
+        assert rows[contender, "none"]["restarts"] == rows[contender, "none"]["reshapes"] == 0
     # every goodput run is exact; the counts are computed from the records (a fault-free run is its own reference)
-    assert rows["warm", "40s"]["samples_twice"] == rows["warm", "40s"]["samples_never"] == 0
+    assert rows["shrink", "40s"]["samples_twice"] == rows["shrink", "40s"]["samples_never"] == 0
     assert rows["baseline", "none"]["samples_twice"] == 0 and rows["baseline", "none"]["steps_redone"] == 0
     assert result["ratios"]["goodput_samples_wrong"] == 0
-    assert 0 < rows["warm", "none"]["goodput"] <= 1 and 0 < rows["baseline", "40s"]["goodput"] <= 1
+    assert 0 < rows["shrink", "none"]["goodput"] <= 1 and 0 < rows["baseline", "40s"]["goodput"] <= 1
+
+
+def _kept(folder, steps: int) -> None:
+    """A folder as a ``--keep`` run leaves it: rows.jsonl and each fault-free run's step records."""
+    folder.mkdir()
+    rows = [
+        {"schedule": "none", "contender": c, "wall_seconds": 10.0, "samples_twice": 0} for c in ("baseline",)
+    ]
+    rows.append({"schedule": "40s", "contender": "baseline", "wall_seconds": 12.0, "samples_twice": 0})
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    samples = folder / "baseline-none" / "samples"
+    samples.mkdir(parents=True)
+    for rank in (0, 1):
+        lines = (json.dumps(_step(s, [4 * s + rank])) for s in range(1, steps + 1))
+        (samples / f"rank-{rank}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_a_split_run_reuses_the_fault_free_runs_of_the_folder_it_names(tmp_path) -> None:
+    from goodput.bench.peers import _reference
+    from goodput.errors import ConfigError
+
+    _kept(tmp_path / "kept", steps=30)
+    rows, records = _reference(str(tmp_path / "kept"), ["baseline"], 30)
+    assert [(r["contender"], r["schedule"]) for r in rows] == [("baseline", "none")]  # not its 40s row
+    assert set(records) == {("baseline", "none")} and len(records["baseline", "none"][1]) == 30
+    with pytest.raises(ConfigError, match="trained \\[30\\] steps, not --steps 40"):
+        _reference(str(tmp_path / "kept"), ["baseline"], 40)
+    with pytest.raises(ConfigError, match="no fault-free run of warm"):
+        _reference(str(tmp_path / "kept"), ["baseline", "warm"], 30)
+    with pytest.raises(ConfigError, match="not a folder a --keep run left"):
+        _reference(str(tmp_path / "elsewhere"), ["baseline"], 30)
+
+
+def test_repeated_fault_free_rounds_are_compared_by_their_medians() -> None:
+    from goodput.bench.peers import _ratios, _summary
+
+    def row(contender: str, schedule: str, wall: float, round_: int = 0) -> dict[str, object]:
+        extra = {"round": round_} if round_ else {}
+        return {"schedule": schedule, "contender": contender, "wall_seconds": wall, "samples_twice": 0,
+                "samples_never": 0, **extra}  # fmt: skip
+
+    # three rounds; the machine was loaded during round 1 (every contender slower), and warm's round 2 is odd
+    walls = {"baseline": (50.0, 70.0, 51.0), "warm": (48.0, 66.0, 60.0), "bare": (47.0, 64.0, 46.0)}
+    rows = [row(c, "none", w[n], n) for n in range(3) for c, w in walls.items()]
+    rows.append(row("baseline", "40s", 80.0))
+    rows.append(row("warm", "40s", 68.0))
+    _ratios(rows)
+    summary = _summary(rows)
+    assert summary["no_faults_warm_over_bare"] == round(60.0 / 47.0, 3)  # the medians, not the first round's
+    assert summary["no_faults_warm_over_bare_by_round"] == [
+        round(48 / 47, 3),
+        round(66 / 64, 3),
+        round(60 / 46, 3),
+    ]
+    warm40 = next(r for r in rows if r["contender"] == "warm" and r["schedule"] == "40s")
+    assert warm40["over_fault_free"] == round(68.0 / 60.0, 3) and warm40["over_baseline"] == round(68 / 80, 3)
+    assert summary["warm_over_baseline_at_40s"] == round(68 / 80, 3)
+
+
+def test_repeat_below_one_is_refused() -> None:
+    from goodput.errors import ConfigError
+
+    args = _args(["--repeat", "0"])
+    with pytest.raises(ConfigError, match="--repeat must be >= 1"):
+        args.handler(args)

@@ -3,9 +3,9 @@ durable-write floor's candidates, the synthesized ledger's counts and the report
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -72,21 +72,45 @@ def test_each_durable_write_puts_exactly_the_bytes_into_new_files(method: str, t
     assert os.listdir(tmp_path) == []
 
 
-def test_the_synthesized_ledger_has_the_counts_it_reports(tmp_path: Path) -> None:
-    counts = synthesize(str(tmp_path), steps=95, attempts=5, ranks=3, every=10)
+@pytest.mark.parametrize("json_steps", [False, True])
+def test_the_synthesized_ledger_has_the_counts_it_reports(tmp_path: Path, json_steps: bool) -> None:
+    counts = synthesize(str(tmp_path), steps=95, attempts=5, ranks=3, every=10, json_steps=json_steps)
     files = sorted((tmp_path / "ledger").iterdir())
-    lines = [json.loads(line) for f in files for line in f.read_text().splitlines()]
-    assert counts["files"] == len(files) == 15
-    assert counts["events"] == len(lines)
-    assert counts["step_events"] == sum(e["event"].startswith("step_") for e in lines) == 2 * 95 * 3
+    events = read_events(tmp_path, rank=None)
+    assert counts["files"] == len([f for f in files if f.suffix == ".jsonl"]) == 15
+    # the step records beside each JSONL and each attempt's index (the older format had neither)
+    assert len(files) == (15 if json_steps else 35)
+    assert counts["events"] == len(events)
+    assert counts["step_events"] == sum(e["event"].startswith("step_") for e in events) == 2 * 95 * 3
     assert counts["bytes"] == sum(f.stat().st_size for f in files)
     report = load_report(tmp_path)
     assert report.accounting.restarts == counts["failures"] == 4
-    assert {e["world_size"] for e in lines if e["event"] == "attempt_start"} == {3}
+    assert {e["world_size"] for e in events if e["event"] == "attempt_start"} == {3}
+
+
+def test_both_formats_and_a_sparse_ledger_report_the_same(tmp_path: Path) -> None:
+    """The synthesized run as the ledger writes it now, as the older format wrote it, and with the other
+    ranks' step files left as holes: the same events from the first two, the same report from all three."""
+    runs = {
+        name: synthesize(str(tmp_path / name), steps=400, attempts=4, ranks=3, every=25, **kw)
+        for name, kw in (("records", {}), ("json", {"json_steps": True}), ("sparse", {"sparse": True}))
+    }
+    assert runs["records"]["events"] == runs["json"]["events"]
+
+    # the same events; the synthesized JSON lines hold each save's durable line in file order, before it happens
+    def order(e: dict[str, Any]) -> tuple[int, int, float, str]:
+        return e["attempt"], e["rank"], e["mono"], e["event"]
+
+    events = {
+        name: sorted(read_events(tmp_path / name, rank=None), key=order) for name in ("records", "json")
+    }
+    assert events["records"] == events["json"]
+    reports = {name: load_report(tmp_path / name).to_dict() | {"run_dir": ""} for name in runs}
+    assert reports["records"] == reports["json"] == reports["sparse"]
 
 
 def test_the_report_parses_only_the_primary_ranks_steps_and_reports_the_same(tmp_path: Path) -> None:
-    synthesize(str(tmp_path), steps=200, attempts=4, ranks=4, every=25)
+    synthesize(str(tmp_path), steps=200, attempts=4, ranks=4, every=25, json_steps=True)
     every_line = read_events(tmp_path, rank=None)
     fast = read_events(tmp_path, rank=None, steps_of=0)
     steps = [e for e in fast if e["event"].startswith("step_")]
@@ -94,3 +118,24 @@ def test_the_report_parses_only_the_primary_ranks_steps_and_reports_the_same(tmp
     assert sum(e["rank"] == 0 for e in steps) == 400
     assert [e["event"] for e in steps if e["rank"] != 0] == ["step_end"] * 12
     assert load_report(tmp_path).to_dict() == build_report(every_line, run_dir=str(tmp_path)).to_dict()
+
+
+def test_bench_ledger_keeps_its_ledgers_and_reports_them_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --report-dir the synthesized ledgers stay and a second run reports them without writing them."""
+    argv = ["bench", "ledger", "--report-steps", "40,80", "--report-attempts", "2", "--report-ranks", "2",
+            "--report-every", "10", "--report-baseline", "0", "--report-dir", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    written = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    assert {p.parent.name for p in written if p.name == "counts.json"} == {
+        "steps-40.attempts-2.ranks-2.every-10",
+        "steps-80.attempts-2.ranks-2.every-10",
+    }
+    assert main(argv) == 0
+    again = capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == written
+    for out in (first, again):
+        assert "time per event at 80 steps / at 40:" in out
+        assert "report of the largest ledger (80 steps" in out

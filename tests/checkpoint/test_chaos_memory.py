@@ -12,33 +12,26 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from goodput.demo.verify_train import prepare_data, train
+from goodput.demo.verify_train import train
 from goodput.ledger import read_events
 from goodput.ledger.report import load_report
 from goodput.testing import free_port
 from goodput.verify.demo import first_difference, read_run
+from tests.helpers import demo
 
 pytestmark = pytest.mark.slow
 
-STEPS, EVERY, MEMORY_EVERY = 40, 8, 2
+STEPS, EVERY, MEMORY_EVERY = demo.STEPS, 8, 2  # compared with the shared demo_reference (saves every 4)
 
 
 def _train(run_dir: str, data: str, faults: str, **overrides: object) -> int:
     settings: dict[str, object] = {
-        "nproc": 2, "steps": STEPS, "every": EVERY, "strategy": "dcp_async", "seed": 0, "max_restarts": 4,
+        "nproc": demo.NPROC, "steps": STEPS, "every": EVERY, "strategy": demo.STRATEGY, "seed": demo.SEED,
+        "max_restarts": 4,
         "memory_every": str(MEMORY_EVERY),
     }  # fmt: skip
     settings.update(overrides)
     return train(run_dir, data=data, faults=faults, **settings)  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    work = str(tmp_path_factory.mktemp("chaos-memory"))
-    data = prepare_data(work)
-    run_dir = os.path.join(work, "uninterrupted")
-    assert _train(run_dir, data, "", max_restarts=0, memory_every="off") == 0
-    return data, run_dir
 
 
 def _restores(run_dir: str) -> list[tuple[int, str]]:
@@ -52,13 +45,17 @@ def _restores(run_dir: str) -> list[tuple[int, str]]:
 
 
 def test_kills_inside_memory_writes_and_restore_change_nothing(
-    reference: tuple[str, str], tmp_path: os.PathLike[str]
+    demo_reference: tuple[str, str], tmp_path: os.PathLike[str]
 ) -> None:
-    data, clean = reference
+    data, clean = demo_reference
     run_dir = os.path.join(tmp_path, "killed")
     plan = "kill@phase=memory_write,step=11,rank=1; kill@phase=memory_restore,rank=0,attempt=1; kill@step=27,rank=0"
     assert _train(run_dir, data, plan) == 0
-    assert sorted(os.listdir(os.path.join(run_dir, "faults"))) == ["0-rank1", "1-rank0", "2-rank0"]
+    assert sorted(os.listdir(os.path.join(run_dir, "faults"))) == [
+        "kill@rank=0,phase=memory_restore,attempt=1#0-rank0",
+        "kill@step=11,rank=1,phase=memory_write#0-rank1",
+        "kill@step=27,rank=0#0-rank0",
+    ]
     assert first_difference(read_run(clean), read_run(run_dir)) is None
     restores = _restores(run_dir)
     # Killed inside step 12's write on rank 1: the newest step every rank completed is 10, from memory (the
@@ -75,11 +72,11 @@ def test_kills_inside_memory_writes_and_restore_change_nothing(
 
 
 def test_a_lost_node_restores_from_its_peer_replica(
-    reference: tuple[str, str], tmp_path: os.PathLike[str]
+    demo_reference: tuple[str, str], tmp_path: os.PathLike[str]
 ) -> None:
     """Two torchrun agents (one worker each); node 1 is lost at step 21 (its processes killed, its RAM wiped)
     after a kill inside replication at step 10."""
-    data, clean = reference
+    data, clean = demo_reference
     run_dir = os.path.join(tmp_path, "two-nodes")
     node = {"nproc": 1, "nnodes": 2, "rdzv_endpoint": f"127.0.0.1:{free_port()}"}
     plan = "kill@phase=memory_replicate,step=10,rank=0; nodeloss@step=21,node=1"

@@ -48,8 +48,12 @@ class Child:
         raise AssertionError(f"the child ended before printing {wanted!r}; it printed {self.lines[-5:]}")
 
     def kill(self) -> None:
+        """SIGKILL the child, then read what it printed before it died (a save's wait for the one in flight is
+        inside its stall, so the previous save's ``checkpoint_durable`` can follow the next ``stall start``)."""
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
+        assert self.proc.stdout is not None
+        self.lines += [line.strip() for line in self.proc.stdout]
 
     def finish(self) -> None:
         assert self.proc.stdout is not None

@@ -1,6 +1,7 @@
 """A save slower than the interval (its upload held 2 s by a ``slow`` fault, as a slow store would) never queues a
 second one behind it: with a duration or ``auto`` the next save waits until the first is durable while training
-goes on, and ``auto`` widens its interval to at least the measured save."""
+goes on, and ``auto`` widens its interval to at least the measured save. A step-based save due while the previous
+one uploads waits for it, and the ledger charges that wait to ``checkpoint_stall``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
 from goodput.checkpoint.policy import AutoInterval
 from goodput.faults import FaultPlan, install_faults, parse_faults
+from goodput.ledger import Ledger, account, read_events
 
 
 @pytest.fixture
@@ -72,4 +74,60 @@ def test_a_save_slower_than_the_interval_never_queues_a_second_one(
     elif len(started) == 1:  # the interval passed long ago: the next step saves
         manager.wait()  # the first save's thread is done with it (it added the result just before)
         assert train_one_step(step)
+    manager.close()
+
+
+def test_the_wait_for_the_save_in_flight_is_charged_as_checkpoint_stall(tmp_path: Path) -> None:
+    """Every upload is held 0.5 s; step 2's save, due at once, waits for step 1's: training is blocked by a save
+    all that time, so the ledger's account has it as ``checkpoint_stall`` (the old manager waited before the
+    stall's span began: the report charged the wait to ``other``)."""
+    install_faults(FaultPlan(parse_faults("slow@phase=async_upload,seconds=0.5")))
+    try:
+        ledger = Ledger(str(tmp_path / "run"), rank=0, began=time.time())
+        manager = CheckpointManager(
+            CheckpointConfig(root=str(tmp_path / "ckpt"), strategy="dcp_async", every=1),
+            TrainingState(model=torch.nn.Linear(64, 64)),
+            on_event=ledger.on_event,
+        )
+        ledger.init_done()
+        for step in (1, 2):
+            ledger.step_start(step)
+            ledger.step_end(step)
+            manager.save(step)  # step 2's waits for step 1's upload
+        manager.close()  # waits for step 2's upload, no step in between: the stall runs to durable
+        ledger.close()
+    finally:
+        install_faults(None)
+    categories = account(read_events(tmp_path / "run")).categories
+    assert categories["checkpoint_stall"] >= 1.0, categories  # both uploads, each held 0.5 s
+    assert categories.get("other", 0.0) < 0.25, categories
+
+
+def test_auto_counts_the_background_write_s_cpu_where_training_computes_on_the_cpu(tmp_path: Path) -> None:
+    """Training here computes on the CPU, so the CPU time the asynchronous save's background write spends is
+    taken from it: the cost ``auto`` plans with is the blocking stall plus that time (at most the whole
+    background half), not the stall alone, which would make saving as soon as the last one is durable look
+    free."""
+    model = torch.nn.Linear(2048, 2048)  # 16 MiB of weights: a write with measurable CPU time
+    manager = CheckpointManager(
+        CheckpointConfig(root=str(tmp_path / "ckpt"), strategy="dcp_async", every="auto"),
+        TrainingState(model=model),
+    )
+    policy = manager.policy
+    assert isinstance(policy, AutoInterval)
+    costs: list[float] = []
+    measured = policy.measured
+
+    def record(stall: float, persist: float) -> None:
+        costs.append(stall)
+        measured(stall, persist)
+
+    policy.measured = record  # type: ignore[method-assign]  # the real policy, its inputs recorded
+    manager.save(1)
+    manager.wait()
+    (result,) = manager.results
+    assert result.persist_seconds is not None
+    assert (
+        len(costs) == 1 and result.stall_seconds < costs[0] <= result.stall_seconds + result.persist_seconds
+    )
     manager.close()

@@ -100,7 +100,9 @@ def test_config_refuses_bad_values_naming_the_field(field: str, value: object) -
 
 def test_auto_reports_interval_changes_beyond_ten_percent() -> None:
     changes: list[tuple[float, str]] = []
-    policy = AutoInterval(mtbf=3600.0, max_interval=3600.0, on_change=lambda i, why: changes.append((i, why)))
+    policy = AutoInterval(
+        mtbf=3600.0, max_interval=3600.0, on_change=lambda i, why, *_: changes.append((i, why))
+    )
     policy.measured(2.0, 4.0)
     policy.measured(2.0, 4.0)  # same costs: same interval, nothing new to report
     assert len(changes) == 1 and changes[0][1] == "a save was measured"

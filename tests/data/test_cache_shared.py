@@ -65,7 +65,13 @@ def test_readers_that_share_a_small_cache_never_wait_on_each_other(
     try:
         deadline = time.monotonic() + 120
         while not all(event.is_set() for event in halfway):
-            assert time.monotonic() < deadline, "the readers did not get half-way"
+            early = [n for n, r in enumerate(readers) if r.exitcode is not None and not halfway[n].is_set()]
+            assert not early, (
+                f"readers {early} ended before half-way (exit codes {[r.exitcode for r in readers]})"
+            )
+            assert time.monotonic() < deadline, (
+                f"readers {[n for n, e in enumerate(halfway) if not e.is_set()]} hang"
+            )
             halfway[0].wait(0.05)
         s3_server.kill()
         resume.set()  # the readers go on against a dead server and retry until it is back

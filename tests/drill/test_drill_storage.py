@@ -71,3 +71,22 @@ def test_a_faulty_object_store_costs_time_and_nothing_else(
     acc = load_report(str(run_dir)).accounting
     assert acc.restarts == 1 and acc.categories["failure_detection"] == 0.0  # the SIGKILL's; no hang declared
     assert not outcome.injected.startswith("none"), outcome.injected
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_save_that_waits_for_the_one_in_flight_is_not_read_as_queued(tmp_path: Path, queued: bool) -> None:
+    """A save's stall span opens at the call, so it may open before the previous save is durable: that save
+    waited (its wait charged as its stall). It queued only when its own part ended with the earlier one still
+    in flight."""
+    from goodput.ledger import Ledger
+
+    with Ledger(str(tmp_path), rank=0) as ledger:
+        ledger.on_event("checkpoint_stall", phase="start", step=4)
+        ledger.on_event("checkpoint_stall", phase="end", step=4, seconds=0.1)
+        ledger.on_event("checkpoint_stall", phase="start", step=8)  # step 4 still uploading
+        if not queued:
+            ledger.on_event("checkpoint_durable", step=4)  # the save of step 8 waited for it
+        ledger.on_event("checkpoint_stall", phase="start", step=8, tier="memory")  # the memory tier's own
+        ledger.on_event("checkpoint_stall", phase="end", step=8, seconds=0.2)
+        ledger.on_event("checkpoint_durable", step=8)
+    assert queued_saves(str(tmp_path)) == ([8] if queued else [])

@@ -94,3 +94,17 @@ def synthetic_run(
                 return attempts
         attempts.append(a)
         t += downtime
+
+
+def record_steps(
+    ledger: Any, steps: range, *, loss: float, fetch: float = 0.001, save_every: int = 10
+) -> None:
+    """Record ``steps`` on a real ``goodput.Ledger`` (``fetch`` seconds of data wait each), and a save (its stall
+    and its durable event) after every step divisible by ``save_every``."""
+    for step in steps:
+        ledger.step_start(step)
+        ledger.step_end(step, fetch_seconds=fetch, loss=loss)
+        if step % save_every == 0:
+            ledger.on_event("checkpoint_stall", phase="start", step=step)
+            ledger.on_event("checkpoint_stall", phase="end", step=step)
+            ledger.on_event("checkpoint_durable", step=step)

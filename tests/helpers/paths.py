@@ -13,3 +13,6 @@ FIXTURES = TESTS / "fixtures"
 def script(name: str) -> str:
     """The path of one of tests/scripts/, as a string for a command line."""
     return str(SCRIPTS / name)
+
+
+FSDP_TRAIN = script("fsdp_train.py")  # a model-sharded (FSDP2) training script, for the drill

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from goodput import account, read_events
+from goodput import account, build_report, load_report, read_events
+from goodput.ledger.files import read_ledger
 
 _ATTEMPT = """
 import json, os, sys, time
@@ -94,6 +95,40 @@ def test_sigkilled_attempts_account_for_every_second(tmp_path: Path) -> None:
     assert acc.categories["lost_work"] == pytest.approx(redone, abs=0.05)
     assert acc.categories["restart_downtime"] > 0 and acc.categories["init"] > 0
     assert acc.categories["data_wait"] == pytest.approx(0.002 * acc.step_stats.count, rel=1e-6)
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Equal, floats to within summation order (relative 1e-9)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-9, abs=1e-9)
+    return bool(a == b)
+
+
+def test_the_report_from_step_records_is_the_one_from_every_step_event(tmp_path: Path) -> None:
+    """A real run with two SIGKILLed attempts: the report read as the CLI reads it (the primary rank's step
+    records as arrays) is the report of every step as an event; tiled in chunks (as a run of more than
+    EXACT_STEPS steps is) every figure it prints is the same."""
+    for kill_after in (25, 47, None):
+        _attempt(tmp_path, kill_after)
+    full = build_report(read_events(tmp_path, rank=None), run_dir=str(tmp_path))
+    fast = load_report(tmp_path)
+    assert fast.to_dict() == full.to_dict()
+    assert fast.accounting.segments == full.accounting.segments
+    assert fast.render() == full.render()
+    assert [a.outcome for a in fast.accounting.attempts] == ["failed", "failed", "ok"]
+    events, records = read_ledger(tmp_path, primary=0)
+    assert sorted(records) == [(0, 0), (1, 0), (2, 0)] and not any(
+        e["event"].startswith("step_") for e in events
+    )
+    chunked = account(events, records=records, exact_steps=0)
+    assert len(chunked.segments) < len(full.accounting.segments) * 3 / 4
+    assert _close(chunked.to_dict(), full.accounting.to_dict())
+    assert [seg.start for seg in chunked.segments] == sorted(seg.start for seg in chunked.segments)
+    assert all(seg.end > seg.start for seg in chunked.segments)
 
 
 _KILLED_AFTER_RESTORE = """

@@ -19,40 +19,32 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from goodput.demo.prepare import write_corpus
-from goodput.demo.verify_train import CORPUS_BYTES, SHARD_BYTES, fault_plan, prepare_data, train
+from goodput.demo.verify_train import CORPUS_BYTES, SHARD_BYTES, fault_plan, train
 from goodput.ledger import read_events
 from goodput.ledger.report import load_report
 from goodput.testing import S3Server, free_port
 from goodput.verify.demo import first_difference, read_run
+from tests.helpers import demo
 
 pytestmark = pytest.mark.slow
 
-STEPS, EVERY, NPROC = 40, 4, 2
+STEPS, EVERY, NPROC = demo.STEPS, 4, demo.NPROC  # compared with the shared demo_reference
 
 
 def _train(run_dir: str, data: str, faults: str, **overrides: object) -> int:
     """The chaos runs' training: same world, steps, interval, strategy and seed as the reference."""
     settings: dict[str, object] = {
-        "nproc": NPROC, "steps": STEPS, "every": EVERY, "strategy": "dcp_async", "seed": 0, "max_restarts": 3,
+        "nproc": NPROC, "steps": STEPS, "every": EVERY, "strategy": demo.STRATEGY, "seed": demo.SEED,
+        "max_restarts": 3,
     }  # fmt: skip
     settings.update(overrides)
     return train(run_dir, data=data, faults=faults, **settings)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    work = str(tmp_path_factory.mktemp("chaos"))
-    data = prepare_data(work)
-    run_dir = os.path.join(work, "uninterrupted")
-    status = _train(run_dir, data, "", max_restarts=0)
-    assert status == 0
-    return data, run_dir
-
-
-def test_eight_sigkills_change_nothing(reference: tuple[str, str], tmp_path: os.PathLike[str]) -> None:
+def test_eight_sigkills_change_nothing(demo_reference: tuple[str, str], tmp_path: os.PathLike[str]) -> None:
     """Eight kills are the fewest that reach every kill point of the plan: four at plain steps and one each
     inside a checkpoint write, an async upload, a restore and a purge."""
-    data, clean = reference
+    data, clean = demo_reference
     plan = fault_plan(8, steps=STEPS, every=EVERY, nproc=NPROC, seed=1)
     assert plan.count("kill@") == 8 and plan.count("kill@step=") == 4
     assert all(
@@ -82,10 +74,10 @@ def _assert_restores_were_durable(run_dir: str) -> None:
 
 
 def test_two_nodes_restart_together_and_resume(
-    reference: tuple[str, str], tmp_path: os.PathLike[str]
+    demo_reference: tuple[str, str], tmp_path: os.PathLike[str]
 ) -> None:
     """Two torchrun agents (--nnodes 2, c10d on 127.0.0.1), one worker each; node 1's worker is killed."""
-    data, clean = reference
+    data, clean = demo_reference
     run_dir = os.path.join(tmp_path, "two-nodes")
     endpoint = f"127.0.0.1:{free_port()}"
     node = {"nproc": 1, "nnodes": 2, "rdzv_endpoint": endpoint}
@@ -93,7 +85,7 @@ def test_two_nodes_restart_together_and_resume(
         nodes = [pool.submit(_train, run_dir, data, "kill@step=22,rank=1", **node) for _ in range(2)]
         statuses = [n.result(timeout=600) for n in nodes]
     assert statuses == [0, 0]
-    assert os.listdir(os.path.join(run_dir, "faults")) == ["0-rank1"]
+    assert os.listdir(os.path.join(run_dir, "faults")) == ["kill@step=22,rank=1#0-rank1"]
     # Same world size, seed and data as the single-node reference: the same bits.
     assert first_difference(read_run(clean), read_run(run_dir)) is None
     events = read_events(run_dir)
@@ -109,7 +101,7 @@ def test_two_nodes_restart_together_and_resume(
 
 @pytest.mark.s3
 def test_data_on_s3_through_the_cache_is_exactly_once_across_a_crash(
-    reference: tuple[str, str],
+    demo_reference: tuple[str, str],
     s3_server: S3Server,
     s3_url: str,
     tmp_path: os.PathLike[str],
@@ -117,7 +109,7 @@ def test_data_on_s3_through_the_cache_is_exactly_once_across_a_crash(
 ) -> None:
     """The same corpus on the real S3 server, read through the cache, with a SIGKILL mid-epoch: the samples
     of every step and the final state equal the uninterrupted run over local files."""
-    _, clean = reference
+    _, clean = demo_reference
     write_corpus(
         s3_url, limit=CORPUS_BYTES, shard_bytes=SHARD_BYTES, storage_options=s3_server.storage_options()
     )
@@ -129,7 +121,9 @@ def test_data_on_s3_through_the_cache_is_exactly_once_across_a_crash(
     status = _train(run_dir, s3_url, "kill@step=27,rank=0; kill@phase=cache_download")
     assert status == 0
     fired = sorted(os.listdir(os.path.join(run_dir, "faults")))
-    assert "0-rank0" in fired and any(marker.startswith("1-") for marker in fired), fired  # both kinds fired
+    assert "kill@step=27,rank=0#0-rank0" in fired and any(  # both kinds fired
+        marker.startswith("kill@phase=cache_download#0-") for marker in fired
+    ), fired
     assert first_difference(read_run(clean), read_run(run_dir)) is None
     assert os.listdir(os.path.join(run_dir, "cache", "files"))  # the shards came through the cache
 

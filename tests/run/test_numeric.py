@@ -161,9 +161,64 @@ def test_a_numeric_fault_with_the_guard_off_is_refused(tmp_path: Path) -> None:
         faults="nan@step=2",
         numeric=True,
     )
-    run._shutdown("ok")  # with the guard on the same plan is accepted
+    run.close()  # with the guard on the same plan is accepted
     with pytest.raises(ConfigError, match=r"numeric guard is off: pass numeric=True to drill it"):
         gp.Run(str(tmp_path), total_steps=4, progress=False, hang_timeout=None, faults="nan@step=2")
+
+
+def test_a_bitflip_on_a_model_without_replicas_is_refused_at_restore(tmp_path: Path) -> None:
+    """Only the replica check finds a flipped bit: on a model whose ranks hold no replicas (FSDP2 shards, a plain
+    module) it would corrupt the run unseen, so Run refuses the fault in one line at run.restore (the drill then
+    reports ``bitflip`` as not applying) instead of training on."""
+    import torch.distributed as dist
+
+    import goodput as gp
+
+    flip = "bitflip@step=2,rank=0"
+    run = gp.Run(
+        str(tmp_path / "ddp"), total_steps=4, progress=False, hang_timeout=None, faults=flip, numeric=True
+    )
+    assert dist.is_initialized()  # Run formed a one-rank group: a DDP model holds replicas
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+    run.restore(model=ddp, optimizer=torch.optim.SGD(ddp.parameters(), lr=0.1))  # accepted
+    run.close()
+    run = gp.Run(
+        str(tmp_path / "plain"), total_steps=4, progress=False, hang_timeout=None, faults=flip, numeric=True
+    )
+    plain = torch.nn.Linear(2, 1)
+    with pytest.raises(ConfigError, match=r"flips a bit but the model has no replicas to compare"):
+        run.restore(model=plain, optimizer=torch.optim.SGD(plain.parameters(), lr=0.1))
+    run.close()
+
+
+def test_a_job_shrunk_to_one_rank_holds_its_bitflip_instead_of_refusing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job launched with replicas that shrank in place to one rank has nothing to compare a flipped bit
+    against for now: its restore is accepted (a refusal would stop a job the launch accepted), the flip is not
+    injected, and the ledger says so."""
+    import goodput as gp
+    from goodput.ledger.ledger import read_events
+
+    monkeypatch.setenv("GOODPUT_RESERVED_WORLD", "2")  # as goodput launch sets it for a job of 2 ranks
+    run = gp.Run(
+        str(tmp_path), total_steps=3, progress=False, hang_timeout=None, faults="bitflip@step=2,rank=0",
+        numeric=True,
+    )  # fmt: skip
+    plain = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(plain.parameters(), lr=0.0)  # the weights change only by a flip
+    run.restore(model=plain, optimizer=opt)
+    before = [p.detach().clone() for p in plain.parameters()]
+    while run.step < 3:
+        loss = plain(torch.ones(1, 2)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        run.step_done(loss=loss.item())
+    run.close()
+    assert all(torch.equal(a, b) for a, b in zip(before, plain.parameters(), strict=True))
+    (held,) = [e for e in read_events(str(tmp_path), rank=0) if e["event"] == "fault_not_injected"]
+    assert held["step"] == 2 and "bitflip" in held["fault"]
 
 
 def _restart_train_losses(steps: int) -> list[float]:
@@ -222,4 +277,4 @@ def test_goodput_numeric_turns_the_guard_on_where_the_script_leaves_it_off(
     try:
         assert any(type(hook).__name__ == "NumericGuard" for hook in run.hooks)
     finally:
-        run._shutdown("ok")
+        run.close()

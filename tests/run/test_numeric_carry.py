@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import torch
 
+from goodput.run._comm_hook import add_tap
 from goodput.run._numeric_carry import decode, encode
 from goodput.run._numeric_grads import BucketCheck
 from goodput.run._numeric_rules import FLAG_LOSS, FLAG_LOSS_BAD, decode_row, encode_row
@@ -57,3 +59,42 @@ def test_a_word_rides_the_first_bucket_and_the_gradients_stay_ddps_own() -> None
         assert rows == expected and gathered == expected
         assert total is not None and math.isfinite(total)
     assert math.isnan(decode_row(results[0][1][1])[1])  # rank 1's NaN loss, as every rank read it
+
+
+def _in_place(rank: int, world: int) -> tuple[bool, bool]:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 300), torch.nn.Tanh(), torch.nn.Linear(300, 4))
+    plain = torch.nn.parallel.DistributedDataParallel(net)
+    carrying = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net))
+    check = BucketCheck.install(carrying, torch.distributed.new_group(backend="gloo"))
+    assert check is not None and check.carrier is not None
+    storages: list[int] = []
+
+    def tap(bucket: Any, reduce: Any) -> Any:
+        future = reduce()  # the bucket's storage as it was all-reduced (grown for the word at its first ride)
+        storages.append(bucket.buffer().untyped_storage().data_ptr())
+        return future
+
+    add_tap(carrying, "test", tap)
+    shared, same = True, True
+    for step in range(3):  # the first backward's buckets, then those DDP rebuilds after it
+        x = torch.randn(8, 16) + rank
+        word = check.carrier.board(step, _row(rank))
+        for model in (plain, carrying):
+            model.zero_grad()
+            model(x).square().mean().backward()
+        assert word.trip is not None
+        shared = shared and word.trip[1].untyped_storage().data_ptr() == storages[-1]
+        same = same and all(
+            torch.equal(a.grad, b.grad)
+            for a, b in zip(plain.parameters(), carrying.parameters(), strict=True)
+        )
+        same = same and word.rows() == [_row(r) for r in range(world)]
+        check.take()
+    return shared, same
+
+
+def test_the_word_rides_in_the_bucket_s_own_storage_with_no_copy() -> None:
+    for shared, same in run_ranks(_in_place, 2, timeout=120):
+        assert shared, "the word's elements are not in the bucket's own storage: the bucket was copied"
+        assert same, "the gradients or the words differ"

@@ -46,8 +46,9 @@ def test_a_single_process_stops_at_the_step_after_its_signal() -> None:
 @pytest.mark.slow
 def test_sigterm_to_the_launcher_alone_saves_once_then_the_relaunch_resumes(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    args = ("--nproc", "2", "--run-dir", run_dir, "--", WORKER, "--steps", "200", "--step-seconds", "0.05")
-    proc = start_launch(*args, "--strategy", "dcp_async")
+    args = ("--nproc", "2", "--run-dir", run_dir, "--", WORKER, "--steps", "200")
+    # the first launch keeps a pace (10 s of steps for the signal to land in); the relaunch needs none
+    proc = start_launch(*args, "--step-seconds", "0.05", "--strategy", "dcp_async")
     wait_for_file(os.path.join(run_dir, "training"), proc)
     step = sigterm_saves_once(proc, run_dir)
     assert sorted((e["rank"], e["step"]) for e in _preempted(run_dir)) == [(0, step), (1, step)]
@@ -123,8 +124,10 @@ def test_a_job_that_cannot_save_is_ended_after_the_grace_period_with_no_orphans(
 @pytest.mark.slow
 def test_python_train_py_is_one_rank_that_saves_on_its_signal_and_then_completes(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    cmd = [sys.executable, WORKER, "--run-dir", run_dir, "--steps", "200", "--step-seconds", "0.02"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = [sys.executable, WORKER, "--run-dir", run_dir, "--steps", "200"]
+    proc = subprocess.Popen(
+        [*cmd, "--step-seconds", "0.02"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     wait_for_file(os.path.join(run_dir, "training"), proc)  # DDP on a one-process group trains
     os.kill(proc.pid, signal.SIGUSR1)
     _, err = proc.communicate(timeout=60)

@@ -38,7 +38,8 @@ def test_a_slow_forward_of_one_rank_of_two_is_named_compute_and_charged_as_strag
     tmp_path: Any,
 ) -> None:
     run_dir = str(tmp_path / "run")
-    proc = _launch(run_dir, 2, "--steps", "30", "--slow-rank", "1", "--factor", "1.5")
+    # a 30 ms forward slowed to 45 ms: the 15 ms stand clear of the scheduling noise of a loaded 2-core machine
+    proc = _launch(run_dir, 2, "--steps", "30", "--base", "0.03", "--slow-rank", "1", "--factor", "1.5")
     assert proc.returncode == 0, proc.stderr[-3000:]
     alarms = _events(run_dir, "straggler_alarm")
     assert [(a["straggler_rank"], a["kind"]) for a in alarms] == [(1, "compute")]
@@ -52,7 +53,20 @@ def test_a_slow_forward_of_one_rank_of_two_is_named_compute_and_charged_as_strag
 
 def test_a_slow_dataset_of_one_rank_of_three_is_named_data(tmp_path: Any) -> None:
     run_dir = str(tmp_path / "run")
-    proc = _launch(run_dir, 3, "--steps", "30", "--slow-rank", "2", "--slow-in", "data", "--factor", "1.5")
+    proc = _launch(
+        run_dir,
+        3,
+        "--steps",
+        "30",
+        "--base",
+        "0.03",
+        "--slow-rank",
+        "2",
+        "--slow-in",
+        "data",
+        "--factor",
+        "1.5",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [(a["straggler_rank"], a["kind"]) for a in _events(run_dir, "straggler_alarm")] == [(2, "data")]
 

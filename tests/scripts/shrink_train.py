@@ -10,7 +10,9 @@ shrink each survivor keeps its own random stream, which a cold resume on fewer r
 ``--spare-after-step N``: a hot spare finishes its imports only once the group has trained step N (so a test
 knows the job shrinks first and grows back later). ``--hold-for-grow A,B``: a shrunk group waits before its
 step A until the agent has grown the job once (before B: twice), and ``--step-seconds`` makes the steps after
-it long enough for the survivors to leave at a step boundary before the run ends.
+it long enough for the survivors to leave at a step boundary before the run ends. ``--hold-for-spare A``: the
+group waits before its step A until a spare has finished its imports (``<run_dir>/spares/``: a node that
+joined later has started its spare).
 """
 
 from __future__ import annotations
@@ -45,11 +47,14 @@ def main() -> None:
     p.add_argument("--spare-after-step", type=int, default=0)
     p.add_argument("--hold-for-grow", default="")
     p.add_argument("--step-seconds", type=float, default=0.0)
+    p.add_argument("--hold-for-spare", type=int, default=0)
     args = p.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     run_dir = RUN_DIR.get()
     if WARM_ROLE.get() == "spare":
+        os.makedirs(os.path.join(run_dir, "spares"), exist_ok=True)
+        open(os.path.join(run_dir, "spares", str(os.getpid())), "w").close()  # imported
         while _trained_step(run_dir) < args.spare_after_step:
             time.sleep(0.05)  # this spare's imports "take" until the group has trained that far
     config = CheckpointConfig(root=os.path.join(run_dir, "checkpoints"), strategy="torch_save", every=1000)
@@ -58,7 +63,7 @@ def main() -> None:
     )
     dataset = Samples(960, features=16, seed=7)
     holds = [int(step) for step in args.hold_for_grow.split(",") if step]
-    run.warm(lambda r: _train(r, dataset, holds, args.step_seconds))
+    run.warm(lambda r: _train(r, dataset, holds, args.step_seconds, args.hold_for_spare))
 
 
 def _grows(run_dir: str) -> int:
@@ -69,6 +74,11 @@ def _grows(run_dir: str) -> int:
         return 0
 
 
+def _spare_imported(run_dir: str) -> bool:
+    folder = os.path.join(run_dir, "spares")
+    return os.path.isdir(folder) and bool(os.listdir(folder))
+
+
 def _hold(run: Run, holds: list[int]) -> None:
     """Before a step of ``holds``, a shrunk group waits for the agent's next grow (the test's schedule)."""
     step = run.step + 1
@@ -77,7 +87,7 @@ def _hold(run: Run, holds: list[int]) -> None:
             time.sleep(0.05)
 
 
-def _train(run: Run, dataset: Samples, holds: list[int], step_seconds: float) -> None:
+def _train(run: Run, dataset: Samples, holds: list[int], step_seconds: float, spare_step: int) -> None:
     torch.manual_seed(0)
     inner = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     model: torch.nn.Module = inner
@@ -92,6 +102,8 @@ def _train(run: Run, dataset: Samples, holds: list[int], step_seconds: float) ->
     with samples_log(run) as log:
         for ids, x in run.batches(loader):
             _hold(run, holds)
+            while run.step + 1 == spare_step and not _spare_imported(run.run_dir):
+                time.sleep(0.05)  # polling for a spare's mark
             loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
             loss.backward()
             opt.step()

@@ -109,3 +109,17 @@ def test_a_script_that_shrinks_3_to_2_to_1_matches_a_reference_on_the_same_world
     assert "IDENTICAL: every step trained the uninterrupted run's global batch, each sample exactly once" in (
         proc.stdout
     )
+
+
+def test_a_run_of_two_epochs_trains_each_sample_once_an_epoch_and_that_is_no_difference() -> None:
+    """The second epoch trains the first epoch's samples again, in the uninterrupted run as in the shrunk one:
+    exactly once means as often as the uninterrupted run, step by step, not once over the whole run."""
+    epoch = (0, 1, 2, 3, 4, 5, 6, 7)  # two steps of four samples, two on each of 2 ranks
+    clean = _records(
+        *(_step(s, r, 0, 2, epoch[4 * ((s - 1) % 2) + 2 * r :][:2]) for s in (1, 2, 3, 4) for r in (0, 1))
+    )
+    shrunk = _records(
+        *(_step(s, r, 0, 2, epoch[4 * ((s - 1) % 2) + 2 * r :][:2]) for s in (1, 2) for r in (0, 1)),
+        *(_step(s, 0, 1, 1, epoch[4 * ((s - 1) % 2) :][:4]) for s in (3, 4)),
+    )
+    assert exactly_once(clean, shrunk) is None

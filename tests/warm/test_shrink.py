@@ -152,11 +152,12 @@ def test_a_second_failure_during_a_shrink_shrinks_again(tmp_path: os.PathLike[st
 def test_a_returning_spare_grows_the_group_back(tmp_path: os.PathLike[str]) -> None:
     run_dir, ref_dir = os.path.join(tmp_path, "run"), os.path.join(tmp_path, "ref")
     # the replacement started at the shrink finishes its imports; the group grows back (before step 8 the
-    # survivor waits for it, so that the run does not end first)
+    # survivor waits for it, so that the run does not end first). When the grow lands is the replacement's
+    # import time against the survivor's steps: any step after the shrink's first (step 6, 7, 8 or later)
     _warm(run_dir, 2, "kill@step=4,rank=1", hold="8", steps=24)
     assert _agent(run_dir) == ["shrink", "warm_restart_done", "grow", "warm_restart_done"]
     schedule = _schedule(_per_step(run_dir))
-    assert schedule[:2] == [(1, 2), (5, 1)] and schedule[2][1] == 2 and schedule[2][0] > 8, schedule
+    assert schedule[:2] == [(1, 2), (5, 1)] and schedule[2][1] == 2 and schedule[2][0] > 5, schedule
     assert len(schedule) == 3
     grows = _events(run_dir, "grow")
     assert sorted((e["rank"], e["world_before"], e["world_after"], e["joined"]) for e in grows) == [
@@ -164,6 +165,11 @@ def test_a_returning_spare_grows_the_group_back(tmp_path: os.PathLike[str]) -> N
         (1, 1, 2, 1),
     ]
     assert {e["step"] for e in grows} == {schedule[2][0]}
+    # the newcomer ended as any rank once the grow had recovered: it closed its ledger (it was not stopped
+    # with the spares when the old rank finished first)
+    ends = {(e["rank"], e["attempt"]): e["status"] for e in _events(run_dir, "attempt_end")}
+    last = {rank: max(a for r, a in ends if r == rank) for rank, _ in ends}
+    assert {rank: ends[rank, attempt] for rank, attempt in last.items()} == {0: "ok", 1: "ok"}, ends
     _same_as_reference(run_dir, ref_dir, 24)
 
 
@@ -198,13 +204,16 @@ def test_a_sharded_model_does_not_shrink_but_takes_a_new_process(tmp_path: os.Pa
     assert restored == [5, 5]  # both ranks of the new generation read the checkpoint of step 5
 
 
+_TWO_NODES = ("--restart", "warm", "--shrink-after", "5", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1")
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
         (("--shrink-after", "5"), "--restart warm"),
         (
-            ("--restart", "warm", "--shrink-after", "5", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"),
-            "one node",
+            (*_TWO_NODES, "--min-world", "3"),
+            "--min-world 3",
         ),
         (("--restart", "warm", "--nproc", "2", "--shrink-after", "5", "--min-world", "3"), "--min-world 3"),
     ],

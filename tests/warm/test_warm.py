@@ -19,6 +19,11 @@ SCRIPT = os.path.join(os.path.dirname(goodput.bench.__file__), "_restart_train.p
 STEPS = "40"
 
 
+def _jsonl(folder: str) -> list[str]:
+    """The ledger's JSON-lines files in ``folder`` (its step records are binary ``.steps`` files beside them)."""
+    return sorted(name for name in os.listdir(folder) if name.endswith(".jsonl"))
+
+
 def _launch(
     run_dir: str, faults: str = "", *extra: str, hang_timeout: str = "60", script_args: tuple[str, ...] = ()
 ) -> None:
@@ -92,7 +97,7 @@ def _assert_warm_and_identical(run_dir: str, baseline: str) -> None:
     assert len(every) == len(set(every)) == 2 * int(STEPS) * 8
     assert _final(run_dir) == _final(baseline)
     # Both ranks recorded the warm restart's parts; the survivor restored the step the killed rank finished.
-    ledgers = os.listdir(os.path.join(run_dir, "ledger"))
+    ledgers = _jsonl(os.path.join(run_dir, "ledger"))
     warm = [
         e
         for name in ledgers
@@ -139,7 +144,7 @@ def test_a_rank_killed_inside_its_step_restarts_warm_with_every_sample_once(
     assert _final(run_dir)["step"] == int(STEPS)
     warm = [
         e
-        for name in os.listdir(os.path.join(run_dir, "ledger"))
+        for name in _jsonl(os.path.join(run_dir, "ledger"))
         for e in _lines(os.path.join(run_dir, "ledger", name))
         if e["event"] == "warm_restart"
     ]
@@ -278,7 +283,7 @@ def test_sharded_model_restarts_warm_from_the_newest_checkpoint(
     assert samples == _trained(baseline)[0]  # steps 11-20 redone on the same samples
     restored = [
         e["step"]
-        for name in os.listdir(os.path.join(run_dir, "ledger"))
+        for name in _jsonl(os.path.join(run_dir, "ledger"))
         for e in _lines(os.path.join(run_dir, "ledger", name))
         if e["event"] == "restore_end" and e["attempt"] == 1
     ]

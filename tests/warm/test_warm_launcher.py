@@ -178,15 +178,18 @@ def test_a_config_error_on_one_rank_stops_a_warm_job_at_once(tmp_path: Path) -> 
     assert _no_records_left(run_dir)
 
 
-def test_an_elastic_node_count_is_refused_in_one_line_naming_what_to_do() -> None:
+def test_an_elastic_node_count_without_shrink_after_is_refused_in_one_line_naming_what_to_do() -> None:
     cmd = [sys.executable, "-m", "goodput", "launch", "--restart", "warm", "--nnodes", "1:2"]
     cmd += ["--rdzv-endpoint", "127.0.0.1:1", "--", "train.py"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "--restart warm" in proc.stderr and "--nnodes 1:2" in proc.stderr
+    assert (
+        "--restart warm" in proc.stderr and "--nnodes 1:2" in proc.stderr and "--shrink-after" in proc.stderr
+    )
     assert "--nnodes N" in proc.stderr and "--restart cold" in proc.stderr
     shown = subprocess.run(
         [sys.executable, "-m", "goodput", "launch", "--help"], capture_output=True, text=True, timeout=60
     )
     text = " ".join(shown.stdout.split())  # argparse wraps the options' help
-    assert "--nnodes MIN:MAX is refused (exit 2)" in text and "--restart cold only" in text
+    assert "An elastic --nnodes MIN:MAX needs --shrink-after" in text
+    assert "with --restart warm it needs --shrink-after" in text

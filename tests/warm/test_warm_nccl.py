@@ -29,6 +29,11 @@ CUDA = ("--device", "cuda")
 NEVER = ("--collective-timeout", "600")  # only the watch's abort can end a blocked collective in time
 
 
+def _jsonl(folder: str) -> list[str]:
+    """The ledger's JSON-lines files in ``folder`` (its step records are binary ``.steps`` files beside them)."""
+    return sorted(name for name in os.listdir(folder) if name.endswith(".jsonl"))
+
+
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> str:
     run_dir = str(tmp_path_factory.mktemp("baseline"))
@@ -81,7 +86,7 @@ def test_sharded_model_restarts_warm_from_the_checkpoint_over_nccl(
     assert samples == _trained(baseline)[0]
     restored = [
         e["step"]
-        for name in os.listdir(os.path.join(run_dir, "ledger"))
+        for name in _jsonl(os.path.join(run_dir, "ledger"))
         for e in _lines(os.path.join(run_dir, "ledger", name))
         if e["event"] == "restore_end" and e["attempt"] == 1
     ]

@@ -1,8 +1,11 @@
 """The bookkeeping of ``goodput bench peers``: what each run trained, from its step records (pure functions).
 
-Every contender logs, per rank, one record per step it trains (``{"step": s, "samples": [...]}``), a redone step
-once more. The run's *lineage* is what its final model learned from: for each step, the last record of it (a
-rollback discards the earlier ones with the model state they produced). Against the same contender's
+Every contender logs, per rank, one record per step it trains (``{"step": s, "samples": [...], "attempt": a}``),
+a redone step once more. The run's *lineage* is what its final model learned from: for each step, the records
+of the newest attempt that trained it, each rank's last (a rollback discards the earlier ones with the model
+state they produced; a step redone by fewer ranks after a shrink in place discards the other ranks' records
+of it too, as their samples are in the survivors' larger batches). ``attempt`` is the same on every rank of
+an attempt and grows with each restart or reshape; a record without it counts as attempt 0. Against the same contender's
 fault-free lineage (the order its loader gives when nothing fails), a sample trained more often than there is
 *twice*, one trained less often is *never*; both are 0 for a run whose data position survives every failure.
 Steps trained more than once are the work the failures cost (``steps_redone``), counted on rank 0.
@@ -41,12 +44,20 @@ def read_records(run_dir: str) -> dict[int, list[dict[str, Any]]]:
 def lineage(
     records: Mapping[int, Iterable[Mapping[str, Any]]], steps: int
 ) -> dict[int, dict[int, list[int]]]:
-    """rank -> step -> the samples of that step's last record, for steps 1..``steps``."""
+    """rank -> step -> the samples of that step's record in the lineage, for steps 1..``steps``."""
+    rows = {
+        rank: [r for r in rank_rows if 1 <= int(r["step"]) <= steps] for rank, rank_rows in records.items()
+    }
+    newest: dict[int, int] = {}
+    for rank_rows in rows.values():
+        for row in rank_rows:
+            step = int(row["step"])
+            newest[step] = max(newest.get(step, 0), int(row.get("attempt", 0)))
     out: dict[int, dict[int, list[int]]] = {}
-    for rank, rows in records.items():
+    for rank, rank_rows in rows.items():
         kept: dict[int, list[int]] = {}
-        for row in rows:
-            if 1 <= int(row["step"]) <= steps:
+        for row in rank_rows:
+            if int(row.get("attempt", 0)) == newest[int(row["step"])]:
                 kept[int(row["step"])] = [int(s) for s in row["samples"]]
         out[rank] = kept
     return out
@@ -69,11 +80,11 @@ def exactness(
     missing from the lineage (a run that stopped short)."""
     mine, ref = lineage(records, steps), lineage(reference, steps)
     have, want = _counts(mine), _counts(ref)
-    rank0 = records.get(0, [])
-    trained = sum(1 for row in rank0 if 1 <= int(row["step"]) <= steps)
+    rank0 = [int(row["step"]) for row in records.get(0, []) if 1 <= int(row["step"]) <= steps]
+    learned = set().union(*(line.keys() for line in mine.values())) if mine else set()
     return {
         "samples_twice": sum(max(0, n - want[s]) for s, n in have.items()),
         "samples_never": sum(max(0, n - have[s]) for s, n in want.items()),
-        "steps_redone": trained - len(mine.get(0, {})),
-        "steps_missing": steps - len(mine.get(0, {})),
+        "steps_redone": len(rank0) - len(set(rank0)),
+        "steps_missing": steps - len(learned),
     }

@@ -1,6 +1,8 @@
 """Time to N steps, side by side: goodput against what a user would run instead, under the same failures.
 
     goodput bench peers [--steps 800] [--schedules 20s,40s,120s,none] [--quick] [--json]
+    goodput bench peers --schedules 40s --reference <a kept run's peers-<time> folder> [--json]
+    goodput bench peers --schedules none --repeat 3 [--contenders baseline,warm] [--json]
 
 One job (the demo's model and data, 2 ranks on CPU), run to ``--steps`` steps by each contender under each
 failure schedule. A schedule is drawn once from ``--seed`` (SIGKILLs of a random rank, exponential gaps with the
@@ -13,13 +15,23 @@ Contenders:
 - ``cold``: goodput's durable tier (``dcp_async``, ``every="auto"``), restarts by torchrun.
 - ``memory``: the same with the memory tier.
 - ``warm``: the default demo: memory tier, warm restarts with two hot spares.
-- ``shrink``: shrink-and-regrow without spares; not implemented yet, shown as such.
+- ``shrink``: warm restarts with no spare (``--spares 0 --shrink-after 0``): the survivor trains on alone, with
+  the global batch of 2 ranks kept (``--global-batch``), and the job grows back when the replacement is ready.
 - ``bare`` (no faults only): the baseline's loop with no checkpoint at all, the price of no insurance.
 
 For each run: wall time from launch to exit, over the same contender's fault-free run and over the baseline's
 under the same schedule; goodput from the run's ledger (``goodput report``'s accounting; the baseline writes the
 ledger through a thin wrapper); and samples trained twice or never, from the step records
 (``bench/_peers_count.py``: the lineage the final model learned from, against the fault-free order).
+
+The fault-free runs can be repeated (``--repeat K``): the contenders run in K interleaved rounds (baseline,
+warm, bare, baseline, warm, bare, ...), so that a machine whose load drifts during the bench slows every
+contender alike, and each ratio is taken between the medians of the rounds' wall times (each round's own
+warm / bare ratio is listed too). The runs of failure schedules are run once.
+
+A run too long for one sitting is split per schedule: ``--reference`` names the folder a ``--keep`` run left
+(its data and its fault-free runs), and the schedules given are run against those fault-free runs instead of
+new ones; the columns are the same.
 """
 
 from __future__ import annotations
@@ -28,13 +40,14 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
-from goodput.bench._peers_count import exactness, read_records
+from goodput.bench._peers_count import exactness, lineage, read_records
 from goodput.bench._peers_faults import Killer, draw_schedule
 
 __all__ = ["CONTENDERS", "add_arguments", "run"]
@@ -43,6 +56,13 @@ CONTENDERS = ("baseline", "cold", "memory", "warm", "shrink")
 _HERE = os.path.dirname(__file__)
 _BASELINE = os.path.join(_HERE, "_peers_baseline.py")
 _DEMO = os.path.join(os.path.dirname(_HERE), "demo", "train.py")
+_BATCH = 16  # per rank: the demo's and the baseline's default
+_RESTART = {  # how goodput launch answers a failure, per contender
+    "cold": ["--restart", "cold"],
+    "memory": ["--restart", "cold"],
+    "warm": ["--restart", "warm", "--spares", "2"],
+    "shrink": ["--restart", "warm", "--spares", "0", "--shrink-after", "0"],
+}
 _GOALS = {
     "warm_over_baseline_at_40s": "<= 0.85",
     "slowest_over_baseline": "<= 1",
@@ -68,8 +88,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a short check: 80 steps, schedules 10s,none, no bare loop (--steps, --schedules still apply)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the fault-free contenders in this many interleaved rounds and compare medians (default 1)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--keep", default=None, help="keep the run folders under this folder")
+    parser.add_argument(
+        "--reference",
+        default=None,
+        help="a peers-<time> folder a --keep run left: reuse its data and fault-free runs, run only the "
+        "schedules given that have failures",
+    )
 
 
 def _schedules(text: str) -> list[tuple[str, float | None]]:
@@ -110,8 +142,9 @@ def _command(contender: str, data: str, run_dir: str, steps: int, mtbf: float | 
         "--run-dir",
         run_dir,
     ]
-    cmd += ["--restart", "warm", "--spares", "2"] if contender == "warm" else ["--restart", "cold"]
+    cmd += _RESTART[contender]
     cmd += ["--", _DEMO, f"--data={data}", f"--steps={steps}", "--no-progress"]
+    cmd += [f"--global-batch={2 * _BATCH}"] if contender == "shrink" else []
     cmd += [f"--mtbf={mtbf}"] if mtbf is not None else []
     return cmd + (["--memory-every=off"] if contender == "cold" else [])
 
@@ -133,15 +166,28 @@ def _launch(
         wall = time.monotonic() - start
     if status != 0:
         raise RuntimeError(f"{contender} failed with exit status {status}: see {run_dir}/launch.log")
-    return {"wall_seconds": round(wall, 2), "kills": killer.fired, "goodput": _goodput(run_dir, mtbf)}
+    return {"wall_seconds": round(wall, 2), "kills": killer.fired, **_account(run_dir, mtbf)}
 
 
-def _goodput(run_dir: str, mtbf: float | None) -> float | None:
+def _account(run_dir: str, mtbf: float | None) -> dict[str, Any]:
+    """Goodput from the run's ledger, and where its time went: the report's categories (seconds), restarts,
+    reshapes (shrinks and grows in place), durable saves, their background write time and the median step."""
     from goodput.ledger import read_events
     from goodput.ledger.report import build_report
 
-    value = build_report(read_events(run_dir, rank=None), run_dir=run_dir, mtbf=mtbf).to_dict()["goodput"]
-    return None if value is None else round(float(value), 4)
+    events = read_events(run_dir, rank=None)
+    report = build_report(events, run_dir=run_dir, mtbf=mtbf).to_dict()
+    durable = [e for e in events if e.get("event") == "checkpoint_durable" and e.get("rank") == 0]
+    value = report["goodput"]
+    return {
+        "goodput": None if value is None else round(float(value), 4),
+        "restarts": report["restarts"],
+        "reshapes": len(report["reshapes"]),
+        "durable_saves": len(durable),
+        "persist_seconds_total": round(float(report["overlap_seconds"] or 0.0), 2),
+        "step_median_seconds": round(float(report["step_stats"]["median"]), 4),
+        "categories": {k: round(float(v), 2) for k, v in report["categories"].items() if float(v) >= 0.05},
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
         args.schedules = "10s,none" if args.quick else "20s,40s,120s,none"
     if args.steps < 20:
         raise ConfigError(f"--steps must be >= 20, got {args.steps}")
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = sorted(set(contenders) - set(CONTENDERS))
     if unknown or "baseline" not in contenders:
@@ -178,44 +226,94 @@ def _measure(
 ) -> dict[str, Any]:
     from goodput.demo.prepare import write_corpus
 
-    data = os.path.join(work, "data")
     os.makedirs(work, exist_ok=True)
-    write_corpus(data)
     rows: list[dict[str, Any]] = []
     records: dict[tuple[str, str], Any] = {}
+    if args.reference:
+        data = os.path.join(args.reference, "data")
+        rows, records = _reference(args.reference, contenders, args.steps)
+        schedules = [s for s in schedules if s[1] is not None]
+    else:
+        data = os.path.join(work, "data")
+        write_corpus(data)
     for name, mtbf in reversed(schedules):  # "none" first: the references of the exactness counts
-        for contender in contenders + (["bare"] if mtbf is None and not args.quick else []):
-            row: dict[str, Any] = {"schedule": name, "contender": contender}
-            if contender == "shrink":
-                rows.append({**row, "note": "shrink-and-regrow without spares is not implemented yet"})
-                continue
-            run_dir = os.path.join(work, f"{contender}-{name}")
-            try:
-                row.update(_launch(contender, data, run_dir, args.steps, mtbf, args.seed))
-            except (RuntimeError, subprocess.TimeoutExpired) as err:  # the other runs still count
-                rows.append({**row, "error": str(err)})
-                continue
-            records[contender, name] = read_records(run_dir)
-            if (contender, "none") in records:
-                row.update(exactness(records[contender, name], records[contender, "none"], args.steps))
-            rows.append(row)
-            with open(os.path.join(work, "rows.jsonl"), "a") as f:  # progress, for a long run
-                f.write(json.dumps(row) + "\n")
+        for round_ in range(args.repeat if mtbf is None else 1):
+            for contender in contenders + (["bare"] if mtbf is None and not args.quick else []):
+                row: dict[str, Any] = {"schedule": name, "contender": contender}
+                row.update({"round": round_} if round_ else {})
+                run_dir = os.path.join(work, f"{contender}-{name}" + (f"-{round_}" if round_ else ""))
+                try:
+                    row.update(_launch(contender, data, run_dir, args.steps, mtbf, args.seed))
+                except (RuntimeError, subprocess.TimeoutExpired) as err:  # the other runs still count
+                    rows.append({**row, "error": str(err)})
+                    continue
+                trained: Any = read_records(run_dir)
+                if not round_:
+                    records[contender, name] = trained
+                if (contender, "none") in records:
+                    row.update(exactness(trained, records[contender, "none"], args.steps))
+                rows.append(row)
+                with open(os.path.join(work, "rows.jsonl"), "a") as f:  # progress, for a long run
+                    f.write(json.dumps(row) + "\n")
     _ratios(rows)
+    names = sorted({r["schedule"] for r in rows} | {n for n, _ in schedules})
     return {
         "steps": args.steps,
         "baseline_every": max(1, args.steps // 20),
         "seed": args.seed,
-        "schedules": {n: draw_schedule(m, seed=args.seed, world_size=2, horizon=600.0) for n, m in schedules},
+        "reference": args.reference,
+        "schedules": {n: draw_schedule(_mtbf(n), seed=args.seed, world_size=2, horizon=600.0) for n in names},
         "rows": rows,
         "ratios": _summary(rows),
         "goals": _GOALS,
     }
 
 
+def _mtbf(name: str) -> float | None:
+    from goodput.units import parse_duration
+
+    return None if name == "none" else parse_duration(name, what="--schedules")
+
+
+def _reference(
+    folder: str, contenders: list[str], steps: int
+) -> tuple[list[dict[str, Any]], dict[tuple[str, str], Any]]:
+    """The fault-free rows and step records of an earlier ``--keep`` run, for the schedules run now."""
+    from goodput.errors import ConfigError
+
+    try:
+        with open(os.path.join(folder, "rows.jsonl")) as f:
+            kept = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--reference {folder}: not a folder a --keep run left ({err})") from None
+    rows = [r for r in kept if r["schedule"] == "none" and "samples_twice" in r]
+    missing = sorted(set(contenders) - {r["contender"] for r in rows})
+    if missing:
+        raise ConfigError(f"--reference {folder} has no fault-free run of {', '.join(missing)}: run it first")
+    records = {
+        (r["contender"], "none"): read_records(os.path.join(folder, f"{r['contender']}-none"))
+        for r in rows
+        if not r.get("round")
+    }
+    trained = {len(lineage(records[key], 10**9).get(0, {})) for key in records}
+    if trained != {steps}:
+        raise ConfigError(f"--reference {folder} trained {sorted(trained)} steps, not --steps {steps}")
+    return rows, records
+
+
+def _median_walls(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """Each (contender, schedule)'s wall time: the median over its rounds (one run: its own)."""
+    walls: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if r.get("wall_seconds") is not None:
+            walls.setdefault((r["contender"], r["schedule"]), []).append(r["wall_seconds"])
+    return {key: statistics.median(values) for key, values in walls.items()}
+
+
 def _ratios(rows: list[dict[str, Any]]) -> None:
-    """Each run's wall time over its own fault-free run's and over the baseline's under the same schedule."""
-    wall = {(r["contender"], r["schedule"]): r.get("wall_seconds") for r in rows}
+    """Each run's wall time over its own fault-free run's and over the baseline's under the same schedule (the
+    medians of their rounds)."""
+    wall = _median_walls(rows)
     for r in rows:
         if r.get("wall_seconds") is None:
             continue
@@ -225,18 +323,29 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    rows = [r for r in rows if "samples_twice" in r]  # neither the shrink row nor a failed run
+    rows = [r for r in rows if "samples_twice" in r]  # not a failed run
     timed = [
         r for r in rows if r.get("over_baseline") is not None and r["contender"] not in ("baseline", "bare")
     ]
     at40 = [r["over_baseline"] for r in timed if r["contender"] == "warm" and r["schedule"] == "40s"]
-    wall = {(r["contender"], r["schedule"]): r.get("wall_seconds") for r in rows}
+    wall = _median_walls(rows)
     warm, bare = wall.get(("warm", "none")), wall.get(("bare", "none"))
-    goodput_rows = [r for r in rows if r["contender"] in ("cold", "memory", "warm")]
+    by_round = {
+        (r["contender"], r.get("round", 0)): r["wall_seconds"] for r in rows if r["schedule"] == "none"
+    }
+    goodput_rows = [r for r in rows if r["contender"] in ("cold", "memory", "warm", "shrink")]
     return {
         "warm_over_baseline_at_40s": at40[0] if at40 else None,
+        "shrink_over_baseline_at_40s": next(
+            (r["over_baseline"] for r in timed if r["contender"] == "shrink" and r["schedule"] == "40s"), None
+        ),
         "slowest_over_baseline": max((r["over_baseline"] for r in timed), default=None),
         "no_faults_warm_over_bare": round(warm / bare, 3) if warm and bare else None,
+        "no_faults_warm_over_bare_by_round": [
+            round(by_round["warm", n] / by_round["bare", n], 3)
+            for n in sorted({n for _, n in by_round})
+            if ("warm", n) in by_round and ("bare", n) in by_round
+        ],
         "goodput_samples_wrong": sum(r["samples_twice"] + r["samples_never"] for r in goodput_rows),
         "baseline_samples_wrong": sum(
             r["samples_twice"] + r["samples_never"] for r in rows if r["contender"] == "baseline"
@@ -252,15 +361,18 @@ def _print(result: dict[str, Any]) -> None:
     )
     for r in result["rows"]:
         if "note" in r or "error" in r or "samples_twice" not in r:
-            print(
-                f"{r['schedule']:>8} {r['contender']:>9}  {r.get('note') or r.get('error', 'no reference')}"
-            )
+            print(f"{_name(r):>8} {r['contender']:>9}  {r.get('note') or r.get('error', 'no reference')}")
             continue
         gp = "-" if r["goodput"] is None else f"{100 * r['goodput']:.1f}%"
         print(
-            f"{r['schedule']:>8} {r['contender']:>9} {r['wall_seconds']:8.1f} {r['over_fault_free'] or 0:6.2f} "
+            f"{_name(r):>8} {r['contender']:>9} {r['wall_seconds']:8.1f} {r['over_fault_free'] or 0:6.2f} "
             f"{r['over_baseline'] or 0:6.2f} {gp:>8} {len(r['kills']):5d} {r['samples_twice']:5d} "
             f"{r['samples_never']:5d} {r['steps_redone']:6d}"
         )
     for key, value in result["ratios"].items():
         print(f"  {key} = {value} (goal {_GOALS.get(key, 'none: what its users get')})")
+
+
+def _name(row: dict[str, Any]) -> str:
+    """The schedule's name, with the round after the first (``none#2``)."""
+    return f"{row['schedule']}#{row['round'] + 1}" if row.get("round") else str(row["schedule"])

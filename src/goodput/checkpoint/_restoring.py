@@ -161,11 +161,12 @@ def none_loaded(
     count = len({step for step, _ in skipped}) + len({step for step, _ in memory})
     step, reason = failures[0]
     where = "memory-tier " if not skipped else ""
-    which = "the only committed checkpoint" if count == 1 else f"none of the {count} committed checkpoints"
-    what = (
-        f"{which} under {reader.layout.root} could be loaded"
-        f" (newest failure: {where}step {step}: {reason.splitlines()[0] if reason else '?'})"
+    which = (
+        f"the only committed checkpoint under {reader.layout.root} could not be loaded"
+        if count == 1
+        else f"none of the {count} committed checkpoints under {reader.layout.root} could be loaded"
     )
+    what = f"{which} (newest failure: {where}step {step}: {reason.splitlines()[0] if reason else '?'})"
     if not config.fresh_start_allowed():
         raise NoValidCheckpoint(
             f"{what}; to train from step 0 beside them, relaunch with goodput launch --allow-fresh-start"

@@ -21,6 +21,7 @@ from torch.distributed.checkpoint import CheckpointException
 
 import goodput
 from goodput.checkpoint._collectives import Collectives
+from goodput.checkpoint._contention import BackgroundCpu
 from goodput.checkpoint._restoring import DurableReader
 from goodput.checkpoint._retention import Retention
 from goodput.checkpoint._saving import FAILURES, SaveResult, describe, raiser
@@ -109,6 +110,7 @@ class DurableTier:
         self.results: list[SaveResult] = []
         self._charged: tuple[int, float] | None = None  # (step, seconds) another tier spent for this save
         self._inflight: Future[SaveResult] | None = None
+        self._waited = 0.0  # how long the save being made waited for the one in flight (part of its stall)
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-ckpt")
 
     # ---- saving ---------------------------------------------------------------------------------------------
@@ -117,14 +119,34 @@ class DurableTier:
         self._charged = (step, seconds)
 
     def save(self, step: int) -> SaveResult:
-        """Save the state as ``step`` (see ``CheckpointManager.save``); the caller settled the save in flight."""
+        """Save the state as ``step`` (see ``CheckpointManager.save``) once the save in flight is settled.
+
+        Training is blocked from the call on, so the wait for the save in flight is part of this save's
+        ``checkpoint_stall`` span. That save's failure does not stop this one: it is raised once this save is
+        made (or, when asynchronous, in flight), so a failure never costs the next checkpoint too.
+        """
+        self._emit("checkpoint_stall", phase="start", step=step)
+        called, busy = self._clock(), self._inflight is not None
+        previous = self.settle()
+        self._waited = self._clock() - called if busy else 0.0
+        result = self._save(step)
+        if isinstance(previous, SaveFailed):
+            raise previous  # logged where it failed; reported to the caller once, here
+        return result
+
+    def _stall_end(self, step: int, stall: float) -> None:
+        """Training goes on: the end of this save's ``checkpoint_stall``, its ``stall`` after the wait for the
+        save in flight (the event's seconds count both, as its span does)."""
+        self._emit("checkpoint_stall", phase="end", step=step, seconds=self._waited + stall)
+
+    def _save(self, step: int) -> SaveResult:
         if step in self.committed:
+            self._stall_end(step, 0.0)
             return SaveResult(
                 step, self.config.strategy, 0.0, 0.0, self.layout.final_dir(step), None, skipped=True
             )
         now = self._clock()
         self.policy.saved(step, now)
-        self._emit("checkpoint_stall", phase="start", step=step)
         start = self._clock()
         self.state.step = step
         if getattr(self.strategy, "writes_later", False):
@@ -132,7 +154,7 @@ class DurableTier:
         folder, error, exists = self._begin(step, self.coll.ctl)
         if exists:  # committed by an earlier run that this manager did not restore: never overwrite it
             self.committed.add(step)
-            self._emit("checkpoint_stall", phase="end", step=step, seconds=self._clock() - start)
+            self._stall_end(step, self._clock() - start)
             return SaveResult(
                 step, self.config.strategy, self._clock() - start, 0.0, folder, None, skipped=True
             )
@@ -152,18 +174,18 @@ class DurableTier:
         fault_point("checkpoint_write", step)  # written (or staged), not committed
         if self.strategy.is_async:
             stall = self._clock() - start
-            self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
+            self._stall_end(step, stall)
             self._inflight = self._finisher.submit(self._finish, step, folder, completion, start, stall)
             return SaveResult(step, self.config.strategy, stall)
         return self._finish(step, folder, completion, start, None)
 
-    def _alone(self, step: int, err: Exception, seconds: float) -> CheckpointError:
+    def _alone(self, step: int, err: Exception, stall: float) -> CheckpointError:
         """This rank failed alone in a save: its peers may wait in a collective it never joins (DCP's
         planning). No step brings them back in line, so the error ends the attempt; torchrun stops the peers
         at once and restarts the job (no wait for the hang watchdog). The previous checkpoint is untouched."""
         error = f"rank {self.coll.rank}: {describe(err)}"
         self._emit("checkpoint_failed", step=step, error=error)
-        self._emit("checkpoint_stall", phase="end", step=step, seconds=seconds)
+        self._stall_end(step, stall)
         return CheckpointError(
             f"saving step {step} failed on {error} before the other ranks' collectives could finish; "
             "ending this attempt so that the job restarts (the previous checkpoint is untouched)"
@@ -202,7 +224,7 @@ class DurableTier:
             completion = raiser(err)
         fault_point("checkpoint_write", step)  # staged, not written
         stall = self._clock() - start
-        self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
+        self._stall_end(step, stall)
         self._inflight = self._finisher.submit(self._begin_and_finish, step, completion, start, stall)
         if staged is not None and self.staged is not None:
             self.staged.hold(self._inflight)
@@ -222,6 +244,7 @@ class DurableTier:
 
         ``stall`` is the blocking time of an asynchronous save; None for a synchronous one (all of it blocked).
         """
+        cpu = BackgroundCpu()  # an asynchronous save's background half, on the finisher thread
         mine: tuple[str, Any]
         try:
             names = completion()
@@ -242,7 +265,7 @@ class DurableTier:
         persist = self._clock() - start
         if stall is None:  # a synchronous save blocked training until now
             stall = persist
-            self._emit("checkpoint_stall", phase="end", step=step, seconds=stall)
+            self._stall_end(step, stall)
         if outcome[0] != "ok":
             self._emit("checkpoint_failed", step=step, error=outcome[1])
             failed = SaveFailed(
@@ -253,9 +276,9 @@ class DurableTier:
         url, size = outcome[1]
         self.committed.add(step)
         charged = self._charged  # a memory save made only for this one: part of its cost (see should_save)
-        self.policy.measured(
-            stall + (charged[1] if charged is not None and charged[0] == step else 0.0), persist
-        )
+        cost = stall + (charged[1] if charged is not None and charged[0] == step else 0.0)
+        # the write's CPU time, where it is taken from training (see checkpoint/_contention.py)
+        self.policy.measured(cost + (cpu.charged() if persist > stall else 0.0), persist)
         result = SaveResult(step, self.config.strategy, stall, persist, url, size)
         self.results.append(result)
         self._emit(

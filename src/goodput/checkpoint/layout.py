@@ -322,23 +322,26 @@ class CheckpointLayout:
         return rows
 
     def _inspect(self, step: int, folder: str, *, checksums: bool) -> CheckpointInfo | None:
-        """The row of a ``step-<N>`` folder; None for an emptied folder on an object store, which is no folder
-        at all there (SeaweedFS keeps a removed folder's marker object, so listing the root still names it)."""
+        """The row of a ``step-<N>`` folder; None for no checkpoint: an emptied folder on an object store (whose
+        marker SeaweedFS keeps), or one removed while it was read (retention, a rollback's discard, on another
+        thread or rank; a removal un-commits first, renaming the folder away or deleting its manifest)."""
         names = self._names(folder)
-        if not names and not self.local:
+        if not names and (not self.local or not os.path.isdir(folder)):
             return None
         if MANIFEST_NAME not in names:
             return CheckpointInfo(step, folder, "partial", "no manifest: save did not commit")
+        row = CheckpointInfo(step, folder, "corrupt", "")
         try:
             m = self.read_manifest(folder)
-        except CheckpointCorrupt as err:
-            return CheckpointInfo(step, folder, "corrupt", str(err))
-        row = CheckpointInfo(
-            step, folder, "committed", "", m.strategy, m.world_size, m.wall_time, m.total_bytes
-        )
-        try:
+            row = CheckpointInfo(
+                step, folder, "committed", "", m.strategy, m.world_size, m.wall_time, m.total_bytes
+            )
             self.verify(folder, checksums=checksums)
-        except CheckpointCorrupt as err:
+        except (CheckpointCorrupt, FileNotFoundError) as err:
+            if MANIFEST_NAME not in self._names(folder):
+                return None  # it had a manifest when listed: removed since
+            if isinstance(err, FileNotFoundError):
+                raise
             return dataclasses.replace(row, status="corrupt", reason=str(err))
         if m.step != step:
             return dataclasses.replace(row, status="corrupt", reason=f"the manifest says step {m.step}")

@@ -152,8 +152,12 @@ class CheckpointManager:
             cfg.every_steps,
             cfg.every_seconds,
             world_size=self.world_size,
-            on_change=lambda interval, why: self._emit(
-                "checkpoint_interval", interval_seconds=interval, reason=why
+            on_change=lambda interval, why, stall, persist: self._emit(
+                "checkpoint_interval",
+                interval_seconds=interval,
+                reason=why,
+                stall_seconds=stall,
+                persist_seconds=persist,
             ),
         )
 
@@ -282,18 +286,17 @@ class CheckpointManager:
     def save(self, step: int) -> SaveResult:
         """Save the state as ``step``; blocks only for the strategy's blocking part (``dcp_async``: staging).
 
-        Waits first for a previous save still in flight (at most one). A step already committed is skipped.
+        Waits first for a previous save still in flight (at most one; the wait counts as this save's stall).
+        A step already committed is skipped.
 
         Raises:
-            SaveFailed: this (synchronous) save failed, or the previous asynchronous one did (then nothing new
-                is saved by this call). The previous checkpoint is untouched and training may go on.
+            SaveFailed: this (synchronous) save failed, or the previous asynchronous one did (raised after this
+                call saved, or started saving, ``step``: a failure never costs the next checkpoint). The
+                previous checkpoint is untouched and training may go on.
         """
         self._check_open()
         self._last_step = step
         quiet_single_process()
-        previous = self.durable.settle()
-        if isinstance(previous, SaveFailed):
-            raise previous  # reported once; the next call saves normally
         return self.durable.save(step)
 
     def wait(self) -> SaveResult | None:

@@ -107,8 +107,9 @@ class AutoInterval(EveryInterval):
         first_interval: the interval before any save has been measured (bounded by ``max_interval``). The
             default, 0, saves at the second step: the optimum needs the measured cost of a save.
         window: how many recent saves the stall/persist estimates are the median of.
-        on_change: called with (new interval, reason) when the interval moves by more than 10% from the last
-            value reported (the ledger records it as ``checkpoint_interval``).
+        on_change: called with (new interval, reason, stall, persist: the save costs it was planned with) when
+            the interval moves by more than 10% from the last value reported (the ledger records it as
+            ``checkpoint_interval``, and a later attempt resumes from those costs: ``resume``).
 
     ``failure_share`` (1 unless set): the share of the job's failures this tier recovers. With a memory tier
     the durable tier recovers only the failures the memory tier cannot, so its optimum uses ``mtbf / share``
@@ -124,7 +125,7 @@ class AutoInterval(EveryInterval):
         detect: float = 0.0,
         first_interval: float = 0.0,
         window: int = 5,
-        on_change: Callable[[float, str], None] | None = None,
+        on_change: Callable[[float, str, float, float], None] | None = None,
     ) -> None:
         super().__init__(min(first_interval, max_interval))
         self.mtbf = mtbf
@@ -164,6 +165,14 @@ class AutoInterval(EveryInterval):
         self._persists.append(persist)
         self._update("a save was measured")
 
+    def resume(self, stall: float, persist: float) -> None:
+        """Plan with the save costs an earlier attempt of the run measured until this one measures its own (a
+        restarted job would otherwise start from ``first_interval`` and save on consecutive steps again)."""
+        if not self._stalls:
+            self._stalls.append(stall)
+            self._persists.append(persist)
+            self._update("an earlier attempt's save costs")
+
     def observe_mtbf(self, mtbf: float) -> None:
         """Replace the prior with an observed mean time between failures (seconds)."""
         if mtbf > 0:
@@ -192,7 +201,7 @@ class AutoInterval(EveryInterval):
                 self._reported is None or abs(new - self._reported) > 0.1 * self._reported
             ):
                 self._reported = new
-                self._on_change(new, why)
+                self._on_change(new, why, stall, persist)
 
 
 class StepSchedule:
@@ -263,11 +272,11 @@ def tier_policy(
     every_seconds: float | None,
     *,
     world_size: int,
-    on_change: Callable[[float, str], None],
+    on_change: Callable[[float, str, float, float], None],
 ) -> SavePolicy:
     """A tier's save policy: every ``every_steps`` steps, every ``every_seconds`` seconds, or else ``auto``
     (from ``config``'s prior failure rate for ``world_size`` ranks and its cost settings; ``on_change`` hears
-    each new interval and why)."""
+    each new interval, why, and the stall and persist times it was planned with)."""
     if every_steps is not None:
         return EverySteps(every_steps)
     if every_seconds is not None:

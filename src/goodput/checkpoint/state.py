@@ -223,7 +223,11 @@ class TrainingState(Stateful):
             set_state_dict,
         )
 
-        options = StateDictOptions(full_state_dict=full, strict=True)
+        # A whole (not sharded) model's full state dict is its local one. Loaded as full, torch's
+        # set_state_dict asserts it can find a device among the optimizer's tensors, and an optimizer that
+        # keeps none (SGD without momentum) could not resume from a torch_save checkpoint.
+        whole = self.model is None or self.holds_full_replica()
+        options = StateDictOptions(full_state_dict=full and not whole, strict=True)
         if self.model is not None and self.optimizer is not None:
             set_state_dict(
                 self.model,

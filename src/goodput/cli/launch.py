@@ -33,8 +33,9 @@ resume. A second signal stops everything at once. No process of the job outlives
 Warm restarts (--restart warm; the script calls run.warm(train_fn)): a failed rank is replaced by a hot spare
 while the survivors keep their processes. Preemption, the crash-loop count (each warm generation is an
 attempt), the errors that stop at once and the exit codes below are the same; spares are ended with the job.
-It needs a fixed node count: --nnodes MIN:MAX is refused (exit 2); use --nnodes N, or --restart cold for an
-elastic job.
+An elastic --nnodes MIN:MAX needs --shrink-after: a node lost whole shrinks the job onto the others in place,
+and a node that comes later (the same command on another machine) is admitted through a new round of torch's
+c10d rendezvous and grows the job at a step boundary.
 
 Output: the terminal shows what the workers print (their tracebacks left out), one line per failure (what
 failed, what was done) and a final line naming the cause of a failed job; the full logs (torchrun's and each
@@ -62,7 +63,9 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--nproc", type=int, default=1, help="worker processes per node (default 1)")
     parser.add_argument(
-        "--nnodes", default="1", help="number of nodes, or MIN:MAX (elastic: --restart cold only; default 1)"
+        "--nnodes",
+        default="1",
+        help="number of nodes, or MIN:MAX (elastic; with --restart warm it needs --shrink-after; default 1)",
     )
     parser.add_argument("--node-rank", type=int, default=None, help="this node's rank (static multi-node)")
     parser.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the c10d rendezvous (multi-node)")
@@ -121,7 +124,8 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="--restart warm: when a rank fails and no spare is ready within SECONDS, the survivors train on as "
         "a smaller group (no restart, no checkpoint read) and grow back when a spare is ready (default: off, "
-        "wait for a replacement); the script's loader needs global_batch_size= (docs/warm-restarts.md)",
+        "wait for a replacement); with --nnodes N a node lost whole (silent for --collective-timeout) is "
+        "dropped at once; the script's loader needs global_batch_size= (docs/warm-restarts.md)",
     )
     parser.add_argument(
         "--min-world",

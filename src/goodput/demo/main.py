@@ -200,8 +200,8 @@ def _summarise(config: DemoConfig) -> None:
 
 def _samples_line(run_dir: str) -> str:
     """Exactly once, checked from the ranks' sample logs: each step's global batch the last time it was trained
-    (whatever world size trained it), and any sample trained in two steps."""
-    from goodput.verify.demo import global_steps, trained_twice
+    (whatever world size trained it), and any sample trained in two steps of one epoch."""
+    from goodput.verify.demo import global_steps, step_epochs, trained_twice
 
     folder = os.path.join(run_dir, "samples")
     files = [os.path.join(folder, n) for n in sorted(os.listdir(folder))] if os.path.isdir(folder) else []
@@ -216,7 +216,7 @@ def _samples_line(run_dir: str) -> str:
     gaps = sorted(set(range(1, max(steps) + 1)) - set(steps))
     return (
         f"samples: {sum(len(ids) for ids in steps.values())} over {len(steps)} steps, "
-        f"{'/'.join(map(str, sizes))} a step; {len(trained_twice(steps))} trained twice, "
+        f"{'/'.join(map(str, sizes))} a step; {len(trained_twice(steps, step_epochs(ranks)))} trained twice, "
         f"{len(gaps)} steps never trained"
     )
 

@@ -31,6 +31,7 @@ from goodput.demo.model import ModelConfig, TinyLM
 from goodput.run import Run
 from goodput.run.numeric import NumericConfig
 from goodput.run.stragglers import StragglerConfig
+from goodput.verify.demo import batch_epoch
 
 INDEX = struct.Struct("<I")
 
@@ -182,7 +183,10 @@ def _train(run: Run, args: argparse.Namespace, dataset: Any, run_dir: str, kept:
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             draws = [hashlib.sha256(tokens.numpy().tobytes()).hexdigest()[:16], float(loss.detach()).hex()]
-            record = {"step": run.step + 1, "samples": indices, "attempt": attempt, "draws": draws}
+            record = {
+                "step": run.step + 1, "samples": indices, "attempt": attempt, "epoch": batch_epoch(loader),
+                "draws": draws,
+            }  # fmt: skip
             samples_log.write(json.dumps(record) + "\n")
             run.step_done(loss=float(loss.detach()))
     run.close()

@@ -3,6 +3,8 @@ guard's, docs/numeric-faults.md) and a rank that keeps running slower (``slow``:
 
 A numeric fault is refused by a run whose guard is off (exit 78, "the numeric guard is off"): the scenario then
 reports that it did not apply, which meets its outcome, rather than failing a script that chose not to guard.
+So does ``bitflip`` on a model without replicas (FSDP2 shards): the run refuses it at ``run.restore``, since only
+the replica check could find it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from goodput.drill.runs import OUTPUT_LOG, LaunchSpec, result, run_launch
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
 from goodput.launch.launcher import EXIT_FATAL
+from goodput.run._numeric_ops import NO_REPLICAS
 
 __all__ = ["BITFLIP", "NAN", "SLOW", "SPIKE"]
 
@@ -32,8 +35,13 @@ def _numeric(plan: Callable[[DrillContext], str]) -> Callable[[DrillContext], Sc
         run_dir = os.path.join(context.work_dir, "run")
         context.say(f"{faults}")
         done = run_launch(context, run_dir, LaunchSpec(faults=faults, restarts=1))
-        if done.status == EXIT_FATAL and _GUARD_OFF in _output(run_dir):
-            reason = "the script's numeric guard is off (Run(numeric=True) turns it on)"
+        said = _output(run_dir) if done.status == EXIT_FATAL else ""
+        if _GUARD_OFF in said or NO_REPLICAS in said:
+            reason = (
+                "the script's numeric guard is off (Run(numeric=True) turns it on)"
+                if _GUARD_OFF in said
+                else "the model has no replicas to compare (FSDP2 shards): a flipped bit is found only by comparison"
+            )
             return ScenarioResult(
                 injected=faults, outcome="not run", met=True, exactly_once=None, identical=None,
                 not_expected=reason,

@@ -56,22 +56,28 @@ def _failed_saves_and_attempts(run_dir: str) -> tuple[list[int], int]:
 
 
 def queued_saves(run_dir: str) -> list[int]:
-    """The steps whose save began on rank 0 while an earlier save of its attempt was still in flight (a save
-    that queued behind another); the ledger's order of events says so."""
+    """The steps whose save did its own work on rank 0 while an earlier save of its attempt was still in
+    flight (a save that queued behind another instead of waiting for it); the ledger's order of events says so.
+
+    A save's ``checkpoint_stall`` span starts when it is called, so it may open while the previous save is
+    still uploading: that save waits, its wait charged as its stall. It queued only when its span closed (its
+    own blocking part done, training on) with the earlier save still neither durable nor failed."""
     from goodput.ledger import read_events
 
     queued: list[int] = []
-    inflight: dict[int, int] = {}  # attempt -> the step of the save in flight
+    inflight: dict[int, set[int]] = {}  # attempt -> the steps of the saves begun, neither durable nor failed
     for event in read_events(run_dir, rank=0):
-        attempt, name = int(event["attempt"]), event["event"]
+        attempt, name, step = int(event["attempt"]), event["event"], int(event.get("step") or 0)
+        begun = inflight.setdefault(attempt, set())
+        if event.get("tier") == "memory":  # the memory tier's saves never wait for the durable one
+            continue
         if name == "checkpoint_stall" and event.get("phase") == "start":
-            if attempt in inflight:
-                queued.append(int(event["step"]))
-            inflight[attempt] = int(event["step"])
-        elif name in ("checkpoint_durable", "checkpoint_failed") and inflight.get(attempt) == event.get(
-            "step"
-        ):
-            del inflight[attempt]
+            begun.add(step)
+        elif name == "checkpoint_stall" and event.get("phase") == "end":
+            if begun - {step}:
+                queued.append(step)
+        elif name in ("checkpoint_durable", "checkpoint_failed"):
+            begun.discard(step)
     return queued
 
 

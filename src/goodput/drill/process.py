@@ -140,8 +140,8 @@ def launch_until_step(
     Returns the launch, its start time, and whether the step was reached (False: the launch ended first).
     """
     faults = "; ".join(f for f in (spec.faults, f"slow@step={step},seconds={_WINDOW}") if f)
-    # A fault's marker names it by its place in the plan, so an earlier launch's window (another plan) would
-    # silence this one: this launch's plan starts with none fired.
+    # An earlier launch's window at the same step is the same fault (same marker) and would silence this one:
+    # this launch's plan starts with none fired.
     shutil.rmtree(os.path.join(run_dir, "faults"), ignore_errors=True)
     before = last_attempt(run_dir)
     started = time.monotonic()

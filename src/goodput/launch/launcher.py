@@ -43,6 +43,7 @@ __all__ = [
     "EXIT_STRAGGLER",
     "LaunchConfig",
     "launch_job",
+    "rdzv_conf",
     "torchrun_command",
 ]
 
@@ -160,7 +161,7 @@ def torchrun_command(config: LaunchConfig, *, log_dir: str | None = None) -> lis
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={config.rdzv_endpoint}",
             f"--rdzv-id={config.rdzv_id}",
-            f"--rdzv-conf={_rdzv_conf(config.rdzv_timeout)}",
+            f"--rdzv-conf={rdzv_conf(config.rdzv_timeout)}",
         ]
         if config.node_rank is not None:
             cmd.append(f"--node-rank={config.node_rank}")
@@ -170,7 +171,7 @@ def torchrun_command(config: LaunchConfig, *, log_dir: str | None = None) -> lis
     return cmd + list(config.script)
 
 
-def _rdzv_conf(timeout: float) -> str:
+def rdzv_conf(timeout: float) -> str:
     """torchrun's ``--rdzv-conf``: the user's ``PET_RDZV_CONF`` (torchrun's own variable, which a command-line
     ``--rdzv-conf`` would hide), with ``timeout`` for what it leaves unset.
 

@@ -21,6 +21,9 @@ from __future__ import annotations
 import json
 import os
 
+from goodput.launch.folder import PIDS_DIR
+from goodput.launch.launcher import EXIT_PREEMPTED
+
 __all__ = ["AGENT_ERROR_FILE", "ERROR_FILE_ENV", "rendezvous_lost"]
 
 AGENT_ERROR_FILE = "agent-error.json"  # in the launch folder
@@ -30,10 +33,20 @@ _LOST = {
     "RendezvousConnectionError": "the rendezvous lost the node that hosts its store ({endpoint})",
     "RendezvousTimeoutError": "the rendezvous lost a node: none came back within --rdzv-timeout {timeout:g}s",
 }
+_RESUME = (
+    ": this node's ranks stopped; requeue the job, or run the same command on every node, to resume from the "
+    "newest checkpoint (exit {code})"
+)
+_NEVER_GATHERED = (
+    "the rendezvous never gathered every node: one did not arrive within --rdzv-timeout {timeout:g}s; start the "
+    "same command, with --rdzv-endpoint {endpoint}, on every node (exit {code}: a scheduler may requeue)"
+)
 
 
 def rendezvous_lost(folder: str, *, endpoint: str, timeout: float) -> str | None:
-    """What the launch's agent said when its rendezvous lost a node (None: it did not, or wrote nothing)."""
+    """The line to stop with when the launch's agent says its rendezvous lost a node, or never gathered them all
+    (None: neither, or it wrote nothing). ``folder``: the launch folder; a launch none of whose ranks ever
+    started (no ``pids/`` entry) timed out in its first round: a node never arrived, none was lost."""
     try:
         with open(os.path.join(folder, AGENT_ERROR_FILE)) as f:
             message = str(json.load(f)["message"]["message"])
@@ -42,4 +55,13 @@ def rendezvous_lost(folder: str, *, endpoint: str, timeout: float) -> str | None
     kind = message.split(":", 1)[0]
     if kind not in _LOST:
         return None
-    return _LOST[kind].format(endpoint=endpoint, timeout=timeout)
+    if kind == "RendezvousTimeoutError" and not _ranks_started(folder):
+        return _NEVER_GATHERED.format(endpoint=endpoint, timeout=timeout, code=EXIT_PREEMPTED)
+    return (_LOST[kind] + _RESUME).format(endpoint=endpoint, timeout=timeout, code=EXIT_PREEMPTED)
+
+
+def _ranks_started(folder: str) -> bool:
+    try:
+        return bool(os.listdir(os.path.join(folder, PIDS_DIR)))
+    except OSError:
+        return False

@@ -261,10 +261,7 @@ class Supervisor:
             return EXIT_CRASH_LOOP
         lost = self._rendezvous_lost(status)
         if lost is not None:
-            self._say(
-                f"{lost}: this node's ranks stopped; requeue the job, or run the same command on every node, "
-                f"to resume from the newest checkpoint (exit {EXIT_PREEMPTED})"
-            )
+            self._say(lost)
             return EXIT_PREEMPTED
         if self._signals and status == 0:
             # Every rank ended by itself, successfully, before they agreed on a stop: the job is done and

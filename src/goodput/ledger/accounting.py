@@ -54,11 +54,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import numpy as np
+
+from goodput.ledger.blocks import CHUNKS, EXACT_STEPS, tile_attempt
 from goodput.ledger.capacity import (
     CapacityFigures,
     Reshape,
@@ -70,11 +72,19 @@ from goodput.ledger.capacity import (
     reshapes,
     world_spans,
 )
-from goodput.ledger.figures import StepStats, at_risk, declared, measured_interval, step_stats
+from goodput.ledger.figures import (
+    StepStats,
+    at_risk,
+    declared,
+    mean_or_none,
+    measured_interval,
+    memory_tier,
+    step_stats,
+)
 from goodput.ledger.ranks import merge_ranks
 from goodput.ledger.series import goodput_over_time
 from goodput.ledger.spans import Attempt, Spans, kept_steps, layout, new_launch, outcome
-from goodput.ledger.tiling import UNDER_RESHAPE, Segment, intervals, rolled_back, sweep
+from goodput.ledger.tiling import UNDER_RESHAPE, Segment, rolled_back
 
 __all__ = [
     "CATEGORIES",
@@ -183,6 +193,9 @@ class Accounting:
     capacity: CapacityFigures | None = None
     reshapes: tuple[Reshape, ...] = ()
     world: tuple[WorldSpan, ...] = ()
+    memory_interval_seconds: float | None = None  # the memory tier's, when it saved (ledger/figures.py)
+    memory_stall_seconds: float | None = None
+    memory_persist_seconds: float | None = None
 
     @property
     def capacity_goodput(self) -> float:
@@ -205,7 +218,13 @@ class Accounting:
         return out
 
 
-def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> Accounting:
+def account(
+    events: Iterable[Mapping[str, Any]],
+    *,
+    rank: int | None = None,
+    records: Mapping[tuple[int, int], np.ndarray] | None = None,
+    exact_steps: int = EXACT_STEPS,
+) -> Accounting:
     """Account for every second of a run from its ledger events.
 
     Args:
@@ -213,6 +232,10 @@ def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> 
             :func:`goodput.ledger.read_events`.
         rank: whose time axis to use when several ranks are given (None: the lowest present); every
             rank's failures and custom events count either way, each job event once.
+        records: that rank's step records by (attempt, rank), for attempts whose steps are not among the
+            events (:func:`goodput.ledger.files.read_ledger`).
+        exact_steps: up to this many steps, every step gets its own segments; above, steps no other span
+            overlaps are tiled in chunks (:mod:`goodput.ledger.blocks`: the same totals).
 
     Returns:
         The categories (summing to the wall time), goodput, restarts, MTBF, measured C and W, and more.
@@ -220,22 +243,23 @@ def account(events: Iterable[Mapping[str, Any]], *, rank: int | None = None) -> 
     Raises:
         ValueError: when there is no ``attempt_start`` event to anchor the time axis.
     """
-    attempts, origin = layout(merge_ranks(events, primary=rank))
+    attempts, origin = layout(merge_ranks(events, primary=rank), records)
     if not attempts:
         raise ValueError("the ledger has no attempt_start event: nothing to account for")
     spans = [Spans(a) for a in attempts]
     outcomes = _resized([outcome(i, len(spans), s) for i, s in enumerate(spans)], spans)
     keeps = kept_steps(spans, attempts, outcomes)
-    computes = [end - start - fetch for s in spans for start, end, fetch, _ in s.steps]
-    durations = [end - start for s in spans for start, end, _, _ in s.steps]
-    typical = statistics.median(computes) if computes else 0.0
-    step_median = statistics.median(durations) if durations else 0.0
+    durations = np.concatenate([s.steps.end - s.steps.start for s in spans])
+    computes = np.concatenate([s.steps.end - s.steps.start - s.steps.fetch for s in spans])
+    typical = float(np.median(computes)) if len(computes) else 0.0
+    step_median = float(np.median(durations)) if len(durations) else 0.0
     launches = _launch_numbers(attempts)
+    chunk = 1 if len(durations) <= exact_steps else max(2, -(-len(durations) // CHUNKS))
     tiles: list[list[Segment]] = []  # per attempt
     carried: list[Segment] = []  # a failed attempt's downtime, charged to the restart that follows it
     for i, (a, s) in enumerate(zip(attempts, spans, strict=True)):
         failed = outcomes[i] == "failed"
-        own = sweep(intervals(a, s, (typical, step_median), keeps[i], failed), a.begin, a.end, a.number)
+        own = tile_attempt(a, s, (typical, step_median), keeps[i], failed, chunk)
         before = [seg._replace(attempt=a.number) for seg in carried]
         if i > 0 and a.begin > attempts[i - 1].end:  # the time before an attempt is charged to it
             gap = "between_launches" if launches[i] != launches[i - 1] else "restart_downtime"
@@ -290,10 +314,6 @@ def _sum(segments: Iterable[Segment]) -> dict[str, float]:
     return {name: math.fsum(values) for name, values in parts.items()}
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return math.fsum(values) / len(values) if values else None
-
-
 def _assemble(
     attempts: list[Attempt],
     spans: list[Spans],
@@ -322,6 +342,7 @@ def _assemble(
     persists = [sv.persist_seconds for sv in saves if sv.persist_seconds is not None]
     info = declared(spans)
     job = wall - categories["between_launches"]
+    memory_interval, memory_stall, memory_persist = memory_tier(spans)
     return Accounting(
         start=start,
         end=end,
@@ -338,10 +359,10 @@ def _assemble(
         restarts=len(attempts) - 1 - launches[-1] - sum(in_place),
         failures=failures,
         mtbf_seconds=job / failures if failures else None,
-        ckpt_stall_seconds=_mean(stalls),
-        persist_seconds=_mean(persists),
+        ckpt_stall_seconds=mean_or_none(stalls),
+        persist_seconds=mean_or_none(persists),
         overlap_seconds=math.fsum(sv.persist_seconds or 0.0 for sv in saves),
-        restart_seconds=_mean(restart_costs),
+        restart_seconds=mean_or_none(restart_costs),
         detect_seconds=categories["failure_detection"] / failures if failures else None,
         interval_seconds=measured_interval(saves, info, spans),
         at_risk_seconds=at_risk(spans, outcomes),
@@ -349,19 +370,22 @@ def _assemble(
         info=info,
         launches=launches[-1] + 1,
         preemptions=outcomes.count("preempted"),
+        memory_interval_seconds=memory_interval,
+        memory_stall_seconds=memory_stall,
+        memory_persist_seconds=memory_persist,
     )
 
 
 def _summary(a: Attempt, s: Spans, outcome: str, categories: dict[str, float], launch: int) -> AttemptSummary:
-    numbers = [step for *_, step in s.steps if step is not None]
+    numbers = s.steps.number[s.steps.number == s.steps.number]  # NaN: a step_end that named no step
     return AttemptSummary(
         number=a.number,
         start=a.begin,
         end=a.end,
         outcome=outcome,
-        steps=len(s.steps),
-        first_step=min(numbers) if numbers else None,
-        last_step=max(numbers) if numbers else None,
+        steps=len(s.steps.start),
+        first_step=int(numbers.min()) if len(numbers) else None,
+        last_step=int(numbers.max()) if len(numbers) else None,
         restored_step=s.restored_step,
         failure_reason=s.failure_reason if outcome == "failed" else None,
         categories=categories,

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from goodput.ledger.figures import mean_or_none
 from goodput.ledger.spans import Attempt, Spans
 
 if TYPE_CHECKING:
@@ -194,10 +195,10 @@ def capacity(
         reserved_rank_seconds=reserved,
         reserved_world=max((w.reserved for w in worlds), default=1),
         reduced_seconds=math.fsum(w.end - w.start for w in worlds if w.world < w.reserved),
-        shrink_seconds=_mean([r.seconds for r in shrinks]),
-        grow_seconds=_mean([r.seconds for r in grows]),
-        regrow_seconds=_mean(regrow),
-        reduced_per_shrink=_mean(reduced),
+        shrink_seconds=mean_or_none([r.seconds for r in shrinks]),
+        grow_seconds=mean_or_none([r.seconds for r in grows]),
+        regrow_seconds=mean_or_none(regrow),
+        reduced_per_shrink=mean_or_none(reduced),
     )
 
 
@@ -235,10 +236,6 @@ def _regrow(shrinks: list[Reshape], grows: list[Reshape], end: float) -> tuple[l
             reduced.append(max(0.0, ready - lost.at))
     reduced += [max(0.0, end - lost.at) for lost in missing]
     return regrow, reduced
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    return math.fsum(values) / len(values) if values else None
 
 
 def as_dicts(events: Sequence[Reshape]) -> list[dict[str, Any]]:

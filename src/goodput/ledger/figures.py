@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from goodput.ledger.spans import Spans
 
@@ -76,10 +78,30 @@ def measured_interval(
     config = info.get("checkpoint_config", {})
     if config.get("interval_seconds"):
         return float(config["interval_seconds"])
-    durations = [end - start for s in spans for start, end, _, _ in s.steps]
-    if config.get("every_steps") and durations:
-        return float(config["every_steps"]) * statistics.median(durations)
+    durations = np.concatenate([s.steps.end - s.steps.start for s in spans])
+    if config.get("every_steps") and len(durations):
+        return float(config["every_steps"]) * float(np.median(durations))
     return None
+
+
+def memory_tier(spans: list[Spans]) -> tuple[float | None, float | None, float | None]:
+    """The memory tier's measured interval (compute seconds from one memory save's stall end to the next
+    one's start, within attempts), mean stall and mean persist time (its ``memory_saved`` events); None where
+    the run made no such save."""
+    gaps = [later[0] - earlier[1] for s in spans for earlier, later in itertools.pairwise(s.memory_stalls)]
+    stalls = [end - start for s in spans for start, end in s.memory_stalls]
+    persists = [
+        float(e["persist_seconds"])
+        for s in spans
+        for e in s.info
+        if e.get("event") == "memory_saved" and isinstance(e.get("persist_seconds"), int | float)
+    ]
+    return mean_or_none(gaps), mean_or_none(stalls), mean_or_none(persists)
+
+
+def mean_or_none(values: Sequence[float]) -> float | None:
+    """The exactly rounded mean of ``values``; None when there are none."""
+    return math.fsum(values) / len(values) if values else None
 
 
 def at_risk(spans: list[Spans], outcomes: list[str]) -> float:
@@ -87,23 +109,25 @@ def at_risk(spans: list[Spans], outcomes: list[str]) -> float:
     if not spans or outcomes[-1] != "running":
         return 0.0
     newest = max((step for s in spans for _, step in s.durable), default=None)
-    return math.fsum(
-        end - start - fetch
-        for start, end, fetch, step in spans[-1].steps
-        if step is not None and (newest is None or step > newest)
-    )
+    steps = spans[-1].steps
+    named = steps.number == steps.number  # NaN: a step_end that named no step
+    exposed = named if newest is None else named & (steps.number > newest)
+    return math.fsum((steps.end - steps.start - steps.fetch)[exposed].tolist())
 
 
 def step_stats(spans: list[Spans]) -> StepStats | None:
-    durations = sorted(end - start for s in spans for start, end, _, _ in s.steps)
-    if not durations:
+    durations = np.concatenate([s.steps.end - s.steps.start for s in spans])
+    n = len(durations)
+    if not n:
         return None
-    fetches = [fetch for s in spans for _, _, fetch, _ in s.steps]
+    fetches = np.concatenate([s.steps.fetch for s in spans])
+    p90 = min(n - 1, math.ceil(0.9 * n) - 1)
+    ranked = np.partition(durations, sorted({(n - 1) // 2, n // 2, p90, n - 1}))  # order statistics only
     return StepStats(
-        count=len(durations),
-        mean=math.fsum(durations) / len(durations),
-        median=statistics.median(durations),
-        p90=durations[min(len(durations) - 1, math.ceil(0.9 * len(durations)) - 1)],
-        max=durations[-1],
-        mean_fetch=math.fsum(fetches) / len(fetches),
+        count=n,
+        mean=math.fsum(durations.tolist()) / n,
+        median=float(ranked[n // 2]) if n % 2 else float((ranked[n // 2 - 1] + ranked[n // 2]) / 2),
+        p90=float(ranked[p90]),
+        max=float(ranked[-1]),
+        mean_fetch=math.fsum(fetches.tolist()) / n,
     )

@@ -1,7 +1,11 @@
 """The run's ledger: an append-only JSONL event log per attempt and rank, kept across restarts.
 
-Layout: ``RUN_DIR/ledger/attempt-AAAA.rank-RRRRR.jsonl``. Every rank writes its own file (no gathering, no
-shared file, so ranks cannot corrupt each other's lines); the report reads every rank's files, on the time
+Layout: ``RUN_DIR/ledger/attempt-AAAA.rank-RRRRR.jsonl``, and beside it ``attempt-AAAA.rank-RRRRR.steps``: the
+steps as fixed-size binary records (:mod:`goodput.ledger.steps`), since a long run's ledger is mostly steps and
+the report reads them as arrays; and ``attempt-AAAA.index``, one per attempt, to which every rank appends the
+few lines the report reads of it (:mod:`goodput.ledger.index`). Every rank writes its own files (no gathering;
+the index, the one file ranks share, is appended whole lines at a time and never holds the only copy of an
+event); the report reads every rank's events (from the index or its files), on the time
 axis of the lowest rank present, and counts each job event once (:mod:`goodput.ledger.ranks`). An attempt is
 one process lifetime of the run (under warm restarts, a surviving process opens a new attempt for each
 generation it joins); its number is one more than
@@ -25,7 +29,7 @@ Event schema (one JSON object per line)::
     init_done        -
     restore_start    -
     restore_end      step (the restored step; null when nothing was restored)
-    step_start       step
+    step_start       step            (a record in the .steps file, read back as these two events)
     step_end         step, fetch_seconds (time waiting for the batch, at the start of the step), loss?
     checkpoint_stall_start   step               training is blocked by a save from here ...
     checkpoint_stall_end     step, seconds?     ... to here (also spelled checkpoint_stall, phase start/end)
@@ -34,7 +38,8 @@ Event schema (one JSON object per line)::
                              otherwise W (persist, overlapping training) is stall end to durable
     checkpoint_failed        step, error        a save failed (tallied as a custom event)
     checkpoint_config        strategy, interval_seconds?, every_steps?
-    checkpoint_interval      interval_seconds, reason         the live policy changed the interval
+    checkpoint_interval      interval_seconds, reason, stall_seconds?, persist_seconds?, tier? ("memory")
+                             the live policy changed the interval, planned with these save costs
     state_registered         keys (list: model, optimizer, scheduler, data, rng, ...)
     cache_stats              epoch, hits, misses, bytes_downloaded, wait_seconds (this epoch's),
                              budget_bytes?, dataset_bytes?
@@ -91,10 +96,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from goodput._env import LAUNCH_ID, RESERVED_WORLD
+from goodput._env import LAUNCH_ID
 from goodput.errors import ConfigError
 from goodput.ledger.files import LEDGER_DIR, LedgerFile, ledger_files, read_events
-from goodput.ledger.live import Live
+from goodput.ledger.index import IndexWriter, index_path
+from goodput.ledger.live import Live, process_start_wall, reserved_world
+from goodput.ledger.steps import StepBuffer, steps_path, write_all
 
 __all__ = ["Ledger", "LedgerConfig", "LedgerFile", "ledger_files", "read_events"]
 
@@ -125,38 +132,6 @@ class LedgerConfig:
             )
 
 
-def _process_start_wall() -> float | None:
-    """Wall time at which this process started (Linux /proc), to count interpreter and import time."""
-    try:
-        with open("/proc/self/stat") as f:
-            stat = f.read()
-        start_ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22: starttime, in clock ticks
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-    return time.time() - max(0.0, age)
-
-
-def _reserved_world(world: int) -> int:
-    """The ranks the job reserved: ``$GOODPUT_RESERVED_WORLD`` (set by goodput launch), else ``world``.
-
-    Raises:
-        ConfigError: when the variable is set but is not a whole number >= 1.
-    """
-    text = RESERVED_WORLD.get().strip()
-    if not text:
-        return world
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"{RESERVED_WORLD.name}={text!r} must be a whole number of ranks >= 1")
-    return value
-
-
 def _next_attempt(folder: Path, rank: int) -> int:
     mine = [f.attempt for f in ledger_files(folder.parent) if f.rank == rank]
     return max(mine) + 1 if mine else 0
@@ -176,6 +151,8 @@ class Ledger:
     Use as a context manager, or call :meth:`close`; an exception leaving the ``with`` block records
     ``attempt_end`` with status ``failed``. Methods are thread-safe.
     """
+
+    _indexed = True  # append to the attempt's index (goodput.ledger.index)
 
     def __init__(
         self,
@@ -201,19 +178,20 @@ class Ledger:
         folder.mkdir(parents=True, exist_ok=True)
         self.attempt, self._fd = self._open(folder, attempt)
         self.path = folder / f"attempt-{self.attempt:04d}.rank-{self.rank:05d}.jsonl"
-        self._ids = f',"attempt":{self.attempt},"rank":{self.rank}'
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._pending: list[bytes] = []
+        self._steps = StepBuffer(steps_path(self.path))
+        self._index = IndexWriter(index_path(folder, self.attempt) if self._indexed else None, self.rank)
         self._closed = False
         self._close_lock = threading.Lock()
         self._cache_seen: dict[str, float] = {}
         self._warned = False
         self._stop = threading.Event()
         now = time.time()
-        process_start = began if began is not None else _process_start_wall()
+        process_start = began if began is not None else process_start_wall()
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        reserved = _reserved_world(world)
+        reserved = reserved_world(world)
         began_at = now if process_start is None else min(process_start, now)
         self._live = Live(began_at, time.monotonic(), world=world, reserved=reserved)
         self.event(
@@ -290,6 +268,7 @@ class Ledger:
             if self._closed:
                 return
             self._pending.append(data)
+            self._index.add(name, data)
             self._live.observe(name, mono, fetch)
 
     def on_event(self, name: str, **fields: Any) -> None:
@@ -315,12 +294,11 @@ class Ledger:
 
     def step_start(self, step: int) -> None:
         """Step ``step`` begins (before its batch is fetched)."""
-        # The per-step events are formatted directly: json.dumps costs several times more on this path.
-        mono = time.monotonic()
-        line = (
-            f'{{"event":"step_start","wall":{time.time()!r},"mono":{mono!r}{self._ids},"step":{int(step)}}}\n'
-        )
-        self._append(line, "step_start", mono, None)
+        mono, wall, number = time.monotonic(), time.time(), int(step)
+        with self._lock:
+            if not self._closed:
+                self._steps.start(number, mono, wall)
+                self._live.observe("step_start", mono, None)
 
     def step_end(self, step: int, *, fetch_seconds: float = 0.0, loss: float | None = None) -> None:
         """Step ``step`` ended; ``fetch_seconds`` of it were spent waiting for the batch (``loss`` if finite).
@@ -333,15 +311,12 @@ class Ledger:
             raise ConfigError(
                 f"ledger step_end: fetch_seconds must be a finite number >= 0, got {fetch_seconds!r}"
             )
-        extra = ""
-        if loss is not None and math.isfinite(value := float(loss)):
-            extra = f',"loss":{value!r}'
-        mono = time.monotonic()
-        line = (
-            f'{{"event":"step_end","wall":{time.time()!r},"mono":{mono!r}{self._ids},"step":{int(step)},'
-            f'"fetch_seconds":{fetch!r}{extra}}}\n'
-        )
-        self._append(line, "step_end", mono, fetch)
+        value = math.nan if loss is None or not math.isfinite(float(loss)) else float(loss)
+        mono, wall = time.monotonic(), time.time()
+        with self._lock:
+            if not self._closed:
+                self._steps.end(int(step), mono, fetch, value, wall)
+                self._live.observe("step_end", mono, fetch)
 
     def failure_detected(self, reason: str, *, silent_seconds: float | None = None) -> None:
         """A failure was declared (e.g. a hang timeout) ``silent_seconds`` after the last progress."""
@@ -395,18 +370,20 @@ class Ledger:
         """Append everything buffered so far to the file now (the background thread does this anyway)."""
         with self._lock:
             lines, self._pending = self._pending, []
-        if not lines:
+            records = self._steps.take()
+            index = self._index.take()
+        if not lines and not records:
             return
-        data = b"".join(lines)
         with self._write_lock:
             if self._fd < 0:
                 return
             try:
-                while data:
-                    data = data[os.write(self._fd, data) :]
-                if self.config.fsync:
-                    os.fsync(self._fd)
+                self._steps.write(records, fsync=self.config.fsync)
+                if lines:
+                    write_all(self._fd, b"".join(lines), fsync=self.config.fsync)
+                self._index.write(index, fsync=self.config.fsync)  # after the files: what it names, they hold
             except OSError as err:
+                self._index.failed()
                 if not self._warned:
                     self._warned = True
                     warnings.warn(f"ledger {self.path}: write failed, events dropped ({err})", stacklevel=2)
@@ -430,6 +407,8 @@ class Ledger:
             with self._write_lock:
                 os.close(self._fd)
                 self._fd = -1
+                self._steps.close()
+                self._index.close(self._steps.last, self.attempt, fsync=self.config.fsync)
             atexit.unregister(self._at_exit)
 
     def __enter__(self) -> Ledger:
@@ -444,5 +423,6 @@ def _disown(ledger: Ledger | None) -> None:
     if ledger is not None:
         ledger._lock = threading.Lock()  # the parent's flush thread may have held it at the fork
         ledger._pending = []
+        ledger._steps.take()
         ledger._closed = True
         atexit.unregister(ledger._at_exit)

@@ -7,8 +7,44 @@ capacity goodput weighs each step's compute by the world size in force (the atte
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
+
+from goodput._env import RESERVED_WORLD
+from goodput.errors import ConfigError
+
+
+def process_start_wall() -> float | None:
+    """Wall time at which this process started (Linux /proc), to count interpreter and import time."""
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        start_ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22: starttime, in clock ticks
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - max(0.0, age)
+
+
+def reserved_world(world: int) -> int:
+    """The ranks the job reserved: ``$GOODPUT_RESERVED_WORLD`` (set by goodput launch), else ``world``.
+
+    Raises:
+        ConfigError: when the variable is set but is not a whole number >= 1.
+    """
+    text = RESERVED_WORLD.get().strip()
+    if not text:
+        return world
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{RESERVED_WORLD.name}={text!r} must be a whole number of ranks >= 1")
+    return value
 
 
 class Live:

@@ -20,6 +20,7 @@ torchrun, while attempts are seconds apart), and an event's time is carried over
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -55,16 +56,24 @@ def merge_ranks(
         return [e for group in own for e in group]
     added: list[list[Mapping[str, Any]]] = [[] for _ in own]
     seen = [_tally(group) for group in own]
+    begins = [begin_wall(group[0]) for group in own]  # in order: split_attempts sorts by it
     for rank in sorted(by_rank):
-        for group in split_attempts(by_rank[rank]):
-            i = _nearest(own, group[0])
-            added[i].extend(_new_job_events(own[i], group, seen[i]))
+        # only the attempt starts and what may count: the grouping is the same, with fewer events to sort
+        kept = (e for e in by_rank[rank] if e.get("event") == "attempt_start" or _counted(e))
+        for group in split_attempts(kept):
+            counted = group[1:]
+            if counted:
+                i = _nearest(begins, begin_wall(group[0]))
+                added[i].extend(_new_job_events(own[i], group[0], counted, seen[i]))
     return [e for group, extra in zip(own, added, strict=True) for e in (*group, *extra)]
 
 
-def _nearest(own: list[list[Mapping[str, Any]]], head: Mapping[str, Any]) -> int:
-    start = begin_wall(head)
-    return min(range(len(own)), key=lambda i: abs(begin_wall(own[i][0]) - start))
+def _nearest(begins: list[float], start: float) -> int:
+    """The attempt whose begin is nearest ``start`` (the earlier on a tie), of ``begins`` in order."""
+    i = bisect.bisect_left(begins, start)
+    if i == len(begins) or (i > 0 and start - begins[i - 1] <= begins[i] - start):
+        return i - 1
+    return i
 
 
 def _key(event: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -87,21 +96,22 @@ def _tally(group: list[Mapping[str, Any]]) -> Counter[tuple[Any, ...]]:
 
 
 def _new_job_events(
-    own: list[Mapping[str, Any]], other: list[Mapping[str, Any]], seen: Counter[tuple[Any, ...]]
+    own: list[Mapping[str, Any]],
+    other_head: Mapping[str, Any],
+    counted: list[Mapping[str, Any]],
+    seen: Counter[tuple[Any, ...]],
 ) -> list[Mapping[str, Any]]:
-    """Events of ``other`` (one attempt of another rank) that the job has not yet counted, on ``own``'s
-    clock; ``seen`` (the counts so far in this attempt) is updated."""
-    head, other_head = own[0], other[0]
+    """The ``counted`` events of one attempt of another rank (whose ``attempt_start`` is ``other_head``, in
+    time order) that the job has not yet counted, on ``own``'s clock; ``seen`` (the counts so far in this
+    attempt) is updated."""
+    head = own[0]
     offset = float(head["mono"]) - float(head["wall"])
     other_wall, other_mono = float(other_head["wall"]), float(other_head["mono"])
-    mine = Counter(_key(e) for e in other if _counted(e) and e.get("event") not in _PER_RANK)
+    keys = [None if e.get("event") in _PER_RANK else _key(e) for e in counted]
+    mine = Counter(key for key in keys if key is not None)
     out: list[Mapping[str, Any]] = []
-    for event in sorted(other[1:], key=lambda e: float(e["mono"])):
-        name = event.get("event")
-        if not _counted(event):
-            continue
-        if name not in _PER_RANK:
-            key = _key(event)
+    for event, key in zip(counted, keys, strict=True):
+        if key is not None:
             if seen[key] >= mine[key]:
                 continue
             seen[key] += 1

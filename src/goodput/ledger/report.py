@@ -12,18 +12,30 @@ A run that answered failures by shrinking in place (``shrink`` events: no spare 
 the time it trained short of a rank give the time goodput and the capacity goodput; the checkpoint model then
 counts only the failures that were restarts. Without shrinks the predicted capacity goodput is the predicted
 goodput scaled by the world sizes the run had (as measured).
+
+The work a failure loses follows the tier its restore came from (:mod:`goodput.ledger.tiers`). A failure the
+memory tier recovered (from this node's RAM or a peer's replica) loses half the memory tier's measured interval
+plus its persist time; one a warm restart recovered live (a survivor's state, no checkpoint read) loses the
+step in flight, half a median step; only the rest lose half the durable interval plus W, as in Daly's model
+(:func:`goodput.planning.goodput_covered`). Their shares are the run's own restores; a run that saw no restore
+but saved to the memory tier assumes the memory tier's default: 30% of failures lose the node, on one node
+(:func:`goodput.planning.durable_share`). The memory tier's own stalls, measured inside the durable interval,
+take their share ``C1 / (tau1 + C1)`` of it. A run without a memory tier or warm restarts is Daly's model alone.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from goodput import planning
 from goodput.ledger.accounting import Accounting, account
-from goodput.ledger.ledger import read_events
+from goodput.ledger.files import read_ledger
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Advice", "MeasuredModel", "Prediction", "Report", "build_report", "load_report"]
 
@@ -38,23 +50,36 @@ class MeasuredModel:
     restart: float
     detect: float
     mtbf: float | None
+    durable_share: float = 1.0  # of the failures, those only the durable tier recovers
+    covered_loss: float = 0.0  # work one of the others loses
+    memory_stall_share: float = 0.0  # the memory tier's stalls, C1 / (tau1 + C1), inside the durable interval
 
     def goodput(self, interval: float | None = None) -> float | None:
         """Planner goodput at ``interval`` (default: the measured one), None without an interval."""
         tau = self.interval if interval is None else interval
         if tau is None or tau <= 0:
             return None
+        memory = 1.0 - self.memory_stall_share
         if self.mtbf is None:
-            return tau / (tau + self.stall)
-        return planning.goodput_daly(
-            tau, self.stall, self.mtbf, restart=self.restart, persist=self.persist, detect=self.detect
-        )
+            return tau / (tau + self.stall) * memory
+        costs = {"restart": self.restart, "persist": self.persist, "detect": self.detect}
+        if self.durable_share < 1.0:
+            share, loss = self.durable_share, self.covered_loss
+            return memory * planning.goodput_covered(
+                tau, self.stall, self.mtbf, durable_share=share, covered_loss=loss, **costs
+            )
+        return planning.goodput_daly(tau, self.stall, self.mtbf, **costs) * memory
 
     def optimum(self) -> float | None:
-        if self.mtbf is None:
+        """The durable interval that maximises goodput, for the failures only the durable tier recovers."""
+        if self.mtbf is None or self.durable_share <= 0.0:
             return None
         return planning.optimal_interval(
-            self.stall, self.mtbf, restart=self.restart, persist=self.persist, detect=self.detect
+            self.stall,
+            self.mtbf / self.durable_share,
+            restart=self.restart,
+            persist=self.persist,
+            detect=self.detect,
         )
 
 
@@ -73,6 +98,9 @@ class Prediction:
     restart_estimated: bool
     predicted_capacity_goodput: float | None = None
     shrink: dict[str, float] | None = None  # the shrink model's inputs and answer, for a run that shrank
+    durable_share: float = 1.0  # the failures only the durable tier recovers (see the module)
+    covered_loss_seconds: float = 0.0  # the work each of the others loses
+    durable_share_source: str = "none"  # "observed" (its restores), "assumed" or "none" (no memory tier)
 
 
 @dataclass(frozen=True)
@@ -127,7 +155,29 @@ def _shrinks(acc: Accounting) -> int:
     return sum(1 for r in acc.reshapes if r.kind == "shrink")
 
 
-def _model(acc: Accounting, mtbf: float | None) -> tuple[MeasuredModel, str, bool]:
+_ASSUMED_NODE_LOSS = 0.3  # MemoryTier.node_loss_share's default; the ledger does not record the run's
+
+
+def _covered(acc: Accounting, tiers: Mapping[str, Mapping[str, float]]) -> tuple[float, float, str]:
+    """(durable share, work lost per other failure, where the share comes from): see the module."""
+    memory = sum(tiers.get(t, {}).get("count", 0.0) for t in ("memory", "peer"))
+    live = tiers.get("replica", {}).get("count", 0.0)
+    restarted = acc.failures - _shrinks(acc)
+    if memory + live > 0 and restarted > 0:
+        step = acc.step_stats.median if acc.step_stats is not None else 0.0
+        if acc.memory_interval_seconds is not None:
+            from_memory = acc.memory_interval_seconds / 2 + (acc.memory_persist_seconds or 0.0)
+        else:  # no two memory saves in one attempt: the steps its restores lost, as measured
+            from_memory = sum(tiers.get(t, {}).get("lost_steps_mean", 0.0) for t in ("memory", "peer")) * step
+        loss = (memory * from_memory + live * step / 2) / (memory + live)
+        return 1.0 - min(memory + live, restarted) / restarted, loss, "observed"
+    if acc.memory_interval_seconds is not None and not acc.failures:
+        loss = acc.memory_interval_seconds / 2 + (acc.memory_persist_seconds or 0.0)
+        return planning.durable_share(_ASSUMED_NODE_LOSS, replicated=False), loss, "assumed"
+    return 1.0, 0.0, "none"
+
+
+def _model(acc: Accounting, mtbf: float | None, share: float, loss: float) -> tuple[MeasuredModel, str, bool]:
     """The checkpoint model's inputs: its MTBF counts the failures that were restarts (a shrink rolls back to
     no checkpoint), so a run whose every failure shrank has none."""
     restarted = acc.failures - _shrinks(acc)
@@ -151,10 +201,18 @@ def _model(acc: Accounting, mtbf: float | None) -> tuple[MeasuredModel, str, boo
         detect=acc.detect_seconds or 0.0,
         mtbf=used,
     )
-    return model, source, estimated
+    tau1, c1 = acc.memory_interval_seconds, acc.memory_stall_seconds or 0.0
+    memory = c1 / (tau1 + c1) if tau1 is not None and tau1 + c1 > 0 else 0.0
+    return (
+        replace(model, durable_share=share, covered_loss=loss, memory_stall_share=memory),
+        source,
+        estimated,
+    )
 
 
-def _prediction(acc: Accounting, model: MeasuredModel, source: str, estimated: bool) -> Prediction:
+def _prediction(
+    acc: Accounting, model: MeasuredModel, source: str, estimated: bool, share_source: str
+) -> Prediction:
     first_init = acc.attempts[0].categories["init"]
     unmodelled = (
         sum(acc.categories[k] for k in ("data_wait", "warmup", "straggler_wait", "other")) + first_init
@@ -180,6 +238,9 @@ def _prediction(acc: Accounting, model: MeasuredModel, source: str, estimated: b
         restart_estimated=estimated,
         predicted_capacity_goodput=capacity,
         shrink=shrink,
+        durable_share=model.durable_share,
+        covered_loss_seconds=model.covered_loss,
+        durable_share_source=share_source,
     )
 
 
@@ -208,6 +269,7 @@ def build_report(
     run_dir: str = "",
     mtbf: float | None = None,
     rank: int | None = None,
+    records: Mapping[tuple[int, int], np.ndarray] | None = None,
 ) -> Report:
     """Account for the events, run the planner with the measured figures, and derive advice.
 
@@ -216,15 +278,30 @@ def build_report(
         run_dir: shown in the report.
         mtbf: an assumed MTBF in seconds, used only while no failure has been observed.
         rank: whose time axis to use (None: the lowest rank present); every rank's events count.
+        records: that rank's step records whose steps are not among the events
+            (:func:`goodput.ledger.files.read_ledger`).
     """
-    events = list(events)
-    acc = account(events, rank=rank)
-    model, source, estimated = _model(acc, mtbf)
-    prediction = _prediction(acc, model, source, estimated)
     from goodput.ledger.advice import advise
     from goodput.ledger.tiers import restores_by_tier
 
-    return Report(run_dir, acc, prediction, tuple(advise(acc, model, prediction)), restores_by_tier(events))
+    events = list(events)
+    acc = account(events, rank=rank, records=records)
+
+    last_steps = [  # the newest step of each attempt whose steps came as records, for the restores table
+        {
+            "event": "step_end",
+            "attempt": attempt,
+            "rank": r,
+            "step": int(table["step"][table["end"] == table["end"]].max()),
+        }
+        for (attempt, r), table in (records or {}).items()
+        if (table["end"] == table["end"]).any()
+    ]
+    tiers = restores_by_tier([*events, *last_steps])
+    share, loss, share_source = _covered(acc, tiers)
+    model, source, estimated = _model(acc, mtbf, share, loss)
+    prediction = _prediction(acc, model, source, estimated, share_source)
+    return Report(run_dir, acc, prediction, tuple(advise(acc, model, prediction)), tiers)
 
 
 def load_report(
@@ -236,11 +313,5 @@ def load_report(
     Raises:
         ConfigError: when ``run_dir`` holds no ledger.
     """
-    from goodput.ledger.ledger import ledger_files
-
-    ranks = {f.rank for f in ledger_files(run_dir)}
-    primary = rank if rank in ranks else min(ranks, default=None)
-    events = read_events(run_dir, rank=None, steps_of=primary)
-    if not any(e.get("event") == "attempt_start" and e.get("rank", 0) == primary for e in events):
-        events = read_events(run_dir, rank=None)  # the merge will take another rank's time axis: read it all
-    return build_report(events, run_dir=os.fspath(run_dir), mtbf=mtbf, rank=rank)
+    events, records = read_ledger(run_dir, primary=rank)
+    return build_report(events, run_dir=os.fspath(run_dir), mtbf=mtbf, rank=rank, records=records)

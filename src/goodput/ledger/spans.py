@@ -4,14 +4,32 @@ Each attempt's monotonic times are anchored at its ``attempt_start`` wall time; 
 in wall-clock order. Steps, stalls, restores and failure detections become (start, end) spans; outcomes and
 the last kept step of each failed attempt are derived from the next attempt's restore, and consecutive attempts
 are told apart as a restart within one launch or a new launch (:func:`new_launch`).
+
+An attempt's steps come as events or, read from its step-record file (:mod:`goodput.ledger.steps`), as an array:
+then they are paired as arrays and never become events, which is what keeps a long run's report fast. An attempt
+that shrank or grew in place, or whose records hold a step ended without a start, has its records turned into
+events, so each is paired exactly as its events would be.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from goodput.ledger.steps import records_to_events
+
+
+class StepArrays(NamedTuple):
+    """An attempt's completed steps, in the order they ended: start, end, fetch (clipped to the step) on the
+    run's time axis, and the step number (NaN where a step_end named none)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    fetch: np.ndarray
+    number: np.ndarray
 
 
 class Attempt:
@@ -22,9 +40,18 @@ class Attempt:
     """
 
     def __init__(
-        self, number: int, events: list[Mapping[str, Any]], shift_from: float, origin: float
+        self,
+        number: int,
+        events: list[Mapping[str, Any]],
+        shift_from: float,
+        origin: float,
+        records: np.ndarray | None = None,
     ) -> None:
         head = events[0]
+        if records is not None and not _pairable(records, events):
+            steps = records_to_events(records, int(head.get("attempt", number)), int(head.get("rank", 0)))
+            events = [head, *sorted([*events[1:], *steps], key=_time_order)]
+            records = None
         origin_wall, origin_mono = float(head["wall"]), float(head["mono"])
         anchor = origin_wall - origin
         begin = min(begin_wall(head), origin_wall) - origin
@@ -34,6 +61,14 @@ class Attempt:
         self.times = [anchor + shift + (float(e["mono"]) - origin_mono) for e in events]
         self.events = events
         self.end = max(self.times)
+        self.records: tuple[np.ndarray, np.ndarray, np.ndarray] | None = (
+            None  # start, end (NaN: open), record
+        )
+        if records is not None and len(records):
+            zero = anchor + shift
+            starts, ends = zero + (records["start"] - origin_mono), zero + (records["end"] - origin_mono)
+            self.records = (starts, ends, records)
+            self.end = max(self.end, float(starts.max()), float(np.nanmax(ends, initial=-math.inf)))
         self.launch = head.get("launch")  # goodput launch's id, when the attempt ran under one
         self.restart_count = head.get("restart_count")  # torchrun's, which a new torchrun starts at 0
         # a warm restart's attempt, a rollback in place (goodput.run.numeric), or a shrink or grow in place:
@@ -45,6 +80,13 @@ class Attempt:
 
 # The group went on at another size with no process restarted (goodput.warm): a rank lost, or one taken back.
 RESHAPES = ("shrink", "grow")
+
+
+def _pairable(records: np.ndarray, events: list[Mapping[str, Any]]) -> bool:
+    """Whether the records can be paired as arrays: every ended step has its start, and no shrink or grow
+    (which interrupts the open step) lies among them."""
+    ended = records["end"] == records["end"]
+    return not np.isnan(records["start"][ended]).any() and not any(e.get("event") in RESHAPES for e in events)
 
 
 def begin_wall(head: Mapping[str, Any]) -> float:
@@ -90,10 +132,9 @@ def split_attempts(events: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str
         by_number.setdefault(event.get("attempt"), []).append(event)
     groups: list[list[Mapping[str, Any]]] = []
     for bucket in by_number.values():
-        starts = sum(1 for e in bucket if e.get("event") == "attempt_start")
-        if starts == 1:
-            head = next(e for e in bucket if e.get("event") == "attempt_start")
-            groups.append([head, *(e for e in bucket if e is not head)])
+        heads = [i for i, e in enumerate(bucket) if e.get("event") == "attempt_start"]
+        if len(heads) == 1:
+            groups.append([bucket[heads[0]], *bucket[: heads[0]], *bucket[heads[0] + 1 :]])
             continue
         for event in bucket:  # no number, or a number written by two processes: split in file order
             if event.get("event") == "attempt_start":
@@ -101,13 +142,17 @@ def split_attempts(events: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str
             elif groups and groups[-1][0].get("attempt") == event.get("attempt"):
                 groups[-1].append(event)
     for group in groups:
-        group[1:] = sorted(group[1:], key=_time_order)
+        if len(group) > 2:
+            group[1:] = sorted(group[1:], key=_time_order)
     groups.sort(key=lambda g: begin_wall(g[0]))
     return groups
 
 
-def layout(events: Iterable[Mapping[str, Any]]) -> tuple[list[Attempt], float]:
-    """The attempts on one time axis, and its origin (wall time of the first attempt's start)."""
+def layout(
+    events: Iterable[Mapping[str, Any]], records: Mapping[tuple[int, int], np.ndarray] | None = None
+) -> tuple[list[Attempt], float]:
+    """The attempts on one time axis, and its origin (wall time of the first attempt's start); ``records``:
+    step records by (attempt, rank), for the attempts whose steps are not among the events."""
     groups = split_attempts(events)
     if not groups:
         return [], 0.0
@@ -115,7 +160,9 @@ def layout(events: Iterable[Mapping[str, Any]]) -> tuple[list[Attempt], float]:
     attempts: list[Attempt] = []
     previous_end = -math.inf
     for i, group in enumerate(groups):
-        attempt = Attempt(int(group[0].get("attempt", i)), group, previous_end, origin)
+        head = group[0]
+        mine = (records or {}).get((int(head.get("attempt", -1)), int(head.get("rank", 0) or 0)))
+        attempt = Attempt(int(head.get("attempt", i)), group, previous_end, origin, mine)
         attempts.append(attempt)
         previous_end = attempt.end
     return attempts, origin
@@ -125,7 +172,7 @@ class Spans:
     """Paired spans of one attempt: steps, stalls, restores, failure detection (internal)."""
 
     def __init__(self, a: Attempt) -> None:
-        self.steps: list[tuple[float, float, float, int | None]] = []  # start, end, fetch, step
+        self._steps: list[tuple[float, float, float, float]] = []  # start, end, fetch, step (NaN: none)
         self.open_step: tuple[float, int | None] | None = None
         self.restores: list[tuple[float, float]] = []
         self.restored_step: int | None = None
@@ -146,7 +193,12 @@ class Spans:
         self._first_step_start = math.inf
         self._last_step_start = -math.inf
         self._step_starts: list[float] = []
+        self._record_times = _RecordTimes(a)
         self._read(a)
+        if a.records is not None:
+            self.steps, self._starts = self._record_times.finish(self, a.records)
+        else:
+            self.steps, self._starts = _arrays(self._steps), np.asarray(self._step_starts, dtype=float)
 
     def _read(self, a: Attempt) -> None:
         restore_open: float | None = None
@@ -180,9 +232,11 @@ class Spans:
             elif name == "checkpoint_stall_end":
                 self._match_save(step, t, 2)
             elif name == "checkpoint_durable":
+                self._last_step_start = max(self._last_step_start, self._record_times.last_start(t))
                 self._durable(event, t)
             elif name == "failure_detected":
                 silent = event.get("silent_seconds")
+                last_event_t = max(last_event_t, self._record_times.last_event(t))
                 start = last_event_t if silent is None else max(a.begin, t - float(silent))
                 self.detect.append((start, t))
                 self.failure_reason = str(event.get("reason", "failure detected"))
@@ -208,8 +262,8 @@ class Spans:
 
     def resumed(self, t: float, end: float) -> float:
         """When training resumed after ``t``: the next step's start (``end`` when none started)."""
-        i = bisect.bisect_left(self._step_starts, t)
-        return self._step_starts[i] if i < len(self._step_starts) else end
+        i = int(np.searchsorted(self._starts, t, side="left"))
+        return float(self._starts[i]) if i < len(self._starts) else end
 
     def in_place_failures(self) -> int:
         """Shrinks after this attempt began training: failures its own outcome does not count (a shrink
@@ -232,7 +286,9 @@ class Spans:
         else:
             return
         self.open_step = None
-        self.steps.append((start, t, min(max(fetch, 0.0), t - start), None if step is None else int(step)))
+        self._steps.append(
+            (start, t, min(max(fetch, 0.0), t - start), math.nan if step is None else int(step))
+        )
 
     def _match_save(self, step: Any, t: float, slot: int) -> list[Any] | None:
         for save in reversed(self.saves):
@@ -252,6 +308,54 @@ class Spans:
             save[2] = t  # no step ran between the stall's end and durable: training was blocked till now
         if step is not None:
             self.durable.append((t, int(step)))
+
+
+def _arrays(steps: list[tuple[float, float, float, float]]) -> StepArrays:
+    table = np.asarray(steps, dtype=float).reshape(-1, 4)
+    return StepArrays(table[:, 0], table[:, 1], table[:, 2], table[:, 3])
+
+
+class _RecordTimes:
+    """An attempt's step records as its other events see them: the last step start or event before a time,
+    and, once those are read, the steps and the open one (internal to :class:`Spans`)."""
+
+    def __init__(self, a: Attempt) -> None:
+        if a.records is None:
+            self._starts = self._ends = np.empty(0)
+            return
+        starts, ends, _ = a.records
+        self._starts = np.sort(starts)
+        self._ends = np.sort(ends[ends == ends])
+
+    def last_start(self, t: float) -> float:
+        """The last step start before ``t`` (a save's end at the same instant comes first)."""
+        i = int(np.searchsorted(self._starts, t, side="left"))
+        return float(self._starts[i - 1]) if i else -math.inf
+
+    def last_event(self, t: float) -> float:
+        """The last step start or end at or before ``t``."""
+        i = int(np.searchsorted(self._starts, t, side="left"))
+        j = int(np.searchsorted(self._ends, t, side="right"))
+        return max(
+            float(self._starts[i - 1]) if i else -math.inf, float(self._ends[j - 1]) if j else -math.inf
+        )
+
+    def finish(
+        self, s: Spans, records: tuple[np.ndarray, np.ndarray, np.ndarray]
+    ) -> tuple[StepArrays, np.ndarray]:
+        """The completed steps, and every step start in order; sets the spans' open step and first and last
+        step start, as reading the records' events would."""
+        starts, ends, raw = records
+        ended = ends == ends
+        last = int(np.argmax(starts))
+        if not ended[last]:
+            s.open_step = (float(starts[last]), int(raw["step"][last]))
+        s._first_step_start = min(s._first_step_start, float(self._starts[0]))
+        s._last_step_start = max(s._last_step_start, float(self._starts[-1]))
+        order = np.argsort(ends[ended], kind="stable")
+        start, end = starts[ended][order], ends[ended][order]
+        fetch = np.minimum(np.maximum(raw["fetch"][ended][order], 0.0), end - start)
+        return StepArrays(start, end, fetch, raw["step"][ended][order].astype(float)), self._starts
 
 
 def kept_steps(

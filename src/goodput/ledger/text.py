@@ -10,7 +10,7 @@ from goodput.ledger.stragglers import straggler_lines
 from goodput.units import format_duration as fd
 
 if TYPE_CHECKING:
-    from goodput.ledger.report import Advice, Report
+    from goodput.ledger.report import Advice, Prediction, Report
 
 
 def _pct(x: float | None) -> str:
@@ -98,11 +98,24 @@ def _figures(report: Report) -> list[str]:
         f"  {'R restart':<28}{restart} (downtime + init + restore)",
         f"  {'D failure detection':<28}{_dur(acc.detect_seconds)}",
         f"  {'checkpoint interval':<28}{interval}",
+        *_covered_line(pred),
         *[
             f"  {'restores from ' + tier:<28}{int(t['count'])}, {_dur(t['seconds_mean'])} each, "
             f"{t['lost_steps_mean']:.1f} steps lost per failure"
             for tier, t in report.restores_by_tier.items()
         ],
+    ]
+
+
+def _covered_line(pred: Prediction) -> list[str]:
+    """Which failures the prediction charges half the durable interval: only those no memory tier or
+    survivor recovered (none for a run without either)."""
+    if pred.durable_share_source == "none":
+        return []
+    how = "as restored" if pred.durable_share_source == "observed" else "assumed: no restore seen"
+    return [
+        f"  {'durable-tier failures':<28}{_pct(pred.durable_share)} ({how}); each other failure loses "
+        f"{_dur(pred.covered_loss_seconds)} of work"
     ]
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from goodput.ledger.spans import Attempt, Spans
 from goodput.ledger.stragglers import step_waits
 
@@ -71,14 +73,57 @@ def sweep(intervals: list[tuple[float, float, str]], begin: float, end: float, a
     return segments
 
 
+class StepParts(NamedTuple):
+    """Per completed step: its warm-up excess, whether it was lost (redone later) and its straggler wait."""
+
+    excess: np.ndarray
+    lost: np.ndarray
+    waited: np.ndarray
+
+
+def step_parts(s: Spans, compute_median: float, keep: tuple[int | None, bool]) -> StepParts:
+    """What of each step is warm-up (the attempt's first steps while their compute exceeds
+    ``WARMUP_FACTOR`` times the run's median), lost, or waiting for a straggler."""
+    steps = s.steps
+    compute = steps.end - steps.start - steps.fetch
+    slow = compute > WARMUP_FACTOR * compute_median
+    warming = len(slow) if slow.all() else int(np.argmin(slow))  # the leading run of slow steps
+    excess = np.zeros(len(compute))
+    excess[:warming] = compute[:warming] - compute_median
+    named = steps.number == steps.number  # NaN: a step_end that named no step
+    last_kept, applies = keep
+    if not applies:
+        lost = np.zeros(len(compute), dtype=bool)
+    else:
+        lost = ~named if last_kept is None else ~named | (steps.number > last_kept)
+        lost = lost | (last_kept is None)
+    waits = step_waits(s.info)
+    waited = np.zeros(len(compute))
+    if waits:
+        keys = np.fromiter(waits, dtype=float, count=len(waits))
+        values = np.fromiter(waits.values(), dtype=float, count=len(waits))
+        order = np.argsort(keys)
+        keys, values = keys[order], values[order]
+        at = np.minimum(np.searchsorted(keys, steps.number), len(keys) - 1)
+        found = named & (keys[at] == steps.number)
+        waited[found] = np.minimum(values[at][found], (compute - excess)[found])
+    return StepParts(excess, lost, waited)
+
+
 def intervals(
-    a: Attempt, s: Spans, typical: tuple[float, float], keep: tuple[int | None, bool], failed: bool
+    a: Attempt,
+    s: Spans,
+    typical: tuple[float, float],
+    keep: tuple[int | None, bool],
+    failed: bool,
+    only: np.ndarray | None = None,
 ) -> list[tuple[float, float, str]]:
     """Every span of one attempt with its category; ``typical``: the run's median step compute and
-    median step duration."""
+    median step duration; ``only``: which steps (a mask; default every one)."""
     compute_median, step_median = typical
     out: list[tuple[float, float, str]] = []
-    first_step = s.steps[0][0] if s.steps else (s.open_step[0] if s.open_step else a.end)
+    steps = s.steps
+    first_step = float(steps.start[0]) if len(steps.start) else (s.open_step[0] if s.open_step else a.end)
     out.append((a.begin, first_step, "init"))
     restore = "rollback" if rolled_back(s) else "checkpoint_restore"
     out.extend((lo, hi, restore) for lo, hi in s.restores)
@@ -87,15 +132,17 @@ def intervals(
         if save[4]:
             out.append((save[1], a.end if save[2] is None else save[2], "checkpoint_stall"))
     out.extend((lo, hi, "failure_detection") for lo, hi in s.detect)
-    warming = True
-    last_kept, applies = keep
-    waits = step_waits(s.info)
-    for start, end, fetch, step in s.steps:
-        compute = end - start - fetch
-        excess = compute - compute_median if warming and compute > WARMUP_FACTOR * compute_median else 0.0
-        warming = excess > 0.0
-        lost = applies and (last_kept is None or step is None or step > last_kept)
-        waited = min(waits.get(step, 0.0), compute - excess) if step is not None else 0.0
+    parts = step_parts(s, compute_median, keep)
+    chosen = slice(None) if only is None else only
+    for start, end, fetch, excess, lost, waited in zip(
+        steps.start[chosen].tolist(),
+        steps.end[chosen].tolist(),
+        steps.fetch[chosen].tolist(),
+        parts.excess[chosen].tolist(),
+        parts.lost[chosen].tolist(),
+        parts.waited[chosen].tolist(),
+        strict=True,
+    ):
         out.append((start, start + fetch, "data_wait"))
         out.append((start + fetch, start + fetch + excess, "warmup"))
         out.append((end - waited, end, "straggler_wait"))

@@ -26,6 +26,7 @@ from goodput.planning.simulation import SimulationResult, simulate_goodput
 from goodput.planning.twolevel import (
     TwoLevelPlan,
     durable_share,
+    goodput_covered,
     goodput_two_level,
     plan_two_level,
     simulate_two_level,
@@ -41,6 +42,7 @@ __all__ = [
     "daly_interval",
     "durable_share",
     "failure_probability",
+    "goodput_covered",
     "goodput_daly",
     "goodput_first_order",
     "goodput_shrink",

@@ -20,6 +20,11 @@ What the memory tier cannot cover: with a replica on a peer node, a node loss is
 lost too; ``durable_share`` takes the planner's assumption that the peer is lost with the same probability,
 independently (``node_loss_share**2``); without replicas (or with one node) every node loss needs the
 durable tier.
+
+``goodput_covered`` is the same split for a run's report, where the durable interval is measured rather than
+chosen: Daly's exact model for the failures only the durable tier recovers, and for the others only the work
+they lose (half the memory interval, or the step in flight where a warm restart takes a survivor's state) and
+their restart. With every failure needing the durable tier it is :func:`goodput.planning.goodput_daly` exactly.
 """
 
 from __future__ import annotations
@@ -30,11 +35,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from goodput.errors import ConfigError
-from goodput.planning.model import optimal_interval
+from goodput.planning.model import goodput_daly, optimal_interval
 
 __all__ = [
     "TwoLevelPlan",
     "durable_share",
+    "goodput_covered",
     "goodput_two_level",
     "plan_two_level",
     "simulate_two_level",
@@ -67,6 +73,48 @@ def goodput_two_level(
     memory = (1.0 - share) / mtbf * (tau1 / 2.0 + w1 + r1 + detect)
     durable = share / mtbf * (tau2 / 2.0 + w2 + r2 + detect) if share > 0 else 0.0
     return 1.0 - stalls - memory - durable
+
+
+def goodput_covered(
+    interval: float,
+    ckpt_stall: float,
+    mtbf: float,
+    *,
+    durable_share: float,
+    covered_loss: float,
+    restart: float = 0.0,
+    persist: float = 0.0,
+    detect: float = 0.0,
+) -> float:
+    """Goodput of a durable tier saved every ``interval`` when only ``durable_share`` of failures need it.
+
+    Those failures (rate ``durable_share / M``) cost what Daly's exact model gives at ``M / durable_share``;
+    each of the others (rate ``(1 - durable_share) / M``) loses ``covered_loss`` seconds of work, then restarts
+    and is detected, and takes that time out of the wall time (first order: these failures are short).
+
+    Args:
+        interval, ckpt_stall, restart, persist, detect: as :func:`goodput.planning.goodput_daly` (the durable
+            tier's interval, stall C and persist W; the restart R and detection D of any failure).
+        mtbf: mean time between failures of the job, all of them.
+        durable_share: the share of failures the memory tier (or a survivor's state) cannot recover.
+        covered_loss: work lost by one failure it does recover, in seconds.
+
+    Raises:
+        ConfigError: a share outside [0, 1] or a negative loss.
+    """
+    if not 0.0 <= durable_share <= 1.0:
+        raise ConfigError(f"the durable share must be in [0, 1], got {durable_share!r}")
+    if not (math.isfinite(covered_loss) and covered_loss >= 0.0):
+        raise ConfigError(f"covered_loss must be >= 0 seconds, got {covered_loss!r}")
+    costs = {"restart": restart, "persist": persist, "detect": detect}
+    if durable_share == 1.0:
+        return goodput_daly(interval, ckpt_stall, mtbf, **costs)
+    if durable_share > 0.0:
+        base = goodput_daly(interval, ckpt_stall, mtbf / durable_share, **costs)
+    else:  # no failure reaches the durable tier: its saves cost only their stall (and the wait for W)
+        base = interval / (interval + ckpt_stall + max(0.0, persist - interval))
+    covered = (1.0 - durable_share) / mtbf * (covered_loss + restart + detect)
+    return base * max(0.0, 1.0 - covered)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ warm restart in the same process) replaces its own tap under its name.
 
 A *rider* (:func:`set_rider`; the numeric guard's agreement) sends a few elements of its own with the first
 bucket of each backward: they are all-reduced (summed) in the same collective as the gradients, appended to
-the bucket's averaged copy (written where the default hook divides the bucket in place: the same one pass), so
-they cost no collective of their own.
+the bucket's own storage (grown once to hold them after the gradients, so the bucket is divided in place as
+DDP's default hook does and nothing is copied), so they cost no collective of their own.
 """
 
 from __future__ import annotations
@@ -47,7 +47,10 @@ class _SharedHook:
     def __init__(self) -> None:
         self.taps: dict[str, Tap] = {}
         self.rider: Rider | None = None
-        self._carrier: Any = None  # bucket 0's averaged copy with the rider's elements after it, reused
+        self._copy: Any = (
+            None  # bucket 0's averaged copy with the rider's elements after it (storage can't grow)
+        )
+        self._grown_at = 0  # the data pointer of the bucket storage grown for the rider
 
     def function(self) -> Any:
         """The hook as DDP takes it: DDP refuses a ``bucket`` annotated other than ``dist.GradBucket``, which a
@@ -66,26 +69,55 @@ class _SharedHook:
             payload = rider.payload(bucket.buffer().dtype) if rider and bucket.index() == 0 else None
             if payload is None:
                 return allreduce_hook(group, bucket)
+            assert rider is not None  # a payload comes from a rider
             return self._carry(group, bucket, payload, rider)
         return taps[i](bucket, lambda: self._call(group, bucket, taps, i + 1))
 
-    def _carry(self, group: Any, bucket: Any, payload: Any, rider: Any) -> Any:
+    def _carry(self, group: Any, bucket: Any, payload: Any, rider: Rider) -> Any:
         """DDP's default all-reduce of ``bucket`` (divided by the world size, then summed) with ``payload``
-        appended (summed, not divided); the future DDP gets holds the bucket's part alone."""
+        after it in the same collective (summed, not divided); the future DDP gets holds the bucket's part
+        alone."""
         import torch
         import torch.distributed as dist
 
         group = group if group is not None else dist.group.WORLD
         buffer = bucket.buffer()
         n, extra = buffer.numel(), payload.numel()
-        carrier = self._carrier
-        if carrier is None or carrier.numel() != n + extra or carrier.dtype != buffer.dtype:
-            carrier = self._carrier = torch.empty(n + extra, dtype=buffer.dtype, device=buffer.device)
-        torch.div(buffer.view(-1), group.size(), out=carrier[:n])
+        carrier = self._grown(buffer, extra)
+        if carrier is not None:  # the payload's room after the gradients: divided in place, as DDP's own hook
+            carrier[:n].div_(group.size())
+            reduced = buffer
+        else:  # a storage that cannot grow: the bucket's averaged copy with the payload after it
+            carrier = self._copy
+            if carrier is None or carrier.numel() != n + extra or carrier.dtype != buffer.dtype:
+                carrier = self._copy = torch.empty(n + extra, dtype=buffer.dtype, device=buffer.device)
+            torch.div(buffer.view(-1), group.size(), out=carrier[:n])
+            reduced = carrier[:n]
         carrier[n:].copy_(payload)
         future = dist.all_reduce(carrier, group=group, async_op=True).get_future()
         rider.departed(future, carrier[n:])
-        return future.then(lambda _: carrier[:n])
+        return future.then(lambda _: reduced)
+
+    def _grown(self, buffer: Any, extra: int) -> Any:
+        """``buffer`` (a bucket's flat gradients) with ``extra`` elements after it in the same storage, grown
+        once for them (None: the storage holds more than the bucket, or cannot grow). DDP's views of the
+        bucket share the storage, so they see its new memory; a bucket DDP rebuilds has a new storage."""
+        import torch
+
+        offset, n, size = buffer.storage_offset(), buffer.numel(), buffer.element_size()
+        storage = buffer.untyped_storage()
+        needed = (offset + n + extra) * size
+        if storage.nbytes() != needed or storage.data_ptr() != self._grown_at:
+            if storage.nbytes() != (offset + n) * size:  # not the bucket's own, or grown by someone else
+                return None
+            try:
+                storage.resize_(needed)
+            except RuntimeError:
+                return None
+            self._grown_at = storage.data_ptr()
+        return torch.empty(0, dtype=buffer.dtype, device=buffer.device).set_(
+            storage, offset, (n + extra,), (1,)
+        )
 
 
 def add_tap(model: Any, name: str, tap: Tap) -> bool:

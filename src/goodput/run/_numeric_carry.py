@@ -2,8 +2,8 @@
 
 Each rank's word for step N (four int64, :func:`~goodput.run._numeric_rules.encode_row`) travels with the first
 gradient bucket of step N+1's backward (:func:`~goodput.run._comm_hook.set_rider`), read at step N+1's
-``step_done``: the same step the all-gather on the guard's own group was read, without that collective's
-round trip, which costs a CPU step as much as the gradient check itself. Every rank owns a band of elements of
+``step_done``: the same step the all-gather on the guard's own group was read, without a collective of its
+own on the step's path. Every rank owns a band of elements of
 the payload: it writes its word there, cut into integers small enough for the bucket's float type to hold
 exactly, and zeros everywhere else. The all-reduce sums one integer and zeros per element, which is exact, so
 every rank reads every rank's word bit for bit and draws the same verdict.
@@ -24,7 +24,7 @@ __all__ = ["Carried", "Carrier"]
 _MASK = (1 << 64) - 1
 
 
-def _bits(dtype: Any) -> int | None:
+def _piece_bits(dtype: Any) -> int | None:
     """How many bits of an integer one element of ``dtype`` holds exactly (None: not a float type we use)."""
     import torch
 
@@ -64,7 +64,7 @@ class Carried:
 
     def __init__(self, step: int, row: list[int], carrier: Carrier) -> None:
         self.step, self.row, self._carrier = step, row, carrier
-        self.trip: tuple[Any, Any, int] | None = None  # (future, summed payload, bits) once departed
+        self.trip: tuple[Any, Any] | None = None  # (future, summed payload) once departed
         self._rows: list[list[int]] | None = None
 
     def rows(self) -> list[list[int]]:
@@ -74,8 +74,10 @@ class Carried:
                 self._carrier.cancel(self)
                 self._rows = start_gather(self.step, self.row, self._carrier.group).rows()
             else:
-                future, summed, bits = self.trip
+                future, summed = self.trip
                 future.wait()
+                bits = _piece_bits(summed.dtype)
+                assert bits is not None, "a payload went in a dtype Carrier.payload refuses"
                 self._rows = decode(summed.tolist(), self._carrier.world, bits)
         return self._rows
 
@@ -100,6 +102,7 @@ class Carrier:
         return self._boarding
 
     def cancel(self, word: Carried) -> None:
+        """``word`` will not ride: it is read from an all-gather instead (a no-op once it departed)."""
         if self._boarding is word:
             self._boarding = None
 
@@ -111,7 +114,7 @@ class Carrier:
         """The hook's first bucket: the boarding word's payload (None: no word, or a dtype it cannot carry)."""
         import torch
 
-        word, bits = self._boarding, _bits(dtype)
+        word, bits = self._boarding, _piece_bits(dtype)
         if word is None or bits is None:
             return None
         if self._riding is not None:
@@ -120,6 +123,7 @@ class Carrier:
         return torch.tensor(encode(word.row, self.rank, self.world, bits), dtype=dtype)
 
     def departed(self, future: Any, summed: Any) -> None:
+        """The riding word's all-reduce started: ``summed`` holds every rank's word once ``future`` is done."""
         word = self._riding
         assert word is not None, "Carrier.departed without a payload"
-        word.trip = (future, summed, _bits(summed.dtype) or 0)
+        word.trip = (future, summed)

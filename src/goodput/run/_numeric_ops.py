@@ -13,15 +13,18 @@ from typing import Any
 from goodput.faults import Fault
 
 __all__ = [
+    "NO_REPLICAS",
     "SKIPS_FILE",
     "apply_skips",
     "flip_bit",
     "gather_rows",
     "gradient_sum",
+    "inject_faults",
     "json_number",
     "local_tensor",
     "poison",
     "read_skips",
+    "refuse_unseen_bitflip",
     "replicated",
     "skip_window",
     "write_skips",
@@ -111,6 +114,27 @@ def replicated(model: Any) -> bool:
     return bool(placements) and all(pl is not None and all(x.is_replicate() for x in pl) for pl in placements)
 
 
+NO_REPLICAS = "has no replicas to compare"
+
+
+def refuse_unseen_bitflip(flips: bool, comparable: bool) -> None:
+    """Refuse a ``bitflip`` fault on a model whose ranks hold no replicas (FSDP2 shards, a plain module): only
+    the replica check finds a flipped bit, and it has nothing to compare, so the drill would corrupt the run
+    unseen.
+
+    Raises:
+        ConfigError: the fault plan ``flips`` a bit and the model is not ``comparable``.
+    """
+    from goodput.errors import ConfigError
+
+    if flips and not comparable:
+        raise ConfigError(
+            f"the fault plan flips a bit but the model {NO_REPLICAS} (FSDP2-sharded parameters or a plain "
+            "module): the replica check finds a flipped bit only in a DDP model or replicated DTensors; drill "
+            "bitflip on one of those"
+        )
+
+
 def local_tensor(tensor: Any) -> Any:
     to_local = getattr(tensor, "to_local", None)
     return to_local() if callable(to_local) else tensor
@@ -118,6 +142,26 @@ def local_tensor(tensor: Any) -> Any:
 
 def poison(grad: Any, fault: Fault) -> None:
     grad.view(-1)[0] = math.nan if fault.value == "nan" else math.inf
+
+
+def inject_faults(run: Any, model: Any, step: int, loss: float | None, *, alone: bool) -> float | None:
+    """Apply ``run``'s drill faults due at ``step``: the loss a ``nan`` or ``spike`` makes of ``loss``, and a
+    ``bitflip`` in ``model``'s parameters; a job that shrank to one rank (``alone``) has no replica to compare
+    against, so its flip is left out and the ledger says so."""
+    fault = run.faults.take("nan", step, into="loss")
+    if fault is not None and loss is not None:
+        loss = math.nan if fault.value == "nan" else math.inf
+    fault = run.faults.take("spike", step)
+    if fault is not None and loss is not None:
+        loss = loss * fault.factor
+    fault = run.faults.take("bitflip", step)
+    if fault is not None and alone:
+        run.ledger.event(
+            "fault_not_injected", fault=str(fault), step=step, why="one rank, no replica to compare"
+        )
+    elif fault is not None:
+        flip_bit(model, fault.bit)
+    return loss
 
 
 def flip_bit(model: Any, bit: int) -> None:

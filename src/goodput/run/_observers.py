@@ -84,7 +84,7 @@ def builtin_hooks(
         hooks.append(ProgressHook(draw=progress, exporters=exporters))
     hooks.append(CacheStatsHook())
     if numeric is not None:
-        hooks.append(NumericGuard(numeric))
+        hooks.append(NumericGuard(numeric, flips=any(f.action == "bitflip" for f in plan)))
     watchdog = WatchdogHook(run, hang_timeout) if hang_timeout else None
     if watchdog is not None:
         hooks.insert(0, watchdog)
@@ -128,9 +128,12 @@ class CrashLoopHook(RunHook):
         return False
 
     def on_attempt(self, run: Run, kind: str) -> None:
-        if kind == "warm":  # each generation is an attempt of the crash-loop count, as a process start is
-            self.detector.close()
-            self.detector = CrashLoopDetector(run.run_dir, run.attempt, limit=self.detector.limit)
+        # Every attempt number gets its record: a later attempt reads a missing one as an attempt that died
+        # before restoring. A warm generation is an attempt of the crash-loop count, as a process start is; a
+        # rollback in place is bounded by the numeric guard's own ladder, so it is recorded but not checked.
+        self.detector.close()
+        self.detector = CrashLoopDetector(run.run_dir, run.attempt, limit=self.detector.limit)
+        if kind == "warm":
             self.detector.check()
 
     def on_fail(self, run: Run) -> None:

@@ -1,5 +1,5 @@
 """What ``Run`` does at the edges of a run: where its folder is, its options checked, its checkpoint manager
-opened and restored, a run already complete, a preemption stop.
+opened and restored, a run already complete (how it ends: ``_ending``).
 
 Kept apart from ``run.py`` so that the hot file only calls them.
 
@@ -8,8 +8,6 @@ Kept apart from ``run.py`` so that the hot file only calls them.
   ``EXIT_FATAL``): a drill launched into ``runs/drill`` must never resume ``runs/exp1`` behind the user's back.
 * A run already complete (its restored step reaches ``total_steps``) trains nothing; rank 0 says so in one
   line, and the process goes on to ``close()`` and exits 0.
-* A preemption stop saves the agreed step, waits until it is durable, records ``preempted`` in the ledger,
-  reports the checkpoint to the launcher (or prints the line itself without one) and ends the process.
 * Checkpoints go to the configured root (default ``<run_dir>/checkpoints``) unless ``$GOODPUT_CHECKPOINT_ROOT``
   names another: ``goodput drill`` moves a script's checkpoints onto the storage it injects faults into.
 * A run's ``auto`` interval learns the failure rate earlier attempts of the run observed.
@@ -27,17 +25,17 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
-from goodput._env import CHECKPOINT_ROOT, NUMERIC, RESERVED_WORLD, RUN_DIR
+from goodput._env import CHECKPOINT_ROOT, NUMERIC, RUN_DIR
 from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
 from goodput.data.loader import ResumableLoader
 from goodput.data.prefetch import DevicePrefetcher
 from goodput.errors import ConfigError
 from goodput.faults import NUMERIC_ACTIONS, Fault, FaultPlan, check_plan, install_faults, parse_faults
-from goodput.launch.folder import PREEMPTED_FILE, launch_dir, write_marker
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import Ledger, read_events
+from goodput.ledger.live import reserved_world
 from goodput.ledger.tiers import live_recovered_share
 from goodput.run.numeric import NumericConfig
 
@@ -52,12 +50,10 @@ __all__ = [
     "checked_numeric",
     "checked_plan",
     "checkpoint_config",
-    "exit_preempted",
     "interval_fields",
     "observe_failures",
     "open_manager",
     "record_state",
-    "report_preempted",
     "resolve_run_dir",
     "restored_step",
 ]
@@ -110,8 +106,7 @@ def checked_plan(text: str, world_size: int, total_steps: int | None, *, numeric
         ConfigError: a fault the run cannot meet, or numeric faults without the numeric guard.
     """
     plan = parse_faults(text)
-    reserved = RESERVED_WORLD.get().strip()
-    world = max(world_size, int(reserved)) if reserved.isdigit() else world_size
+    world = max(world_size, reserved_world(world_size))
     check_plan(plan, world_size=world, total_steps=total_steps)
     if not numeric_on and any(f.action in NUMERIC_ACTIONS for f in plan):
         raise ConfigError(
@@ -167,30 +162,6 @@ def already_complete(run: Run) -> bool:
     return True
 
 
-def report_preempted(run: Run, result: Any, why: str) -> str | None:
-    """Record the preemption stop in the ledger; the URL of the durable checkpoint it saved (or the last one)."""
-    manager = run.manager
-    url = result.url if result is not None else (manager.results[-1].url if manager.results else None)
-    run.ledger.event("preempted", step=run.step, signal=why, url=url)
-    return url
-
-
-def exit_preempted(run: Run, url: str | None, why: str) -> NoReturn:
-    """Tell the launcher (or the user, without one) where the preempted run saved, and end the process."""
-    from goodput.launch.launcher import EXIT_PREEMPTED
-
-    if run.info.rank == 0:
-        info = {"step": run.step, "url": url, "run_dir": run.run_dir, "signal": why}
-        if not write_marker(PREEMPTED_FILE, info):
-            print(
-                f"goodput: preempted by {why}: saved step {run.step} to {url or run.run_dir}; run the same "
-                f"command again to resume (exit {EXIT_PREEMPTED})",
-                file=sys.stderr,
-                flush=True,
-            )
-    raise SystemExit(0 if launch_dir() is not None else EXIT_PREEMPTED)
-
-
 def open_manager(run: Run, state: TrainingState) -> CheckpointManager:
     """The run's checkpoint manager over ``state``: its events go to the ledger of the moment (a rollback or a
     warm restart opens a new attempt), and its ``auto`` interval learns the failures of earlier attempts."""
@@ -212,19 +183,42 @@ def restored_step(run: Run, state: TrainingState, manager: CheckpointManager) ->
 
 
 def observe_failures(manager: CheckpointManager, run_dir: str, *, attempt: int, rank: int) -> None:
-    """Feed the failure rate observed by earlier attempts of this run to the ``auto`` interval."""
-    if not isinstance(manager.policy, AutoInterval) or attempt == 0 or rank != 0:
-        return  # rank 0 decides time-based saves for every rank
+    """Feed what earlier attempts of this run learned to the ``auto`` intervals: the failure rate they observed
+    and the save costs their intervals were planned with (rank 0 decides time-based saves for every rank)."""
+    tiers = [
+        (policy, tier)
+        for policy, tier in ((manager.policy, None), (manager.memory_policy, "memory"))
+        if isinstance(policy, AutoInterval)
+    ]
+    if attempt == 0 or rank != 0 or not tiers:
+        return
     events = read_events(run_dir, rank=None)
     acc = account(events)
-    if acc.mtbf_seconds is not None:
-        manager.policy.observe_mtbf(acc.mtbf_seconds)
-        if isinstance(manager.memory_policy, AutoInterval):
-            manager.memory_policy.observe_mtbf(acc.mtbf_seconds)
-            # A failure recovered live from a surviving replica (warm restarts, replicated state) read no
-            # checkpoint: the memory tier plans only for the others, as the run's own record counts them.
-            not_live = 1.0 - live_recovered_share(events, acc.failures)
-            manager.memory_policy.failure_share *= not_live  # a new manager's: the planned share
+    for policy, tier in tiers:
+        if acc.mtbf_seconds is not None:
+            policy.observe_mtbf(acc.mtbf_seconds)
+            if tier == "memory":
+                # A failure recovered live from a surviving replica (warm restarts, replicated state) read no
+                # checkpoint: the memory tier plans only for the others, as the run's own record counts them
+                # (the share is a new manager's, planned once).
+                policy.failure_share *= 1.0 - live_recovered_share(events, acc.failures)
+        costs = last_planned_costs(events, tier)
+        if costs is not None:
+            policy.resume(*costs)
+
+
+def last_planned_costs(events: list[dict[str, Any]], tier: str | None) -> tuple[float, float] | None:
+    """The (stall, persist) seconds rank 0's newest ``checkpoint_interval`` of ``tier`` (None: the durable
+    tier) was planned with; None when no attempt recorded them."""
+    for event in reversed(events):
+        if (
+            event.get("event") == "checkpoint_interval"
+            and event.get("rank") == 0
+            and event.get("tier") == tier
+            and "stall_seconds" in event
+        ):
+            return float(event["stall_seconds"]), float(event["persist_seconds"])
+    return None
 
 
 def interval_fields(config: CheckpointConfig) -> dict[str, Any]:

@@ -36,18 +36,20 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError, NumericFault
+from goodput.ledger.live import reserved_world
 from goodput.run._numeric_carry import Carried
 from goodput.run._numeric_exchange import Exchange, new_group, start_gather
 from goodput.run._numeric_grads import BucketCheck
 from goodput.run._numeric_ops import (
     apply_skips,
-    flip_bit,
     gather_rows,
     gradient_sum,
+    inject_faults,
     json_number,
     local_tensor,
     poison,
     read_skips,
+    refuse_unseen_bitflip,
     replicated,
     skip_window,
 )
@@ -134,8 +136,9 @@ class NumericGuard(RunHook):
     """The guard of one ``Run`` (see the module docstring): a hook that attaches at each restore, injects a
     drill's faults into the loss, checks each step and rolls back in place."""
 
-    def __init__(self, config: NumericConfig) -> None:
+    def __init__(self, config: NumericConfig, *, flips: bool = False) -> None:
         self.config = config
+        self._flips = flips  # the fault plan flips a bit on some rank (the same on every rank)
         self._run: Run | None = None
         self._state: TrainingState | None = None
         self._group: Any = None
@@ -150,6 +153,7 @@ class NumericGuard(RunHook):
         self._unnamed: set[int] = set()  # check steps whose differing replica no majority could name
         self._tier = "durable"
         self._comparable = True
+        self._alone = False  # a shrunk generation of one rank: no replica to compare a flipped bit against
         self._inflight: list[Exchange | Carried] = []  # steps whose words are being exchanged, oldest first
         self._closing = False  # the loop ended before close() judged its last step: a fault stops the run
         self._handover: int | None = None  # a rank named corrupt under warm restarts, to leave for a spare
@@ -163,8 +167,12 @@ class NumericGuard(RunHook):
         self.on_close(run, "restore")
         self._run, self._state = run, state
         world = run.info.world_size
-        self._group = new_group() if world > 1 and dist.is_initialized() else None
         self._comparable = replicated(state.model)
+        # A job that had replicas and shrank to one rank has nothing to compare for now: its bitflip faults are
+        # not injected (see adjust_loss) rather than refused; a job launched without replicas is refused.
+        self._alone = world == 1 and reserved_world(world) > 1
+        refuse_unseen_bitflip(self._flips and not self._alone, self._comparable)  # on every rank alike
+        self._group = new_group() if world > 1 and dist.is_initialized() else None
         self._agree(restored or 0)
         if self.config.grads and state.optimizer is not None:
             self._hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
@@ -318,15 +326,7 @@ class NumericGuard(RunHook):
         """Apply a drill's numeric faults due at ``step``: the loss they make, a flipped bit."""
         if self._run is None or self._state is None:
             return loss
-        fault = run.faults.take("nan", step, into="loss")
-        if fault is not None and loss is not None:
-            loss = math.nan if fault.value == "nan" else math.inf
-        fault = run.faults.take("spike", step)
-        if fault is not None and loss is not None:
-            loss = loss * fault.factor
-        fault = run.faults.take("bitflip", step)
-        if fault is not None:
-            flip_bit(self._state.model, fault.bit)
+        loss = inject_faults(run, self._state.model, step, loss, alone=self._alone)
         return loss
 
     # ---- response ---------------------------------------------------------------------------------------------

@@ -10,8 +10,9 @@
 
 Run owns the order of a step: it writes the ledger, restores the newest valid checkpoint, times each batch's
 fetch, fires injected faults, stops on preemption and saves when the policy says so. Its parts: joining and
-leaving the job (``_membership``), the edges of a run (``_runhooks``), the batch loop (``_batches``), and a hook
-in ``run.hooks`` for what watches or adjusts a run (``_observers``, ``numeric``, ``stragglers``, ``_warm``).
+leaving the job (``_membership``), the edges of a run (``_runhooks``), the batch loop (``_batches``), its end
+(``_ending``: close, preemption stop), and a hook in ``run.hooks`` for what watches or adjusts a run
+(``_observers``, ``numeric``, ``stragglers``, ``_warm``).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from typing import Any
 from goodput._env import FAULTS, STOP_AFTER
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
 from goodput.errors import ConfigError, SaveFailed
-from goodput.faults import install_faults
 from goodput.launch.folder import install_error_report
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
 from goodput.run import _runhooks as edges
 from goodput.run._batches import BatchLoop
+from goodput.run._ddp_buckets import fix_layout
+from goodput.run._ending import RunEnd
 from goodput.run._membership import Membership
 from goodput.run._observers import builtin_hooks
 from goodput.run._warm import WarmHook, exit_failed
@@ -109,8 +111,7 @@ class Run:
         self.loader: Any = None  # the loader ``batches`` reads
         self.fetch_seconds = 0.0  # the last step's wait for its batch
         self._loop = BatchLoop()  # the iteration state of ``batches``
-        self._last_saved: int | None = None
-        self._closed = False
+        self._end = RunEnd(self._loop, self._job)  # closed yet, the last step saved
         self.hooks, self.watchdog, self._stragglers = builtin_hooks(
             self,
             plan=self._plan,
@@ -161,12 +162,13 @@ class Run:
             self._manager = edges.open_manager(self, state)
             if self._stragglers is not None:  # its DDP comm hook goes on before any other part's
                 self._stragglers.attach(model)
+            fix_layout(model)  # every attempt sums its gradients in one layout from its first step
             self.loader = loader
             step = edges.restored_step(self, state, self._manager)
         self.ledger.restore_end(step)
         edges.record_state(self.ledger, state, self.config)
         self.step = step or 0
-        self._last_saved = step
+        self._end.last_saved = step
         self._job.preempt.start(self.step)
         edges.already_complete(self)
         self.ledger.init_done()
@@ -208,7 +210,7 @@ class Run:
                 return  # rolled back in place, to an earlier step: batches() goes on from there
         self.faults.check(phase="step", step=self.step)
         if self._job.preempt.should_stop(self.step):
-            self._stop_preempted(self._job.preempt.requested or "a signal")
+            self._end.stop_preempted(self, self._job.preempt.requested or "a signal")
         if STOP_AFTER.get() == str(self.step):  # verify-resume's reference: one part of a world-size schedule
             self.close()
             raise SystemExit(0)
@@ -230,46 +232,11 @@ class Run:
         manager.state.step = self.step
         with self.phase("checkpoint_save"):
             manager.save(self.step)
-        self._last_saved = self.step
+        self._end.last_saved = self.step
 
     def close(self) -> None:
         """Save the final step if it is not saved yet, wait until it is durable, and end the attempt."""
-        self._close("ok")
-
-    def _close(self, status: str) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._loop.stop()
-        try:
-            if self._manager is not None:
-                if status == "ok":
-                    self._loop.loop_end_rewound(self, closing=True)
-                if self._last_saved != self.step:
-                    self.save()
-                with self.phase("checkpoint_save"):
-                    self._manager.close()
-            for hook in self.hooks:
-                hook.on_finish(self)
-        finally:
-            self._shutdown(status)
-
-    def _shutdown(self, status: str) -> None:
-        for hook in reversed(self.hooks):
-            hook.on_close(self, status)
-        self.ledger.close(status)
-        install_faults(None)
-        self._job.close()
-
-    def _stop_preempted(self, why: str) -> None:
-        """Save the current step durably on every rank, report it, close the run and end the process."""
-        if self._last_saved != self.step:
-            self.save()
-        with self.phase("checkpoint_save"):
-            result = self.manager.wait()
-        url = edges.report_preempted(self, result, why)
-        self._close("interrupted")
-        edges.exit_preempted(self, url, why)
+        self._end.close(self, "ok")
 
     def __enter__(self) -> Run:
         return self
@@ -279,9 +246,8 @@ class Run:
     ) -> None:
         if exc_type is None:
             self.close()
-        elif not self._closed:
-            self._closed = True
-            self._shutdown("failed")
+        else:
+            self._end.fail(self)
 
     def warm(self, train_fn: Callable[[Run], Any]) -> Any:
         """Run ``train_fn(self)``; under warm restarts, re-enter it in this process after another rank fails.
@@ -307,7 +273,7 @@ class Run:
                     exit_failed(self, err)
                 self.warm_hook.rejoin(self, err, self._job)  # this process and its state go on
                 self._manager = None  # bound to the dead group; a save in flight there is abandoned
-                self._closed = False
+                self._end.closed = False
                 self.faults = edges.arm_faults(self, self._plan)
 
     def end_attempt(self, failure: str) -> None:
@@ -325,7 +291,7 @@ class Run:
     def rewind(self, step: int) -> None:
         """The state was restored in place to ``step`` (a rollback): go on from there, ``step`` being saved."""
         self.step = step
-        self._last_saved = step
+        self._end.last_saved = step
 
     def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         """A stretch the watchdog allows longer than a step (``restore``, ``checkpoint_save``)."""

@@ -49,10 +49,8 @@ def _entry(
     # goodput.checkpoint._groups). CheckpointManager.close now ends its own groups' threads, but a rank function
     # may end right after a collective on a group nobody can end before exit (the default group, which FSDP/DDP
     # modules hold): the rank's result is written by now, and its exit status must not depend on that race.
-    # Kept after trying without it (issue #27): with destroy_process_group() and a gc.collect() before an
-    # ordinary exit, the tests passed, but a rank that had run an FSDP job still had 6-7 more OS threads than
-    # before init_process_group, so a group (or something else running C++ threads) outlived the function and
-    # the race stays possible. A user's process takes the ordinary exit: tests/checkpoint/test_teardown.py.
+    # destroy_process_group() and a gc.collect() do not close it: a rank that ran an FSDP job keeps C++ threads
+    # past them. A user's process takes the ordinary exit: tests/checkpoint/test_teardown.py.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1 if result[0] == "error" else 0)

@@ -254,12 +254,13 @@ class FaultProxy:
                 upstream = _connect(self.upstream)
             upstream.sendall(head + body)
             up_reader = upstream.makefile("rb")
-            status, keep = _relay_response(up_reader, client, method, bandwidth, link, drop=fault is not None)
+            dropped = fault is not None and fault.kind == "drop"  # a stall is a delay only
+            status, keep = _relay_response(up_reader, client, method, bandwidth, link, drop=dropped)
         except OSError:  # the client gave up (e.g. timed out during a stall) or the server went away
             self._record(method, path, headers, 0, start, conn_id, fault.kind if fault else "broken")
             raise
         self._record(method, path, headers, status, start, conn_id, fault.kind if fault else None)
-        if fault is not None:  # dropped mid-response
+        if dropped:  # reset mid-response
             client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
             _close(upstream)
             return None

@@ -35,6 +35,11 @@ _AFTER_RESTART = (
     "a loader outside Run: pass it to run.restore(loader=...) and iterate run.batches(loader), so its "
     "position is checkpointed and restored (a plain torch DataLoader has no position: use goodput.ResumableLoader)",
 )
+_DDP_LAYOUT = (
+    "DDP on 3 or more ranks with more parameters than its first gradient bucket (1 MiB): DDP's own bucket layout "
+    "is kept there, and the first step after a resume sums some gradients in another order (last bits only; "
+    "docs/launch.md)"
+)
 _RNG_NAMES = {"python": "random", "numpy": "np.random", "torch": "torch", "cuda": "torch.cuda"}
 
 
@@ -148,7 +153,8 @@ def _step_difference(ref: StepRecord, got: StepRecord, drawn: set[str]) -> Diffe
         return Difference(where, what, context, data_causes)
     if ref.loss != got.loss:
         values = f"{_float(ref.loss)} uninterrupted, {_float(got.loss)} interrupted"
-        return Difference(where, f"rank {rank}'s loss differs", f"{values}; {context}", causes)
+        loss_causes = (*causes, _DDP_LAYOUT) if resumed else causes
+        return Difference(where, f"rank {rank}'s loss differs", f"{values}; {context}", loss_causes)
     for name in [*ref.rng, *(n for n in got.rng if n not in ref.rng)]:
         if name in drawn and ref.rng.get(name) != got.rng.get(name):
             generator = _RNG_NAMES.get(name, name)

@@ -10,19 +10,33 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-__all__ = ["effective_samples", "first_difference", "global_steps", "read_run", "trained_twice"]
+__all__ = [
+    "batch_epoch",
+    "effective_samples",
+    "first_difference",
+    "global_steps",
+    "read_run",
+    "step_epochs",
+    "trained_twice",
+]
+
+
+def _records(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The records of one rank's sample log, a torn line (a kill mid-write) left out."""
+    for line in lines:
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            continue
 
 
 def effective_samples(lines: Iterable[str]) -> dict[int, list[int]]:
     """Step -> sample ids of the last time that step was trained (a torn last line is ignored)."""
     steps: dict[int, list[int]] = {}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for record in _records(lines):
         steps[int(record["step"])] = [int(i) for i in record["samples"]]
     return steps
 
@@ -37,11 +51,7 @@ def global_steps(ranks: Iterable[Iterable[str]]) -> dict[int, list[int]]:
     """
     latest: dict[int, tuple[int, dict[int, list[int]]]] = {}
     for rank, lines in enumerate(ranks):
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        for record in _records(lines):
             step, attempt = int(record["step"]), int(record.get("attempt", 0))
             if step not in latest or attempt > latest[step][0]:
                 latest[step] = (attempt, {})
@@ -52,24 +62,44 @@ def global_steps(ranks: Iterable[Iterable[str]]) -> dict[int, list[int]]:
     }
 
 
-def trained_twice(steps: dict[int, list[int]]) -> list[int]:
-    """The sample ids that more than one effective step trained, or one step twice (none: exactly once)."""
-    seen: set[int] = set()
+def trained_twice(steps: dict[int, list[int]], epochs: dict[int, int] | None = None) -> list[int]:
+    """The sample ids that more than one effective step of the same epoch trained, or one step twice (none:
+    exactly once). ``epochs`` maps a step to its epoch (see :func:`step_epochs`; None: every step in epoch 0),
+    so a sample met again in a later epoch is not trained twice."""
+    seen: set[tuple[int, int]] = set()
     twice: set[int] = set()
-    for ids in steps.values():
+    for step, ids in steps.items():
+        epoch = epochs.get(step, 0) if epochs is not None else 0
         for i in ids:
-            (twice if i in seen else seen).add(i)
+            if (epoch, i) in seen:
+                twice.add(i)
+            seen.add((epoch, i))
     return sorted(twice)
+
+
+def batch_epoch(loader: Any) -> int:
+    """The epoch of the batch the training loop received last from ``loader`` (a ResumableLoader): the position
+    moves to the next epoch once the loader is exhausted, which a loader that loads ahead may reach before the
+    loop trains the epoch's last batch."""
+    return int(loader.epoch if loader.consumed else loader.epoch - 1)
+
+
+def step_epochs(ranks: Iterable[Iterable[str]]) -> dict[int, int]:
+    """Step -> the epoch its batch came from, as logged the last time it was trained (``epoch`` in a record of
+    ``samples/rank-<r>.jsonl``; 0 where a record has none)."""
+    latest: dict[int, tuple[int, int]] = {}
+    for lines in ranks:
+        for record in _records(lines):
+            step, attempt = int(record["step"]), int(record.get("attempt", 0))
+            if step not in latest or attempt >= latest[step][0]:
+                latest[step] = (attempt, int(record.get("epoch", 0)))
+    return {step: epoch for step, (_, epoch) in latest.items()}
 
 
 def _effective_draws(lines: Iterable[str]) -> dict[int, object]:
     """Step -> the random draws logged the last time that step was trained (None when not logged)."""
     steps: dict[int, object] = {}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for record in _records(lines):
         steps[int(record["step"])] = record.get("draws")
     return steps
 

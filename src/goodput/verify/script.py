@@ -23,7 +23,15 @@ from goodput.launch.launcher import LaunchConfig, launch_job
 from goodput.verify.compare import compare_records, idle_generators
 from goodput.verify.records import RECORDS_ENV, RunRecords, read_records
 
-__all__ = ["kill_plan", "records_of", "run_captured", "verify_resume"]
+__all__ = [
+    "empty_folders",
+    "kill_plan",
+    "launch_config",
+    "records_of",
+    "run_captured",
+    "saved_steps",
+    "verify_resume",
+]
 
 OUTPUT_LOG = "output.log"
 
@@ -104,18 +112,12 @@ def verify_resume(
         ConfigError: the script is missing, a flag is out of range, or the script does not use ``Run``.
     """
     _check(script, nproc=nproc, kills=kills)
-    work = work_dir or tempfile.mkdtemp(prefix="goodput-verify-")
-    clean_dir, killed_dir = os.path.join(work, "uninterrupted"), os.path.join(work, "interrupted")
-    for folder in (clean_dir, killed_dir):
-        if os.path.exists(folder):
-            raise ConfigError(f"{folder} already exists (an earlier verify?): choose an empty --work-dir")
+    work, dirs = empty_folders(work_dir, ("uninterrupted", "interrupted"))
+    clean_dir, killed_dir = dirs["uninterrupted"], dirs["interrupted"]
     say(f"goodput verify-resume: {' '.join(script)}, {nproc} ranks, {restart} restarts, in {work}")
 
     def launch(run_dir: str, faults: str, restarts: int) -> Callable[[], int]:
-        config = LaunchConfig(
-            script=tuple(script), nproc=nproc, max_restarts=restarts, run_dir=run_dir, faults=faults,
-            crash_loop=restarts + 1, rdzv_id="goodput-verify", verbose=True,  # all of it in output.log
-        )  # fmt: skip
+        config = launch_config(script, nproc, run_dir, faults=faults, restarts=restarts)
         if restart == "warm":
             from goodput.warm.agent import WarmConfig, launch_warm
 
@@ -126,7 +128,7 @@ def verify_resume(
         return 1
     reference = records_of(clean_dir, script)
     steps = max(max(steps, default=0) for steps in reference.steps.values())
-    saves, async_saves = _saves(clean_dir)
+    saves, async_saves = saved_steps(clean_dir)
     plan = kill_plan(kills, steps=steps, saves=saves, nproc=nproc, seed=seed, async_saves=async_saves)
     say(f"uninterrupted: {steps} steps, saved at {_steps_text(saves)}; faults: {plan or 'none'}")
     # Under the warm agent a script that does not hand its training to run.warm loses its survivor too: each
@@ -135,6 +137,31 @@ def verify_resume(
     if not run_captured(launch(killed_dir, plan, budget), killed_dir, "interrupted", say):
         return 1
     return _verdict(reference, records_of(killed_dir, script), killed_dir, say)
+
+
+def empty_folders(work_dir: str | None, names: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """The work folder (``work_dir``, or a new temporary one) and a run folder in it for each of ``names``.
+
+    Raises:
+        ConfigError: a run folder exists already (an earlier verify's: its records would mix with these).
+    """
+    work = work_dir or tempfile.mkdtemp(prefix="goodput-verify-")
+    dirs = {name: os.path.join(work, name) for name in names}
+    for folder in dirs.values():
+        if os.path.exists(folder):
+            raise ConfigError(f"{folder} already exists (an earlier verify?): choose an empty --work-dir")
+    return work, dirs
+
+
+def launch_config(
+    script: Sequence[str], nproc: int, run_dir: str, *, faults: str = "", restarts: int = 0
+) -> LaunchConfig:
+    """The launch of one of verify's runs: ``restarts`` restarts, crash-loop detection only past them, and
+    every worker's output (it goes to the run's ``output.log``, see ``run_captured``)."""
+    return LaunchConfig(
+        script=tuple(script), nproc=nproc, max_restarts=restarts, run_dir=run_dir, faults=faults,
+        crash_loop=restarts + 1, rdzv_id="goodput-verify", verbose=True,
+    )  # fmt: skip
 
 
 def kill_plan(
@@ -189,7 +216,7 @@ def records_of(run_dir: str, script: Sequence[str]) -> RunRecords:
     return records
 
 
-def _saves(run_dir: str) -> tuple[list[int], bool]:
+def saved_steps(run_dir: str) -> tuple[list[int], bool]:
     """The steps the run saved at (durable), and whether its saves were asynchronous."""
     from goodput.ledger import read_events
 

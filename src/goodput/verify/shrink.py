@@ -22,16 +22,22 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 
 from goodput._env import STOP_AFTER
 from goodput.errors import ConfigError
-from goodput.launch.launcher import LaunchConfig, launch_job
+from goodput.launch.launcher import launch_job
 from goodput.run.records import FINAL_FILE, RECORDS_DIR
 from goodput.verify.compare import compare_records
 from goodput.verify.records import RunRecords
-from goodput.verify.script import _saves, kill_plan, records_of, run_captured
+from goodput.verify.script import (
+    empty_folders,
+    kill_plan,
+    launch_config,
+    records_of,
+    run_captured,
+    saved_steps,
+)
 
 __all__ = ["effective", "exactly_once", "verify_shrink", "world_schedule"]
 
@@ -74,30 +80,28 @@ def world_schedule(records: RunRecords) -> list[tuple[int, int]]:
 
 def exactly_once(reference: RunRecords, other: RunRecords) -> str | None:
     """None when every step of ``other`` trained, over all its ranks, the same samples as the same step of
-    ``reference`` (a fixed-world run), and no sample twice; else a sentence naming the first step that did not."""
-    ref, got = _global(effective(reference)), _global(effective(other))
+    ``reference`` (a fixed-world run no failure interrupted); else a sentence naming the first step that did not.
+
+    The uninterrupted run trains each sample once an epoch, so a run whose every step matches it skips none and
+    repeats none; a sample met again in a later epoch is no repeat.
+    """
+    ref, got = _samples_by_step(effective(reference)), _samples_by_step(effective(other))
     if None in ref.values() or None in got.values():
         return "a step recorded no sample ids: iterate a ResumableLoader through run.batches"
-    seen: set[int] = set()
     for step in sorted(set(ref) | set(got)):
-        mine = got.get(step)
-        if mine is None or ref.get(step) is None or sorted(mine) != sorted(ref[step] or []):
-            return f"step {step} trained samples {_short(mine)} where the uninterrupted run trained {_short(ref.get(step))}"
-        twice = seen.intersection(mine)
-        if twice or len(set(mine)) != len(mine):
-            return f"step {step} trained samples {sorted(twice)[:8] or mine} a second time"
-        seen.update(mine)
+        mine, theirs = got.get(step), ref.get(step)
+        if mine is None or theirs is None or sorted(mine) != sorted(theirs):
+            return f"step {step} trained samples {_short(mine)} where the uninterrupted run trained {_short(theirs)}"
     return None
 
 
-def _global(records: RunRecords) -> dict[int, list[int] | None]:
+def _samples_by_step(records: RunRecords) -> dict[int, list[int] | None]:
+    """Each step's sample ids over all its ranks (None: a rank recorded none)."""
     out: dict[int, list[int] | None] = {}
     for steps in records.steps.values():
         for step, record in steps.items():
-            if record.ids is None:
-                out[step] = None
-            elif out.get(step, []) is not None:
-                out[step] = [*(out.get(step) or []), *record.ids]
+            so_far = out.get(step, [])
+            out[step] = None if so_far is None or record.ids is None else [*so_far, *record.ids]
     return out
 
 
@@ -109,6 +113,7 @@ def _short(ids: list[int] | None) -> str:
 
 
 def _without_rng(records: RunRecords) -> RunRecords:
+    """``records`` whose final states leave out the random generators (see the module docstring)."""
     final = {
         rank: {**f, "state": {k: v for k, v in f.get("state", {}).items() if not k.startswith("rng.")}}
         for rank, f in records.final.items()
@@ -136,26 +141,22 @@ def verify_shrink(
         raise ConfigError(
             f"shrinking needs --nproc >= 2 and --min-world below it, got {nproc} and {min_world}"
         )
-    work = work_dir or tempfile.mkdtemp(prefix="goodput-verify-")
-    dirs = {name: os.path.join(work, name) for name in ("uninterrupted", "interrupted", "reference")}
-    for folder in dirs.values():
-        if os.path.exists(folder):
-            raise ConfigError(f"{folder} already exists (an earlier verify?): choose an empty --work-dir")
+    work, dirs = empty_folders(work_dir, ("uninterrupted", "interrupted", "reference"))
     say(f"goodput verify-resume: {' '.join(script)}, {nproc} ranks, warm restarts with no spare "
         f"(shrink after {shrink_after:g} s, down to {min_world}), in {work}")  # fmt: skip
-    if not run_captured(lambda: launch_job(_config(script, nproc, dirs["uninterrupted"])), dirs["uninterrupted"],
+    if not run_captured(lambda: launch_job(launch_config(script, nproc, dirs["uninterrupted"])), dirs["uninterrupted"],
                         "uninterrupted", say):  # fmt: skip
         return 1
     clean = records_of(dirs["uninterrupted"], script)
     steps = max(max(s, default=0) for s in clean.steps.values())
-    saves, async_saves = _saves(dirs["uninterrupted"])
+    saves, async_saves = saved_steps(dirs["uninterrupted"])
     plan = kill_plan(kills, steps=steps, saves=saves, nproc=nproc, seed=seed, async_saves=async_saves)
     say(f"uninterrupted: {steps} steps; faults: {plan or 'none'}")
 
     def interrupted() -> int:
         from goodput.warm.agent import WarmConfig, launch_warm
 
-        config = _config(script, nproc, dirs["interrupted"], faults=plan, restarts=2 * kills + 2)
+        config = launch_config(script, nproc, dirs["interrupted"], faults=plan, restarts=2 * kills + 2)
         return launch_warm(config, WarmConfig(spares=0, shrink_after=shrink_after, min_world=min_world))
 
     if not run_captured(interrupted, dirs["interrupted"], "interrupted", say):
@@ -172,17 +173,9 @@ def verify_shrink(
     return _verdict(clean, killed, records_of(dirs["reference"], script), dirs["interrupted"], say)
 
 
-def _config(
-    script: Sequence[str], nproc: int, run_dir: str, *, faults: str = "", restarts: int = 0
-) -> LaunchConfig:
-    return LaunchConfig(
-        script=tuple(script), nproc=nproc, max_restarts=restarts, run_dir=run_dir, faults=faults,
-        crash_loop=restarts + 1, rdzv_id="goodput-verify", verbose=True,
-    )  # fmt: skip
-
-
 def _cold(script: Sequence[str], world: int, run_dir: str) -> int:
-    return launch_job(_config(script, world, run_dir))
+    """One part of the reference: a cold launch of ``script`` on ``world`` ranks, resuming ``run_dir``."""
+    return launch_job(launch_config(script, world, run_dir))
 
 
 def _reference(
@@ -208,6 +201,8 @@ def _reference(
 
 
 def _verdict(clean: RunRecords, killed: RunRecords, reference: RunRecords, killed_dir: str, say: Say) -> int:
+    """0 when the interrupted run trained the uninterrupted run's global batches and matches the reference; else
+    1, having said each difference."""
     once = exactly_once(clean, killed)
     if once is not None:
         say(f"DIFFERENT: {once}")

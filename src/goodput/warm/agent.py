@@ -24,7 +24,9 @@ elastic's c10d rendezvous and share its store. Generations are numbered by a sto
 sees a failure claims the next generation of the current one (a compare-and-set, so two nodes failing at
 once cannot both restart it warm: the loser restarts cold), hands the rank to its own node's spare, and the
 other nodes' survivors join without their agent doing anything. A cold restart is announced through the store
-(``gen/current``), and every agent restarts its node's workers in it.
+(``gen/current``), and every agent restarts its node's workers in it; a shrink or grow renumbers every node's
+ranks (``goodput.warm.resize``). Each agent beats in the store, so that a node lost whole, whose agent cannot
+report it, is found by the others (``goodput.warm.nodes``).
 """
 
 from __future__ import annotations
@@ -45,17 +47,19 @@ from goodput.launch.launcher import LaunchConfig
 from goodput.launch.output import describe_exit
 from goodput.warm import protocol
 from goodput.warm.idle import can_return, make_idle, make_normal
+from goodput.warm.nodes import NodeBeats, first_layout, layout_json, layout_of, wait_for_nodes
 from goodput.warm.record import claim_folder, record_folder, remove_folder
 from goodput.warm.resize import Resizer
+from goodput.warm.rounds import Round, next_round, node_counts, rendezvous
 from goodput.warm.start import (
     WarmConfig,
     boot_args,
     check_warm,
     kill_group,
     launch_warm,
-    rendezvous,
     worker_env,
 )
+from goodput.warm.watch import connect_store
 
 __all__ = ["AGENT_LOG", "WarmAgent", "WarmConfig", "launch_warm"]
 
@@ -80,25 +84,37 @@ class WarmAgent:
         self.launch = launch
         self.warm = warm
         self.nproc = launch.nproc
-        self.nnodes = int(launch.nnodes)
-        if self.nnodes == 1:
+        self.rdzv: Any = None  # torch's c10d rendezvous handler (several nodes)
+        if launch.nnodes == "1":
             self.node_rank, prefix = 0, ""
             base = dist.TCPStore(
                 "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
             )
             self.address = f"127.0.0.1:{base.port}"
         else:
-            self.node_rank, self.address, self._rdzv = rendezvous(launch)
+            self.rdzv, self.address = rendezvous(launch), str(launch.rdzv_endpoint)
             host, port = self.address.rsplit(":", 1)
             base = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60))
             prefix = f"goodput-warm/{launch.rdzv_id}/"
         self._base = base  # the connection (and, on one node, the server) lives as long as the agent
         self.prefix = prefix
         self.store: Any = dist.PrefixStore(prefix, base) if prefix else base
-        self.world_size = self.nnodes * self.nproc  # shrinks and grows with --shrink-after
-        self.reserved = self.world_size
-        self.ranks = self.ranks_of_node()
-        self.gen = 0
+        first = (
+            next_round(self.rdzv, self.store) if self.rdzv is not None else Round(rank=0, nodes=1, first=True)
+        )
+        self.joiner = not first.first  # a node taken into a running job (it grows the job with its spares)
+        self.nnodes = first.nodes
+        self.reserved = self.nproc * node_counts(launch)[1]
+        joined = (
+            0 if first.first else int(self.store.add(protocol.JOINED_KEY, 1))
+        )  # a new node id, past MAX's
+        self.node_rank = first.rank if first.first else node_counts(launch)[1] + joined - 1
+        self.gen = int(self.store.get(protocol.CURRENT_KEY)) if self.joiner else 0
+        current = json.loads(self.store.get(protocol.info_key(self.gen))) if self.joiner else {}
+        self.set_layout(layout_of(current) or first_layout(self.nnodes, self.nproc))
+        self.beats = (
+            NodeBeats(lambda: connect_store(self.address, prefix), self.node_rank) if prefix else None
+        )
         self.cold_restarts = 0
         self.restarts = 0
         self.workers: dict[int, _Slot] = {}
@@ -110,12 +126,14 @@ class WarmAgent:
         self._failures: dict[int, str] = {}  # rank -> how its last process ended, for the terminal's line
         self._log_path = os.path.join(launch.run_dir, AGENT_LOG) if launch.run_dir else None
         self._started = time.monotonic()
-        self._spares_started = warm.first_spare_delay <= 0
+        self._spares_started = warm.first_spare_delay <= 0 or self.joiner
         self.resize = Resizer(self)
 
-    def ranks_of_node(self) -> list[int]:
-        """This node's ranks at the reserved world size."""
-        return [self.node_rank * self.nproc + i for i in range(self.nproc)]
+    def set_layout(self, layout: dict[int, list[int]]) -> None:
+        """Take ``layout`` (node -> global ranks) as the current generation's: this node's ranks, the world."""
+        self.layout = layout
+        self.world_size = sum(len(ranks) for ranks in layout.values())
+        self.ranks = layout.get(self.node_rank, [])
 
     # ---- processes ---------------------------------------------------------------------------------------
     def _spawn(self, name: str, env: dict[str, str]) -> _Slot:
@@ -135,13 +153,13 @@ class WarmAgent:
         )
         return _Slot(ctx=ctx, pid=ctx.pids()[0])
 
-    def _start_worker(self, rank: int) -> None:
+    def start_worker(self, rank: int) -> None:
         env = worker_env(
             self,
             RANK=str(rank),
-            LOCAL_RANK=str(rank - self.ranks[0]),
+            LOCAL_RANK=str(self.ranks.index(rank)),
             WORLD_SIZE=str(self.world_size),
-            LOCAL_WORLD_SIZE=str(self.nproc),
+            LOCAL_WORLD_SIZE=str(len(self.ranks)),
             GROUP_RANK=str(self.node_rank),
             **{protocol.ROLE_ENV: "worker", protocol.GEN_ENV: str(self.gen)},
         )
@@ -175,13 +193,9 @@ class WarmAgent:
             self.start_spare()
 
     def _spares_due(self) -> bool:
-        """Whether to start spares yet: not while the first workers are still starting.
-
-        A spare imports torch and the script's imports: started together with the first workers it competes
-        with them for the CPU and lengthens the job's first init (one more process importing at once). So the first spares start once every worker of this node has
-        finished a step (its ``stepped/<rank>`` key exists), or after ``first_spare_delay`` seconds at most; a
-        failure before that starts the rank's replacement cold.
-        """
+        """Whether to start spares yet: once every worker of this node has finished a step (``stepped/<rank>``),
+        or after ``first_spare_delay`` seconds at most. Started with the first workers, a spare's imports would
+        compete with theirs for the CPU; a failure before then starts the rank's replacement cold."""
         if self._spares_started:
             return True
         if time.monotonic() - self._started >= self.warm.first_spare_delay or self.store.check(
@@ -198,28 +212,23 @@ class WarmAgent:
     # ---- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
         """Run the job to its end; returns its exit status."""
-        import torch.distributed as dist
 
-        if self.node_rank == 0:
-            self.publish("cold", failed=[])
+        if self.node_rank == 0 and not self.joiner:
+            self.publish("cold", failed=[], nodes=layout_json(self.layout))
             self.store.set(protocol.CURRENT_KEY, "0")
         claim_folder(record_folder(self.address, self.prefix))  # and sweep a SIGKILLed launch's
         try:
             for rank in self.ranks:
-                self._start_worker(rank)
+                self.start_worker(rank)
             self.fill_spares()
             status = self._monitor()
         finally:
-            self._stop(list(self.workers.values()) + self.spares)
+            if self.beats is not None:
+                self.beats.stop()
+            self.stop(list(self.workers.values()) + self.spares)
             remove_folder(record_folder(self.address, self.prefix))
-        if status == 0 and self.nnodes > 1:
-            # One agent hosts the rendezvous store: keep it up until every node's workers are done.
-            # (The host's agent may leave as soon as the count is full: a closed store then means "all done".)
-            with contextlib.suppress(dist.DistError):
-                self.store.add("nodes_done", 1)
-                deadline = time.monotonic() + 60
-                while self.store.add("nodes_done", 0) < self.nnodes and time.monotonic() < deadline:
-                    time.sleep(0.1)
+        if status == 0 and self.prefix:
+            wait_for_nodes(self.store, self.resize.nodes_in_job())
         return status
 
     def _monitor(self) -> int:
@@ -227,10 +236,11 @@ class WarmAgent:
         # which ends this agent with its workers; this loop only restarts failed workers.
         while True:
             time.sleep(self.launch.monitor_interval)
-            self._follow()
+            self.resize.follow_current()
             failed = self.poll_workers()
-            if not failed:
-                if len(self.finished) == len(self.ranks) or self.resize.finished_before_grow():
+            lost = self.resize.lost_ranks()  # of nodes lost whole: no agent of theirs reports them
+            if not failed and not lost:
+                if self._done():
                     return 0
                 self._check_pending()
                 self.fill_spares()
@@ -246,12 +256,26 @@ class WarmAgent:
                 return 1
             self.restarts += 1
             reason = self._cold_reason()
-            if reason in (None, _DURING) and self.resize.answer(set(failed), detected, during=bool(reason)):
+            if reason in (None, _DURING) and self.resize.answer(
+                set(failed) | set(lost), detected, during=bool(reason), node_lost=bool(lost)
+            ):
                 continue
+            if lost:  # no shrink: no spare of this node may take another node's ranks
+                self.record("node_lost", ranks=lost, reason=reason)
+                self.notice([], f"ranks {lost} lost with their node; they cannot shrink away ({reason})")
+                if not failed:
+                    continue
             if reason is None:
                 self._warm_restart(sorted(failed), detected)
             else:
                 self._cold_restart(sorted(failed), detected, reason)
+
+    def _done(self) -> bool:
+        """Whether this node's part of the job is over: its ranks finished (a node that holds no rank any
+        more, after a shrink, waits for a spare's grow until another node says the job is done)."""
+        if not self.ranks:
+            return bool(self.store.check([protocol.NODES_DONE_KEY]))
+        return len(self.finished) == len(self.ranks) or self.resize.finished_before_grow()
 
     def poll_workers(self) -> dict[int, int]:
         """The ranks that failed since the last poll, with their exit codes (ranks that finished are noted)."""
@@ -293,6 +317,7 @@ class WarmAgent:
             return False
         self.record("warm_restart_done", gen=gen)
         self.pending = None
+        self.resize.newcomers = set()  # a grow that recovered holds no newcomer: its ranks end as any other
         return True
 
     def _check_pending(self) -> None:
@@ -328,28 +353,6 @@ class WarmAgent:
         self.gen = new
         return True
 
-    def _follow(self) -> None:
-        """Join a generation another node's agent made: a cold one restarts this node's workers too."""
-        if self.nnodes == 1:
-            return
-        current = int(self.store.get(protocol.CURRENT_KEY))
-        if current <= self.gen:
-            return
-        info = json.loads(self.store.get(protocol.info_key(current)))
-        self.gen = current
-        if info["kind"] == "cold":
-            self._stop(list(self.workers.values()))
-            self.workers.clear()
-            self.finished.clear()
-            self.pending = None
-            self.cold_restarts += 1
-            self.record("cold_restart_followed", gen=current, reason=info.get("reason"))
-            self.notice(
-                [], f"cold restart of every rank, as another node's agent decided ({info.get('reason')})"
-            )
-            for rank in self.ranks:
-                self._start_worker(rank)
-
     def _warm_restart(self, failed: list[int], detected: float) -> None:
         """Hand each failed rank to a spare (or a fresh process) and let the survivors join the next group."""
         old = self.gen
@@ -378,13 +381,13 @@ class WarmAgent:
         """Give ``rank`` to a spare (or a new process when none is alive); what the agent's log records."""
         spare = self._take_spare()
         if spare is None:
-            self._start_worker(rank)
+            self.start_worker(rank)
             return {"rank": rank, "spare": None, "pid": self.workers[rank].pid}
         assign = {
             "rank": rank,
-            "local_rank": rank - self.ranks[0],
+            "local_rank": self.ranks.index(rank),
             "world_size": self.world_size,
-            "local_world_size": self.nproc,
+            "local_world_size": len(self.ranks),
             "group_rank": self.node_rank,
             "gen": self.gen,
             "restart_count": self.cold_restarts,
@@ -408,22 +411,24 @@ class WarmAgent:
 
     def _cold_restart(self, failed: list[int], detected: float, reason: str) -> None:
         """Stop every worker and start the whole group anew from the newest checkpoint (torchrun's restart)."""
-        self._stop(list(self.workers.values()))
+        self.stop(list(self.workers.values()))
         self.workers.clear()
         self.finished.clear()
         self.pending = None
-        self.world_size, self.ranks = self.reserved, self.ranks_of_node()  # a shrunk job restarts whole
+        self.set_layout(self.resize.cold_layout())  # a shrunk job restarts whole, on the nodes it still has
         self.gen = self._new_generation()
         self.cold_restarts += 1
-        self.publish("cold", failed=failed, detected_wall=detected, reason=reason)
+        self.publish(
+            "cold", failed=failed, detected_wall=detected, reason=reason, nodes=layout_json(self.layout)
+        )
         self.store.set(protocol.CURRENT_KEY, str(self.gen))
         self.record("cold_restart", gen=self.gen, failed=failed, reason=reason, detected_wall=detected)
         self.notice(failed, f"cold restart of every rank ({reason})")
         for rank in self.ranks:
-            self._start_worker(rank)
+            self.start_worker(rank)
         self.fill_spares()
 
-    def _stop(self, slots: list[_Slot]) -> None:
+    def stop(self, slots: list[_Slot]) -> None:
         for slot in slots:
             with contextlib.suppress(Exception):
                 slot.ctx.close(death_sig=signal.SIGKILL, timeout=5)

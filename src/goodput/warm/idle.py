@@ -1,8 +1,8 @@
 """Hot spares wait at idle CPU priority, so their imports use only CPU time training leaves unused.
 
 A spare imports torch and the training script's imports (seconds of CPU) while the job trains. On a node whose
-cores the ranks keep busy, that work slowed the ranks' steps and starved their data workers: on 2 CPU cores,
-the steps after each warm restart (when a new spare starts) took twice as long. Under ``SCHED_IDLE`` the
+cores the ranks keep busy, that work slows the ranks' steps and starves their data workers in the steps after
+each warm restart (when a new spare starts). Under ``SCHED_IDLE`` the
 spare runs only when a core would otherwise idle; when it is handed a rank, the agent puts every thread of it
 back under the normal policy (a spare still importing then finishes at full speed).
 

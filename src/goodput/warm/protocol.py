@@ -22,10 +22,13 @@ __all__ = [
     "COUNTER_KEY",
     "CURRENT_KEY",
     "GEN_ENV",
+    "JOINED_KEY",
+    "NODES_DONE_KEY",
     "PG_TIMEOUT_ENV",
     "PREFIX_ENV",
     "REFORM_TIMEOUT_ENV",
     "ROLE_ENV",
+    "ROUNDS_KEY",
     "SHARDED_KEY",
     "SPARE_ENV",
     "STORE_ENV",
@@ -37,6 +40,7 @@ __all__ = [
     "WARM_SPARE_ID",
     "WARM_STORE",
     "arrived_key",
+    "beat_key",
     "everyone_key",
     "group_prefix",
     "info_key",
@@ -58,6 +62,11 @@ REFORM_TIMEOUT_ENV = WARM_REFORM_TIMEOUT.name
 
 CURRENT_KEY = "gen/current"  # the generation now running
 COUNTER_KEY = "gen/counter"  # the last generation number handed out
+NODES_DONE_KEY = "nodes_done"  # a counter each node's agent bumps when its ranks are done (several nodes)
+ROUNDS_KEY = (
+    "rdzv/rounds"  # a counter of the rendezvous rounds the job's agents completed (goodput.warm.rounds)
+)
+JOINED_KEY = "node/joined"  # a counter of the nodes that joined the running job (each takes a new node id)
 SHARDED_KEY = "job/sharded"  # set by a rank whose model holds no full replica (FSDP): the job cannot shrink
 
 
@@ -104,3 +113,8 @@ def spare_assign_key(spare: str) -> str:
 def stepped_key(rank: int) -> str:
     """Set once, at ``rank``'s first completed step."""
     return f"stepped/{rank}"
+
+
+def beat_key(node: int) -> str:
+    """A counter node ``node``'s agent adds 1 to every half second: its heartbeat (``goodput.warm.nodes``)."""
+    return f"node/{node}/beat"

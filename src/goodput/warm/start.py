@@ -4,7 +4,7 @@ The launcher around it: ``launch_warm`` runs the agent as a process under torchr
 (``goodput.launch.supervise``), so a warm launch keeps every promise of a cold one: preemption (exit 75), the
 crash-loop verdict (each generation is an attempt; exit 3), errors a restart cannot fix (a worker reports its
 own as ``FATAL`` before it exits, so no spare is handed it; exit 78), and no process left behind. An elastic
-``--nnodes MIN:MAX`` is refused: a generation keeps the world size.
+``--nnodes MIN:MAX`` needs ``--shrink-after``: nodes leave and join by shrinking and growing in place.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR, WARM_MIN_WORLD
 from goodput.errors import ConfigError
@@ -27,7 +26,7 @@ from goodput.warm.record import record_folder, remove_folder
 if TYPE_CHECKING:
     from goodput.warm.agent import WarmAgent
 
-__all__ = ["WarmConfig", "boot_args", "check_warm", "kill_group", "launch_warm", "rendezvous", "worker_env"]
+__all__ = ["WarmConfig", "boot_args", "check_warm", "kill_group", "launch_warm", "worker_env"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,52 +67,24 @@ class WarmConfig:
             raise ConfigError(f"--min-world must be >= 1, got {self.min_world}")
 
 
-def rendezvous(launch: LaunchConfig) -> tuple[int, str, Any]:
-    """Meet the other nodes' agents through torch elastic's c10d rendezvous: this node's rank, and the
-    ``host:port`` of the store the rendezvous hosts (shared by every agent, worker and spare of the job), and
-    the rendezvous handler, which must stay alive: on the node that hosts the store it owns the server."""
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-
-    if launch.rdzv_endpoint is None:
-        raise ConfigError("--restart warm with --nnodes > 1 needs --rdzv-endpoint HOST:PORT")
-    nnodes = int(launch.nnodes)
-    params = RendezvousParameters(
-        backend="c10d",
-        endpoint=launch.rdzv_endpoint,
-        run_id=launch.rdzv_id,
-        min_nodes=nnodes,
-        max_nodes=nnodes,
-        local_addr="127.0.0.1" if launch.rdzv_endpoint.startswith(("127.0.0.1:", "localhost:")) else None,
-        join_timeout=math.ceil(launch.rdzv_timeout),
-        read_timeout=math.ceil(min(launch.rdzv_timeout, 60.0)),
-    )
-    handler = get_rendezvous_handler(params)
-    info = handler.next_rendezvous()
-    return info.rank, launch.rdzv_endpoint, handler
-
-
 def check_warm(launch: LaunchConfig, warm: WarmConfig | None = None) -> None:
     """Refuse what warm restarts do not support, in one line.
 
     Raises:
-        ConfigError: for an elastic node count (``--nnodes MIN:MAX``), or shrinking on several nodes or below
-            the smallest world size.
+        ConfigError: for an elastic node count (``--nnodes MIN:MAX``) without ``--shrink-after``, or a
+            ``--min-world`` above the job's ranks.
     """
-    if warm is not None and warm.shrink_after is not None:
-        if launch.nnodes != "1":
-            raise ConfigError(
-                f"--shrink-after works on one node (--nnodes 1), got --nnodes {launch.nnodes}: shrinking a "
-                "multi-node warm job is not built; drop --shrink-after to replace failed ranks with spares"
-            )
-        if warm.min_world > launch.nproc:
-            raise ConfigError(
-                f"--min-world {warm.min_world} is above --nproc {launch.nproc}: pass at most {launch.nproc}"
-            )
-    if not launch.nnodes.isdigit():
+    if warm is None:
+        return
+    if warm.shrink_after is not None and warm.min_world > launch.max_world_size:
         raise ConfigError(
-            f"--restart warm needs a fixed node count, got --nnodes {launch.nnodes}: pass --nnodes N (the same "
-            "on every node), or use --restart cold for an elastic MIN:MAX"
+            f"--min-world {warm.min_world} is above --nproc x --nnodes ({launch.max_world_size}): pass at most "
+            f"{launch.max_world_size}"
+        )
+    if not launch.nnodes.isdigit() and warm.shrink_after is None:
+        raise ConfigError(
+            f"--restart warm with an elastic --nnodes {launch.nnodes} needs --shrink-after SECONDS (the job "
+            "shrinks when a node is lost and grows when one joins), or a fixed --nnodes N, or --restart cold"
         )
 
 

@@ -220,11 +220,13 @@ class WarmWorker:
             return
         self.rank = int(ranks[str(self.rank)])
         self.world_size = int(self.info["world_size"])
+        # this node's ranks after the renumbering (across every node: goodput.warm.nodes)
+        local = next(held for held in self.info["nodes"].values() if self.rank in held)
         os.environ.update(
             RANK=str(self.rank),
-            LOCAL_RANK=str(self.rank),  # one node (check_warm refuses shrinking on several)
+            LOCAL_RANK=str(local.index(self.rank)),
             WORLD_SIZE=str(self.world_size),
-            LOCAL_WORLD_SIZE=str(self.world_size),
+            LOCAL_WORLD_SIZE=str(len(local)),
         )
         self._rng_records = RecordFiles(record_folder(WARM_STORE.get(), WARM_PREFIX.get()), self.rank)
 

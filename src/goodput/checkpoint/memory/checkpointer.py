@@ -27,6 +27,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from goodput.checkpoint._contention import BackgroundCpu
 from goodput.checkpoint.memory.format import CHECKSUM, Staging, decode_part, load_part, write_part
 from goodput.checkpoint.memory.read import read_part_into
 from goodput.checkpoint.memory.replica import ReplicaLink
@@ -168,6 +169,7 @@ class MemoryCheckpointer:
         self._held = future
 
     def _finish(self, step: int, header: Any, start: float, stall: float) -> None:
+        cpu = BackgroundCpu()
         ok, error = True, ""
         try:
             self._write_own(step, header)
@@ -192,8 +194,8 @@ class MemoryCheckpointer:
             log.warning("memory tier: saving works again from step %d", step)
         self._failing = False
         self.committed = self.store.committed_after(step, self.committed)
-        if self._on_measured is not None:
-            self._on_measured(stall, persist)
+        if self._on_measured is not None:  # the write's CPU time counts where training competes for it
+            self._on_measured(stall + cpu.charged(), persist)
         self.store.retain(self.committed, self.rank)
         if self.link.receive_from is not None:
             self.store.retain(self.committed, self.link.receive_from, replica=True)

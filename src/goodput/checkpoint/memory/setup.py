@@ -83,8 +83,13 @@ def _policy(ctx: TierContext) -> SavePolicy:
         tier.every_steps,
         tier.every_seconds,
         world_size=ctx.world_size,
-        on_change=lambda interval, why: emit(
-            "checkpoint_interval", interval_seconds=interval, reason=why, tier="memory"
+        on_change=lambda interval, why, stall, persist: emit(
+            "checkpoint_interval",
+            interval_seconds=interval,
+            reason=why,
+            stall_seconds=stall,
+            persist_seconds=persist,
+            tier="memory",
         ),
     )
 

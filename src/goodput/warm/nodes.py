@@ -1,0 +1,120 @@
+"""The nodes of a multi-node warm job: which global ranks each holds, and which node has gone silent.
+
+A warm generation's ranks are laid out over the nodes (``Layout``: node -> its global ranks, in rank order). A
+shrink or grow renumbers the ranks across every node, so the layout travels in the generation's info
+(``gen/<g>/info``, field ``nodes``) and every agent and worker takes its place from it: a worker's
+``LOCAL_RANK`` is its index among its node's ranks, not ``RANK - first``.
+
+A node lost whole (power, kernel panic: its agent and workers SIGKILLed at once) has no agent left to report
+it. Every agent therefore beats: a thread of its own adds 1 to ``node/<n>/beat`` in the job's store every
+``BEAT_SECONDS`` (``NodeBeats``), and each agent watches the other nodes' counters. A node whose counter has
+not moved for the collective timeout is lost: the same bound a survivor's collective waits for a hung peer.
+The counter is compared with itself, never with a clock of another machine. The node that hosts the store
+cannot be lost this way (with it goes the store); that case keeps the rendezvous timeout's exit 75.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+from goodput.warm.protocol import NODES_DONE_KEY, beat_key
+
+__all__ = [
+    "BEAT_SECONDS",
+    "Layout",
+    "NodeBeats",
+    "first_layout",
+    "layout_json",
+    "layout_of",
+    "renumbered",
+    "wait_for_nodes",
+]
+
+BEAT_SECONDS = 0.5
+
+Layout = dict[int, list[int]]  # node rank -> the global ranks it holds, ascending
+
+
+def first_layout(nnodes: int, nproc: int) -> Layout:
+    """Every node's ranks at the job's start: node ``n`` holds ``n * nproc .. n * nproc + nproc - 1``."""
+    return {node: [node * nproc + i for i in range(nproc)] for node in range(nnodes)}
+
+
+def renumbered(layout: Layout, ranks: dict[int, int], added: dict[int, list[int]] | None = None) -> Layout:
+    """``layout`` after renumbering its ranks by ``ranks`` (old -> new; a rank not in it is gone) and adding
+    ``added`` (node -> new ranks). Nodes left with no rank leave the layout."""
+    out: Layout = {}
+    added = added or {}
+    for node in sorted(set(layout) | set(added)):
+        kept = [ranks[rank] for rank in layout.get(node, []) if rank in ranks] + list(added.get(node, []))
+        if kept:
+            out[node] = sorted(kept)
+    return out
+
+
+def layout_json(layout: Layout) -> dict[str, list[int]]:
+    """``layout`` with string keys, as it travels in a generation's info."""
+    return {str(node): ranks for node, ranks in layout.items()}
+
+
+def layout_of(info: dict[str, Any]) -> Layout | None:
+    """The layout a generation's info carries (None when it has none: a one-node job)."""
+    nodes = info.get("nodes")
+    return None if nodes is None else {int(node): list(ranks) for node, ranks in nodes.items()}
+
+
+class NodeBeats:
+    """This node's heartbeat in the job's store, and the other nodes' as this agent last saw them."""
+
+    def __init__(self, connect: Any, node: int) -> None:
+        self.node = node
+        self._seen: dict[int, tuple[int, float]] = {}  # node -> (counter, monotonic time it last moved)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._beat, args=(connect,), name="goodput-node-beat", daemon=True
+        )
+        self._thread.start()
+
+    def _beat(self, connect: Any) -> None:
+        try:
+            store = connect()  # a connection of its own: the agent's may block in a long store call
+            while not self._stop.is_set():
+                store.add(beat_key(self.node), 1)
+                self._stop.wait(BEAT_SECONDS)
+        except Exception:  # the store is gone with its host: the rendezvous timeout ends this job
+            return
+
+    def silent(self, store: Any, nodes: list[int], seconds: float) -> list[int]:
+        """The nodes of ``nodes`` (other than this one) whose beat has not moved for ``seconds``."""
+        now = time.monotonic()
+        lost = []
+        for node in nodes:
+            if node == self.node:
+                continue
+            count = int(store.add(beat_key(node), 0))
+            last = self._seen.get(node)
+            if last is None or last[0] != count:
+                self._seen[node] = (count, now)
+            elif now - last[1] >= seconds:
+                lost.append(node)
+        return lost
+
+    def stop(self) -> None:
+        """Stop beating (the agent is leaving)."""
+        self._stop.set()
+
+
+def wait_for_nodes(store: Any, nodes: int) -> None:
+    """Count this node as done and keep its connection up (at most 60 s) until ``nodes`` nodes are done: one
+    agent hosts the rendezvous store, and must not close it before every node's workers are done (the host's
+    agent may leave as soon as the count is full: a closed store then means "all done")."""
+    import torch.distributed as dist
+
+    with contextlib.suppress(dist.DistError):
+        store.add(NODES_DONE_KEY, 1)
+        deadline = time.monotonic() + 60
+        while store.add(NODES_DONE_KEY, 0) < nodes and time.monotonic() < deadline:
+            time.sleep(0.1)

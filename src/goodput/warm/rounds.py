@@ -1,0 +1,73 @@
+"""The warm agents' rendezvous: torch elastic's c10d ``DynamicRendezvousHandler``, one round per membership
+change, as torchrun's agents use it.
+
+The first round starts the job with the nodes there (``--nnodes MIN:MAX``: at least MIN, at most MAX, within
+``last_call_timeout`` of the MIN-th). A node that comes later (a new ``goodput launch`` with the same endpoint
+and id: a replacement machine, or one more) finds the round complete and waits in the handler's wait list; the
+running agents see it in ``num_nodes_waiting()`` and each joins the next round, as torchrun's agent does. A
+node lost whole leaves the rendezvous when its keep-alive expires. The round only admits the node: it is taken
+into the training at a step boundary by a ``grow`` generation of its own spares (``goodput.warm.resize``), and
+its ranks receive the state from a replica; the running workers never stop for the round.
+
+Whether a round started the job or admitted a node into a running one, the round's rank 0 says in the round's
+own store (a counter of rounds in the job's store: the first round is the job's start).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from goodput.errors import ConfigError
+from goodput.launch.launcher import LaunchConfig, rdzv_conf
+from goodput.warm.protocol import ROUNDS_KEY
+
+__all__ = ["Round", "next_round", "node_counts", "rendezvous"]
+
+_FIRST = "goodput/first"  # in a round's store: "1" when the round started the job
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """This agent's place in a completed rendezvous round."""
+
+    rank: int  # torch's rank of this node in the round
+    nodes: int  # the nodes in the round
+    first: bool  # whether the round started the job (else it admitted a node into a running job)
+
+
+def node_counts(launch: LaunchConfig) -> tuple[int, int]:
+    """``--nnodes`` as (MIN, MAX)."""
+    low, _, high = launch.nnodes.partition(":")
+    return int(low), int(high or low)
+
+
+def rendezvous(launch: LaunchConfig) -> Any:
+    """The c10d rendezvous handler of ``launch`` (it must stay alive: on the node that hosts the store it owns
+    the server). Its settings are ``--rdzv-timeout`` and the user's ``PET_RDZV_CONF``, as torchrun's."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    if launch.rdzv_endpoint is None:
+        raise ConfigError("--restart warm with --nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+    low, high = node_counts(launch)
+    conf = dict(item.split("=", 1) for item in rdzv_conf(launch.rdzv_timeout).split(",") if "=" in item)
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=launch.rdzv_endpoint,
+        run_id=launch.rdzv_id,
+        min_nodes=low,
+        max_nodes=high,
+        local_addr="127.0.0.1" if launch.rdzv_endpoint.startswith(("127.0.0.1:", "localhost:")) else None,
+        **{key.strip(): value.strip() for key, value in conf.items()},
+    )
+    return get_rendezvous_handler(params)
+
+
+def next_round(handler: Any, store: Any) -> Round:
+    """Join the rendezvous's next round (blocks until it completes); ``store`` is the job's store."""
+    info = handler.next_rendezvous()
+    if info.rank == 0:
+        info.store.set(_FIRST, "1" if int(store.add(ROUNDS_KEY, 1)) == 1 else "0")
+    first = info.store.get(_FIRST).decode() == "1"
+    return Round(rank=info.rank, nodes=info.world_size, first=first)
