@@ -34,7 +34,9 @@ class CountingLoader:
 class Job:
     """A tiny model, optimizer, scheduler and loader whose every step draws from every RNG."""
 
-    def __init__(self, rank: int, *, width: int = 8, wrap: str = "ddp", seed: int = 0) -> None:
+    def __init__(
+        self, rank: int, *, width: int = 8, wrap: str = "ddp", seed: int = 0, optim: str = "adamw"
+    ) -> None:
         torch.manual_seed(seed)  # the same initial weights on every rank
         model: torch.nn.Module = torch.nn.Sequential(
             torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 4)
@@ -48,7 +50,10 @@ class Job:
             fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
         self.model = model
         self.width = width
-        self.opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+        if optim == "sgd":  # keeps no tensor per parameter
+            self.opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        else:
+            self.opt = torch.optim.AdamW(model.parameters(), lr=0.05)
         self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=2, gamma=0.5)
         self.loader = CountingLoader(rank)
         self.state = TrainingState(
@@ -104,8 +109,10 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 def roundtrip(
     rank: int, world: int, root: str, strategy: str, wrap: str, storage: dict[str, Any]
 ) -> dict[str, Any]:
-    """Train, save at steps 2 and 4, snapshot, train on, restore, and compare with the snapshot."""
-    job = Job(rank, wrap=wrap)
+    """Train, save at steps 2 and 4, snapshot, train on, restore, and compare with the snapshot. ``wrap``:
+    ``ddp`` or ``fsdp``, ``+sgd`` after it for an optimizer without tensors."""
+    wrap, _, optim = wrap.partition("+")
+    job = Job(rank, wrap=wrap, optim=optim or "adamw")
     config = CheckpointConfig(root=root, strategy=strategy, every=2, keep_last=2, storage_options=storage)
     manager = CheckpointManager(config, job.state)
     for step in range(1, 5):

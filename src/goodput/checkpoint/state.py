@@ -220,22 +220,29 @@ class TrainingState(Stateful):
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_model_state_dict,
+            set_optimizer_state_dict,
             set_state_dict,
         )
 
         # A whole (not sharded) model's full state dict is its local one. Loaded as full, torch's
-        # set_state_dict asserts it can find a device among the optimizer's tensors, and an optimizer that
+        # set_state_dict asserts it can find a device among the optimizer's tensors, so an optimizer that
         # keeps none (SGD without momentum) could not resume from a torch_save checkpoint.
         whole = self.model is None or self.holds_full_replica()
         options = StateDictOptions(full_state_dict=full and not whole, strict=True)
         if self.model is not None and self.optimizer is not None:
-            set_state_dict(
-                self.model,
-                self.optimizer,
-                model_state_dict=sd["model"],
-                optim_state_dict=sd["optim"],
-                options=options,
-            )
+            if options.full_state_dict and not _holds_tensors(sd["optim"]):
+                # The same assertion for a sharded model; with no tensors, full and sharded forms are equal.
+                set_model_state_dict(self.model, sd["model"], options=options)
+                local = StateDictOptions(full_state_dict=False, strict=True)
+                set_optimizer_state_dict(self.model, self.optimizer, sd["optim"], options=local)
+            else:
+                set_state_dict(
+                    self.model,
+                    self.optimizer,
+                    model_state_dict=sd["model"],
+                    optim_state_dict=sd["optim"],
+                    options=options,
+                )
         elif self.model is not None:
             set_model_state_dict(self.model, sd["model"], options=options)
         for name in ("scheduler", "scaler"):
@@ -299,6 +306,14 @@ def decode_live(data: bytes) -> dict[str, Any]:
     """
     loaded: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     return loaded
+
+
+def _holds_tensors(sd: Any) -> bool:
+    """Whether a state dict holds a tensor of one or more dimensions (what torch's full-form load needs)."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    return any(torch.is_tensor(leaf) and leaf.dim() > 0 for leaf in tree_flatten(sd)[0])
 
 
 def _bare(part: Any) -> Any:
