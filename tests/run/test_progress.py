@@ -139,3 +139,41 @@ def test_steps_between_draws_are_not_formatted_but_the_last_one_is_shown(
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("step 1/300 | loss 1 | ")
     assert lines[-1].startswith("step 300/300 | loss 0.003333 | ")  # close draws the last step held
+
+
+def test_after_a_rollback_the_live_goodput_is_the_new_attempts(tmp_path: Path) -> None:
+    """A rollback opens a new ledger attempt in the same process: the progress line and the exporters must read
+    it (read from the first attempt's closed ledger, live goodput fell towards 0 while the run trained on)."""
+    import time
+
+    import torch
+
+    import goodput as gp
+
+    recorder = _Recorder()
+    config = gp.CheckpointConfig(
+        root=str(tmp_path / "ckpt"),
+        strategy="torch_save",
+        every=1000,
+        memory=gp.MemoryTier(every=1, keep=2, folder=str(tmp_path / "ram")),
+    )
+    run = gp.Run(str(tmp_path / "run"), total_steps=40, checkpoint=config, numeric=gp.NumericConfig(),
+                 faults="nan@step=3", hang_timeout=None, progress=False, exporters=[recorder])  # fmt: skip
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = gp.ResumableLoader(torch.randn(400, 4), batch_size=4, seed=0)
+    run.restore(model=model, optimizer=opt, loader=loader)
+    for batch in run.batches(loader):
+        loss = model(batch).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(0.02)  # the step's compute: what live goodput counts
+        run.step_done(loss=loss.item())
+    run.close()
+    events = gp.read_events(str(tmp_path / "run"))
+    assert [e["event"] for e in events if e["event"] == "rollback"] == ["rollback"]
+    last = recorder.logged[-1][1]
+    # 37 steps of 20 ms after the rollback: the new attempt's share is well above a half; the first attempt's
+    # 3 steps over the whole run's time would be below a fifth
+    assert last["goodput"] > 0.5 and last["capacity_goodput"] > 0.5, last

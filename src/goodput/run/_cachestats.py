@@ -23,6 +23,7 @@ class CacheStatsRecorder:
 
     def __init__(self, ledger: Ledger, loader: Any) -> None:
         self._ledger = ledger
+        self.loader = loader
         metrics = getattr(getattr(loader, "dataset", None), "cache_metrics", None)
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self._metrics: Callable[[], dict[str, float]] | None = (

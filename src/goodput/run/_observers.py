@@ -168,6 +168,8 @@ class ProgressHook(RunHook):
     def on_attempt(self, run: Run, kind: str) -> None:
         if kind == "warm":  # the next restore draws a new line for the new generation
             self.on_close(run, "failed")
+        elif self.progress is not None:  # a rollback: the same line, the new attempt's figures
+            self.progress.follow(run.ledger)
 
     def on_close(self, run: Run, status: str) -> None:
         if self.progress is not None:
@@ -211,6 +213,14 @@ class CacheStatsHook(RunHook):
 
     def on_batches(self, run: Run, loader: Any) -> None:
         self.recorder = CacheStatsRecorder(run.ledger, loader)
+
+    def on_attempt(self, run: Run, kind: str) -> None:
+        if (
+            self.recorder is not None
+        ):  # the loop goes on with the same loader: counted from here, in the new ledger
+            epoch = self.recorder.epoch
+            self.recorder = CacheStatsRecorder(run.ledger, self.recorder.loader)
+            self.recorder.epoch = epoch
 
     def on_iterator(self, run: Run, loader: Any, first: bool) -> None:
         if self.recorder is not None:

@@ -137,6 +137,10 @@ class Progress:
         for exporter in self._exporters:
             exporter.log(step, metrics)
 
+    def follow(self, ledger: Ledger) -> None:
+        """Read the live figures from ``ledger`` from now on (a new attempt in this process: a rollback)."""
+        self._ledger = ledger
+
     def close(self) -> None:
         """Draw the last state and release the line and the exporters."""
         if self._held is not None:
