@@ -221,29 +221,18 @@ class TrainingState(Stateful):
             StateDictOptions,
             set_model_state_dict,
             set_optimizer_state_dict,
-            set_state_dict,
         )
 
-        # A whole (not sharded) model's full state dict is its local one. Loaded as full, torch's
-        # set_state_dict asserts it can find a device among the optimizer's tensors, so an optimizer that
-        # keeps none (SGD without momentum) could not resume from a torch_save checkpoint.
+        # A whole (not sharded) model's full state dict is its local one. Loaded as full, torch's optimizer
+        # load asserts it can find a device among the optimizer's tensors; an optimizer that keeps none (SGD
+        # without momentum) has the same text in both forms, so it loads as local.
         whole = self.model is None or self.holds_full_replica()
         options = StateDictOptions(full_state_dict=full and not whole, strict=True)
-        if self.model is not None and self.optimizer is not None:
-            if options.full_state_dict and not _holds_tensors(sd["optim"]):
-                # The same assertion for a sharded model; with no tensors, full and sharded forms are equal.
-                set_model_state_dict(self.model, sd["model"], options=options)
-                local = StateDictOptions(full_state_dict=False, strict=True)
-                set_optimizer_state_dict(self.model, self.optimizer, sd["optim"], options=local)
-            else:
-                set_state_dict(
-                    self.model,
-                    self.optimizer,
-                    model_state_dict=sd["model"],
-                    optim_state_dict=sd["optim"],
-                    options=options,
-                )
-        elif self.model is not None:
+        if self.model is not None and self.optimizer is not None:  # before the model, as set_state_dict does
+            optim_full = options.full_state_dict and _holds_tensors(sd["optim"])
+            optim_options = StateDictOptions(full_state_dict=optim_full, strict=True)
+            set_optimizer_state_dict(self.model, self.optimizer, sd["optim"], options=optim_options)
+        if self.model is not None:
             set_model_state_dict(self.model, sd["model"], options=options)
         for name in ("scheduler", "scaler"):
             part = getattr(self, name)
