@@ -23,7 +23,6 @@ class CacheStatsRecorder:
 
     def __init__(self, ledger: Ledger, loader: Any) -> None:
         self._ledger = ledger
-        self.loader = loader
         metrics = getattr(getattr(loader, "dataset", None), "cache_metrics", None)
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self._metrics: Callable[[], dict[str, float]] | None = (
@@ -35,6 +34,12 @@ class CacheStatsRecorder:
 
     def _read(self) -> dict[str, float]:
         return dict(self._metrics()) if self._metrics is not None else {}
+
+    def follow(self, ledger: Ledger) -> None:
+        """Record into ``ledger`` from now on, counting from now (a new attempt in this process)."""
+        self._ledger = ledger
+        self._baseline = self._read()
+        self._last = None
 
     def record(self) -> None:
         """The counters since this attempt began, as of now: the end of ``epoch``, or the close of the run

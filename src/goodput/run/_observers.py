@@ -215,12 +215,8 @@ class CacheStatsHook(RunHook):
         self.recorder = CacheStatsRecorder(run.ledger, loader)
 
     def on_attempt(self, run: Run, kind: str) -> None:
-        if (
-            self.recorder is not None
-        ):  # the loop goes on with the same loader: counted from here, in the new ledger
-            epoch = self.recorder.epoch
-            self.recorder = CacheStatsRecorder(run.ledger, self.recorder.loader)
-            self.recorder.epoch = epoch
+        if self.recorder is not None:  # the loop goes on with the same loader
+            self.recorder.follow(run.ledger)
 
     def on_iterator(self, run: Run, loader: Any, first: bool) -> None:
         if self.recorder is not None:
