@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import io
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+import torch
 
+import goodput as gp
 from goodput import ConfigError, Ledger, MLflowExporter, TensorBoardExporter
 from goodput.run.progress import Progress
 
@@ -142,14 +145,8 @@ def test_steps_between_draws_are_not_formatted_but_the_last_one_is_shown(
 
 
 def test_after_a_rollback_the_live_goodput_is_the_new_attempts(tmp_path: Path) -> None:
-    """A rollback opens a new ledger attempt in the same process: the progress line and the exporters must read
-    it (read from the first attempt's closed ledger, live goodput fell towards 0 while the run trained on)."""
-    import time
-
-    import torch
-
-    import goodput as gp
-
+    """A rollback opens a new ledger attempt in the same process: the progress line and the exporters read it,
+    not the first attempt's closed one."""
     recorder = _Recorder()
     config = gp.CheckpointConfig(
         root=str(tmp_path / "ckpt"),

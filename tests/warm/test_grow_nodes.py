@@ -49,6 +49,15 @@ def _node(
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
+def _logs(run_dir: str) -> str:
+    """The last 3,000 characters of each node's log (for an assertion's message)."""
+    text = ""
+    for node in (0, 1):
+        with open(os.path.join(run_dir, f"node-{node}.log")) as f:
+            text += f.read()[-3000:]
+    return text
+
+
 def test_a_node_that_joins_later_is_taken_in_at_a_step_boundary(tmp_path: os.PathLike[str]) -> None:
     run_dir, ref_dir = os.path.join(tmp_path, "run"), os.path.join(tmp_path, "ref")
     os.makedirs(run_dir)
@@ -64,10 +73,7 @@ def test_a_node_that_joins_later_is_taken_in_at_a_step_boundary(tmp_path: os.Pat
     finally:
         for proc in procs:
             proc.kill()
-    logs = ""
-    for node in (0, 1):
-        with open(os.path.join(run_dir, f"node-{node}.log")) as f:
-            logs += f.read()[-3000:]
+    logs = _logs(run_dir)
     assert status == [0, 0], logs
     schedule = _schedule(_per_step(run_dir))  # every step's global batch of 12, no sample twice
     assert [world for _, world in schedule] == [1, 2] and schedule[1][0] >= 8, schedule
@@ -101,10 +107,7 @@ def test_a_lost_node_launched_again_grows_the_shrunk_job_back(tmp_path: os.PathL
     finally:
         for proc in procs:
             proc.kill()
-    logs = ""
-    for node in (0, 1):
-        with open(os.path.join(run_dir, f"node-{node}.log")) as f:
-            logs += f.read()[-3000:]
+    logs = _logs(run_dir)
     assert status == [0, 0], logs
     schedule = _schedule(_per_step(run_dir))  # every step's global batch of 12, no sample twice
     assert [world for _, world in schedule] == [2, 1, 2], schedule
@@ -143,10 +146,7 @@ def test_a_node_that_joins_as_the_job_ends_is_ended_with_it(tmp_path: os.PathLik
     finally:
         for proc in procs:
             proc.kill()
-    logs = ""
-    for node in (0, 1):
-        with open(os.path.join(run_dir, f"node-{node}.log")) as f:
-            logs += f.read()[-3000:]
+    logs = _logs(run_dir)
     assert status == [0, 0], logs
     assert _schedule(_per_step(run_dir)) == [(1, 1)]  # every step on one node, each sample once
     with open(os.path.join(run_dir, "warm", "agent.jsonl")) as f:
