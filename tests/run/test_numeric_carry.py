@@ -1,6 +1,7 @@
 """The numeric guard's words riding DDP's first gradient bucket (goodput.run._numeric_carry): every rank reads
-every rank's word bit for bit, the gradients are DDP's own to the bit, and a word that found no backward to ride
-is all-gathered instead, on 2 real gloo ranks."""
+every rank's word bit for bit, the gradients are DDP's own to the bit (also where they are views of DDP's buckets,
+whose storage the word grows), a word that found no backward to ride is all-gathered instead, and a NaN in any
+bucket of one rank reaches every rank's gradient total, on 2 real gloo ranks."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import copy
 import math
 from typing import Any
 
+import pytest
 import torch
 
 from goodput.run._comm_hook import add_tap
@@ -98,3 +100,53 @@ def test_the_word_rides_in_the_bucket_s_own_storage_with_no_copy() -> None:
     for shared, same in run_ranks(_in_place, 2, timeout=120):
         assert shared, "the word's elements are not in the bucket's own storage: the bucket was copied"
         assert same, "the gradients or the words differ"
+
+
+def _every_bucket(rank: int, world: int, as_view: bool) -> tuple[list[int], list[float], bool]:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(16, 300),
+        torch.nn.Tanh(),
+        torch.nn.Linear(300, 300),
+        torch.nn.Tanh(),
+        torch.nn.Linear(300, 4),
+    )
+    kw = {"bucket_cap_mb": 0.1, "gradient_as_bucket_view": as_view}  # two buckets from the second backward on
+    plain = torch.nn.parallel.DistributedDataParallel(net, **kw)
+    carrying = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net), **kw)
+    check = BucketCheck.install(carrying, torch.distributed.new_group(backend="gloo"))
+    assert check is not None
+    buckets: list[int] = []
+    add_tap(carrying, "test", lambda bucket, reduce: (buckets.append(bucket.index()), reduce())[1])
+    first = carrying.module[0].weight  # the first layer: in the last bucket once DDP rebuilt them
+    poisoned = {"step": -1}
+    first.register_hook(
+        lambda g: g.index_fill(0, torch.tensor([3]), math.nan) if poisoned["step"] == 2 else g
+    )
+    counts, totals, same = [], [], True
+    for step in range(4):
+        poisoned["step"] = step if rank == 1 else -1
+        buckets.clear()
+        x = torch.randn(8, 16) + rank
+        for model in (plain, carrying):
+            model.zero_grad()
+            model(x).square().mean().backward()
+        counts.append(len(buckets))
+        total = check.take()
+        assert total is not None
+        totals.append(total)
+        if step != 2:
+            same = same and all(
+                torch.equal(a.grad, b.grad)
+                for a, b in zip(plain.parameters(), carrying.parameters(), strict=True)
+            )
+    return counts, totals, same
+
+
+@pytest.mark.parametrize("as_view", [False, True], ids=["copied-grads", "grads-as-bucket-views"])
+def test_a_nan_in_any_bucket_of_one_rank_reaches_every_ranks_total(as_view: bool) -> None:
+    for counts, totals, same in run_ranks(_every_bucket, 2, as_view, timeout=120):
+        assert counts[2] >= 2, f"DDP made one bucket only ({counts}): the test does not reach a later bucket"
+        assert same, "the gradients differ from DDP's own hook's"
+        assert math.isnan(totals[2]), totals  # rank 1's NaN, in its last bucket, on both ranks
+        assert all(math.isfinite(t) for i, t in enumerate(totals) if i != 2), totals
