@@ -76,6 +76,37 @@ def test_scrape_while_a_run_trains(tmp_path: os.PathLike[str]) -> None:
         _scrape(f"http://127.0.0.1:{port}/metrics")
 
 
+def test_a_warm_generation_in_the_same_process_keeps_serving(tmp_path: os.PathLike[str]) -> None:
+    """A survivor of a warm restart goes on in its process with a new attempt (``begin_attempt("warm")``, as
+    the warm agent's rejoin calls it): the endpoint must stay up for the new generation, and close with the run."""
+    import time
+
+    run_dir = str(tmp_path)
+    exporter = PrometheusExporter(run_dir, port=free_port(), refresh_seconds=0)
+    url = exporter.url
+    assert url is not None
+    config = gp.CheckpointConfig(root=os.path.join(run_dir, "ckpt"), strategy="torch_save", every=5)
+    run = gp.Run(
+        run_dir, checkpoint=config, total_steps=20, hang_timeout=None, progress=False, exporters=[exporter]
+    )
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run.restore(model=model, optimizer=opt)
+    for _ in range(3):
+        model(torch.randn(2, 4)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        run.step_done()
+    run.end_attempt("a peer died")
+    run.begin_attempt("warm", began=time.time())
+    run.ledger.flush()
+    scraped = _scrape(url)  # the first generation's end must not shut the server down
+    assert scraped["goodput_step"][()] == 3
+    run.close()
+    with pytest.raises(OSError):
+        _scrape(url)
+
+
 def test_only_rank_0_serves_and_a_taken_port_is_a_clear_error(tmp_path: os.PathLike[str]) -> None:
     other = PrometheusExporter(str(tmp_path), port=free_port(), rank=1)
     assert other.url is None

@@ -166,14 +166,19 @@ class ProgressHook(RunHook):
         return False
 
     def on_attempt(self, run: Run, kind: str) -> None:
-        if kind == "warm":  # the next restore draws a new line for the new generation
-            self.on_close(run, "failed")
+        if kind == "warm":  # the next restore draws a new line for the new generation, to the same exporters
+            self._close_line()
         elif self.progress is not None:  # a rollback: the same line, the new attempt's figures
             self.progress.follow(run.ledger)
 
     def on_close(self, run: Run, status: str) -> None:
+        self._close_line()
+        for exporter in self._exporters:  # theirs for the whole run: closed at its end, not a generation's
+            exporter.close()
+
+    def _close_line(self) -> None:
         if self.progress is not None:
-            self.progress.close()
+            self.progress.close(exporters=False)
             self.progress = None
 
 

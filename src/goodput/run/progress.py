@@ -141,8 +141,9 @@ class Progress:
         """Read the live figures from ``ledger`` from now on (a new attempt in this process: a rollback)."""
         self._ledger = ledger
 
-    def close(self) -> None:
-        """Draw the last state and release the line and the exporters."""
+    def close(self, *, exporters: bool = True) -> None:
+        """Draw the last state and release the line and, unless ``exporters`` is False (the run goes on in this
+        process: a warm restart's next generation logs to them), the exporters."""
         if self._held is not None:
             step, loss, fetch = self._held
             self._next_format = 0.0
@@ -151,7 +152,7 @@ class Progress:
             self._plain.close()
         self._bar.refresh()
         self._bar.close()
-        for exporter in self._exporters:
+        for exporter in self._exporters if exporters else ():
             exporter.close()
 
     def __enter__(self) -> Progress:
