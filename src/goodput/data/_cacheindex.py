@@ -247,11 +247,14 @@ class CacheIndex:
             victims: list[tuple[str, int]] = []
             if used + size > budget:
                 held = "SELECT key FROM pins" + (" WHERE kind='use'" if break_windows else "")
+                # read to the end here: a statement left open past the transaction (this loop stops early)
+                # would keep the connection in a read transaction after the lock is released, and the next
+                # thread's BEGIN IMMEDIATE would fail at once with "database is locked" (no busy wait)
                 rows = db.execute(
                     f"SELECT key, size FROM entries WHERE state=? AND key NOT IN ({held})"
                     " ORDER BY key IN (SELECT key FROM pins), last_used",
                     (READY,),
-                )
+                ).fetchall()
                 for victim, victim_size in rows:
                     if used + size <= budget:
                         break
