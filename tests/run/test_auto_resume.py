@@ -1,4 +1,5 @@
-"""A restarted job's ``auto`` interval starts from the save costs its earlier attempts measured.
+"""A restarted job's ``auto`` interval starts from the save costs its earlier attempts measured, and plans for
+the failures that cost work since a save.
 
 Without them a new attempt would plan from interval 0 (the costs of a save are unknown until one is measured) and
 save on the steps right after every restart. One process, two attempts, real saves.
@@ -13,8 +14,10 @@ import pytest
 import torch
 
 import goodput as gp
-from goodput.ledger.ledger import read_events
+from goodput.ledger.accounting import account
+from goodput.ledger.ledger import Ledger, read_events
 from goodput.planning import optimal_interval
+from goodput.run._runhooks import interval_mtbf
 
 
 def _attempt(run_dir: str, until: int) -> list[int]:
@@ -67,3 +70,46 @@ def test_a_second_attempt_plans_with_the_first_attempts_save_costs(tmp_path: Pat
     assert resumed["interval_seconds"] == pytest.approx(
         optimal_interval(stall, 3600.0, persist=persist), rel=0.01
     )
+
+
+def _failed_attempt(run_dir: str, steps: range) -> None:
+    """One attempt in the ledger: it trains ``steps`` (none: it is killed while starting), then fails."""
+    ledger = Ledger(run_dir, rank=0)
+    ledger.init_done()
+    for step in steps:
+        ledger.step_start(step)
+        _busy(20_000)
+        ledger.step_end(step)
+    ledger.failure_detected("SIGKILL")
+    ledger.close("failed")
+
+
+def _busy(n: int) -> int:
+    return sum(range(n))
+
+
+def test_kills_that_strike_a_restart_before_its_first_step_do_not_shorten_the_interval(
+    tmp_path: Path,
+) -> None:
+    """A burst: one kill after 5 steps, two more while the restarts start. The interval plans for 1 failure."""
+    run_dir = str(tmp_path)
+    _failed_attempt(run_dir, range(1, 6))
+    _failed_attempt(run_dir, range(0))
+    _failed_attempt(run_dir, range(0))
+    acc = account(read_events(run_dir, rank=None))
+    assert acc.failures == 3 and acc.mtbf_seconds == pytest.approx(acc.job_seconds / 3)  # the report's figure
+    assert interval_mtbf(acc) == pytest.approx(acc.job_seconds)  # one failure lost work since a save
+
+    config = gp.CheckpointConfig(
+        root=os.path.join(run_dir, "checkpoints"), strategy="torch_save", every="auto"
+    )
+    # the ledger's attempts left no crash-loop records: a limit above them lets the fourth one start
+    run = gp.Run(run_dir, total_steps=20, checkpoint=config, hang_timeout=None, progress=False, crash_loop=10)
+    try:
+        run.restore(model=torch.nn.Linear(4, 1))
+        policy = run.manager.policy
+        assert isinstance(policy, gp.checkpoint.AutoInterval)
+        # the fourth attempt plans with the job time so far over the one failure (not over three)
+        assert acc.job_seconds <= policy.mtbf <= 2 * acc.job_seconds + 60, (policy.mtbf, acc.job_seconds)
+    finally:
+        run.close()

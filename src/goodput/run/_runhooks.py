@@ -33,7 +33,7 @@ from goodput.data.loader import ResumableLoader
 from goodput.data.prefetch import DevicePrefetcher
 from goodput.errors import ConfigError
 from goodput.faults import NUMERIC_ACTIONS, Fault, FaultPlan, check_plan, install_faults, parse_faults
-from goodput.ledger.accounting import account
+from goodput.ledger.accounting import Accounting, account
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.ledger.live import reserved_world
 from goodput.ledger.tiers import live_recovered_share
@@ -51,6 +51,7 @@ __all__ = [
     "checked_plan",
     "checkpoint_config",
     "interval_fields",
+    "interval_mtbf",
     "observe_failures",
     "open_manager",
     "record_state",
@@ -194,9 +195,10 @@ def observe_failures(manager: CheckpointManager, run_dir: str, *, attempt: int, 
         return
     events = read_events(run_dir, rank=None)
     acc = account(events)
+    mtbf = interval_mtbf(acc)
     for policy, tier in tiers:
-        if acc.mtbf_seconds is not None:
-            policy.observe_mtbf(acc.mtbf_seconds)
+        if mtbf is not None:
+            policy.observe_mtbf(mtbf)
             if tier == "memory":
                 # A failure recovered live from a surviving replica (warm restarts, replicated state) read no
                 # checkpoint: the memory tier plans only for the others, as the run's own record counts them
@@ -205,6 +207,20 @@ def observe_failures(manager: CheckpointManager, run_dir: str, *, attempt: int, 
         costs = last_planned_costs(events, tier)
         if costs is not None:
             policy.resume(*costs)
+
+
+def interval_mtbf(acc: Accounting) -> float | None:
+    """The mean time between the failures a checkpoint interval answers for: the job time over the failures
+    that struck after their attempt had trained a step (None: none did).
+
+    A failure that strikes an attempt still starting or restoring (a burst: the next kill lands during the
+    restart the first one caused) costs that restart, but no work done since a save: the interval changes
+    nothing about it. Counting it would plan for a failure rate several times the real one after every burst
+    (three kills within 3 s made a cold job save every few seconds; ``goodput bench peers`` at 120 s).
+    """
+    idle = sum(1 for a in acc.attempts if a.outcome == "failed" and a.steps == 0)
+    lossy = acc.failures - idle
+    return acc.job_seconds / lossy if lossy > 0 else None
 
 
 def last_planned_costs(events: list[dict[str, Any]], tier: str | None) -> tuple[float, float] | None:
