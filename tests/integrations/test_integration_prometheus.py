@@ -107,6 +107,31 @@ def test_a_warm_generation_in_the_same_process_keeps_serving(tmp_path: os.PathLi
         _scrape(url)
 
 
+@pytest.mark.parametrize("taken", [0, 1])
+def test_a_hot_spare_serves_only_once_it_has_taken_rank_0(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch, taken: int
+) -> None:
+    """A spare runs the script up to ``Run`` with no rank (the agent's environment): it must not take the port
+    rank 0 serves on, and serves once it is handed rank 0 (as ``goodput.warm.worker`` exports it)."""
+    monkeypatch.setenv("GOODPUT_WARM_ROLE", "spare")
+    monkeypatch.delenv("RANK", raising=False)
+    port = free_port()
+    spare = PrometheusExporter(str(tmp_path), port=port, refresh_seconds=0)
+    rank0 = PrometheusExporter(str(tmp_path), port=port, refresh_seconds=0, rank=0)  # the port is free
+    rank0.close()  # rank 0's process dies; the spare is handed a rank
+    monkeypatch.setenv("GOODPUT_WARM_ROLE", "worker")
+    monkeypatch.setenv("RANK", str(taken))
+    try:
+        spare.log(7, {"goodput": 0.5})
+        if taken == 0:
+            assert spare.url == f"http://127.0.0.1:{port}/metrics"
+            assert _scrape(spare.url)["goodput_step"][()] == 7
+        else:
+            assert spare.url is None and spare.rank == 1
+    finally:
+        spare.close()
+
+
 def test_only_rank_0_serves_and_a_taken_port_is_a_clear_error(tmp_path: os.PathLike[str]) -> None:
     other = PrometheusExporter(str(tmp_path), port=free_port(), rank=1)
     assert other.url is None

@@ -26,7 +26,10 @@ Metrics (gauges)::
     goodput_seconds_since_durable       seconds since that commit (-1: none yet)
 
 Only rank 0 serves (the ledger account is rank 0's); on other ranks the exporter does nothing. The server
-listens on ``host`` (127.0.0.1 by default: put a reverse proxy or the scrape agent on the same host).
+listens on ``host`` (127.0.0.1 by default: put a reverse proxy or the scrape agent on the same host). Under
+``goodput launch --restart warm`` a hot spare runs the script up to ``Run`` before it has a rank: an exporter it
+builds there waits for its first figures, and serves then if the rank it took is 0 (the rank 0 process it
+replaced is gone, and with it the port).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
-from goodput._env import RUN_DIR
+from goodput._env import RUN_DIR, WARM_ROLE
 from goodput.errors import ConfigError
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import ledger_files, read_events
@@ -56,7 +59,7 @@ class PrometheusExporter:
         run_dir: the run folder whose ledger is accounted (None: ``$GOODPUT_RUN_DIR``).
         port: the TCP port (0: any free port; read ``exporter.port``).
         host: the address to listen on.
-        rank: this process's rank (None: ``$RANK`` or 0); only rank 0 serves.
+        rank: this process's rank (None: ``$RANK`` or 0; in a hot spare, the rank it takes); only rank 0 serves.
         refresh_seconds: least time between two accountings of the ledger.
         window: steps over which the fetch p95 is taken.
 
@@ -84,19 +87,26 @@ class PrometheusExporter:
                 f"refresh_seconds must be >= 0 and window >= 1, got {refresh_seconds}, {window}"
             )
         self.run_dir = run_dir
-        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         self._collector = _Collector(run_dir, refresh_seconds, window)
         self._server: Any = None
-        self.port = port
+        self.port, self._host = port, host
+        # a hot spare has no rank until it takes one (goodput.warm): it serves from its first figures, if 0
+        self._waiting = rank is None and WARM_ROLE.get() == "spare"
+        self.rank = -1 if self._waiting else int(os.environ.get("RANK", "0")) if rank is None else rank
+        if not self._waiting:
+            self._serve()
+
+    def _serve(self) -> None:
         if self.rank != 0:
             return
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self._collector)
         try:
-            self._server, _thread = start_http_server(port, addr=host, registry=registry)
+            self._server, _thread = start_http_server(self.port, addr=self._host, registry=registry)
         except OSError as err:
             raise ConfigError(
-                f"PrometheusExporter cannot listen on {host}:{port} ({err.strerror}): pick another port"
+                f"PrometheusExporter cannot listen on {self._host}:{self.port} ({err.strerror}): pick another"
+                " port"
             ) from None
         self.port = int(self._server.server_port)
 
@@ -108,6 +118,10 @@ class PrometheusExporter:
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Record one step's figures (``goodput``, ``fetch_seconds``, the straggler detector's
         ``straggler_score_rankN``; others are ignored)."""
+        if self._waiting:  # a spare's first figures: it has its rank now
+            self._waiting = False
+            self.rank = int(os.environ.get("RANK", "0"))
+            self._serve()
         if self._server is not None:
             self._collector.update(step, metrics, time.monotonic())
 
