@@ -215,8 +215,7 @@ def interval_mtbf(acc: Accounting) -> float | None:
 
     A failure that strikes an attempt still starting or restoring (a burst: the next kill lands during the
     restart the first one caused) costs that restart, but no work done since a save: the interval changes
-    nothing about it. Counting it would plan for a failure rate several times the real one after every burst
-    (three kills within 3 s made a cold job save every few seconds; ``goodput bench peers`` at 120 s).
+    nothing about it. Counting it would plan for a failure rate several times the real one after every burst.
     """
     idle = sum(1 for a in acc.attempts if a.outcome == "failed" and a.steps == 0)
     lossy = acc.failures - idle
