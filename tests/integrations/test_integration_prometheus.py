@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import urllib.request
 from pathlib import Path
 
@@ -79,8 +80,6 @@ def test_scrape_while_a_run_trains(tmp_path: os.PathLike[str]) -> None:
 def test_a_warm_generation_in_the_same_process_keeps_serving(tmp_path: os.PathLike[str]) -> None:
     """A survivor of a warm restart goes on in its process with a new attempt (``begin_attempt("warm")``, as
     the warm agent's rejoin calls it): the endpoint must stay up for the new generation, and close with the run."""
-    import time
-
     run_dir = str(tmp_path)
     exporter = PrometheusExporter(run_dir, port=free_port(), refresh_seconds=0)
     url = exporter.url
