@@ -7,6 +7,7 @@ checkpoint event (flushed) so that the parent can SIGKILL it at a chosen moment.
 from __future__ import annotations
 
 import sys
+import threading
 
 import torch
 
@@ -24,15 +25,21 @@ def main(argv: list[str]) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     state = TrainingState(model=model, optimizer=opt)
 
+    printing = threading.Lock()  # a background save reports from its own thread: one whole line at a time
+
     def on_event(name: str, **fields: object) -> None:
-        print(name, fields.get("phase", "-"), fields["step"], weight_sum(model), flush=True)
+        line = f"{name} {fields.get('phase', '-')} {fields['step']} {weight_sum(model)}\n"
+        with printing:
+            sys.stdout.write(line)
+            sys.stdout.flush()
 
     config = CheckpointConfig(
         root=root, strategy=strategy, every=1, keep_last=int(keep_last), keep_every=int(keep_every) or None
     )
     manager = CheckpointManager(config, state, on_event=on_event)
     restored = manager.restore_latest()
-    print("restored", restored, weight_sum(model), flush=True)
+    with printing:
+        print("restored", restored, weight_sum(model), flush=True)
     for step in range((restored or 0) + 1, int(last) + 1):
         model(torch.randn(8, int(width))).square().mean().backward()
         opt.step()
@@ -40,7 +47,8 @@ def main(argv: list[str]) -> None:
         if manager.should_save(step):
             manager.save(step)
     manager.close()
-    print("done", flush=True)
+    with printing:
+        print("done", flush=True)
 
 
 if __name__ == "__main__":
