@@ -99,9 +99,13 @@ def test_a_second_signal_stops_a_warm_job_at_once(tmp_path: Path) -> None:
     os.kill(proc.pid, signal.SIGINT)  # Ctrl-C, then SIGTERM before any save
     os.kill(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    # Two signals sent back to back may reach a process with several threads in either order (POSIX keeps no
+    # order between them; CI once saw SIGTERM first): the exit status is that of whichever came second.
+    second = {128 + s: s for s in (signal.SIGINT, signal.SIGTERM)}
+    assert proc.returncode in second, err[-3000:]
     lines = launch_lines(err)
-    assert len(lines) == 1 and "stopped at once" in lines[0], err[-2000:]
+    named = f"stopped at once by a second {second[proc.returncode].name}"
+    assert len(lines) == 1 and named in lines[0], err[-2000:]
     assert processes_with(run_dir) == []
     assert _no_records_left(run_dir)
 
