@@ -68,3 +68,22 @@ def sigterm_saves_once(proc: subprocess.Popen[str], run_dir: str) -> int:
     ]
     assert committed == [step]
     return step
+
+
+def two_signals_stop_at_once(proc: subprocess.Popen[str]) -> str:
+    """Ctrl-C, then SIGTERM at once, to the launcher; check that the second signal it saw ended the job at once:
+    the exit status and its one line name that signal. Returns the launcher's stderr.
+
+    Two signals sent back to back may reach a process with several threads in either order (POSIX keeps no order
+    between them; a clean clone once saw SIGTERM first), so the second is whichever the launcher saw second. The
+    same signal twice in a row would be merged by the kernel while the first is pending; a person's second
+    Ctrl-C comes later and counts the same way."""
+    os.kill(proc.pid, signal.SIGINT)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    second = {128 + s: s for s in (signal.SIGINT, signal.SIGTERM)}
+    assert proc.returncode in second, err[-3000:]
+    lines = launch_lines(err)
+    named = f"stopped at once by a second {second[proc.returncode].name}"
+    assert len(lines) == 1 and named in lines[0], err[-2000:]
+    return err

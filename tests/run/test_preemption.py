@@ -23,6 +23,7 @@ from tests.helpers.launching import (
     processes_with,
     sigterm_saves_once,
     start_launch,
+    two_signals_stop_at_once,
     wait_for_file,
 )
 
@@ -95,14 +96,7 @@ def test_a_second_signal_stops_everything_at_once(tmp_path: Path) -> None:
         "--nproc", "2", "--run-dir", run_dir, "--", WORKER, "--steps", "2000", "--step-seconds", "0.05"
     )
     wait_for_file(os.path.join(run_dir, "training"), proc)
-    # Ctrl-C, then SIGTERM at once (the same signal twice in a row would be merged by the kernel while the
-    # first is pending; a person's second Ctrl-C comes later and counts the same way).
-    os.kill(proc.pid, signal.SIGINT)
-    os.kill(proc.pid, signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    lines = launch_lines(err)
-    assert len(lines) == 1 and "stopped at once" in lines[0]
+    two_signals_stop_at_once(proc)
     assert processes_with(run_dir) == []
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import glob
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,13 @@ import goodput.bench
 from goodput.launch.launcher import EXIT_CRASH_LOOP, EXIT_FATAL
 from goodput.ledger import read_events
 from goodput.warm.record import record_folder
-from tests.helpers.launching import launch_lines, processes_with, sigterm_saves_once, start_launch
+from tests.helpers.launching import (
+    launch_lines,
+    processes_with,
+    sigterm_saves_once,
+    start_launch,
+    two_signals_stop_at_once,
+)
 
 SCRIPT = os.path.join(os.path.dirname(goodput.bench.__file__), "_restart_train.py")
 
@@ -96,16 +101,7 @@ def test_a_second_signal_stops_a_warm_job_at_once(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     proc = start_launch(*_warm(run_dir, "--steps", "2000", "--step-seconds", "0.05"))
     _wait_training_with_a_spare(run_dir, proc)
-    os.kill(proc.pid, signal.SIGINT)  # Ctrl-C, then SIGTERM before any save
-    os.kill(proc.pid, signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    # Two signals sent back to back may reach a process with several threads in either order (POSIX keeps no
-    # order between them; CI once saw SIGTERM first): the exit status is that of whichever came second.
-    second = {128 + s: s for s in (signal.SIGINT, signal.SIGTERM)}
-    assert proc.returncode in second, err[-3000:]
-    lines = launch_lines(err)
-    named = f"stopped at once by a second {second[proc.returncode].name}"
-    assert len(lines) == 1 and named in lines[0], err[-2000:]
+    two_signals_stop_at_once(proc)  # before any save
     assert processes_with(run_dir) == []
     assert _no_records_left(run_dir)
 
