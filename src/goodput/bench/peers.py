@@ -24,6 +24,10 @@ under the same schedule; goodput from the run's ledger (``goodput report``'s acc
 ledger through a thin wrapper); and samples trained twice or never, from the step records
 (``bench/_peers_count.py``: the lineage the final model learned from, against the fault-free order).
 
+Without faults, every goodput contender's wall time is also divided by the bare loop's (``no_faults_over_bare``):
+shrink's fault-free run is warm restarts with no hot spare, so beside warm's ratio it shows what the two spares'
+imports cost on cores the ranks train on, apart from the rest of the insurance.
+
 The fault-free runs can be repeated (``--repeat K``): the contenders run in K interleaved rounds (baseline,
 warm, bare, baseline, warm, bare, ...), so that a machine whose load drifts during the bench slows every
 contender alike, and each ratio is taken between the medians of the rounds' wall times (each round's own
@@ -341,6 +345,12 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "slowest_over_baseline": max((r["over_baseline"] for r in timed), default=None),
         "no_faults_warm_over_bare": round(warm / bare, 3) if warm and bare else None,
+        # every goodput contender's price without faults; shrink's fault-free run is warm with no hot spare
+        "no_faults_over_bare": {
+            c: round(wall[c, "none"] / bare, 3)
+            for c in ("cold", "memory", "warm", "shrink")
+            if bare and wall.get((c, "none"))
+        },
         "no_faults_warm_over_bare_by_round": [
             round(by_round["warm", n] / by_round["bare", n], 3)
             for n in sorted({n for _, n in by_round})
