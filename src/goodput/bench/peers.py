@@ -57,6 +57,7 @@ from goodput.bench._peers_faults import Killer, draw_schedule
 __all__ = ["CONTENDERS", "add_arguments", "run"]
 
 CONTENDERS = ("baseline", "cold", "memory", "warm", "shrink")
+_GOODPUT = CONTENDERS[1:]  # the contenders goodput launch runs
 _HERE = os.path.dirname(__file__)
 _BASELINE = os.path.join(_HERE, "_peers_baseline.py")
 _DEMO = os.path.join(os.path.dirname(_HERE), "demo", "train.py")
@@ -333,24 +334,21 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ]
     at40 = [r["over_baseline"] for r in timed if r["contender"] == "warm" and r["schedule"] == "40s"]
     wall = _median_walls(rows)
-    warm, bare = wall.get(("warm", "none")), wall.get(("bare", "none"))
+    bare = wall.get(("bare", "none"))
     by_round = {
         (r["contender"], r.get("round", 0)): r["wall_seconds"] for r in rows if r["schedule"] == "none"
     }
-    goodput_rows = [r for r in rows if r["contender"] in ("cold", "memory", "warm", "shrink")]
+    goodput_rows = [r for r in rows if r["contender"] in _GOODPUT]
+    # every goodput contender's price without faults; shrink's fault-free run is warm with no hot spare
+    over_bare = {c: round(wall[c, "none"] / bare, 3) for c in _GOODPUT if bare and wall.get((c, "none"))}
     return {
         "warm_over_baseline_at_40s": at40[0] if at40 else None,
         "shrink_over_baseline_at_40s": next(
             (r["over_baseline"] for r in timed if r["contender"] == "shrink" and r["schedule"] == "40s"), None
         ),
         "slowest_over_baseline": max((r["over_baseline"] for r in timed), default=None),
-        "no_faults_warm_over_bare": round(warm / bare, 3) if warm and bare else None,
-        # every goodput contender's price without faults; shrink's fault-free run is warm with no hot spare
-        "no_faults_over_bare": {
-            c: round(wall[c, "none"] / bare, 3)
-            for c in ("cold", "memory", "warm", "shrink")
-            if bare and wall.get((c, "none"))
-        },
+        "no_faults_warm_over_bare": over_bare.get("warm"),
+        "no_faults_over_bare": over_bare,
         "no_faults_warm_over_bare_by_round": [
             round(by_round["warm", n] / by_round["bare", n], 3)
             for n in sorted({n for _, n in by_round})
