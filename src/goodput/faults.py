@@ -21,7 +21,9 @@ A fault plan is a string, given on the command line (``--faults``) or in the env
                                    rank 1 after its optimizer step of step 30 (silent data corruption)
 
 ``checkpoint_begin`` fires on a rank as it enters a save, before the strategy's collectives (a rank failing
-alone while its peers wait inside DCP). Actions: ``kill``, ``raise``, ``hang``, ``slow``, ``nodeloss``. Keys:
+alone while its peers wait inside DCP). ``optimizer_step`` fires right after the optimizer step of each optimizer
+given to ``Run.restore`` (with ``step=N``: of step N), before ``step_done``: the rank's gradients are already
+summed into its peers' step, the step is not yet recorded as done (a warm job adopts it; nothing may be lost). Actions: ``kill``, ``raise``, ``hang``, ``slow``, ``nodeloss``. Keys:
 ``step``, ``rank``, ``phase`` (one of ``PHASES``), ``mtbf`` (a duration), ``seed``, ``seconds`` (for ``slow``),
 ``attempt`` (fire only in that attempt), ``node`` (only on that node: torchrun's GROUP_RANK), and for the
 numeric faults ``factor``, ``bit``, ``into`` (``loss`` or ``grad``) and ``value`` (``nan``, ``inf``); the flag
@@ -79,6 +81,7 @@ PHASES = (
     "async_upload",
     "checkpoint_purge",
     "restore",
+    "optimizer_step",
     "cache_download",
     "memory_write",
     "memory_replicate",
@@ -303,6 +306,10 @@ class FaultPlan:
 
     def __bool__(self) -> bool:
         return bool(self._faults)
+
+    def mine(self) -> list[Fault]:
+        """The faults of the plan that apply to this process (its rank, node and attempt)."""
+        return [f for _, f in self._faults]
 
     def _random_deadline(self, fault: Fault, world_size: int) -> float | None:
         assert fault.mtbf is not None

@@ -32,7 +32,15 @@ from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager
 from goodput.data.loader import ResumableLoader
 from goodput.data.prefetch import DevicePrefetcher
 from goodput.errors import ConfigError
-from goodput.faults import NUMERIC_ACTIONS, Fault, FaultPlan, check_plan, install_faults, parse_faults
+from goodput.faults import (
+    NUMERIC_ACTIONS,
+    Fault,
+    FaultPlan,
+    check_plan,
+    fault_point,
+    install_faults,
+    parse_faults,
+)
 from goodput.ledger.accounting import Accounting, account
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.ledger.live import reserved_world
@@ -45,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "already_complete",
     "arm_faults",
+    "arm_optimizer_faults",
     "batch_source",
     "check_train_fn",
     "checked_numeric",
@@ -282,6 +291,14 @@ def arm_faults(run: Run, faults: list[Fault]) -> FaultPlan:
     )
     install_faults(plan)
     return plan
+
+
+def arm_optimizer_faults(run: Run, optimizer: Any) -> None:
+    """Fire this rank's ``optimizer_step`` faults right after ``optimizer`` steps (the step in flight is
+    ``run.step + 1``); no hook at all when the plan has none."""
+    if optimizer is None or not any(f.phase == "optimizer_step" for f in run.faults.mine()):
+        return
+    optimizer.register_step_post_hook(lambda *_: fault_point("optimizer_step", run.step + 1))
 
 
 def checkpoint_config(checkpoint: CheckpointConfig | None, run_dir: str) -> CheckpointConfig:

@@ -163,6 +163,7 @@ class Run:
             if self._stragglers is not None:  # its DDP comm hook goes on before any other part's
                 self._stragglers.attach(model)
             fix_layout(model)  # every attempt sums its gradients in one layout from its first step
+            edges.arm_optimizer_faults(self, optimizer)
             self.loader = loader
             step = edges.restored_step(self, state, self._manager)
         self.ledger.restore_end(step)
