@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from goodput.demo.main import shrink_global_batch
+from goodput.demo.main import TRAIN_SCRIPT, shrink_global_batch
+from goodput.demo.verify_train import prepare_data
 from goodput.errors import ConfigError
-from goodput.verify.demo import global_steps, trained_twice
+from goodput.verify.demo import global_steps, step_epochs, trained_twice
 
 
 def test_the_demo_global_batch_splits_over_every_world_size_it_may_shrink_to() -> None:
@@ -74,3 +75,32 @@ def test_the_demo_with_no_spare_shrinks_grows_back_and_trains_every_sample_once(
     assert "capacity goodput (measured)" in proc.stdout, proc.stdout[-3000:]
     line = "samples: 3840 over 120 steps, 32 a step; 0 trained twice, 0 steps never trained"
     assert line in proc.stdout, proc.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_rank_killed_after_its_gradients_are_summed_leaves_its_samples_in_the_log(tmp_path: str) -> None:
+    """Rank 1 is SIGKILLed right after its optimizer step of step 6, before its step is done: rank 0 completes
+    step 6 with rank 1's gradients in it and trains on alone from there. The logs must hold rank 1's samples of
+    step 6 (they are learned), so every step counts its whole global batch, and no sample is counted twice."""
+    data = prepare_data(str(tmp_path))
+    run_dir = os.path.join(tmp_path, "run")
+    command = [sys.executable, "-m", "goodput", "launch", "--nproc", "2", "--run-dir", run_dir]
+    command += ["--restart", "warm", "--spares", "0", "--shrink-after", "0"]
+    command += ["--faults", "kill@phase=optimizer_step,step=6,rank=1"]
+    command += ["--", TRAIN_SCRIPT, f"--data={data}", "--steps=12", "--global-batch=32", "--no-progress"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(os.path.join(run_dir, "warm", "agent.jsonl")) as f:
+        assert json.loads(f.readline())["event"] == "shrink"
+    ranks = []
+    for name in ("rank-0.jsonl", "rank-1.jsonl"):
+        with open(os.path.join(run_dir, "samples", name)) as f:
+            ranks.append(f.readlines())
+    rank0 = [json.loads(line)["step"] for line in ranks[0]]
+    assert rank0.count(6) == 1, "rank 0 redid step 6: it did not complete the step rank 1 died in"
+    rank1 = [json.loads(line)["step"] for line in ranks[1]]
+    assert rank1[:6] == [1, 2, 3, 4, 5, 6]  # then the replacement's steps, if it grew back within the run
+    steps = global_steps(ranks)
+    assert sorted(steps) == list(range(1, 13))
+    assert {step: len(ids) for step, ids in steps.items()} == dict.fromkeys(range(1, 13), 32)
+    assert trained_twice(steps, step_epochs(ranks)) == []

@@ -125,12 +125,13 @@ def main(argv: list[str] | None = None) -> None:
                 loss = torch.nn.functional.cross_entropy(
                     logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
                 )
+                # logged before the gradients leave this rank, as the demo does (goodput/demo/train.py)
+                log.write(json.dumps({"step": step + 1, "samples": indices, "attempt": restarts}) + "\n")
                 loss.backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 scheduler.step()
                 step += 1
-                log.write(json.dumps({"step": step, "samples": indices, "attempt": restarts}) + "\n")
                 ledger.step_end(step, loss=float(loss.detach()))
                 saver.poll()
                 if args.every and step % args.every == 0 and step < args.steps:

@@ -1,7 +1,8 @@
 """The bookkeeping of ``goodput bench peers``: what each run trained, from its step records (pure functions).
 
 Every contender logs, per rank, one record per step it trains (``{"step": s, "samples": [...], "attempt": a}``),
-a redone step once more. The run's *lineage* is what its final model learned from: for each step, the records
+a redone step once more, before the step's gradients leave the rank: a rank killed after they are summed, whose
+step its peers complete, has logged it too. The run's *lineage* is what its final model learned from: for each step, the records
 of the newest attempt that trained it, each rank's last (a rollback discards the earlier ones with the model
 state they produced; a step redone by fewer ranks after a shrink in place discards the other ranks' records
 of it too, as their samples are in the survivors' larger batches). ``attempt`` is the same on every rank of

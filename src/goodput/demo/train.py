@@ -7,7 +7,10 @@ Run by ``goodput demo`` and ``goodput verify-resume`` through torchrun; by hand:
 
 Every rank logs the sample indices of each step it trains (``<run_dir>/samples/rank-<r>.jsonl``; a redone step
 is logged again, with rank 0's attempt number), with the step's random draws (``draws``: a hash of the
-augmented batch and the loss's bits, which depend on the dropout masks), and rank 0 writes ``<run_dir>/final.json`` with hashes of the final model and optimizer
+augmented batch and the loss's bits, which depend on the dropout masks). The record is written after the
+forward pass and before the backward pass shares the rank's gradients: a rank killed once they are summed may
+leave its peers to complete the step (a warm restart adopts it), and the log must still hold its samples; a
+step logged by a rank that died earlier is redone under a newer attempt, whose records replace it. Rank 0 writes ``<run_dir>/final.json`` with hashes of the final model and optimizer
 state, so two runs can be compared bit for bit.
 """
 
@@ -178,16 +181,16 @@ def _train(run: Run, args: argparse.Namespace, dataset: Any, run_dir: str, kept:
         for indices, batch in run.batches(loader):
             tokens = torch.from_numpy(batch)
             loss = _loss(model, tokens)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
             draws = [hashlib.sha256(tokens.numpy().tobytes()).hexdigest()[:16], float(loss.detach()).hex()]
             record = {
                 "step": run.step + 1, "samples": indices, "attempt": attempt, "epoch": batch_epoch(loader),
                 "draws": draws,
             }  # fmt: skip
-            samples_log.write(json.dumps(record) + "\n")
+            samples_log.write(json.dumps(record) + "\n")  # before the gradients leave this rank (docstring)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
             run.step_done(loss=float(loss.detach()))
     run.close()
     if run.info.rank == 0:
