@@ -12,7 +12,8 @@ open, and there may be more of them than the budget holds (8 ranks x 4 workers x
 finds no room (a) evicts unpinned files, then files pinned only by a prefetch window (a lease on a file nobody
 reads yet: its reader downloads it again if needed), (b) lets go of what its own process holds and is not
 using (``release``: the dataset's idle open shards), (c) waits at most ``wait_seconds`` for room, holding
-nothing but the file it asks for, and then (d) reads the file uncached instead of waiting longer: ``view``
+nothing but its pin on the file it asks for (not the file's download lock: a reader blocked on that lock
+still holds its open files), and then (d) reads the file uncached instead of waiting longer: ``view``
 into memory, ``open`` into a private copy under ``uncached/`` removed after use. No read waits without bound
 on anything another reader holds (the per-file download lock is held for one bounded download), so no set of
 readers can deadlock, whatever their number; pinned bytes are files counted in the budget, so they never
@@ -323,66 +324,26 @@ class RemoteCache:
     ) -> bool:
         """Make ``key`` ready, downloading it unless another process is doing so (then wait for it).
 
-        Returns False when the budget has no room: a prefetch skips the file, a read goes uncached.
+        Returns False when the budget has no room: a prefetch skips the file, a read goes uncached. A read
+        waits for room (steps (b)-(c) of the module docstring) *outside* the file's download lock: a reader
+        blocked on that lock keeps its own open files pinned, so waiting inside it would make every other
+        reader of the file hold its files while it waits for the room they take (hold and wait, until
+        ``wait_seconds``), instead of reaching its own wait, where it lets go of them first.
         """
-        with self._file_lock(key):
-            if self._is_ready(key):
-                return True
-            fs, path = self._filesystem(url)
-            info = (
-                expected if expected is not None else self._retried(lambda: info_of(fs, path), url, cancelled)
-            )
-            if not self._reserve(key, info.size, url, demand=demand, release=release):
-                return False
-            started = time.monotonic()
-            tmp_dir = os.path.join(self.config.folder, "tmp")
-            for name in os.listdir(tmp_dir):  # holding the file's lock: any partial of it is a dead one's
-                if name.startswith(key + "."):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(tmp_dir, name))
-            tmp = os.path.join(tmp_dir, f"{key}.{self._owner.replace(':', '-')}.part")
-            try:
-                self._retried(lambda: self._download_once(fs, path, tmp, info), url, cancelled)
-                os.replace(tmp, self._local(key))
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                self._index.abort(key)
-                raise
-            seconds = time.monotonic() - started
-            self._counters.add(bytes_downloaded=info.size, download_seconds=seconds)
-            self._index.commit(key, info.size, {"bytes_downloaded": info.size, "download_seconds": seconds})
-            return True
-
-    def _download_once(self, fs: Any, path: str, tmp: str, info: RemoteInfo) -> None:
-        download(
-            fs, path, tmp, info, chunk_bytes=self.config.chunk_bytes, range_workers=self.config.range_workers
-        )
-
-    def _reserve(
-        self,
-        key: str,
-        size: int,
-        url: str,
-        *,
-        demand: bool,
-        release: Callable[[], None] | None = None,
-    ) -> bool:
-        """Count ``size`` bytes for ``key``, following the steps of the module docstring; False: no room."""
-        if size > self.config.budget_bytes:
-            raise DataError(
-                f"{redact_url(url)} has {size} bytes, more than the cache budget "
-                f"({self.config.budget_bytes}): raise CacheConfig.budget_bytes"
-            )
+        fs, path = self._filesystem(url)
+        info = expected
         deadline = time.monotonic() + self.config.wait_seconds
         delay = 0.01
         while True:
-            ok, evicted, pinned = self._index.reserve(
-                key, size, self._owner, self.config.budget_bytes, self._evict_file, break_windows=demand
-            )
-            if ok:
-                self._counters.add(evictions=evicted)
-                return True
+            with self._file_lock(key):
+                if self._is_ready(key):
+                    return True
+                if info is None:
+                    info = self._retried(lambda: info_of(fs, path), url, cancelled)
+                pinned = self._reserve(key, info.size, url, demand=demand)
+                if pinned is None:
+                    self._download(fs, path, key, info, url, cancelled)
+                    return True
             if not demand:
                 return False
             if release is not None:
@@ -394,6 +355,48 @@ class RemoteCache:
                 return False
             time.sleep(delay)  # a bounded wait for other readers to close files (see the module docstring)
             delay = min(delay * 2, 0.2)
+
+    def _download(self, fs: Any, path: str, key: str, info: RemoteInfo, url: str, cancelled: Any) -> None:
+        """Download ``key`` into place, its bytes reserved; holding the file's lock."""
+        started = time.monotonic()
+        tmp_dir = os.path.join(self.config.folder, "tmp")
+        for name in os.listdir(tmp_dir):  # holding the file's lock: any partial of it is a dead one's
+            if name.startswith(key + "."):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(tmp_dir, name))
+        tmp = os.path.join(tmp_dir, f"{key}.{self._owner.replace(':', '-')}.part")
+        try:
+            self._retried(lambda: self._download_once(fs, path, tmp, info), url, cancelled)
+            os.replace(tmp, self._local(key))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            self._index.abort(key)
+            raise
+        seconds = time.monotonic() - started
+        self._counters.add(bytes_downloaded=info.size, download_seconds=seconds)
+        self._index.commit(key, info.size, {"bytes_downloaded": info.size, "download_seconds": seconds})
+
+    def _download_once(self, fs: Any, path: str, tmp: str, info: RemoteInfo) -> None:
+        download(
+            fs, path, tmp, info, chunk_bytes=self.config.chunk_bytes, range_workers=self.config.range_workers
+        )
+
+    def _reserve(self, key: str, size: int, url: str, *, demand: bool) -> int | None:
+        """Count ``size`` bytes for ``key``, evicting as step (a) of the module docstring says (a read may
+        evict files pinned only by prefetch windows); None when reserved, else the bytes of files in use."""
+        if size > self.config.budget_bytes:
+            raise DataError(
+                f"{redact_url(url)} has {size} bytes, more than the cache budget "
+                f"({self.config.budget_bytes}): raise CacheConfig.budget_bytes"
+            )
+        ok, evicted, pinned = self._index.reserve(
+            key, size, self._owner, self.config.budget_bytes, self._evict_file, break_windows=demand
+        )
+        if not ok:
+            return pinned
+        self._counters.add(evictions=evicted)
+        return None
 
     def _read_uncached(self, url: str, expected: RemoteInfo | None) -> bytes:
         fs, path = self._filesystem(url)
