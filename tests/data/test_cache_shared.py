@@ -12,9 +12,8 @@ really are in use, so the others may read uncached once their wait for room runs
 short.
 
 In the second the readers never pause, so each holds nothing but the shard it reads while it waits for room:
-no wait may run out. Before the second fix a reader waited for room inside the file's download lock, and the
-readers queued on that lock kept their open shards pinned instead of letting them go: every reader stalled for
-the whole wait, several times a run (7 reads uncached, 32 s instead of 2 s, at a 5 s wait).
+no wait may run out. It fails when a reader waits for room inside the file's download lock: the readers queued
+on that lock keep their open shards pinned instead of letting them go, and each such read runs out its wait.
 """
 
 from __future__ import annotations
