@@ -21,13 +21,14 @@ A fault plan is a string, given on the command line (``--faults``) or in the env
                                    rank 1 after its optimizer step of step 30 (silent data corruption)
 
 ``checkpoint_begin`` fires on a rank as it enters a save, before the strategy's collectives (a rank failing
-alone while its peers wait inside DCP). ``optimizer_step`` fires right after the optimizer step of each optimizer
-given to ``Run.restore`` (with ``step=N``: of step N), before ``step_done``: the rank's gradients are already
-summed into its peers' step, the step is not yet recorded as done (a warm job adopts it; nothing may be lost). Actions: ``kill``, ``raise``, ``hang``, ``slow``, ``nodeloss``. Keys:
-``step``, ``rank``, ``phase`` (one of ``PHASES``), ``mtbf`` (a duration), ``seed``, ``seconds`` (for ``slow``),
-``attempt`` (fire only in that attempt), ``node`` (only on that node: torchrun's GROUP_RANK), and for the
-numeric faults ``factor``, ``bit``, ``into`` (``loss`` or ``grad``) and ``value`` (``nan``, ``inf``); the flag
-``persist`` (no value) makes a ``slow`` fault last, stretching each step by ``factor``.
+alone while its peers wait inside DCP). ``optimizer_step`` fires right after the optimizer step of each
+optimizer given to ``Run.restore`` (with ``step=N``: of step N), before ``step_done``: the rank's gradients
+are already summed into its peers' step, the step is not yet recorded as done (a warm job adopts it; nothing
+may be lost). Actions: ``kill``, ``raise``, ``hang``, ``slow``, ``nodeloss``. Keys: ``step``, ``rank``,
+``phase`` (one of ``PHASES``), ``mtbf`` (a duration), ``seed``, ``seconds`` (for ``slow``), ``attempt`` (fire
+only in that attempt), ``node`` (only on that node: torchrun's GROUP_RANK), and for the numeric faults
+``factor``, ``bit``, ``into`` (``loss`` or ``grad``) and ``value`` (``nan``, ``inf``); the flag ``persist``
+(no value) makes a ``slow`` fault last, stretching each step by ``factor``.
 
 The numeric faults (``NUMERIC_ACTIONS``) kill nothing: ``goodput.run.numeric`` takes them with
 :meth:`FaultPlan.take` at the point of the step where they change a value. Like every step fault each fires once

@@ -1,15 +1,16 @@
 """The bookkeeping of ``goodput bench peers``: what each run trained, from its step records (pure functions).
 
-Every contender logs, per rank, one record per step it trains (``{"step": s, "samples": [...], "attempt": a}``),
-a redone step once more, before the step's gradients leave the rank: a rank killed after they are summed, whose
-step its peers complete, has logged it too. The run's *lineage* is what its final model learned from: for each step, the records
-of the newest attempt that trained it, each rank's last (a rollback discards the earlier ones with the model
-state they produced; a step redone by fewer ranks after a shrink in place discards the other ranks' records
-of it too, as their samples are in the survivors' larger batches). ``attempt`` is the same on every rank of
-an attempt and grows with each restart or reshape; a record without it counts as attempt 0. Against the same contender's
-fault-free lineage (the order its loader gives when nothing fails), a sample trained more often than there is
-*twice*, one trained less often is *never*; both are 0 for a run whose data position survives every failure.
-Steps trained more than once are the work the failures cost (``steps_redone``), counted on rank 0.
+Every contender logs, per rank, one record per step it trains
+(``{"step": s, "samples": [...], "attempt": a}``), a redone step once more, before the step's gradients leave
+the rank: a rank killed after they are summed, whose step its peers complete, has logged it too. The run's
+*lineage* is what its final model learned from: for each step, the records of the newest attempt that trained
+it, each rank's last (a rollback discards the earlier ones with the model state they produced; a step redone
+by fewer ranks after a shrink in place discards the other ranks' records of it too, as their samples are in
+the survivors' larger batches). ``attempt`` is the same on every rank of an attempt and grows with each
+restart or reshape; a record without it counts as attempt 0. Against the same contender's fault-free lineage
+(the order its loader gives when nothing fails), a sample trained more often than there is *twice*, one
+trained less often is *never*; both are 0 for a run whose data position survives every failure. Steps trained
+more than once are the work the failures cost (``steps_redone``), counted on rank 0.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ is logged again, with rank 0's attempt number), with the step's random draws (``
 augmented batch and the loss's bits, which depend on the dropout masks). The record is written after the
 forward pass and before the backward pass shares the rank's gradients: a rank killed once they are summed may
 leave its peers to complete the step (a warm restart adopts it), and the log must still hold its samples; a
-step logged by a rank that died earlier is redone under a newer attempt, whose records replace it. Rank 0 writes ``<run_dir>/final.json`` with hashes of the final model and optimizer
-state, so two runs can be compared bit for bit.
+step logged by a rank that died earlier is redone under a newer attempt, whose records replace it. Rank 0
+writes ``<run_dir>/final.json`` with hashes of the final model and optimizer state, so two runs can be
+compared bit for bit.
 """
 
 from __future__ import annotations
