@@ -138,6 +138,8 @@ def test_a_node_that_joins_as_the_job_ends_is_ended_with_it(tmp_path: os.PathLik
     procs = [_node(run_dir, endpoint, 0, hold="", faults=final_save, spare_after=STEPS)]
     try:
         _wait("the store to listen", lambda: _listening(endpoint), procs)
+        # a node that joins while the first round is open (1 s after node 0's) trains from step 1 in a world of 2
+        _wait("step 1 on one node", lambda: _trained(run_dir, 1), procs)
         procs.append(_node(run_dir, endpoint, 1, hold="", spare_after=STEPS))
         status = [procs[0].wait(timeout=150)]
         ended = time.monotonic()
