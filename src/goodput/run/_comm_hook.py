@@ -96,7 +96,15 @@ class _SharedHook:
         carrier[n:].copy_(payload)
         future = dist.all_reduce(carrier, group=group, async_op=True).get_future()
         rider.departed(future, carrier[n:])
-        return future.then(lambda _: reduced)
+
+        def bucket_part(done: Any) -> Any:
+            # value() raises the all-reduce's error (a peer that died mid-collective). Returning the bucket
+            # without it would hand DDP this rank's own gradients as if summed: the optimizer would step on
+            # them, and a warm restart would adopt that step.
+            done.value()
+            return reduced
+
+        return future.then(bucket_part)
 
     def _grown(self, buffer: Any, extra: int) -> Any:
         """``buffer`` (a bucket's flat gradients) with ``extra`` elements after it in the same storage, grown
