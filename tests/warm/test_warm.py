@@ -314,3 +314,81 @@ def test_verify_resume_under_warm_restarts_passes_and_says_how_it_restarted(
     assert "IDENTICAL" in proc.stdout and "after 3 restarts (3 warm, 0 cold)" in proc.stdout, proc.stdout
     events = _agent(os.path.join(str(tmp_path), "interrupted"))
     assert [e["event"] for e in events].count("warm_restart_done") == 3
+
+
+@pytest.mark.slow
+def test_verify_resume_of_a_script_kills_a_rank_inside_a_step_its_peer_completes(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """``goodput verify-resume --restart warm --kills 3 -- script``: the third kill lands right after one rank's
+    optimizer step, whose gradients are already in its peer's step. The peer completes the step and the job
+    adopts it: the dead rank never recorded the step done, only its batch (pending), and the verdict compares
+    that batch's samples instead of calling the step missing."""
+    from goodput.drill import demo_train
+    from goodput.verify.records import read_records
+
+    work = str(tmp_path)
+    cmd = [
+        sys.executable,
+        "-m",
+        "goodput",
+        "verify-resume",
+        "--restart",
+        "warm",
+        "--kills",
+        "3",
+        "--seed",
+        "1",
+    ]
+    cmd += ["--work-dir", work, "--", demo_train.__file__, "--steps", "24"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "kill@phase=optimizer_step," in proc.stdout and "IDENTICAL" in proc.stdout, proc.stdout
+    records = read_records(os.path.join(work, "interrupted"))
+    adopted = [(r.rank, r.step) for steps in records.steps.values() for r in steps.values() if r.pending]
+    assert len(adopted) == 1, adopted  # the dead rank's step, completed by its peer
+    rank, step = adopted[0]
+    assert all(not steps[step].pending for r, steps in records.steps.items() if r != rank)
+
+
+@pytest.mark.slow
+def test_a_survivor_whose_gradients_carry_the_numeric_guard_s_word_never_steps_alone(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """The numeric guard sends its word with DDP's first gradient bucket. When the peer is SIGKILLed after step 10,
+    the survivor's all-reduce of step 11 fails, and that failure must reach DDP: swallowed, the survivor would
+    step on its own gradients, and the warm restart would adopt that step 11 and hand it to the replacement."""
+    from goodput.drill import demo_train
+    from goodput.verify.records import read_records
+
+    run_dir = str(tmp_path)
+    cmd = [
+        sys.executable,
+        "-m",
+        "goodput",
+        "launch",
+        "--restart",
+        "warm",
+        "--nproc",
+        "2",
+        "--run-dir",
+        run_dir,
+    ]
+    cmd += ["--faults", "kill@step=10,rank=0", "--", demo_train.__file__, "--steps", "16"]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=150, env={**os.environ, "GOODPUT_RECORDS": "1"}
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_records(run_dir)
+    done_in_first_attempt = [
+        max(r.step for r in steps.values() if r.attempt == 0 and not r.pending)
+        for steps in records.steps.values()
+    ]
+    assert done_in_first_attempt == [10, 10]
+    warm = [
+        e
+        for name in _jsonl(os.path.join(run_dir, "ledger"))
+        for e in _lines(os.path.join(run_dir, "ledger", name))
+        if e["event"] == "warm_restart"
+    ]
+    assert {e["restored_step"] for e in warm} == {10}, warm

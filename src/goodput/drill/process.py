@@ -178,13 +178,15 @@ def restored_steps(run_dir: str) -> list[int]:
 
 
 def recorded(run_dir: str, step: int, *, after_attempt: int) -> bool:
-    """Whether a rank of an attempt after ``after_attempt`` recorded ``step``."""
+    """Whether a rank of an attempt after ``after_attempt`` recorded ``step`` done (its batch alone: not yet)."""
     try:
         records = read_records(run_dir)
     except (FileNotFoundError, ValueError):
         return False
     return any(
-        record.attempt > after_attempt for steps in records.steps.values() if (record := steps.get(step))
+        record.attempt > after_attempt and not record.pending
+        for steps in records.steps.values()
+        if (record := steps.get(step))
     )
 
 

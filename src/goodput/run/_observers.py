@@ -188,10 +188,17 @@ class RecordsHook(RunHook):
     def __init__(self, recorder: StepRecorder) -> None:
         self.recorder = recorder
 
+    def on_batch(self, run: Run, step: int) -> None:
+        self.recorder.batch(step, loaders=self._loaders(run))
+
     def on_step(self, run: Run, step: int, loss: float | None) -> bool:
-        state = run.state
-        self.recorder.step(step, loaders=(run.loader, state.loader if state else None), loss=loss)
+        self.recorder.step(step, loaders=self._loaders(run), loss=loss)
         return False
+
+    @staticmethod
+    def _loaders(run: Run) -> tuple[Any, Any]:
+        state = run.state
+        return run.loader, state.loader if state else None
 
     def on_attempt(self, run: Run, kind: str) -> None:
         # The steps redone from here belong to the new attempt.

@@ -6,15 +6,20 @@
   step this attempt started after, and its world size: a warm job that shrinks or grows changes it between
   attempts) and one line per finished step ``{"step", "samples", "count", "ids", "loss", "rng"}``: a digest of
   the step's dataset indices (from a loader that knows them, such as ``ResumableLoader``), their number, the
-  indices themselves (so that the steps of different world sizes can be checked for exactly-once), the loss given to ``step_done`` as an exact float (``float.hex``), and a digest of each random
-  generator's state (python, numpy, torch, cuda). One small append per step, no fsync: the page cache keeps
-  it when the process is killed.
+  indices themselves (so that the steps of different world sizes can be checked for exactly-once), the loss
+  given to ``step_done`` as an exact float (``float.hex``), and a digest of each random generator's state
+  (python, numpy, torch, cuda). Before it, when the step's batch is handed to the loop, a line
+  ``{"step", "pending": true, "samples", "count", "ids"}``: a rank killed after its gradients were summed into
+  its peers' step, before ``step_done``, leaves that line for a step the job keeps (a warm restart adopts it).
+  Two small appends per step, no fsync: the page cache keeps them when the process is killed.
 - ``<run_dir>/records/final.rank-<r>.json``: written by ``close()``: a digest of every piece of the final
   training state (each model and optimizer tensor, the scheduler, scaler, step, extras, RNG states and data
   position), from the :class:`~goodput.checkpoint.TrainingState` the checkpoints are made of.
 
 A step redone after a restart is recorded again; the reader (``goodput.verify.records``) keeps, for each step,
-the last time it was trained: the one whose result survived. Without the variable nothing is recorded.
+the last time it was trained: the one whose result survived (a pending line when the rank died inside a step
+its peers completed: its samples are compared, its loss and random generators cannot be). Without the variable
+nothing is recorded.
 """
 
 from __future__ import annotations
@@ -88,25 +93,36 @@ class StepRecorder:
             return None
         return cls(run_dir, rank=rank, attempt=attempt, world=world)
 
+    def batch(self, step: int, *, loaders: Iterable[Any]) -> None:
+        """Record that the batch of ``step`` was handed to the loop: its indices, marked ``"pending"``.
+
+        The step's own record (:meth:`step`) follows once it is done. A rank killed in between, after its
+        gradients were summed into its peers' step, leaves this one: under warm restarts the peers complete the
+        step and the job adopts it, so the samples were trained though the rank never recorded the step done.
+        """
+        self._open(step)
+        self._write({"step": step, "pending": True, **_batch_fields(_last_indices(loaders))})
+
     def step(self, step: int, *, loaders: Iterable[Any], loss: float | None) -> None:
         """Record finished ``step``: the indices of the batch a loader delivered last, and the loss."""
+        self._open(step)
+        self._write(
+            {
+                "step": step,
+                **_batch_fields(_last_indices(loaders)),
+                "loss": None if loss is None else float(loss).hex(),
+                "rng": rng_digests(),
+            }
+        )
+
+    def _open(self, step: int) -> None:
+        """Open the attempt's file at its first record (``step``), writing the header."""
         if self._fd is None:
             os.makedirs(self.folder, exist_ok=True)
             path = os.path.join(self.folder, f"attempt-{self.attempt}.rank-{self.rank}.jsonl")
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             header = {"attempt": self.attempt, "rank": self.rank, "resumed": step - 1, "world": self.world}
             self._write(header)
-        indices = _last_indices(loaders)
-        self._write(
-            {
-                "step": step,
-                "samples": None if indices is None else indices_digest(indices),
-                "count": None if indices is None else len(indices),
-                "ids": None if indices is None else _ids(indices),
-                "loss": None if loss is None else float(loss).hex(),
-                "rng": rng_digests(),
-            }
-        )
 
     def final(self, state: Any, step: int) -> None:
         """Record the digests of the final training state (a ``TrainingState``) after ``step``."""
@@ -150,6 +166,15 @@ def rng_digests() -> dict[str, str]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         digests["cuda"] = _digest(*(s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()))
     return digests
+
+
+def _batch_fields(indices: Any) -> dict[str, Any]:
+    """A record's fields for a batch's dataset indices (None each when no loader knows them)."""
+    return {
+        "samples": None if indices is None else indices_digest(indices),
+        "count": None if indices is None else len(indices),
+        "ids": None if indices is None else _ids(indices),
+    }
 
 
 def _ids(indices: Any) -> list[int]:

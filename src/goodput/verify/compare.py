@@ -2,7 +2,8 @@
 
 Pure functions over what ``Run`` recorded (:mod:`goodput.verify.records`) in an uninterrupted run and in an
 interrupted one. Each step is compared as it was last trained (the result that survived), rank by rank:
-sample indices, loss, then the random generators; then the final state, piece by piece in the state's order.
+sample indices, loss, then the random generators (only the indices where a rank died inside a step its peers
+completed: it recorded no loss); then the final state, piece by piece in the state's order.
 Where the interrupted run trained the first differing step says a lot: before any restart, the training is
 not deterministic at all; right after a resume, something the checkpoint does not hold changed.
 
@@ -87,7 +88,7 @@ def drawn_generators(records: RunRecords) -> dict[int, set[str]]:
     for rank, steps in records.steps.items():
         names = drawn.setdefault(rank, set())
         ordered = [steps[step] for step in sorted(steps)]
-        for before, after in itertools.pairwise(ordered):
+        for before, after in itertools.pairwise(r for r in ordered if not r.pending):
             if before.attempt == after.attempt:  # a restore in between sets the state: not a draw
                 names |= {n for n in {*before.rng, *after.rng} if before.rng.get(n) != after.rng.get(n)}
     return drawn
@@ -101,6 +102,8 @@ def idle_generators(reference: RunRecords, other: RunRecords) -> list[str]:
     for rank in sorted(set(reference.steps) | set(other.steps)):
         ref_steps, got_steps = reference.steps.get(rank, {}), other.steps.get(rank, {})
         for step in set(ref_steps) & set(got_steps):
+            if ref_steps[step].pending or got_steps[step].pending:
+                continue
             ref, got = ref_steps[step].rng, got_steps[step].rng
             idle |= {n for n in {*ref, *got} if n not in drawn.get(rank, ()) and ref.get(n) != got.get(n)}
     return sorted(_RNG_NAMES.get(name, name) for name in idle)
@@ -151,6 +154,10 @@ def _step_difference(ref: StepRecord, got: StepRecord, drawn: set[str]) -> Diffe
             else ("an unseeded sample order: pass seed= to ResumableLoader", "a dataset that changed")
         )
         return Difference(where, what, context, data_causes)
+    if (
+        ref.pending or got.pending
+    ):  # a rank that died inside a step its peers completed recorded no loss or rng
+        return None
     if ref.loss != got.loss:
         values = f"{_float(ref.loss)} uninterrupted, {_float(got.loss)} interrupted"
         loss_causes = (*causes, _DDP_LAYOUT) if resumed else causes

@@ -1,5 +1,9 @@
 """Reading what ``Run`` recorded for verify-resume (:mod:`goodput.run.records` writes it): each rank's
 effective steps (the last time each was trained) and its final state's digests.
+
+A step's pending line (its batch handed to the loop) is replaced by the step's own record when the rank got that
+far; it stays the step's last record when the rank died inside a step that its peers completed and the job kept.
+A step that no rank recorded done was not kept: its pending lines are dropped.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class StepRecord:
     rng: dict[str, str]
     world: int | None = None  # the attempt's world size (from its header; None: not recorded)
     ids: tuple[int, ...] | None = None  # the dataset indices (None: not recorded)
+    pending: bool = False  # the batch was handed to the loop, the step never recorded done (no loss, no rng)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,12 +64,22 @@ def read_records(run_dir: str) -> RunRecords:
     for attempt, rank, name in files:
         with open(os.path.join(folder, name)) as f:
             _read_steps(f, steps.setdefault(rank, {}), rank=rank, attempt=attempt)
+    _drop_unfinished(steps)
     final = {}
     for name in names:
         if m := FINAL_FILE.match(name):
             with open(os.path.join(folder, name)) as f:
                 final[int(m[1])] = json.load(f)
     return RunRecords(steps=steps, final=final, attempts=sorted({a for a, _, _ in files}))
+
+
+def _drop_unfinished(steps: dict[int, dict[int, StepRecord]]) -> None:
+    """Forget the pending lines of steps that no rank recorded done: a step is kept by the job only when a rank
+    finished it (the peers of the rank that died inside it)."""
+    done = {step for by_step in steps.values() for step, record in by_step.items() if not record.pending}
+    for by_step in steps.values():
+        for step in [s for s, record in by_step.items() if record.pending and s not in done]:
+            del by_step[step]
 
 
 def _read_steps(lines: Iterable[str], steps: dict[int, StepRecord], *, rank: int, attempt: int) -> None:
@@ -90,4 +105,5 @@ def _read_steps(lines: Iterable[str], steps: dict[int, StepRecord], *, rank: int
             rng=record.get("rng") or {},
             world=world,
             ids=None if record.get("ids") is None else tuple(record["ids"]),
+            pending=bool(record.get("pending")),
         )

@@ -129,7 +129,10 @@ def verify_resume(
     reference = records_of(clean_dir, script)
     steps = max(max(steps, default=0) for steps in reference.steps.values())
     saves, async_saves = saved_steps(clean_dir)
-    plan = kill_plan(kills, steps=steps, saves=saves, nproc=nproc, seed=seed, async_saves=async_saves)
+    plan = kill_plan(
+        kills, steps=steps, saves=saves, nproc=nproc, seed=seed, async_saves=async_saves,
+        inside_steps=restart == "warm",
+    )  # fmt: skip
     say(f"uninterrupted: {steps} steps, saved at {_steps_text(saves)}; faults: {plan or 'none'}")
     # Under the warm agent a script that does not hand its training to run.warm loses its survivor too: each
     # kill is then a warm restart and the cold one that follows it.
@@ -165,13 +168,22 @@ def launch_config(
 
 
 def kill_plan(
-    kills: int, *, steps: int, saves: Sequence[int], nproc: int, seed: int, async_saves: bool
+    kills: int,
+    *,
+    steps: int,
+    saves: Sequence[int],
+    nproc: int,
+    seed: int,
+    async_saves: bool,
+    inside_steps: bool = False,
 ) -> str:
     """A fault plan of ``kills`` SIGKILLs at seeded random points of a run of ``steps`` steps.
 
     Even-numbered kills land after random steps past the first save (so the restart resumes from a checkpoint);
     odd-numbered ones inside a checkpoint write, an async upload (with async saves) and a restore, in turn, at
-    a step where the uninterrupted run saved (``saves``).
+    a step where the uninterrupted run saved (``saves``). ``inside_steps`` (warm restarts): every other
+    even-numbered kill lands inside its step instead, right after the rank's optimizer step (phase
+    ``optimizer_step``): its gradients are in its peers' step, which the job adopts.
     """
     rng = np.random.default_rng(seed)
     first = min(saves, default=0)
@@ -188,7 +200,13 @@ def kill_plan(
             else:
                 faults.append(f"kill@phase={phase},step={int(rng.choice(points))},rank={rank}")
         else:
-            faults.append(f"kill@step={int(rng.integers(low, max(steps, low + 1)))},rank={rank}")
+            step = int(rng.integers(low, max(steps, low + 1)))
+            inside = inside_steps and n % 4 == 2
+            faults.append(
+                f"kill@phase=optimizer_step,step={step},rank={rank}"
+                if inside
+                else f"kill@step={step},rank={rank}"
+            )
     return "; ".join(faults)
 
 

@@ -150,7 +150,9 @@ def verify_shrink(
     clean = records_of(dirs["uninterrupted"], script)
     steps = max(max(s, default=0) for s in clean.steps.values())
     saves, async_saves = saved_steps(dirs["uninterrupted"])
-    plan = kill_plan(kills, steps=steps, saves=saves, nproc=nproc, seed=seed, async_saves=async_saves)
+    plan = kill_plan(
+        kills, steps=steps, saves=saves, nproc=nproc, seed=seed, async_saves=async_saves, inside_steps=True
+    )
     say(f"uninterrupted: {steps} steps; faults: {plan or 'none'}")
 
     def interrupted() -> int:
