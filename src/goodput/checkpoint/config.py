@@ -35,6 +35,8 @@ class CheckpointConfig:
 
     Args:
         root: a local folder or an fsspec URL (``s3://bucket/run``); each checkpoint is ``<root>/step-<N>/``.
+            Empty (the default): ``<run folder>/checkpoints`` under ``goodput.Run``; a ``CheckpointManager``
+            used on its own needs one.
         strategy: ``"torch_save"`` (rank 0 writes one file), ``"dcp"`` (every rank writes its shard) or
             ``"dcp_async"`` (training pays only for the staging copy; the write runs in the background).
         every: an int (every N steps), a duration (``"10m"``: every 10 minutes of wall time) or ``"auto"``
@@ -62,7 +64,7 @@ class CheckpointConfig:
             of saves that never committed (a job killed inside its first save) never stop a run.
     """
 
-    root: str
+    root: str = ""
     strategy: str = "dcp_async"
     every: int | str = "auto"
     keep_last: int = 3
@@ -81,7 +83,7 @@ class CheckpointConfig:
     allow_fresh_start: bool | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.root, str) or not self.root:
+        if not isinstance(self.root, str):
             raise ConfigError(f"root must be a folder path or URL string, got {self.root!r}")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy {self.strategy!r} is unknown; choose one of {', '.join(STRATEGIES)}")

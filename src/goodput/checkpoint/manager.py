@@ -40,7 +40,7 @@ from goodput.checkpoint.policy import (
 )
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.tier import CheckpointTier, Restored
-from goodput.errors import CheckpointCorrupt, CheckpointError, SaveFailed
+from goodput.errors import CheckpointCorrupt, CheckpointError, ConfigError, SaveFailed
 
 __all__ = ["CheckpointManager", "SaveResult"]
 
@@ -78,6 +78,11 @@ class CheckpointManager:
         on_event: Listener | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not config.root:
+            raise ConfigError(
+                "CheckpointConfig has no root: give root= (a folder or a URL such as s3://bucket/run) when using "
+                "a CheckpointManager on its own (under goodput.Run it defaults to <run folder>/checkpoints)"
+            )
         self.config = config
         self.state = state
         self._clock = clock
