@@ -278,3 +278,36 @@ def test_large_object_is_fetched_with_parallel_range_requests(tmp_path, s3_serve
     parts = sorted(_gets(proxy, url), key=lambda r: r.start)
     assert len(parts) == 8 and all(r.range and r.range.startswith("bytes=") for r in parts)
     assert any(b.start < a.end for a, b in itertools.pairwise(parts))  # several in flight at once
+
+
+_EXITS = """
+import json, sys
+from goodput.data.cache import CacheConfig, RemoteCache
+config, options, urls = json.loads(sys.stdin.read())  # not argv: the credentials stay out of errors
+cache = RemoteCache(CacheConfig(**config), storage_options=options)
+held = cache.open(urls[0])
+held.__enter__()  # kept open: the budget has no room for the next file
+cache.prefetch(urls[1:])
+import threading, time
+deadline = time.monotonic() + 30
+while not any(t.name.startswith("goodput-fetch") for t in threading.enumerate()):
+    assert time.monotonic() < deadline, "no download started"
+    time.sleep(0.01)  # polling for the download's thread
+print("prefetch waiting for room", flush=True)
+"""  # the script ends without closing the cache, its download still waiting
+
+
+def test_a_process_whose_prefetch_waits_for_room_still_exits(tmp_path, s3_server, s3_url) -> None:
+    """A download that waits for room no reader will free (its loader is gone) must not keep the interpreter
+    from exiting: with a thread pool, the exit joined its workers, and the job hung after its last step."""
+    import json
+    import subprocess
+    import sys
+
+    urls = list(upload(s3_server, s3_url, 3, 100 * KB))
+    config = {"folder": str(tmp_path / "cache"), "budget_bytes": 150 * KB, "prefetch_bytes": 150 * KB}
+    argv = json.dumps([config, via(s3_server), urls])
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXITS], input=argv, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and "prefetch waiting for room" in proc.stdout, proc.stderr[-2000:]

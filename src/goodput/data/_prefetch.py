@@ -13,7 +13,6 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from goodput.data._remote import RemoteInfo
@@ -88,34 +87,42 @@ class Prefetcher:
         config = self._cache.config
         started = time.time()
         window: dict[str, int] = {}  # url -> bytes, in plan order
-        inflight: set[Future[None]] = set()
-        with ThreadPoolExecutor(config.prefetch_workers, thread_name_prefix="goodput-fetch") as pool:
-            try:
-                for url, known in plan:
-                    info = known if known is not None else self._cache._remote_info(url, stop)
-                    if info is None:
-                        continue
-                    size = info.size
-                    while not stop.is_set():
-                        self._release_read(window, started)
-                        inflight = {f for f in inflight if not f.done()}
-                        fits = not window or sum(window.values()) + size <= config.prefetch_bytes
-                        if fits and len(inflight) < config.prefetch_workers:
-                            break
-                        stop.wait(_POLL_SECONDS)
-                    if stop.is_set():
-                        break
-                    self._cache._pin_window(url)
-                    window[url] = size
-                    if not self._cache._is_ready(self._cache.key(url)):
-                        inflight.add(pool.submit(self._fetch, url, info, stop))
-                while window and not stop.is_set():  # keep the tail protected until it is read
+        # Daemon threads, not a ThreadPoolExecutor: the interpreter joins an executor's workers at exit, and a
+        # download waiting for room that no reader will free (a plan whose loader is gone) kept the process
+        # from ever exiting.
+        inflight: list[threading.Thread] = []
+        try:
+            for url, known in plan:
+                info = known if known is not None else self._cache._remote_info(url, stop)
+                if info is None:
+                    continue
+                size = info.size
+                while not stop.is_set():
                     self._release_read(window, started)
+                    inflight = [t for t in inflight if t.is_alive()]
+                    fits = not window or sum(window.values()) + size <= config.prefetch_bytes
+                    if fits and len(inflight) < config.prefetch_workers:
+                        break
                     stop.wait(_POLL_SECONDS)
-            finally:
-                stop.set()
-                for url in window:
-                    self._cache._unpin_window(url)
+                if stop.is_set():
+                    break
+                self._cache._pin_window(url)
+                window[url] = size
+                if not self._cache._is_ready(self._cache.key(url)):
+                    fetch = threading.Thread(
+                        target=self._fetch, args=(url, info, stop), name="goodput-fetch", daemon=True
+                    )
+                    fetch.start()
+                    inflight.append(fetch)
+            while window and not stop.is_set():  # keep the tail protected until it is read
+                self._release_read(window, started)
+                stop.wait(_POLL_SECONDS)
+        finally:
+            stop.set()
+            for fetch in inflight:
+                fetch.join()  # downloads in flight finish (or give up at their next retry)
+            for url in window:
+                self._cache._unpin_window(url)
 
     def _release_read(self, window: dict[str, int], since: float) -> None:
         if not window:
