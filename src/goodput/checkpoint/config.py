@@ -82,6 +82,15 @@ class CheckpointConfig:
     memory: MemoryTier | None = None
     allow_fresh_start: bool | None = None
 
+    def required_root(self) -> str:
+        """The root; a config without one (which ``goodput.Run`` fills in) stops a manager in one line."""
+        if not self.root:
+            raise ConfigError(
+                "CheckpointConfig has no root: give root= (a folder or a URL such as s3://bucket/run) when using "
+                "a CheckpointManager on its own (under goodput.Run it defaults to <run folder>/checkpoints)"
+            )
+        return self.root
+
     def __post_init__(self) -> None:
         if not isinstance(self.root, str):
             raise ConfigError(f"root must be a folder path or URL string, got {self.root!r}")

@@ -40,7 +40,7 @@ from goodput.checkpoint.policy import (
 )
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.tier import CheckpointTier, Restored
-from goodput.errors import CheckpointCorrupt, CheckpointError, ConfigError, SaveFailed
+from goodput.errors import CheckpointCorrupt, CheckpointError, SaveFailed
 
 __all__ = ["CheckpointManager", "SaveResult"]
 
@@ -78,16 +78,11 @@ class CheckpointManager:
         on_event: Listener | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not config.root:
-            raise ConfigError(
-                "CheckpointConfig has no root: give root= (a folder or a URL such as s3://bucket/run) when using "
-                "a CheckpointManager on its own (under goodput.Run it defaults to <run folder>/checkpoints)"
-            )
         self.config = config
         self.state = state
         self._clock = clock
         self._listeners: list[Listener] = [on_event] if on_event is not None else []
-        self._layout = CheckpointLayout(config.root, config.storage_options)
+        self._layout = CheckpointLayout(config.required_root(), config.storage_options)
         self._coll = Collectives(process_group)
         self.rank, self.world_size = self._coll.rank, self._coll.world_size
         policy = self._make_policy()
