@@ -299,7 +299,7 @@ print("prefetch waiting for room", flush=True)
 
 def test_a_process_whose_prefetch_waits_for_room_still_exits(tmp_path, s3_server, s3_url) -> None:
     """A download that waits for room no reader will free (its loader is gone) must not keep the interpreter
-    from exiting: with a thread pool, the exit joined its workers, and the job hung after its last step."""
+    from exiting (the interpreter joins a thread pool's workers at exit)."""
     import json
     import subprocess
     import sys

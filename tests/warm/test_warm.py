@@ -51,6 +51,17 @@ def _lines(path: str) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
 
 
+def _warm_restarts(run_dir: str) -> list[dict[str, Any]]:
+    """Every rank's ``warm_restart`` events in the run's ledger."""
+    folder = os.path.join(run_dir, "ledger")
+    return [
+        e
+        for name in _jsonl(folder)
+        for e in _lines(os.path.join(folder, name))
+        if e["event"] == "warm_restart"
+    ]
+
+
 def _trained(run_dir: str) -> tuple[dict[tuple[int, int], list[int]], dict[int, list[int]]]:
     """The samples each (rank, step) was last trained on, and the pids that trained each rank's steps."""
     samples: dict[tuple[int, int], list[int]] = {}
@@ -97,13 +108,7 @@ def _assert_warm_and_identical(run_dir: str, baseline: str) -> None:
     assert len(every) == len(set(every)) == 2 * int(STEPS) * 8
     assert _final(run_dir) == _final(baseline)
     # Both ranks recorded the warm restart's parts; the survivor restored the step the killed rank finished.
-    ledgers = _jsonl(os.path.join(run_dir, "ledger"))
-    warm = [
-        e
-        for name in ledgers
-        for e in _lines(os.path.join(run_dir, "ledger", name))
-        if e["event"] == "warm_restart"
-    ]
+    warm = _warm_restarts(run_dir)
     assert sorted(e["role"] for e in warm) == ["replacement", "survivor"]
     assert {e["restored_step"] for e in warm} == {20}
 
@@ -142,12 +147,7 @@ def test_a_rank_killed_inside_its_step_restarts_warm_with_every_sample_once(
     every = [i for ids in samples.values() for i in ids]
     assert len(every) == len(set(every))
     assert _final(run_dir)["step"] == int(STEPS)
-    warm = [
-        e
-        for name in _jsonl(os.path.join(run_dir, "ledger"))
-        for e in _lines(os.path.join(run_dir, "ledger", name))
-        if e["event"] == "warm_restart"
-    ]
+    warm = _warm_restarts(run_dir)
     assert len({e["restored_step"] for e in warm}) == 1 and warm[0]["restored_step"] in (19, 20)
 
 
@@ -385,10 +385,5 @@ def test_a_survivor_whose_gradients_carry_the_numeric_guard_s_word_never_steps_a
         for steps in records.steps.values()
     ]
     assert done_in_first_attempt == [10, 10]
-    warm = [
-        e
-        for name in _jsonl(os.path.join(run_dir, "ledger"))
-        for e in _lines(os.path.join(run_dir, "ledger", name))
-        if e["event"] == "warm_restart"
-    ]
+    warm = _warm_restarts(run_dir)
     assert {e["restored_step"] for e in warm} == {10}, warm

@@ -87,9 +87,9 @@ class Prefetcher:
         config = self._cache.config
         started = time.time()
         window: dict[str, int] = {}  # url -> bytes, in plan order
-        # Daemon threads, not a ThreadPoolExecutor: the interpreter joins an executor's workers at exit, and a
-        # download waiting for room that no reader will free (a plan whose loader is gone) kept the process
-        # from ever exiting.
+        # Daemon threads, not a ThreadPoolExecutor: the interpreter joins an executor's workers at exit, so a
+        # download waiting for room that no reader will free (a plan whose loader is gone) would keep the
+        # process from exiting.
         inflight: list[threading.Thread] = []
         try:
             for url, known in plan:
