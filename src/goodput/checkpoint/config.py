@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from goodput._env import ALLOW_FRESH_START
@@ -81,6 +82,10 @@ class CheckpointConfig:
     partial_grace: str | float = "1h"
     memory: MemoryTier | None = None
     allow_fresh_start: bool | None = None
+
+    def rooted(self, run_dir: str) -> CheckpointConfig:
+        """This config, with ``<run_dir>/checkpoints`` as its root when it has none (what a run defaults to)."""
+        return self if self.root else replace(self, root=os.path.join(run_dir, "checkpoints"))
 
     def required_root(self) -> str:
         """The root; a config without one (which ``goodput.Run`` fills in) stops a manager in one line."""

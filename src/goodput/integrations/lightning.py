@@ -29,9 +29,7 @@ Lightning is imported when this module is; ``import goodput`` never imports it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -190,9 +188,7 @@ class GoodputCallback(pl.Callback):
             raise ConfigError("GoodputCallback needs a run folder: pass run_dir or set GOODPUT_RUN_DIR")
         self.run_dir = run_dir
         self.ledger = Ledger(run_dir)  # first, so the attempt's time counts from process start
-        config = checkpoint or CheckpointConfig(strategy="dcp", every=100)
-        if not config.root:
-            config = dataclasses.replace(config, root=os.path.join(run_dir, "checkpoints"))
+        config = (checkpoint or CheckpointConfig(strategy="dcp", every=100)).rooted(run_dir)
         self.checkpoint_io = GoodputCheckpointIO(config)
         self.loader = TrackedLoader(loader) if loader is not None else None
         self._step = [0]

@@ -305,8 +305,6 @@ def checkpoint_config(checkpoint: CheckpointConfig | None, run_dir: str) -> Chec
     """The run's checkpoint configuration: the script's (default, and for a config without a root:
     ``<run_dir>/checkpoints``), under the root ``$GOODPUT_CHECKPOINT_ROOT`` names when set (its store's endpoint
     and credentials from the environment)."""
-    config = checkpoint or CheckpointConfig()
-    if not config.root:
-        config = dataclasses.replace(config, root=os.path.join(run_dir, "checkpoints"))
+    config = (checkpoint or CheckpointConfig()).rooted(run_dir)
     root = CHECKPOINT_ROOT.get()
     return dataclasses.replace(config, root=root, storage_options={}) if root else config
