@@ -5,8 +5,9 @@
 
 The loader is given ``global_batch_size=12`` (12 samples a step on 1, 2, 3 or 4 ranks). Every rank logs the
 sample ids of each step it trains with the world size in force (``<run_dir>/samples/rank-<r>.jsonl``), and
-rank 0 writes ``<run_dir>/final.json`` with hashes of the final model and optimizer state. No dropout: after a
-shrink each survivor keeps its own random stream, which a cold resume on fewer ranks does not reproduce.
+rank 0 writes ``<run_dir>/final.json`` with hashes of the final model and optimizer state. The model has dropout,
+so the final state depends on every rank's random stream: after a shrink or a grow each rank's must be the one a
+cold resume on the new world gives it (docs/warm-restarts.md).
 ``--spare-after-step N``: a hot spare finishes its imports only once the group has trained step N (so a test
 knows the job shrinks first and grows back later). ``--hold-for-grow A,B``: a shrunk group waits before its
 step A until the agent has grown the job once (before B: twice), and ``--step-seconds`` makes the steps after
@@ -89,7 +90,9 @@ def _hold(run: Run, holds: list[int]) -> None:
 
 def _train(run: Run, dataset: Samples, holds: list[int], step_seconds: float, spare_step: int) -> None:
     torch.manual_seed(0)
-    inner = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    inner = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1)
+    )
     model: torch.nn.Module = inner
     if run.info.world_size > 1:
         model = torch.nn.parallel.DistributedDataParallel(inner)

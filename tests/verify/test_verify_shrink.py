@@ -1,6 +1,7 @@
 """``goodput verify-resume --restart warm --spares 0 --shrink-after S``: a verdict that knows the world size
 changed. The pure parts on records built by hand (which records count, the world-size schedule, exactly once
-from sample ids), the flags' one-line refusals, and the whole verdict on a script that shrinks 3 -> 2 -> 1."""
+from sample ids), the flags' one-line refusals, and the whole verdict on a script that shrinks 3 -> 2 -> 1 and on a
+user's script with dropout (every rank's random stream after the shrink is the reference's)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from goodput.verify.shrink import effective, exactly_once, world_schedule
 from tests.helpers import paths
 
 SHRINK = paths.script("shrink_train.py")
+DROPOUT = paths.script("dropout_warm_train.py")
 
 
 def _step(step: int, rank: int, attempt: int, world: int, ids: tuple[int, ...]) -> StepRecord:
@@ -109,6 +111,20 @@ def test_a_script_that_shrinks_3_to_2_to_1_matches_a_reference_on_the_same_world
     assert "IDENTICAL: every step trained the uninterrupted run's global batch, each sample exactly once" in (
         proc.stdout
     )
+
+
+@pytest.mark.slow
+def test_a_user_script_with_dropout_verifies_after_a_shrink(tmp_path: str) -> None:
+    """A DDP script from the README with dropout: the kill inside rank 1's checkpoint write shrinks 3 ranks to 2,
+    and old rank 2 becomes rank 1. Its first step after the shrink draws the masks that the reference's cold
+    resume on 2 ranks gives rank 1 (old rank 1's saved stream), and the final RNG states match too."""
+    work = os.path.join(tmp_path, "work")
+    flags = ["--restart", "warm", "--spares", "0", "--shrink-after", "0", "--nproc", "3", "--kills", "2"]
+    proc = _verify(*flags, "--work-dir", work, "--", DROPOUT, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "kill@phase=checkpoint_write,step=2,rank=1" in proc.stdout
+    assert "world sizes: 3 from step 1, 2 from step 3" in proc.stdout
+    assert "final model, optimizer, scheduler, RNG and data position, match a reference" in proc.stdout
 
 
 def test_a_run_of_two_epochs_trains_each_sample_once_an_epoch_and_that_is_no_difference() -> None:

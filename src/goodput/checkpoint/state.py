@@ -144,7 +144,7 @@ class TrainingState(Stateful):
         if "rank0" not in state_dict:
             raise StateMismatch(f"the checkpoint holds no per-rank state (no {key}, no rank0)")
         self.load_rank_state(state_dict["rank0"], rng=False)
-        seed_new_rank(self._rng_seed(state_dict["rank0"]), _rank(), self.step)
+        seed_new_rank(self.new_rank_seed(json.loads(state_dict["rank0"]).get("loader")), _rank(), self.step)
 
     # ---- parts --------------------------------------------------------------------------------------------
     def rank_state(self) -> str:
@@ -165,11 +165,11 @@ class TrainingState(Stateful):
                 raise StateMismatch("the checkpoint holds no data-loader position, but a loader was given")
             self.loader.load_state_dict(entry["loader"])
 
-    def _rng_seed(self, rank0_text: str) -> int:
-        """The seed for a new rank's RNGs: ours, else the saved data position's, else 0."""
+    def new_rank_seed(self, loader: Any) -> int:
+        """The seed for the RNGs of a rank the saving run did not have: ours, else the seed of the saved data
+        position ``loader`` (its ``state_dict()``), else 0. A warm grow seeds its newcomers with it too."""
         if self.seed is not None:
             return int(self.seed)
-        loader = json.loads(rank0_text).get("loader")
         seed = loader.get("seed") if isinstance(loader, dict) else None
         return seed if isinstance(seed, int) and seed >= 0 else 0
 

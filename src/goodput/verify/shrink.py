@@ -11,10 +11,9 @@ and with them the reduction order of the gradients, differ. Four runs answer wha
    ranks, each resuming the previous part's final checkpoint (``GOODPUT_STOP_AFTER`` ends a part at its step).
 
 The verdict: every step trained the same global batch as the uninterrupted run, each sample exactly once (from
-the sample ids ``Run`` records), and every rank's steps (samples, loss, random draws) and final state equal the
-reference's. Random generator states are not compared in the final state: after a shrink each survivor keeps
-its own stream, which a cold resume on fewer ranks does not reproduce (a script whose result depends on them
-shows it in its losses, which are compared).
+the sample ids ``Run`` records), and every rank's steps (samples, loss, random draws) and final state, its random
+generators included, equal the reference's: after a shrink or a grow each rank's generators hold what a cold
+resume on the new world gives that rank (``goodput.warm.streams``), which is what the reference does.
 """
 
 from __future__ import annotations
@@ -112,15 +111,6 @@ def _short(ids: list[int] | None) -> str:
     return str(ids if len(ids) <= 8 else [*ids[:8], "..."])
 
 
-def _without_rng(records: RunRecords) -> RunRecords:
-    """``records`` whose final states leave out the random generators (see the module docstring)."""
-    final = {
-        rank: {**f, "state": {k: v for k, v in f.get("state", {}).items() if not k.startswith("rng.")}}
-        for rank, f in records.final.items()
-    }
-    return dataclasses.replace(records, final=final)
-
-
 def verify_shrink(
     script: Sequence[str],
     *,
@@ -209,13 +199,12 @@ def _verdict(clean: RunRecords, killed: RunRecords, reference: RunRecords, kille
     if once is not None:
         say(f"DIFFERENT: {once}")
         return 1
-    differences = compare_records(_without_rng(effective(reference)), _without_rng(effective(killed)))
+    differences = compare_records(effective(reference), effective(killed))
     if not differences:
         say(
             "IDENTICAL: every step trained the uninterrupted run's global batch, each sample exactly once; every "
-            "rank's samples, loss and random draws at every step, and the final model, optimizer, scheduler and "
-            "data position, match a reference that trained on the same world sizes with no failure (random "
-            "generator states are not compared: each survivor of a shrink keeps its own stream)"
+            "rank's samples, loss and random draws at every step, and the final model, optimizer, scheduler, RNG "
+            "and data position, match a reference that trained on the same world sizes with no failure"
         )
         return 0
     for difference in differences:

@@ -28,13 +28,15 @@ objects the re-entered training function built. With DDP every rank contributed 
 survivor completed, so adopting it loses no work: at most the failed step is redone. The state travels in
 ``TrainingState``'s live form (``live_state_dict``: the parts' own state dicts, counters and extras, and the
 loader position of the last completed step). Every rank then restores its RNG from its record
-(:mod:`goodput.warm.record`). Sharded models (FSDP/DTensor parameters) hold no full replica, so they fall back
-to the newest checkpoint.
+(:mod:`goodput.warm.record`); after a shrink or a grow, from the record of the old rank with its new number,
+as a cold resume on the new world would (:mod:`goodput.warm.streams`). Sharded models (FSDP/DTensor parameters)
+hold no full replica, so they fall back to the newest checkpoint.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import time
@@ -129,7 +131,7 @@ class WarmWorker:
         self._last_loader: Any = None  # the loader's position after step ``_loader_step``
         self._loader_step: int | None = None
         self._failed_wall: float | None = None
-        self._pending_rng: bytes | None = None
+        self._pending_rng: Callable[[], object] | None = None  # puts this rank's streams in place, once
         from goodput.checkpoint.rng import RngCapture  # torch: imported by the worker, not by the agent
 
         self._rng = RngCapture()
@@ -360,21 +362,37 @@ class WarmWorker:
         if buf is None:
             buf = torch.empty(int(size.item()), dtype=torch.uint8)
         dist.broadcast(buf, src=source, group=self._ctl)
-        state.load_live_state_dict(decode_live(buf.numpy().tobytes()))
-        if not self.resized:
-            # After a shrink or grow the ranks are new: a survivor keeps its own random streams (they are in
-            # its process) and a newcomer has none to take over (docs/warm-restarts.md).
+        live = decode_live(buf.numpy().tobytes())
+        state.load_live_state_dict(live)
+        if self.resized:
+            self._resized_rng(best, state, json.loads(live.get("loader") or "null"))
+        else:
             self._restore_rng(best)
         state.step = best
         return best
 
     def _restore_rng(self, step: int) -> None:
+        from goodput.checkpoint.rng import restore_rng_record
+
         record = self._rng_records.read(step)
         if record is not None:
             # The record of the adopted step. An older one (the dead rank died after its gradients' all-reduce
             # but before its optimizer step's record) is the best the job still has: documented as the one case
             # where a replacement's randomness may differ.
-            self._pending_rng = record[1]
+            self._pending_rng = functools.partial(restore_rng_record, record[1])
+
+    def _resized_rng(self, step: int, state: Any, loader: Any) -> None:
+        """After a shrink or grow, the streams a cold resume on the new world would give this rank
+        (:mod:`goodput.warm.streams`): old rank ``self.rank``'s record of ``step``, else a new rank's seed
+        (``loader``: the data position handed on, whose seed is the run's unless ``TrainingState`` has one)."""
+        from goodput.checkpoint.rng import restore_rng_record, seed_new_rank
+        from goodput.warm.streams import resized_record
+
+        record = resized_record(self.info, self.rank, self._rng_records.folder, step, self._ctl)
+        if record is not None:
+            self._pending_rng = functools.partial(restore_rng_record, record)
+        else:
+            self._pending_rng = functools.partial(seed_new_rank, state.new_rank_seed(loader), self.rank, step)
 
     def apply_rng(self) -> None:
         """Put this rank's RNG back to its record, once, right after the loader's iterator is made.
@@ -383,9 +401,7 @@ class WarmWorker:
         start, before the recorded step; restoring after it continues the streams exactly where they were.
         """
         if self._pending_rng is not None:
-            from goodput.checkpoint.rng import restore_rng_record
-
-            restore_rng_record(self._pending_rng)
+            self._pending_rng()
             self._pending_rng = None
         self._rng.reset()  # the states may have been set (here, or by a checkpoint's restore)
 

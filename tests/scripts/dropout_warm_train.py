@@ -1,0 +1,72 @@
+"""A user's DDP training with dropout, written from the README and docs/warm-restarts.md alone: its loop is one
+function given to ``run.warm``, and its loader keeps the global batch on every world size.
+
+    goodput verify-resume --restart warm --spares 0 --shrink-after 0 --nproc 3 --kills 2 -- \
+        tests/scripts/dropout_warm_train.py --steps 8
+
+Every step draws a dropout mask from torch's generator on every rank, so its loss depends on each rank's random
+stream: after a shrink, the reference's cold resume on fewer ranks matches only if the survivors' streams are
+the ones such a resume gives (docs/warm-restarts.md).
+"""
+
+import argparse
+import os
+
+import numpy as np
+import torch
+
+import goodput as gp
+
+
+class Points(torch.utils.data.Dataset):
+    """A fixed regression set: 240 points with 8 features and a noisy linear target."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(240, 8, generator=g)
+        self.y = self.x @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(240, 1, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+def train(run: gp.Run, steps: int) -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Dropout(0.5), torch.nn.Linear(16, 1)
+    )
+    model = torch.nn.parallel.DistributedDataParallel(net) if run.info.world_size > 1 else net
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    loader = gp.ResumableLoader(Points(), global_batch_size=12, seed=0, drop_last=True)
+    run.restore(model=model, optimizer=opt, scheduler=sched, loader=loader)
+    for x, y in run.batches(loader):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        run.step_done(loss=loss.item())
+    run.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=8)
+    args = p.parse_args()
+    np.random.seed(0)
+    torch.use_deterministic_algorithms(True)
+    run_dir = os.environ["GOODPUT_RUN_DIR"]
+    run = gp.Run(
+        checkpoint=gp.CheckpointConfig(root=os.path.join(run_dir, "checkpoints"), every=2),
+        total_steps=args.steps,
+        backend="gloo",  # a CPU model, also on a machine with GPUs
+    )
+    run.warm(lambda r: train(r, args.steps))
+
+
+if __name__ == "__main__":
+    main()
