@@ -30,7 +30,8 @@ class Rider(Protocol):
     """Elements sent, summed over the ranks, with the first gradient bucket of a backward."""
 
     def payload(self, dtype: Any) -> Any:
-        """The 1-D tensor of ``dtype`` to send with this bucket (None: nothing this time)."""
+        """The 1-D tensor of ``dtype`` to send with this bucket, as long at every backward (the length of a
+        collective decides how the all-reduce sums the gradients in it); None: nothing for this ``dtype``."""
         ...
 
     def departed(self, future: Any, summed: Any) -> None:
