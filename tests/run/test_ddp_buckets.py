@@ -3,7 +3,8 @@
 another length, sums some elements in another order, so the resumed attempt's first step must reduce its
 gradients as the uninterrupted run did there. On 3 ranks: plain DDP, DDP with the user's own comm hook and a
 ``no_sync`` micro-batch, and ``static_graph=True``; on 4 ranks: the numeric guard on (its word rides the first
-bucket)."""
+bucket), and a model larger than DDP's first bucket (1 MiB: DDP rebuilds it into two buckets after the first
+backward, the second with ``static_graph``), alone, with the guard and with ``static_graph=True``."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import goodput as gp
 from goodput.testing.dist import run_ranks
 
 _VARIANTS = ("plain", "user_hook_no_sync", "static_graph")
-_VARIANTS_4 = ("numeric",)
+_VARIANTS_4 = ("numeric", "large", "large_numeric", "large_static_graph")
 
 
 class _Net(torch.nn.Module):
@@ -60,7 +61,7 @@ def _train(rank: int, variant: str, run_dir: str, ckpt: str, steps: int, group: 
     )
     torch.manual_seed(0)  # the group is the run's (it ends with it): the model is made after the run
     net = _Wide() if variant.startswith("large") else _Net()
-    ddp = torch.nn.parallel.DistributedDataParallel(net, static_graph=variant == "static_graph")
+    ddp = torch.nn.parallel.DistributedDataParallel(net, static_graph=variant.endswith("static_graph"))
     if variant == "user_hook_no_sync":
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
