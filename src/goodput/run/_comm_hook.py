@@ -12,6 +12,10 @@ A *rider* (:func:`set_rider`; the numeric guard's agreement) sends a few element
 bucket of each backward: they are all-reduced (summed) in the same collective as the gradients, appended to
 the bucket's own storage (grown once to hold them after the gradients, so the bucket is divided in place as
 DDP's default hook does and nothing is copied), so they cost no collective of their own.
+
+A model's *pieces* (:func:`set_pieces`; goodput.run._ddp_buckets) cut a bucket into the buffers it is all-reduced
+as: DDP's first backward in a process reduces one bucket of every gradient, which a resumed attempt would sum
+otherwise than the uninterrupted run summed the same step in the buckets DDP had rebuilt since.
 """
 
 from __future__ import annotations
@@ -20,17 +24,22 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["Rider", "Tap", "add_tap", "set_rider"]
+__all__ = ["Pieces", "Rider", "Tap", "add_tap", "set_pieces", "set_rider"]
 
 Tap = Callable[[Any, Callable[[], Any]], Any]
 """``tap(bucket, reduce) -> future``: wraps the bucket's all-reduce (``reduce()`` starts it)."""
+
+Pieces = Callable[[Any], "list[list[int]] | None"]
+"""``pieces(bucket)``: the buffers to all-reduce the bucket as, each a list of positions in
+``bucket.gradients()`` in its order, the rider's payload with the first (None: the bucket as it is)."""
 
 
 class Rider(Protocol):
     """Elements sent, summed over the ranks, with the first gradient bucket of a backward."""
 
     def payload(self, dtype: Any) -> Any:
-        """The 1-D tensor of ``dtype`` to send with this bucket (None: nothing this time)."""
+        """The 1-D tensor of ``dtype`` to send with this bucket, as long at every backward (the length of a
+        collective decides how the all-reduce sums the gradients in it); None: nothing for this ``dtype``."""
         ...
 
     def departed(self, future: Any, summed: Any) -> None:
@@ -47,6 +56,7 @@ class _SharedHook:
     def __init__(self) -> None:
         self.taps: dict[str, Tap] = {}
         self.rider: Rider | None = None
+        self.pieces: Pieces | None = None
         self._copy: Any = (
             None  # bucket 0's averaged copy with the rider's elements after it (storage can't grow)
         )
@@ -67,6 +77,9 @@ class _SharedHook:
 
             rider = self.rider
             payload = rider.payload(bucket.buffer().dtype) if rider and bucket.index() == 0 else None
+            pieces = self.pieces(bucket) if self.pieces is not None else None
+            if pieces is not None:
+                return _reduce_pieces(group, bucket, pieces, payload, rider)
             if payload is None:
                 return allreduce_hook(group, bucket)
             assert rider is not None  # a payload comes from a rider
@@ -128,25 +141,89 @@ class _SharedHook:
         )
 
 
-def add_tap(model: Any, name: str, tap: Tap) -> bool:
-    """Wrap ``model``'s gradient all-reduces with ``tap`` (replacing the tap of that ``name``).
+def _reduce_pieces(group: Any, bucket: Any, pieces: list[list[int]], payload: Any, rider: Any) -> Any:
+    """DDP's default all-reduce of ``bucket`` (divided by the world size, then summed) as one collective per
+    piece, each gathering its gradients in its order, the first with ``payload`` after them; the future holds
+    the bucket's buffer once every piece is summed and copied back."""
+    import torch
+    import torch.distributed as dist
 
-    Returns:
-        False when ``model`` is not DDP or carries a communication hook of the user's (kept as it is).
-    """
+    group = group if group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    sizes = [g.numel() for g in bucket.gradients()]
+    offsets = [sum(sizes[:j]) for j in range(len(sizes))]
+    assert sum(sizes) == buffer.numel(), "a bucket's gradients fill its buffer"
+    views = [buffer[offsets[j] : offsets[j] + sizes[j]] for j in range(len(sizes))]
+    flats, futures = [], []
+    for k, piece in enumerate(pieces):
+        extra = payload if k == 0 else None
+        n = sum(sizes[j] for j in piece)
+        flat = torch.empty(
+            n + (0 if extra is None else extra.numel()), dtype=buffer.dtype, device=buffer.device
+        )
+        torch.cat([views[j] for j in piece], out=flat[:n])
+        flat[:n].div_(group.size())
+        if extra is not None:
+            flat[n:].copy_(extra)
+        future = dist.all_reduce(flat, group=group, async_op=True).get_future()
+        if extra is not None:
+            rider.departed(future, flat[n:])
+        flats.append(flat)
+        futures.append(future)
+
+    def copied_back(done: Any) -> Any:
+        for future in done.value():
+            future.value()  # raises a piece's failed all-reduce (see _SharedHook._carry)
+        for piece, flat in zip(pieces, flats, strict=True):
+            at = 0
+            for j in piece:
+                views[j].copy_(flat[at : at + sizes[j]])
+                at += sizes[j]
+        return buffer
+
+    return torch.futures.collect_all(futures).then(copied_back)
+
+
+def _shared(model: Any) -> _SharedHook | None:
+    """``model``'s shared hook, registered on first use (None: not DDP, or the user's own hook is there)."""
     from torch.nn.parallel import DistributedDataParallel
 
     if not isinstance(model, DistributedDataParallel):
-        return False
+        return None
     shared = _HOOKS.get(model)
     if shared is None:
         shared = _SharedHook()
         try:
             model.register_comm_hook(model.process_group, shared.function())
         except RuntimeError:  # the user's own hook is there
-            return False
+            return None
         _HOOKS[model] = shared
+    return shared
+
+
+def add_tap(model: Any, name: str, tap: Tap) -> bool:
+    """Wrap ``model``'s gradient all-reduces with ``tap`` (replacing the tap of that ``name``).
+
+    Returns:
+        False when ``model`` is not DDP or carries a communication hook of the user's (kept as it is).
+    """
+    shared = _shared(model)
+    if shared is None:
+        return False
     shared.taps[name] = tap
+    return True
+
+
+def set_pieces(model: Any, pieces: Pieces | None) -> bool:
+    """All-reduce each bucket of ``model`` in the buffers ``pieces`` cuts it into (None: as it is).
+
+    Returns:
+        False when ``model`` is not DDP or carries a communication hook of the user's.
+    """
+    shared = _shared(model) if pieces is not None else _HOOKS.get(model)
+    if shared is None:
+        return False
+    shared.pieces = pieces
     return True
 
 

@@ -7,6 +7,8 @@ own on the step's path. Every rank owns a band of elements of
 the payload: it writes its word there, cut into integers small enough for the bucket's float type to hold
 exactly, and zeros everywhere else. The all-reduce sums one integer and zeros per element, which is exact, so
 every rank reads every rank's word bit for bit and draws the same verdict.
+A backward with no word to send sends zeros of the same length, so the bucket's collective, and with it the
+order the gradients are summed in, is the same at every step of every attempt.
 
 When no backward ran between two ``step_done`` calls (the loop's last step, a step whose backward ran under
 ``no_sync``), the word never left: every rank finds that alike (DDP reduces the same buckets on every rank) and
@@ -18,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from goodput.run._numeric_exchange import start_gather
+from goodput.run._numeric_rules import ROW_WORDS
 
 __all__ = ["Carried", "Carrier"]
 
@@ -95,6 +98,7 @@ class Carrier:
         self.rank, self.world, self.group = rank, world, group
         self._boarding: Carried | None = None
         self._riding: Carried | None = None
+        self._padding = False  # the last payload was zeros: no word boarded
 
     def board(self, step: int, row: list[int]) -> Carried:
         """``row`` goes with the next backward's first bucket; the exchange to read it from."""
@@ -111,12 +115,22 @@ class Carrier:
         self._boarding = self._riding = None
 
     def payload(self, dtype: Any) -> Any:
-        """The hook's first bucket: the boarding word's payload (None: no word, or a dtype it cannot carry)."""
+        """The hook's first bucket: the boarding word's payload, zeros of its length when no word boards (None: a
+        dtype it cannot carry).
+
+        The bucket's collective is as long at every backward, word or not: its length decides where the
+        all-reduce cuts it into chunks, and with three ranks or more an element's chunk decides the order its
+        sum is taken in. The first backward after a restore finds no word (the step before was judged in the
+        attempt that ended), and it must sum the gradients as the uninterrupted run did at that step.
+        """
         import torch
 
         word, bits = self._boarding, _piece_bits(dtype)
-        if word is None or bits is None:
+        if bits is None:
             return None
+        self._padding = word is None
+        if word is None:
+            return torch.tensor(encode([0] * ROW_WORDS, self.rank, self.world, bits), dtype=dtype)
         if self._riding is not None:
             self._riding.rows()  # read before the reused buffer carries this word (judged already, normally)
         self._boarding, self._riding = None, word
@@ -124,6 +138,8 @@ class Carrier:
 
     def departed(self, future: Any, summed: Any) -> None:
         """The riding word's all-reduce started: ``summed`` holds every rank's word once ``future`` is done."""
+        if self._padding:
+            return  # zeros went: no word rode
         word = self._riding
         assert word is not None, "Carrier.departed without a payload"
         word.trip = (future, summed)

@@ -23,6 +23,7 @@ __all__ = [
     "FLAG_LOSS",
     "FLAG_LOSS_BAD",
     "FLAG_SELF_DIFFERS",
+    "ROW_WORDS",
     "Verdict",
     "decode_row",
     "encode_row",
@@ -49,8 +50,12 @@ def _float(bits: int) -> float:
     return float(struct.unpack("<d", struct.pack("<q", bits))[0])
 
 
+ROW_WORDS = 4  # int64s in a row of encode_row
+
+
 def encode_row(flags: int, loss: float, fp: int, grad_value: float) -> list[int]:
-    """One rank's word: flags, the loss and the bad gradient's norm as float64 bits, the fingerprint."""
+    """One rank's word (:data:`ROW_WORDS` int64s): flags, the loss and the bad gradient's norm as float64 bits,
+    the fingerprint."""
     return [flags, _bits(loss), fp, _bits(grad_value)]
 
 
