@@ -106,7 +106,7 @@ def test_a_short_run_applies_one_schedule_to_every_contender(capsys, tmp_path) -
         "--seed",
         "253769",
         "--contenders",
-        "baseline,shrink",
+        "baseline,shrink,torchft",
     ]
     args = _args([*argv, "--keep", str(tmp_path), "--json"])
     assert draw_schedule(40.0, seed=253769, world_size=2, horizon=600.0)[:3] == [
@@ -117,9 +117,9 @@ def test_a_short_run_applies_one_schedule_to_every_contender(capsys, tmp_path) -
     assert args.handler(args) == 0
     result = json.loads(capsys.readouterr().out)
     rows = {(r["contender"], r["schedule"]): r for r in result["rows"]}
-    assert set(rows) == {(c, s) for c in ("baseline", "shrink") for s in ("40s", "none")}
+    assert set(rows) == {(c, s) for c in ("baseline", "shrink", "torchft") for s in ("40s", "none")}
     schedule = [list(x) for x in result["schedules"]["40s"]]
-    for contender in ("baseline", "shrink"):
+    for contender in ("baseline", "shrink", "torchft"):
         kills = rows[contender, "40s"]["kills"]
         assert kills, f"{contender} received no failure"
         # the failures each run received are the schedule's first ones, in order, at or after their time
@@ -202,4 +202,35 @@ def test_repeat_below_one_is_refused() -> None:
 
     args = _args(["--repeat", "0"])
     with pytest.raises(ConfigError, match="--repeat must be >= 1"):
+        args.handler(args)
+
+
+def test_each_failure_s_cost_is_compared_with_torchft_s_under_the_same_schedule() -> None:
+    from goodput.bench.peers import _ratios, _summary
+
+    def row(contender: str, schedule: str, wall: float, kills: int) -> dict[str, object]:
+        return {"schedule": schedule, "contender": contender, "wall_seconds": wall, "samples_twice": 0,
+                "samples_never": 0, "kills": [{"rank": 0}] * kills}  # fmt: skip
+
+    rows = [row(c, "none", w, 0) for c, w in (("baseline", 50.0), ("warm", 40.0), ("torchft", 42.0))]
+    rows += [row("baseline", "20s", 70.0, 4), row("warm", "20s", 46.0, 4), row("torchft", "20s", 54.0, 3)]
+    rows += [row("shrink", "20s", 48.0, 4)]  # no fault-free run of its own: no cost per failure
+    _ratios(rows)
+    lost = {r["contender"]: r["lost_per_failure"] for r in rows if r["schedule"] == "20s"}
+    assert lost == {"baseline": 5.0, "warm": 1.5, "torchft": 4.0, "shrink": None}
+    assert all(r["lost_per_failure"] is None for r in rows if r["schedule"] == "none")
+    summary = _summary(rows)
+    assert summary["warm_over_torchft_lost_per_failure"] == {"20s": round(1.5 / 4.0, 3)}
+    assert "shrink_over_torchft_lost_per_failure" not in summary
+    assert summary["warm_over_torchft_time"] == {"none": round(40 / 42, 3), "20s": round(46 / 54, 3)}
+    assert summary["no_faults_warm_over_torchft"] == round(40 / 42, 3)
+
+
+def test_the_torchft_contender_needs_the_peers_extra_only_when_asked_for(monkeypatch) -> None:
+    from goodput.bench import peers
+    from goodput.errors import ConfigError
+
+    monkeypatch.setattr(peers, "torchft_available", lambda: False)
+    args = _args(["--contenders", "baseline,torchft"])
+    with pytest.raises(ConfigError, match=r"pip install 'goodput\[peers\]'"):
         args.handler(args)
