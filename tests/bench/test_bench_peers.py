@@ -106,7 +106,7 @@ def test_a_short_run_applies_one_schedule_to_every_contender(capsys, tmp_path) -
         "--seed",
         "253769",
         "--contenders",
-        "baseline,shrink,torchft",
+        "baseline,shrink,torchft,nvrx",
     ]
     args = _args([*argv, "--keep", str(tmp_path), "--json"])
     assert draw_schedule(40.0, seed=253769, world_size=2, horizon=600.0)[:3] == [
@@ -117,9 +117,10 @@ def test_a_short_run_applies_one_schedule_to_every_contender(capsys, tmp_path) -
     assert args.handler(args) == 0
     result = json.loads(capsys.readouterr().out)
     rows = {(r["contender"], r["schedule"]): r for r in result["rows"]}
-    assert set(rows) == {(c, s) for c in ("baseline", "shrink", "torchft") for s in ("40s", "none")}
+    contenders = ("baseline", "shrink", "torchft", "nvrx")  # the real peers too: the peers extra is in dev
+    assert set(rows) == {(c, s) for c in contenders for s in ("40s", "none")}
     schedule = [list(x) for x in result["schedules"]["40s"]]
-    for contender in ("baseline", "shrink", "torchft"):
+    for contender in contenders:
         kills = rows[contender, "40s"]["kills"]
         assert kills, f"{contender} received no failure"
         # the failures each run received are the schedule's first ones, in order, at or after their time
@@ -135,6 +136,13 @@ def test_a_short_run_applies_one_schedule_to_every_contender(capsys, tmp_path) -
     assert rows["baseline", "none"]["samples_twice"] == 0 and rows["baseline", "none"]["steps_redone"] == 0
     assert result["ratios"]["goodput_samples_wrong"] == 0
     assert 0 < rows["shrink", "none"]["goodput"] <= 1 and 0 < rows["baseline", "40s"]["goodput"] <= 1
+    # each failure's cost is measured against the same contender's fault-free run, shrink's beside torchft's
+    for contender in contenders:
+        row = rows[contender, "40s"]
+        free = rows[contender, "none"]["wall_seconds"]
+        assert row["lost_per_failure"] == round((row["wall_seconds"] - free) / len(row["kills"]), 2)
+    shrink, torchft = rows["shrink", "40s"]["lost_per_failure"], rows["torchft", "40s"]["lost_per_failure"]
+    assert result["ratios"]["shrink_over_torchft_lost_per_failure"] == {"40s": round(shrink / torchft, 3)}
 
 
 def _kept(folder, steps: int) -> None:
@@ -226,11 +234,12 @@ def test_each_failure_s_cost_is_compared_with_torchft_s_under_the_same_schedule(
     assert summary["no_faults_warm_over_torchft"] == round(40 / 42, 3)
 
 
-def test_the_torchft_contender_needs_the_peers_extra_only_when_asked_for(monkeypatch) -> None:
+def test_the_real_peers_need_the_peers_extra_only_when_asked_for(monkeypatch) -> None:
     from goodput.bench import peers
     from goodput.errors import ConfigError
 
-    monkeypatch.setattr(peers, "torchft_available", lambda: False)
-    args = _args(["--contenders", "baseline,torchft"])
-    with pytest.raises(ConfigError, match=r"pip install 'goodput\[peers\]'"):
-        args.handler(args)
+    monkeypatch.setattr(peers, "peer_available", lambda module: False)
+    for contender, module in (("torchft", "torchft"), ("nvrx", "nvidia_resiliency_ext")):
+        args = _args(["--contenders", f"baseline,{contender}"])
+        with pytest.raises(ConfigError, match=rf"{contender} needs {module}: pip install 'goodput\[peers\]'"):
+            args.handler(args)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
-__all__ = ["lighthouse", "torchft_available", "torchft_group"]
+__all__ = ["lighthouse", "peer_available", "torchft_group"]
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), "_peers_torchft.py")
 
@@ -23,11 +23,11 @@ def torchft_group(data: str, steps: int, group: int) -> list[str]:
     return [*cmd, "--max-restarts=50", _SCRIPT, f"--data={data}", f"--steps={steps}", f"--every={every}"]
 
 
-def torchft_available() -> bool:
-    """Whether torchft (the ``peers`` extra) can be imported here."""
+def peer_available(module: str) -> bool:
+    """Whether a peer's package (the ``peers`` extra: torchft, nvidia_resiliency_ext) can be imported here."""
     import importlib.util
 
-    return importlib.util.find_spec("torchft") is not None
+    return importlib.util.find_spec(module) is not None
 
 
 def lighthouse(log: Any) -> tuple[subprocess.Popen[bytes], str]:

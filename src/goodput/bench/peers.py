@@ -20,6 +20,8 @@ Contenders:
 - ``torchft`` (the ``peers`` extra): the same job on torchft 0.2.0 (``bench/_peers_torchft.py``): one replica
   group per rank, each restarted by its own torchrun, a per-step quorum through torchft's lighthouse (started by
   the bench on 127.0.0.1), live recovery of a restarted group from a healthy one, torchft's sampler.
+- ``nvrx`` (the ``peers`` extra): the baseline's script under NVIDIA's resiliency extension 0.4.1 launcher
+  (``ft_launcher``, its in-job restarts) instead of torchrun.
 - ``bare`` (no faults only): the baseline's loop with no checkpoint at all, the price of no insurance.
 
 For each run: wall time from launch to exit, over the same contender's fault-free run and over the baseline's
@@ -57,13 +59,18 @@ import tempfile
 import time
 from typing import Any
 
-from goodput.bench._peers_count import exactness, lineage, read_records
+from goodput.bench._peers_count import against_torchft, exactness, lineage, read_records
 from goodput.bench._peers_faults import Killer, draw_schedule
-from goodput.bench._peers_torchft_launch import lighthouse, torchft_available, torchft_group
+from goodput.bench._peers_torchft_launch import lighthouse, peer_available, torchft_group
 
 __all__ = ["CONTENDERS", "add_arguments", "run"]
 
-CONTENDERS = ("baseline", "cold", "memory", "warm", "shrink", "torchft")
+CONTENDERS = ("baseline", "cold", "memory", "warm", "shrink", "torchft", "nvrx")
+_PEERS = {
+    "torchft": "torchft",
+    "nvrx": "nvidia_resiliency_ext",
+}  # contender: the module the peers extra brings
+_NVRX_LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
 _GOODPUT = ("cold", "memory", "warm", "shrink")  # the contenders goodput launch runs
 _HERE = os.path.dirname(__file__)
 _BASELINE = os.path.join(_HERE, "_peers_baseline.py")
@@ -138,9 +145,10 @@ def _schedules(text: str) -> list[tuple[str, float | None]]:
 
 
 def _command(contender: str, data: str, run_dir: str, steps: int, mtbf: float | None) -> list[str]:
-    if contender in ("baseline", "bare"):
+    if contender in ("baseline", "bare", "nvrx"):
         every = 0 if contender == "bare" else max(1, steps // 20)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        launcher = _NVRX_LAUNCHER if contender == "nvrx" else "torch.distributed.run"
+        cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node=2"]
         return [
             *cmd,
             "--max-restarts=50",
@@ -240,10 +248,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--steps must be >= 20, got {args.steps}")
     if args.repeat < 1:
         raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
-    default = [c for c in CONTENDERS if c != "torchft" or torchft_available()]
+    default = [c for c in CONTENDERS if c not in _PEERS or peer_available(_PEERS[c])]
     contenders = [c.strip() for c in (args.contenders or ",".join(default)).split(",") if c.strip()]
-    if "torchft" in contenders and not torchft_available():
-        raise ConfigError("--contenders torchft needs torchft: pip install 'goodput[peers]'")
+    for c in contenders:
+        if c in _PEERS and not peer_available(_PEERS[c]):
+            raise ConfigError(f"--contenders {c} needs {_PEERS[c]}: pip install 'goodput[peers]'")
     unknown = sorted(set(contenders) - set(CONTENDERS))
     if unknown or "baseline" not in contenders:
         raise ConfigError(
@@ -393,35 +402,12 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for n in sorted({n for _, n in by_round})
             if ("warm", n) in by_round and ("bare", n) in by_round
         ],
-        **_against_torchft(rows, wall),
+        **against_torchft(rows, wall),
         "goodput_samples_wrong": sum(r["samples_twice"] + r["samples_never"] for r in goodput_rows),
         "baseline_samples_wrong": sum(
             r["samples_twice"] + r["samples_never"] for r in rows if r["contender"] == "baseline"
         ),
     }
-
-
-def _against_torchft(rows: list[dict[str, Any]], wall: dict[tuple[str, str], float]) -> dict[str, Any]:
-    """warm's and shrink's seconds lost per failure over torchft's, and warm's time over torchft's, per schedule."""
-    lost = {(r["contender"], r["schedule"]): r.get("lost_per_failure") for r in rows}
-    out: dict[str, Any] = {}
-    for contender in ("warm", "shrink"):
-        ratios = {}
-        for (c, schedule), value in lost.items():
-            theirs = lost.get(("torchft", schedule))
-            if c == contender and value is not None and theirs:
-                ratios[schedule] = round(value / theirs, 3)
-        if ratios:
-            out[f"{contender}_over_torchft_lost_per_failure"] = ratios
-    times = {
-        s: round(wall["warm", s] / wall["torchft", s], 3)
-        for (c, s) in wall
-        if c == "torchft" and ("warm", s) in wall
-    }
-    if times:
-        out["warm_over_torchft_time"] = times
-        out["no_faults_warm_over_torchft"] = times.get("none")
-    return out
 
 
 def _print(result: dict[str, Any]) -> None:
