@@ -106,7 +106,7 @@ def test_a_short_run_applies_one_schedule_to_every_contender(capsys, tmp_path) -
         "--seed",
         "253769",
         "--contenders",
-        "baseline,shrink",
+        "baseline,shrink,torchft,nvrx",
     ]
     args = _args([*argv, "--keep", str(tmp_path), "--json"])
     assert draw_schedule(40.0, seed=253769, world_size=2, horizon=600.0)[:3] == [
@@ -117,9 +117,10 @@ def test_a_short_run_applies_one_schedule_to_every_contender(capsys, tmp_path) -
     assert args.handler(args) == 0
     result = json.loads(capsys.readouterr().out)
     rows = {(r["contender"], r["schedule"]): r for r in result["rows"]}
-    assert set(rows) == {(c, s) for c in ("baseline", "shrink") for s in ("40s", "none")}
+    contenders = ("baseline", "shrink", "torchft", "nvrx")  # the real peers too: the peers extra is in dev
+    assert set(rows) == {(c, s) for c in contenders for s in ("40s", "none")}
     schedule = [list(x) for x in result["schedules"]["40s"]]
-    for contender in ("baseline", "shrink"):
+    for contender in contenders:
         kills = rows[contender, "40s"]["kills"]
         assert kills, f"{contender} received no failure"
         # the failures each run received are the schedule's first ones, in order, at or after their time
@@ -135,6 +136,13 @@ def test_a_short_run_applies_one_schedule_to_every_contender(capsys, tmp_path) -
     assert rows["baseline", "none"]["samples_twice"] == 0 and rows["baseline", "none"]["steps_redone"] == 0
     assert result["ratios"]["goodput_samples_wrong"] == 0
     assert 0 < rows["shrink", "none"]["goodput"] <= 1 and 0 < rows["baseline", "40s"]["goodput"] <= 1
+    # each failure's cost is measured against the same contender's fault-free run, shrink's beside torchft's
+    for contender in contenders:
+        row = rows[contender, "40s"]
+        free = rows[contender, "none"]["wall_seconds"]
+        assert row["lost_per_failure"] == round((row["wall_seconds"] - free) / len(row["kills"]), 2)
+    shrink, torchft = rows["shrink", "40s"]["lost_per_failure"], rows["torchft", "40s"]["lost_per_failure"]
+    assert result["ratios"]["shrink_over_torchft_lost_per_failure"] == {"40s": round(shrink / torchft, 3)}
 
 
 def _kept(folder, steps: int) -> None:
@@ -203,3 +211,35 @@ def test_repeat_below_one_is_refused() -> None:
     args = _args(["--repeat", "0"])
     with pytest.raises(ConfigError, match="--repeat must be >= 1"):
         args.handler(args)
+
+
+def test_each_failure_s_cost_is_compared_with_torchft_s_under_the_same_schedule() -> None:
+    from goodput.bench.peers import _ratios, _summary
+
+    def row(contender: str, schedule: str, wall: float, kills: int) -> dict[str, object]:
+        return {"schedule": schedule, "contender": contender, "wall_seconds": wall, "samples_twice": 0,
+                "samples_never": 0, "kills": [{"rank": 0}] * kills}  # fmt: skip
+
+    rows = [row(c, "none", w, 0) for c, w in (("baseline", 50.0), ("warm", 40.0), ("torchft", 42.0))]
+    rows += [row("baseline", "20s", 70.0, 4), row("warm", "20s", 46.0, 4), row("torchft", "20s", 54.0, 3)]
+    rows += [row("shrink", "20s", 48.0, 4)]  # no fault-free run of its own: no cost per failure
+    _ratios(rows)
+    lost = {r["contender"]: r["lost_per_failure"] for r in rows if r["schedule"] == "20s"}
+    assert lost == {"baseline": 5.0, "warm": 1.5, "torchft": 4.0, "shrink": None}
+    assert all(r["lost_per_failure"] is None for r in rows if r["schedule"] == "none")
+    summary = _summary(rows)
+    assert summary["warm_over_torchft_lost_per_failure"] == {"20s": round(1.5 / 4.0, 3)}
+    assert "shrink_over_torchft_lost_per_failure" not in summary
+    assert summary["warm_over_torchft_time"] == {"none": round(40 / 42, 3), "20s": round(46 / 54, 3)}
+    assert summary["no_faults_warm_over_torchft"] == round(40 / 42, 3)
+
+
+def test_the_real_peers_need_the_peers_extra_only_when_asked_for(monkeypatch) -> None:
+    from goodput.bench import peers
+    from goodput.errors import ConfigError
+
+    monkeypatch.setattr(peers, "peer_available", lambda module: False)
+    for contender, module in (("torchft", "torchft"), ("nvrx", "nvidia_resiliency_ext")):
+        args = _args(["--contenders", f"baseline,{contender}"])
+        with pytest.raises(ConfigError, match=rf"{contender} needs {module}: pip install 'goodput\[peers\]'"):
+            args.handler(args)

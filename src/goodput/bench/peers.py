@@ -17,12 +17,20 @@ Contenders:
 - ``warm``: the default demo: memory tier, warm restarts with two hot spares.
 - ``shrink``: warm restarts with no spare (``--spares 0 --shrink-after 0``): the survivor trains on alone, with
   the global batch of 2 ranks kept (``--global-batch``), and the job grows back when the replacement is ready.
+- ``torchft`` (the ``peers`` extra): the same job on torchft 0.2.0 (``bench/_peers_torchft.py``): one replica
+  group per rank, each restarted by its own torchrun, a per-step quorum through torchft's lighthouse (started by
+  the bench on 127.0.0.1), live recovery of a restarted group from a healthy one, torchft's sampler.
+- ``nvrx`` (the ``peers`` extra): the baseline's script under NVIDIA's resiliency extension 0.4.1 launcher
+  (``ft_launcher``, its in-job restarts) instead of torchrun.
 - ``bare`` (no faults only): the baseline's loop with no checkpoint at all, the price of no insurance.
 
 For each run: wall time from launch to exit, over the same contender's fault-free run and over the baseline's
 under the same schedule; goodput from the run's ledger (``goodput report``'s accounting; the baseline writes the
 ledger through a thin wrapper); and samples trained twice or never, from the step records
 (``bench/_peers_count.py``: the lineage the final model learned from, against the fault-free order).
+``lost_per_failure`` is what each failure cost: the run's wall time minus the same contender's fault-free wall
+time, over the failures it received; it is the figure that carries to a cluster, where the cost of a restart
+is minutes rather than this machine's seconds.
 
 Without faults, every goodput contender's wall time is also divided by the bare loop's (``no_faults_over_bare``):
 shrink's fault-free run is warm restarts with no hot spare, so beside warm's ratio it shows what the two spares'
@@ -51,13 +59,19 @@ import tempfile
 import time
 from typing import Any
 
-from goodput.bench._peers_count import exactness, lineage, read_records
+from goodput.bench._peers_count import against_torchft, exactness, lineage, read_records
 from goodput.bench._peers_faults import Killer, draw_schedule
+from goodput.bench._peers_torchft_launch import lighthouse, peer_available, torchft_group
 
 __all__ = ["CONTENDERS", "add_arguments", "run"]
 
-CONTENDERS = ("baseline", "cold", "memory", "warm", "shrink")
-_GOODPUT = CONTENDERS[1:]  # the contenders goodput launch runs
+CONTENDERS = ("baseline", "cold", "memory", "warm", "shrink", "torchft", "nvrx")
+_PEERS = {
+    "torchft": "torchft",
+    "nvrx": "nvidia_resiliency_ext",
+}  # contender: the module the peers extra brings
+_NVRX_LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
+_GOODPUT = ("cold", "memory", "warm", "shrink")  # the contenders goodput launch runs
 _HERE = os.path.dirname(__file__)
 _BASELINE = os.path.join(_HERE, "_peers_baseline.py")
 _DEMO = os.path.join(os.path.dirname(_HERE), "demo", "train.py")
@@ -73,6 +87,9 @@ _GOALS = {
     "slowest_over_baseline": "<= 1",
     "no_faults_warm_over_bare": "<= 1.02",
     "goodput_samples_wrong": "== 0",
+    "warm_over_torchft_lost_per_failure": "<= 0.5 at 20s and 40s",
+    "shrink_over_torchft_lost_per_failure": "<= 1.0 at 20s and 40s",
+    "no_faults_warm_over_torchft": "<= 1.02",
 }
 
 
@@ -86,7 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="failure schedules: mean times between failures, or none (default 20s,40s,120s,none; 10s,none "
         "with --quick)",
     )
-    parser.add_argument("--contenders", default=",".join(CONTENDERS), help="which to run (default: all)")
+    parser.add_argument(
+        "--contenders",
+        default=None,
+        help="which to run (default: all; torchft only where the peers extra is installed)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the failure schedules (default 0)")
     parser.add_argument(
         "--quick",
@@ -124,9 +145,10 @@ def _schedules(text: str) -> list[tuple[str, float | None]]:
 
 
 def _command(contender: str, data: str, run_dir: str, steps: int, mtbf: float | None) -> list[str]:
-    if contender in ("baseline", "bare"):
+    if contender in ("baseline", "bare", "nvrx"):
         every = 0 if contender == "bare" else max(1, steps // 20)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        launcher = _NVRX_LAUNCHER if contender == "nvrx" else "torch.distributed.run"
+        cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node=2"]
         return [
             *cmd,
             "--max-restarts=50",
@@ -161,16 +183,36 @@ def _launch(
     os.makedirs(run_dir)
     env = dict(os.environ, GOODPUT_RUN_DIR=os.path.abspath(run_dir), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     schedule = draw_schedule(mtbf, seed=seed, world_size=2, horizon=3600.0)
-    with open(os.path.join(run_dir, "launch.log"), "w") as log:
+    with open(os.path.join(run_dir, "launch.log"), "w") as log, contextlib.ExitStack() as stack:
         start = time.monotonic()
-        proc = subprocess.Popen(
-            _command(contender, data, run_dir, steps, mtbf), stdout=log, stderr=log, env=env
-        )
+        if contender == "torchft":
+            server, address = lighthouse(log)
+            stack.callback(server.wait)
+            stack.callback(server.terminate)
+            groups = [
+                (
+                    torchft_group(data, steps, g),
+                    {
+                        **{k: v for k, v in env.items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"},
+                        # torchft's Manager joins the store torchrun's agent serves (MASTER_ADDR/PORT)
+                        "REPLICA_GROUP_ID": str(g),
+                        "NUM_REPLICA_GROUPS": "2",
+                        "TORCHFT_LIGHTHOUSE": address,
+                    },
+                )
+                for g in (0, 1)
+            ]
+        else:
+            groups = [(_command(contender, data, run_dir, steps, mtbf), env)]
+        procs = [subprocess.Popen(cmd, stdout=log, stderr=log, env=e) for cmd, e in groups]
+        for proc in procs:  # a group left running when another failed or timed out
+            stack.callback(proc.wait)
+            stack.callback(proc.kill)
         with Killer(run_dir, schedule, start) as killer:
-            status = proc.wait(timeout=3600)
+            status = [p.wait(timeout=3600) for p in procs]
         wall = time.monotonic() - start
-    if status != 0:
-        raise RuntimeError(f"{contender} failed with exit status {status}: see {run_dir}/launch.log")
+    if any(status):
+        raise RuntimeError(f"{contender} failed with exit status {max(status)}: see {run_dir}/launch.log")
     return {"wall_seconds": round(wall, 2), "kills": killer.fired, **_account(run_dir, mtbf)}
 
 
@@ -206,7 +248,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--steps must be >= 20, got {args.steps}")
     if args.repeat < 1:
         raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
-    contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    default = [c for c in CONTENDERS if c not in _PEERS or peer_available(_PEERS[c])]
+    contenders = [c.strip() for c in (args.contenders or ",".join(default)).split(",") if c.strip()]
+    for c in contenders:
+        if c in _PEERS and not peer_available(_PEERS[c]):
+            raise ConfigError(f"--contenders {c} needs {_PEERS[c]}: pip install 'goodput[peers]'")
     unknown = sorted(set(contenders) - set(CONTENDERS))
     if unknown or "baseline" not in contenders:
         raise ConfigError(
@@ -325,6 +371,8 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
         free, base = wall.get((r["contender"], "none")), wall.get(("baseline", r["schedule"]))
         r["over_fault_free"] = round(r["wall_seconds"] / free, 3) if free else None
         r["over_baseline"] = round(r["wall_seconds"] / base, 3) if base else None
+        kills = len(r.get("kills") or [])
+        r["lost_per_failure"] = round((r["wall_seconds"] - free) / kills, 2) if free and kills else None
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -354,6 +402,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for n in sorted({n for _, n in by_round})
             if ("warm", n) in by_round and ("bare", n) in by_round
         ],
+        **against_torchft(rows, wall),
         "goodput_samples_wrong": sum(r["samples_twice"] + r["samples_never"] for r in goodput_rows),
         "baseline_samples_wrong": sum(
             r["samples_twice"] + r["samples_never"] for r in rows if r["contender"] == "baseline"
@@ -365,16 +414,17 @@ def _print(result: dict[str, Any]) -> None:
     print(f"{result['steps']} steps, 2 ranks; baseline checkpoints every {result['baseline_every']} steps")
     print(
         f"{'schedule':>8} {'contender':>9} {'wall s':>8} {'/free':>6} {'/base':>6} {'goodput':>8} "
-        f"{'kills':>5} {'twice':>5} {'never':>5} {'redone':>6}"
+        f"{'kills':>5} {'lost/f':>6} {'twice':>5} {'never':>5} {'redone':>6}"
     )
     for r in result["rows"]:
         if "note" in r or "error" in r or "samples_twice" not in r:
             print(f"{_name(r):>8} {r['contender']:>9}  {r.get('note') or r.get('error', 'no reference')}")
             continue
         gp = "-" if r["goodput"] is None else f"{100 * r['goodput']:.1f}%"
+        lost = "-" if r.get("lost_per_failure") is None else f"{r['lost_per_failure']:.2f}"
         print(
             f"{_name(r):>8} {r['contender']:>9} {r['wall_seconds']:8.1f} {r['over_fault_free'] or 0:6.2f} "
-            f"{r['over_baseline'] or 0:6.2f} {gp:>8} {len(r['kills']):5d} {r['samples_twice']:5d} "
+            f"{r['over_baseline'] or 0:6.2f} {gp:>8} {len(r['kills']):5d} {lost:>6} {r['samples_twice']:5d} "
             f"{r['samples_never']:5d} {r['steps_redone']:6d}"
         )
     for key, value in result["ratios"].items():
