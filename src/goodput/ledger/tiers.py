@@ -55,11 +55,11 @@ def restores_by_tier(events: Iterable[Mapping[str, Any]]) -> dict[str, dict[str,
     out: dict[str, dict[str, float]] = {}
     for tier in sorted({r[0] for r in rows}):
         mine = [r for r in rows if r[0] == tier]
-        lost = [max(0, r[2]) for r in mine if r[2] is not None]
+        steps = [max(0, r[2]) for r in mine if r[2] is not None]
         out[tier] = {
             "count": float(len(mine)),
             "seconds_mean": sum(r[1] for r in mine) / len(mine),
-            "lost_steps_mean": sum(lost) / len(lost) if lost else 0.0,
+            "lost_steps_mean": sum(steps) / len(steps) if steps else 0.0,
         }
     return out
 
