@@ -237,6 +237,19 @@ def loss_range(values: list[float]) -> tuple[float, float]:
     return kept[0] - pad, kept[-1] + pad
 
 
+def loss_history(events: list[dict[str, Any]]) -> tuple[dict[int, float], list[tuple[int, float]]]:
+    """Each step's last loss, and every (step, loss) a redo of the step replaced, in order."""
+    losses: dict[int, float] = {}
+    redone: list[tuple[int, float]] = []
+    for event in events:
+        if event.get("event") == "step_end" and event.get("loss") is not None:
+            step, value = int(event["step"]), float(event["loss"])
+            if step in losses:
+                redone.append((step, losses[step]))
+            losses[step] = value
+    return losses, redone
+
+
 def _plot_loss(events: list[dict[str, Any]], path: str) -> None:
     """The loss of every step that survived (a redone step's last value), against the step; a value off the
     robust range (:func:`loss_range`) is marked at the top edge with its value."""
@@ -245,25 +258,17 @@ def _plot_loss(events: list[dict[str, Any]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    losses: dict[int, float] = {}
-    redone: dict[int, float] = {}
-    for event in events:
-        if event.get("event") == "step_end" and event.get("loss") is not None:
-            step, value = int(event["step"]), float(event["loss"])
-            if step in losses:
-                redone[step] = losses[step]
-            losses[step] = value
+    losses, redone = loss_history(events)
     steps = sorted(losses)
-    lo, hi = loss_range([*losses.values(), *redone.values()])
+    lo, hi = loss_range([*losses.values(), *(v for _, v in redone)])
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
     ax.plot(
         steps, [min(losses[s], hi) for s in steps], lw=1.2, color="#1f77b4", label="training loss (rank 0)"
     )
     if redone:
-        lost = sorted(redone)
-        ax.scatter(lost, [min(redone[s], hi) for s in lost], s=6, color="#d62728",
+        ax.scatter([s for s, _ in redone], [min(v, hi) for _, v in redone], s=6, color="#d62728",
                    label="a step's value before it was redone (a failure or a rollback)")  # fmt: skip
-    off = sorted((s, v) for s, v in [*redone.items(), *losses.items()] if v > hi)
+    off = sorted((s, v) for s, v in [*redone, *losses.items()] if v > hi)
     if off:
         ax.scatter([s for s, _ in off], [hi] * len(off), marker="^", s=40, color="#d62728", clip_on=False,
                    label="off the scale (a spike)")  # fmt: skip
