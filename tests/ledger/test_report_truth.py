@@ -189,3 +189,29 @@ def test_the_plot_of_a_shrink_and_grow_run_keeps_its_ranks_axis_whole_and_clear(
     assert ticks == [0, 1, 2, 3]  # whole ranks
     assert legend.x0 > axis.x1  # the legend starts right of the ranks axis' ticks and label
     assert xlabel.endswith("grey lines: 2 grows, 2 shrinks") and "restart" not in xlabel
+
+
+@pytest.mark.slow
+def test_a_real_warm_run_that_shrinks_to_one_and_grows_back_is_reported_as_the_agent_saw_it(
+    tmp_path: Path,
+) -> None:
+    """``goodput launch --restart warm --spares 0 --shrink-after 0`` on 3 ranks, ranks 2 and 1 SIGKILLed: the
+    agent shrinks 3 -> 2 -> 1 and grows back 1 -> 2 -> 3 (its log, warm/agent.jsonl, is the truth)."""
+    import json
+
+    from tests.warm.test_shrink import _warm
+
+    run_dir = str(tmp_path / "run")
+    _warm(run_dir, 3, "kill@step=4,rank=2;kill@step=8,rank=1", hold="12,16", steps=24)
+    with open(f"{run_dir}/warm/agent.jsonl") as f:
+        agent = [json.loads(line) for line in f]
+    seen = [
+        (e["event"], e["world_before"], e["world_after"]) for e in agent if e["event"] in ("shrink", "grow")
+    ]
+    assert seen == [("shrink", 3, 2), ("shrink", 2, 1), ("grow", 1, 2), ("grow", 2, 3)]
+    report = load_report(run_dir)
+    acc, text = report.accounting, report.render()
+    assert [(r.kind, r.world_before, r.world_after) for r in acc.reshapes] == seen
+    assert (acc.failures, acc.restarts) == (2, 0)
+    assert "replica" not in report.restores_by_tier and "restores from replica" not in text
+    assert "(est." not in text and "R restart                   n/a (no restart" in text
