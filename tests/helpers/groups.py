@@ -74,7 +74,13 @@ class Group:
         else:
             monkeypatch.setenv("GOODPUT_RESERVED_WORLD", str(reserved))
         began = clock.time()
+        self.run_dir = run_dir
         self.ledgers = {r: Ledger(run_dir, rank=r, attempt=attempt, began=began) for r in ranks}
+
+    def join(self, rank: int, attempt: int) -> None:
+        """``rank`` opens its ledger now, as attempt ``attempt`` of its own numbering (a warm restart's
+        survivor joining a newcomer that was handed its rank earlier)."""
+        self.ledgers[rank] = Ledger(self.run_dir, rank=rank, attempt=attempt, began=self.clock.time())
 
     def steps(self, first: int, count: int, seconds: float = 1.0) -> int:
         """Steps ``first`` .. ``first + count - 1``, ``seconds`` each, back to back; returns the next step."""

@@ -61,6 +61,9 @@ def test_hf_trainer_resumes_mid_epoch_with_exactly_once_data(
     assert data["restarts"] == 2 and data["failures"] == 2
     assert data["attempts"][-1]["restored_step"] == 4 and data["attempts"][-1]["last_step"] == STEPS
     assert data["categories"]["checkpoint_stall"] > 0 and data["categories"]["lost_work"] > 0
+    # each resume's restore, from the Trainer's model load to its first hook, and where it came from
+    assert data["categories"]["checkpoint_restore"] > 0
+    assert data["restores_by_tier"]["durable"]["count"] == 2
     listing = subprocess.run(
         [sys.executable, "-m", "goodput", "ls", os.path.join(run_dir, "out"), "--json"],
         capture_output=True,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Any
@@ -221,29 +222,61 @@ def _samples_line(run_dir: str) -> str:
     )
 
 
+_SPIKE = 3.0  # a loss above this many times the plotted losses' 90th percentile is drawn at the top edge
+
+
+def loss_range(values: list[float]) -> tuple[float, float]:
+    """The loss plot's y range: every finite value but a spike (above ``_SPIKE`` x the 90th percentile), so
+    that a 20x loss the guard rolled back does not flatten the curve."""
+    ordered = sorted(v for v in values if math.isfinite(v))
+    if not ordered:
+        return 0.0, 1.0
+    limit = _SPIKE * ordered[int(0.9 * (len(ordered) - 1))]
+    kept = [v for v in ordered if v <= limit] or ordered
+    pad = 0.05 * ((kept[-1] - kept[0]) or abs(kept[-1]) or 1.0)
+    return kept[0] - pad, kept[-1] + pad
+
+
+def loss_history(events: list[dict[str, Any]]) -> tuple[dict[int, float], list[tuple[int, float]]]:
+    """Each step's last loss, and every (step, loss) a redo of the step replaced, in order."""
+    losses: dict[int, float] = {}
+    redone: list[tuple[int, float]] = []
+    for event in events:
+        if event.get("event") == "step_end" and event.get("loss") is not None:
+            step, value = int(event["step"]), float(event["loss"])
+            if step in losses:
+                redone.append((step, losses[step]))
+            losses[step] = value
+    return losses, redone
+
+
 def _plot_loss(events: list[dict[str, Any]], path: str) -> None:
-    """The loss of every step that survived (a redone step's last value), against the step."""
+    """The loss of every step that survived (a redone step's last value), against the step; a value off the
+    robust range (:func:`loss_range`) is marked at the top edge with its value."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    losses: dict[int, float] = {}
-    redone: dict[int, float] = {}
-    for event in events:
-        if event.get("event") == "step_end" and event.get("loss") is not None:
-            step, value = int(event["step"]), float(event["loss"])
-            if step in losses:
-                redone[step] = losses[step]
-            losses[step] = value
+    losses, redone = loss_history(events)
     steps = sorted(losses)
+    lo, hi = loss_range([*losses.values(), *(v for _, v in redone)])
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
-    ax.plot(steps, [losses[s] for s in steps], lw=1.2, color="#1f77b4", label="training loss (rank 0)")
+    ax.plot(
+        steps, [min(losses[s], hi) for s in steps], lw=1.2, color="#1f77b4", label="training loss (rank 0)"
+    )
     if redone:
-        lost = sorted(redone)
-        ax.scatter(
-            lost, [redone[s] for s in lost], s=6, color="#d62728", label="steps lost to a failure, redone"
-        )
+        ax.scatter([s for s, _ in redone], [min(v, hi) for _, v in redone], s=6, color="#d62728",
+                   label="a step's value before it was redone (a failure or a rollback)")  # fmt: skip
+    off = sorted((s, v) for s, v in [*redone, *losses.items()] if v > hi)
+    if off:
+        ax.scatter([s for s, _ in off], [hi] * len(off), marker="^", s=40, color="#d62728", clip_on=False,
+                   label="off the scale (a spike)")  # fmt: skip
+        for s, v in off:
+            ax.annotate(
+                f"{v:.3g} at step {s}", (s, hi), textcoords="offset points", xytext=(4, -12), fontsize=8
+            )
+    ax.set_ylim(lo, hi)
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats per byte)")
     ax.set_title("goodput demo: byte-level LM on Python's standard library")

@@ -22,7 +22,10 @@ With several ranks, build the loader after ``TrainingArguments`` (which joins th
 
 The Trainer saves synchronously and calls ``on_save`` after writing: the callback records the stall from the
 end of the step that triggered the save to ``on_save``, and the checkpoint as durable then. The restore
-happens inside ``train()`` before the first hook, so it counts as initialisation in the report.
+happens inside ``train()`` before the first hook: under :class:`GoodputTrainer` the report's
+``checkpoint_restore`` runs from the Trainer's model load to that hook (the optimizer and scheduler loads, and
+accelerate's preparation between them); under the plain callback the restore is initialisation. Either way the
+restore is recorded (``checkpoint_restored``, from the durable tier) for the report's restores line.
 
 transformers is imported when this module is; ``import goodput`` never imports it.
 """
@@ -78,6 +81,7 @@ class GoodputTrainerCallback(TrainerCallback):
         self._stall_start: float | None = None
         self._accumulation = 1
         self._max_steps = -1
+        self._restore_began: float | None = None  # when GoodputTrainer saw the Trainer start loading
         self._exporters = list(exporters)
         # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.run.records.
         self._records = StepRecorder.from_env(run_dir, rank=self.rank, attempt=self.ledger.attempt)
@@ -87,6 +91,12 @@ class GoodputTrainerCallback(TrainerCallback):
         """Count a micro-batch's loss into the step's (read only when verify-resume records the run)."""
         if self._records is not None:
             self._loss = (self._loss or 0.0) + float(loss)
+
+    def restore_began(self) -> None:
+        """The Trainer begins loading a checkpoint (:class:`GoodputTrainer` sees it; a plain Trainer's restore
+        is over by the first hook, so it counts from there)."""
+        self._restore_began = time.monotonic()
+        self.ledger.restore_start()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = int(state.global_step)
@@ -100,9 +110,15 @@ class GoodputTrainerCallback(TrainerCallback):
             self.run_dir, self.ledger, rank=self.rank, world_size=world, step=self._step
         )
         if step > 0:  # the Trainer restored a checkpoint before this hook
-            self.ledger.restore_start()
+            if self._restore_began is None:
+                self.restore_began()
             self._faults.check(phase="restore", step=step)
             self._load_position(os.path.join(args.output_dir, f"checkpoint-{step}"))
+            assert self._restore_began is not None
+            seconds = time.monotonic() - self._restore_began
+            self.ledger.event(
+                "checkpoint_restored", step=step, tier="durable", source="hf_trainer", seconds=seconds
+            )
             self.ledger.restore_end(step)
         keys = ["model", "optimizer", "scheduler", "rng", "step"] + (
             ["data"] if self.loader is not None else []
@@ -198,6 +214,11 @@ class GoodputTrainer(Trainer):
         kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), self.goodput_callback]
         super().__init__(*args, **kwargs)
         self.args.ignore_data_skip = True  # the position is restored by goodput, not by replaying batches
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        """The restore's span in the ledger opens as the Trainer starts loading the model."""
+        self.goodput_callback.restore_began()
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
         loss = super().training_step(model, inputs, num_items_in_batch)

@@ -55,7 +55,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -99,6 +99,8 @@ __all__ = [
     "account",
     "goodput_over_time",
 ]
+
+RESTART_PARTS = ("restart_downtime", "init", "checkpoint_restore")  # what a restart costs, R
 
 CATEGORIES = (
     "productive",
@@ -156,6 +158,7 @@ class AttemptSummary:
     failure_reason: str | None
     categories: dict[str, float]
     launch: int = 0  # which launch of the run (0: the first); restarts within a launch share it
+    began: str = "start"  # what began it: "start", "restart", "relaunch", "rollback", "shrink" or "grow"
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,8 @@ class Accounting:
     memory_interval_seconds: float | None = None  # the memory tier's, when it saved (ledger/figures.py)
     memory_stall_seconds: float | None = None
     memory_persist_seconds: float | None = None
+    restart_parts: dict[str, float] = field(default_factory=dict)  # RESTART_PARTS' means; they sum to R
+    rollback_seconds: float | None = None  # a rollback in place: its restart_downtime + rollback, mean
 
     @property
     def capacity_goodput(self) -> float:
@@ -333,10 +338,16 @@ def _assemble(
     )
     failures = outcomes.count("failed") + sum(s.in_place_failures() for s in spans)
     in_place = [i > 0 and (rolled_back(s) or s.reshaped_start()) for i, s in enumerate(spans)]
-    restart_costs = [
-        cats["restart_downtime"] + cats["init"] + cats["checkpoint_restore"]
+    restarted = [
+        cats
         for i, cats in enumerate(per_attempt)
         if i > 0 and outcomes[i - 1] == "failed" and launches[i] == launches[i - 1] and not in_place[i]
+    ]
+    parts = {k: mean_or_none([c[k] for c in restarted]) for k in RESTART_PARTS}
+    rollbacks = [
+        c["restart_downtime"] + c["rollback"]
+        for c, s in zip(per_attempt, spans, strict=True)
+        if rolled_back(s)
     ]
     stalls = [sv.stall_seconds for sv in saves if sv.stall_seconds is not None]
     persists = [sv.persist_seconds for sv in saves if sv.persist_seconds is not None]
@@ -351,8 +362,10 @@ def _assemble(
         goodput=categories["productive"] / job if job > 0 else 0.0,
         segments=tuple(segments),
         attempts=tuple(
-            _summary(a, s, o, c, n)
-            for a, s, o, c, n in zip(attempts, spans, outcomes, per_attempt, launches, strict=True)
+            replace(_summary(a, s, o, c, n), began=_began(i, s, launches))
+            for i, (a, s, o, c, n) in enumerate(
+                zip(attempts, spans, outcomes, per_attempt, launches, strict=True)
+            )
         ),
         saves=saves,
         # a rollback, a shrink or a grow in place restarts nothing
@@ -362,7 +375,9 @@ def _assemble(
         ckpt_stall_seconds=mean_or_none(stalls),
         persist_seconds=mean_or_none(persists),
         overlap_seconds=math.fsum(sv.persist_seconds or 0.0 for sv in saves),
-        restart_seconds=mean_or_none(restart_costs),
+        restart_seconds=math.fsum(v or 0.0 for v in parts.values()) if restarted else None,
+        restart_parts={k: v or 0.0 for k, v in parts.items()} if restarted else {},
+        rollback_seconds=mean_or_none(rollbacks),
         detect_seconds=categories["failure_detection"] / failures if failures else None,
         interval_seconds=measured_interval(saves, info, spans),
         at_risk_seconds=at_risk(spans, outcomes),
@@ -374,6 +389,18 @@ def _assemble(
         memory_stall_seconds=memory_stall,
         memory_persist_seconds=memory_persist,
     )
+
+
+def _began(i: int, s: Spans, launches: list[int]) -> str:
+    """What began attempt ``i``: the run's start, a restart or relaunch, or an attempt opened in place."""
+    if i == 0:
+        return "start"
+    if rolled_back(s):
+        return "rollback"
+    for kind in ("shrink", "grow"):
+        if s.reshaped_start(kind):
+            return kind
+    return "relaunch" if launches[i] != launches[i - 1] else "restart"
 
 
 def _summary(a: Attempt, s: Spans, outcome: str, categories: dict[str, float], launch: int) -> AttemptSummary:

@@ -189,30 +189,20 @@ def _cold_cache(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advi
 
 
 def _restarts(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
-    if acc.failures == 0 or model.interval is None or model.mtbf is None:  # no failure was a restart
+    """Shorten the restart: only for a run that restarted (R measured, the sum of its parts as listed)."""
+    if not acc.restart_parts or model.interval is None or model.mtbf is None:
         return None
-    cost = model.restart + model.detect
     waste = model.interval / 2.0 + model.persist
-    if cost <= waste:
+    if model.restart + model.detect <= waste:
         return None
-    restarted = [
-        a.categories
-        for prev, a in zip(acc.attempts, acc.attempts[1:], strict=False)
-        if prev.outcome == "failed"
-    ]
-    if not restarted:  # the job failed and was not restarted (yet): no restart to measure
-        return None
-    parts = {
-        k: sum(c[k] for c in restarted) / len(restarted)
-        for k in ("restart_downtime", "init", "checkpoint_restore")
-    }
+    parts = acc.restart_parts
     halved = replace(model, restart=model.restart / 2.0)
     gain = _points(halved.goodput(), model.goodput(), pred.modelled_share)
     text = (
-        f"each restart costs {fd(cost)} (downtime {fd(parts['restart_downtime'])}, init {fd(parts['init'])}, "
-        f"restore {fd(parts['checkpoint_restore'])}, detection {fd(model.detect)}), more than the {fd(waste)} "
-        "of work a failure loses at this interval: shorten init and restore (fewer imports before training, "
-        "restore from a local copy); the gain shown is for halving the restart"
+        f"each restart costs R {fd(model.restart)} (downtime {fd(parts['restart_downtime'])}, init "
+        f"{fd(parts['init'])}, restore {fd(parts['checkpoint_restore'])}) after a detection of "
+        f"{fd(model.detect)}, more than the {fd(waste)} of work a failure loses at this interval: shorten init "
+        "and restore (fewer imports before training, restore from a local copy); the gain shown is for halving R"
     )
     return _advice("restart", text, gain)
 

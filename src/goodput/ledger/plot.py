@@ -3,6 +3,7 @@ run that trained on fewer ranks than it reserved (a shrink, or started short), t
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from goodput.ledger.accounting import CATEGORIES, Accounting, Segment, goodput_over_time
@@ -31,6 +32,17 @@ WORLD_COLOUR = "#6a3d9a"  # the world size line (second axis of the goodput pane
 # thin data_wait sliver would otherwise vanish (or flicker) at screen resolution.
 MAX_SEGMENTS = 600
 BINS = 600
+
+
+_BEGUN = {"restart": "restart", "relaunch": "relaunch", "rollback": "rollback", "shrink": "shrink",
+          "grow": "grow"}  # fmt: skip
+_ENDED = {"rollback": "rolled back", "shrink": "a rank failed, shrank"}  # by what began the next attempt
+
+
+def _ended(acc: Accounting, i: int) -> str:
+    """How attempt ``i`` ended, as the next attempt's beginning tells: a rollback in place is no failure."""
+    following = acc.attempts[i + 1].began if i + 1 < len(acc.attempts) else None
+    return _ENDED.get(following or "", acc.attempts[i].outcome)
 
 
 def _unit(wall: float) -> tuple[float, str]:
@@ -100,6 +112,15 @@ def plot_report(report: Report, path: str, *, window: float | None = None) -> No
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    fig = report_figure(report, window=window)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def report_figure(report: Report, *, window: float | None = None) -> Any:
+    """The figure :func:`plot_report` writes (a matplotlib ``Figure``; the caller closes it)."""
+    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     acc = report.accounting
@@ -120,7 +141,7 @@ def plot_report(report: Report, path: str, *, window: float | None = None) -> No
     else:
         _draw_segments(top, acc, rows, scale)
     top.set_yticks(range(len(numbers)))
-    top.set_yticklabels([f"attempt {a.number} ({a.outcome})" for a in acc.attempts])
+    top.set_yticklabels([f"attempt {a.number} ({_ended(acc, i)})" for i, a in enumerate(acc.attempts)])
     top.set_ylim(len(numbers) - 0.5, -0.5)
     capacity = f", capacity goodput {acc.capacity_goodput:.1%}" if acc.capacity_goodput < acc.goodput else ""
     top.set_title(
@@ -132,14 +153,19 @@ def plot_report(report: Report, path: str, *, window: float | None = None) -> No
         if acc.categories[c] > 0
     ]
     top.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    _goodput_panel(bottom, report, window or wall / 20.0, scale, unit)
-    _world_axis(bottom, acc, scale)
+    handles = _goodput_panel(bottom, report, window or wall / 20.0, scale, unit) + _world_axis(
+        bottom, acc, scale
+    )
+    # beyond the ranks axis' ticks and label when there is one
+    right = 1.01 if len(bottom.figure.axes) == 2 else 1.09
+    bottom.legend(handles=handles, loc="upper left", bbox_to_anchor=(right, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
-def _goodput_panel(ax: Any, report: Report, window: float, scale: float, unit: str) -> None:
+def _goodput_panel(ax: Any, report: Report, window: float, scale: float, unit: str) -> list[Any]:
+    """Rolling and cumulative goodput, the prediction, and a line at each attempt begun after the first, named
+    for what began it; returns the lines for the legend."""
     acc = report.accounting
     rolling = goodput_over_time(acc, window=window, points=400)
     cumulative = goodput_over_time(acc, window=acc.wall_seconds + 1.0, points=400)
@@ -165,24 +191,30 @@ def _goodput_panel(ax: Any, report: Report, window: float, scale: float, unit: s
         ax.axvline(attempt.start / scale, color="#555555", lw=0.8, alpha=0.6)
     ax.set_ylim(0, 105)
     ax.set_ylabel("goodput (%)")
-    ax.set_xlabel(f"time since the run started ({unit}); grey lines: restarts")
+    begun = Counter(a.began for a in acc.attempts[1:])
+    lines = ", ".join(f"{n} {_BEGUN[what]}{'s' if n > 1 else ''}" for what, n in sorted(begun.items()))
+    ax.set_xlabel(f"time since the run started ({unit})" + (f"; grey lines: {lines}" if lines else ""))
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return [line for line in ax.get_lines() if not line.get_label().startswith("_")]  # not the grey lines
 
 
-def _world_axis(ax: Any, acc: Accounting, scale: float) -> None:
+def _world_axis(ax: Any, acc: Accounting, scale: float) -> list[Any]:
     """The world size in force (a step line) against the reserved ranks (dashed), on a second y axis, when
-    the run ever trained short of its reservation."""
+    the run ever trained short of its reservation; returns its lines for the legend."""
     if not any(w.world < w.reserved for w in acc.world):
-        return
+        return []
+    from matplotlib.ticker import MaxNLocator
+
     twin = ax.twinx()
-    xs = [x for w in acc.world for x in (w.start / scale, w.end / scale)]
+    spans = [*acc.world, acc.world[-1]]  # each span from its start, the last one held to its end
+    xs = [w.start / scale for w in acc.world] + [acc.world[-1].end / scale]
     twin.plot(
-        xs, [w.world for w in acc.world for _ in (0, 1)], color=WORLD_COLOUR, lw=1.6, label="world size"
+        xs, [w.world for w in spans], color=WORLD_COLOUR, lw=1.6, drawstyle="steps-post", label="world size"
     )
-    twin.plot(xs, [w.reserved for w in acc.world for _ in (0, 1)], color=WORLD_COLOUR, lw=1, ls="--",
+    twin.plot(xs, [w.reserved for w in spans], color=WORLD_COLOUR, lw=1, ls="--", drawstyle="steps-post",
               label="reserved ranks")  # fmt: skip
     top = max(w.reserved for w in acc.world)
     twin.set_ylim(0, top * 1.05)
+    twin.yaxis.set_major_locator(MaxNLocator(integer=True))  # ranks are whole
     twin.set_ylabel("ranks", color=WORLD_COLOUR)
-    twin.legend(loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=8, frameon=False)
+    return list(twin.get_lines())

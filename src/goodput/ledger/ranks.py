@@ -13,6 +13,8 @@ other ranks saw that the primary did not is added to it, once per job event:
   the most.
 - ``cache_stats``: per rank by nature (each rank reads through its own counters), so every rank's are kept,
   with their ``rank``.
+- ``shrink`` and ``grow``: one per generation of the run (every rank of the generation records it, a newcomer
+  in an attempt of its own numbering), whichever attempt it is matched to.
 
 Attempts of different ranks are matched by start time (every rank of an attempt starts together under
 torchrun, while attempts are seconds apart), and an event's time is carried over through its wall clock.
@@ -25,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from goodput.ledger.spans import BUILT_IN, begin_wall, split_attempts
+from goodput.ledger.spans import BUILT_IN, RESHAPES, begin_wall, split_attempts
 
 _META = frozenset({"event", "wall", "mono", "attempt", "rank"})
 _PER_RANK = frozenset({"cache_stats"})
@@ -56,6 +58,7 @@ def merge_ranks(
         return [e for group in own for e in group]
     added: list[list[Mapping[str, Any]]] = [[] for _ in own]
     seen = [_tally(group) for group in own]
+    generations = {_generation(e) for group in own for e in group} - {None}
     begins = [begin_wall(group[0]) for group in own]  # in order: split_attempts sorts by it
     for rank in sorted(by_rank):
         # only the attempt starts and what may count: the grouping is the same, with fewer events to sort
@@ -64,7 +67,9 @@ def merge_ranks(
             counted = group[1:]
             if counted:
                 i = _nearest(begins, begin_wall(group[0]))
-                added[i].extend(_new_job_events(own[i], group[0], counted, seen[i]))
+                fresh = [e for e in counted if _generation(e) is None or _generation(e) not in generations]
+                generations |= {_generation(e) for e in fresh} - {None}
+                added[i].extend(_new_job_events(own[i], group[0], fresh, seen[i]))
     return [e for group, extra in zip(own, added, strict=True) for e in (*group, *extra)]
 
 
@@ -74,6 +79,13 @@ def _nearest(begins: list[float], start: float) -> int:
     if i == len(begins) or (i > 0 and start - begins[i - 1] <= begins[i] - start):
         return i - 1
     return i
+
+
+def _generation(event: Mapping[str, Any]) -> tuple[Any, Any] | None:
+    """A shrink's or grow's job-wide identity, (name, generation); None for any other event."""
+    if event.get("event") in RESHAPES and event.get("generation") is not None:
+        return event["event"], event["generation"]
+    return None
 
 
 def _key(event: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -96,6 +96,7 @@ class Prediction:
     modelled_share: float
     predicted_goodput: float | None
     restart_estimated: bool
+    restart_seconds: float | None = None  # the planner's R; None when it plans no restart (see the docs)
     predicted_capacity_goodput: float | None = None
     shrink: dict[str, float] | None = None  # the shrink model's inputs and answer, for a run that shrank
     durable_share: float = 1.0  # the failures only the durable tier recovers (see the module)
@@ -189,10 +190,7 @@ def _model(acc: Accounting, mtbf: float | None, share: float, loss: float) -> tu
         used, source = mtbf, "assumed"
     else:
         used, source = None, "none"
-    restart, estimated = acc.restart_seconds, False
-    if restart is None:  # no restart seen: a restart would cost at least this attempt's init and restore
-        first = acc.attempts[0].categories
-        restart, estimated = first["init"] + first["checkpoint_restore"], True
+    restart, estimated = _restart(acc)
     model = MeasuredModel(
         interval=acc.interval_seconds,
         stall=acc.ckpt_stall_seconds or 0.0,
@@ -208,6 +206,18 @@ def _model(acc: Accounting, mtbf: float | None, share: float, loss: float) -> tu
         source,
         estimated,
     )
+
+
+def _restart(acc: Accounting) -> tuple[float, bool]:
+    """R and whether it is an estimate: the restarts' mean cost; without a restart, the rollbacks in place
+    (the failures the run did recover from a checkpoint); without either, at least what the first attempt's
+    init and restore took."""
+    if acc.restart_seconds is not None:
+        return acc.restart_seconds, False
+    if acc.rollback_seconds is not None:
+        return acc.rollback_seconds, False
+    first = acc.attempts[0].categories
+    return first["init"] + first["checkpoint_restore"], True
 
 
 def _prediction(
@@ -236,6 +246,7 @@ def _prediction(
         modelled_share=share,
         predicted_goodput=None if planner is None else planner * share,
         restart_estimated=estimated,
+        restart_seconds=model.restart if acc.restarts or model.mtbf is not None else None,
         predicted_capacity_goodput=capacity,
         shrink=shrink,
         durable_share=model.durable_share,

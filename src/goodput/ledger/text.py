@@ -65,11 +65,6 @@ def _figures(report: Report) -> list[str]:
     mtbf = {"observed": _dur(pred.mtbf_seconds), "assumed": f"{_dur(pred.mtbf_seconds)} (assumed)"}.get(
         pred.mtbf_source, "n/a (no failure observed; pass --mtbf to assume one)"
     )
-    restart = (
-        _dur(acc.restart_seconds)
-        if not pred.restart_estimated
-        else f"{_dur(_restart_estimate(report))} (est.)"
-    )
     model = "shrink and regrow model" if pred.shrink is not None else "planner"
     planner = (
         "n/a (no checkpoint interval measured)"
@@ -79,7 +74,9 @@ def _figures(report: Report) -> list[str]:
     )
     shrinks = sum(1 for r in acc.reshapes if r.kind == "shrink")
     optimum = pred.optimal_interval_seconds
-    interval = f"current {_dur(pred.interval_seconds)}, optimal {_dur(optimum)}"
+    interval = (
+        f"current {_dur(pred.interval_seconds)}, optimal {_dur(optimum) if optimum else _no_optimum(report)}"
+    )
     if optimum is not None and pred.planner_goodput_optimal is not None:
         interval += f" (planner goodput there {_pct(pred.planner_goodput_optimal)})"
     return [
@@ -95,7 +92,7 @@ def _figures(report: Report) -> list[str]:
         f"  {'C checkpoint stall':<28}{_dur(acc.ckpt_stall_seconds)} mean of {n_saves} save(s)",
         f"  {'W persist (async overlap)':<28}{_dur(acc.persist_seconds)} mean of {n_durable} durable, "
         f"{fd(acc.overlap_seconds)} in all",
-        f"  {'R restart':<28}{restart} (downtime + init + restore)",
+        f"  {'R restart':<28}{_restart_line(report)}",
         f"  {'D failure detection':<28}{_dur(acc.detect_seconds)}",
         f"  {'checkpoint interval':<28}{interval}",
         *_covered_line(pred),
@@ -119,9 +116,29 @@ def _covered_line(pred: Prediction) -> list[str]:
     ]
 
 
-def _restart_estimate(report: Report) -> float:
-    first = report.accounting.attempts[0].categories
-    return first["init"] + first["checkpoint_restore"]
+def _restart_line(report: Report) -> str:
+    """R as the planner used it, and where it comes from."""
+    acc, restart = report.accounting, report.prediction.restart_seconds
+    if restart is None:
+        return "n/a (no restart, and no failure the checkpoint model plans for)"
+    if acc.restart_parts:
+        parts = acc.restart_parts
+        return (
+            f"{fd(restart)} = downtime {fd(parts['restart_downtime'])} + init {fd(parts['init'])} + restore "
+            f"{fd(parts['checkpoint_restore'])}, mean of {acc.restarts} restart(s)"
+        )
+    if not report.prediction.restart_estimated:
+        return f"{fd(restart)} (no restart: a rollback in place, its restart_downtime + rollback, mean)"
+    return f"{fd(restart)} (est.: no restart seen; the first attempt's init + checkpoint_restore)"
+
+
+def _no_optimum(report: Report) -> str:
+    """Why the report has no optimal interval: no failure the durable checkpoint interval plans for."""
+    if report.prediction.durable_share <= 0.0:
+        return "n/a (every failure was recovered from memory or a survivor: none needed the durable tier)"
+    if report.accounting.failures:
+        return "n/a (every failure shrank in place: none was recovered from a checkpoint)"
+    return "n/a (no failure observed: pass --mtbf to assume one)"
 
 
 def _steps(report: Report) -> list[str]:
@@ -169,8 +186,12 @@ def _numeric_lines(info: dict[str, Any]) -> list[str]:
         name = e["event"]
         if name == "numeric_fault":
             who = "" if e.get("on_rank") is None else f" on rank {e['on_rank']}"
+            value = e.get("value")
+            shown = (
+                f": {value:.4g}" if isinstance(value, int | float) else "" if value is None else f": {value}"
+            )
             lines.append(
-                f"  numeric fault: {e['kind']} ({e.get('detail', '')}) at step {e['step']}{who}: {e.get('value')}"
+                f"  numeric fault: {e['kind']} ({e.get('detail', '')}) at step {e['step']}{who}{shown}"
             )
         elif name == "rollback":
             lines.append(
