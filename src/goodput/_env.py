@@ -40,7 +40,7 @@ RUN_DIR = EnvVar(
 FAULTS = EnvVar("GOODPUT_FAULTS", "a fault plan to drill (see goodput.faults)", "", "user, goodput launch")
 CRASH_LOOP = EnvVar(
     "GOODPUT_CRASH_LOOP",
-    "attempts without progress that stop the job as a crash loop",
+    "attempts without progress (or with the same error in the same step) that stop the job as a crash loop",
     "3",
     "user, goodput launch",
 )

@@ -14,7 +14,7 @@ The tree::
     ├── StorageError                  remote storage failed after every retry (names the URL and last cause)
     │   └── AccessRefused (ConfigError) the store refused the credentials or the permission: no restart
     │                                 fixes it (names the URL and where credentials are read from)
-    ├── CrashLoop                     attempts keep failing without progress; restarting is pointless
+    ├── CrashLoop                     attempts keep failing (no progress, or the same error): restarting is pointless
     ├── NumericFault                  a NaN/Inf, loss spike or corrupted replica survived the rollback ladder
     └── StragglerStop                 a rank stayed slow and the straggler detector was asked to stop the job
 
@@ -98,7 +98,8 @@ class AccessRefused(StorageError, ConfigError):
 
 
 class CrashLoop(GoodputError):
-    """Consecutive attempts made no progress past their restored step."""
+    """Consecutive attempts made no progress past their restored step, or failed with the same error in the
+    same step."""
 
 
 class StragglerStop(GoodputError):

@@ -6,6 +6,9 @@ python tests/scripts/run_worker.py --run-dir DIR        (one rank, no torchrun)
 
 --broken FILE: while FILE exists, every attempt raises right after restoring (a crash loop until it is fixed).
 --fatal: raise a ConfigError after restoring (a restart cannot fix it).
+--raise-at STEP [--raise-rank R]: raise "ValueError: bad batch at step STEP" in that step, in every attempt (on
+    rank R only; default every rank). --changing step|message: the first 3 attempts' errors differ (in step
+    STEP + attempt, or with the attempt in the message), later attempts train to the end.
 --say: rank 0 prints "worker says: step N" (stdout) and logs "worker logs: step N" (stderr) at every step.
 """
 
@@ -30,7 +33,24 @@ p.add_argument("--run-dir", default=None)
 p.add_argument("--hang-timeout", type=float, default=120.0)
 p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
 p.add_argument("--say", action="store_true")
+p.add_argument("--raise-at", type=int, default=None)
+p.add_argument("--raise-rank", type=int, default=None)
+p.add_argument("--changing", choices=("step", "message"), default=None)
 args = p.parse_args()
+
+
+def failure(step: int) -> str | None:
+    """The error this rank raises in ``step`` (``--raise-at``), or None."""
+    if args.raise_at is None or args.raise_rank not in (None, run.info.rank):
+        return None
+    at, note = args.raise_at, ""
+    if args.changing is not None:
+        if run.attempt >= 3:
+            return None
+        at += run.attempt if args.changing == "step" else 0
+        note = f" (attempt {run.attempt})" if args.changing == "message" else ""
+    return f"bad batch at step {at}{note}" if step == at else None
+
 
 torch.manual_seed(0)
 run = gp.Run(  # a CPU model: gloo, also on a machine with GPUs
@@ -53,6 +73,9 @@ for batch in run.batches(loader):
     loss.backward()
     opt.step()
     opt.zero_grad()
+    error = failure(run.step + 1)
+    if error is not None:
+        raise ValueError(error)
     if args.step_seconds:
         time.sleep(args.step_seconds)  # a step that takes this long (the job's pace, not a synchronisation)
     run.step_done(loss=loss.item())

@@ -45,10 +45,14 @@ class Retention:
             return
         self._purge = self._purger.submit(self._run_purge)
 
-    def close(self) -> None:
-        """Wait for the purge in flight and end the thread."""
+    def wait(self) -> None:
+        """Wait for the purge in flight (if any): the folders it removes are gone when this returns."""
         if self._purge is not None:
             self._purge.result()
+
+    def close(self) -> None:
+        """Wait for the purge in flight and end the thread."""
+        self.wait()
         self._purger.shutdown(wait=True)
 
     def _run_purge(self) -> None:

@@ -348,6 +348,9 @@ class DurableTier:
         """List the committed checkpoints (a rollback's ``at_most`` discards every newer one); returns the newest
         step, the floor for faster tiers (they restore only a step at least as new)."""
         started = self._clock()
+        # The purge the last commit started ends first: the listing holds no folder it is removing, and a
+        # rollback's discard of newer steps is then the one remover of each folder it names.
+        self.retention.wait()
         candidates, skipped = self.reader.listing()
         if at_most is not None:
             self.reader.discard_newer([(step, url) for step, url in candidates if step > at_most])

@@ -41,8 +41,8 @@ Output: the terminal shows what the workers print (their tracebacks left out), o
 failed, what was done) and a final line naming the cause of a failed job; the full logs (torchrun's and each
 worker's stdout and stderr) are in <run-dir>/launches/<launch>/logs. --verbose shows all of it on the terminal.
 
-exit status: the script's; 3 when consecutive attempts of this launch made no progress (a crash loop; a new
-launch starts a new count); 75 after a preemption save, or on the surviving nodes of a multi-node job whose
+exit status: the script's; 3 when consecutive attempts of this launch made no progress, or failed with the
+same error in the same step (a crash loop; a new launch starts a new count); 75 after a preemption save, or on the surviving nodes of a multi-node job whose
 rendezvous lost a node for --rdzv-timeout (a scheduler may requeue); 78 when a rank raised an
 error a restart cannot fix (ConfigError, StateMismatch, AccessRefused: storage that refuses the credentials,
 or committed checkpoints of which none loads: --allow-fresh-start trains from step 0 instead); 2 for a mistake
@@ -87,7 +87,10 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--faults", default="", help="fault plan, e.g. 'kill@step=30,rank=1' (see docs)")
     parser.add_argument(
-        "--crash-loop", type=int, default=3, help="attempts without progress that stop the job (default 3)"
+        "--crash-loop",
+        type=int,
+        default=3,
+        help="attempts without progress (or with the same error in the same step) that stop the job (default 3)",
     )
     parser.add_argument(
         "--preempt-signal",

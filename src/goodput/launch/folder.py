@@ -29,6 +29,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -60,6 +61,7 @@ __all__ = [
     "last_error",
     "launch_dir",
     "launch_id",
+    "listen_for_failure",
     "read_marker",
     "register_pid",
     "report_failure",
@@ -102,6 +104,10 @@ PEER_FAILURE_MARKERS = (
     "gloo",
     "ProcessGroup",
 )
+
+
+# Who else hears of the error that ends this process (``listen_for_failure``): one listener per process.
+_failure_listener: Callable[[str, bool], None] | None = None
 
 
 def launch_dir() -> str | None:
@@ -188,17 +194,29 @@ def install_error_report(rank: int) -> None:
     sys.excepthook = hook
 
 
+def listen_for_failure(listener: Callable[[str, bool], None] | None) -> None:
+    """Also tell ``listener(line, peer)`` the one line of the error that ends this process, and whether it is a
+    peer's reaction (the run's crash-loop record: ``goodput.run.crashloop``); None: nobody."""
+    global _failure_listener
+    _failure_listener = listener
+
+
 def report_failure(rank: int, err: BaseException, *, line: str | None = None) -> str:
     """Report the error that ends this process (the excepthook's, or a warm-restart worker's own failure):
-    to torch's error file, and, for an error a restart cannot fix, as the launch's ``FATAL``. Returns its
-    one line (``Type: message``, or ``line`` when given)."""
+    to torch's error file and the failure listener, and, for an error a restart cannot fix, as the launch's
+    ``FATAL``. Returns its one line (``Type: message``, or ``line`` when given)."""
     kind = type(err)
     if line is None:
         line = f"{kind.__name__}: {err}".splitlines()[0] if str(err) else kind.__name__
-    with contextlib.suppress(Exception):
-        if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
+    if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
+        peer = False
+        with contextlib.suppress(Exception):
+            peer = _is_peer_failure(err)
             callstack = "".join(traceback.format_exception(kind, err, err.__traceback__))
-            _record_error_file(line, callstack, rank, peer=_is_peer_failure(err))
+            _record_error_file(line, callstack, rank, peer=peer)
+        if _failure_listener is not None:
+            with contextlib.suppress(Exception):
+                _failure_listener(line, peer)
     if isinstance(err, (*FATAL_ERRORS, NumericFault, StragglerStop)):
         with contextlib.suppress(OSError):
             name = _STOP_FILES.get(type(err), FATAL_FILE)

@@ -257,6 +257,8 @@ class Supervisor:
         if loop is not None:
             error = last_error(self.folder)
             cause = f"; last error ({error})" if error else f"; see the logs in {self._logs()}"
+            if error and error in loop:  # the verdict quotes it already (the same error every time)
+                cause = ""
             self._say(f"crash loop: {loop}{cause}; fix it, then relaunch (a new launch starts a new count)")
             return EXIT_CRASH_LOOP
         lost = self._rendezvous_lost(status)

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from goodput._env import CRASH_LOOP
 from goodput.faults import Fault
+from goodput.launch.folder import listen_for_failure
 from goodput.ledger.exporters import MetricsExporter
 from goodput.run._cachestats import CacheStatsRecorder
 from goodput.run._nodeloss import NodeLossDrill
-from goodput.run.crashloop import CrashLoopDetector
+from goodput.run.crashloop import CrashLoopDetector, record_failure
 from goodput.run.hooks import RunHook
 from goodput.run.numeric import NumericConfig, NumericGuard
 from goodput.run.progress import Progress
@@ -64,9 +65,11 @@ def builtin_hooks(
     numeric guard (a peer's failure inside its all-gather leaves this rank where the next step's collective
     would, after every observer recorded the step) and last the straggler detector. ``on_close`` goes in the
     reverse order."""
-    # Rank 0 refuses an attempt of a crash loop before anything else starts.
+    # Rank 0 refuses an attempt of a crash loop before anything else starts; every rank records the error that
+    # ends its attempt, for the next attempt's verdict.
     limit = crash_loop if crash_loop is not None else int(CRASH_LOOP.get())
     crash = CrashLoopHook(run.run_dir, run.attempt, limit) if run.info.rank == 0 else None
+    listen_for_failure(lambda line, peer: _record_failure(run, line, peer))
     hooks: list[RunHook] = []
     # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.run.records.
     recorder = StepRecorder.from_env(
@@ -92,6 +95,11 @@ def builtin_hooks(
     if monitor is not None:
         hooks.append(StragglerHook(monitor))
     return BuiltinHooks(hooks, watchdog.watchdog if watchdog is not None else None, monitor)
+
+
+def _record_failure(run: Run, line: str, peer: bool) -> None:
+    """Record the error that ends ``run``'s attempt on this rank, in the step under way."""
+    record_failure(run.run_dir, run.attempt, rank=run.info.rank, step=run.step + 1, error=line, peer=peer)
 
 
 class WatchdogHook(RunHook):
