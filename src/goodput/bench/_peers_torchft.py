@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     dataset = ShardedDataset(args.data, decode=decode)
     sampler = DistributedSampler(
-        dataset,  # type: ignore[arg-type]  # a map-style dataset without the Dataset base class
+        dataset,
         replica_rank=group,
         num_replica_groups=groups,
         group_rank=0,
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         drop_last=True,
     )
     loader = StatefulDataLoader(
-        dataset,  # type: ignore[arg-type]
+        dataset,
         batch_size=args.batch_size,
         sampler=sampler,
         num_workers=args.workers,
