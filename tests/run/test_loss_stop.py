@@ -20,6 +20,7 @@ from goodput.checkpoint.layout import CheckpointLayout
 from goodput.errors import NumericFault
 from goodput.launch.launcher import EXIT_NUMERIC
 from goodput.ledger.ledger import read_events
+from tests.helpers.launching import terminal_lines
 from tests.helpers.paths import script
 
 POISON = 130  # the dataset's NaN sample (numeric_train.py --poison)
@@ -48,7 +49,7 @@ def test_a_nan_in_the_users_data_stops_the_launch_with_one_line_and_no_nan_check
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert proc.returncode == EXIT_NUMERIC, proc.stderr[-3000:]
     step, rank = _step_of(run_dir, POISON)
-    shown = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    shown = terminal_lines(proc.stdout + proc.stderr)
     assert len(shown) == 1, shown
     assert f"step {step}: the loss is nan on rank {rank}" in shown[0] and "numeric=True" in shown[0]
     assert f"exit {EXIT_NUMERIC}" in shown[0]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from goodput.ledger.ledger import read_events
+from tests.helpers.launching import terminal_lines
 from tests.helpers.paths import script
 
 
@@ -24,7 +25,7 @@ def test_each_numeric_event_is_one_line_on_the_launch_terminal(tmp_path: Path) -
     command += ["--faults", faults, "--", script("numeric_train.py"), "--steps", "24"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    terminal = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    terminal = terminal_lines(proc.stdout + proc.stderr)
     events = read_events(run_dir, rank=0)
     rollbacks = [e for e in events if e["event"] == "rollback"]
     (skip,) = [e for e in events if e["event"] == "skip"]

@@ -40,6 +40,7 @@ from goodput.launch.folder import (
     FATAL_FILE,
     LOGS_DIR,
     NOTICES_FILE,
+    NUMERIC_FILE,
     NUMERIC_NOTICES_FILE,
     PIDS_DIR,
     read_marker,
@@ -52,6 +53,7 @@ TORCHRUN_LOG = "torchrun.log"
 AGENT_LOG = "agent.log"
 _PREFIX = re.compile(r"^\[(?:rank|default)\d+\]: ?")  # torch's per-rank prefix of a worker's traceback lines
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_ENDING = (FATAL_FILE, CRASH_LOOP_FILE, NUMERIC_FILE)  # markers of a job the launcher is ending
 # The rollback's detail that goodput.checkpoint logs per checkpoint (rank 0): kept in stderr.log only.
 _ROLLBACK_DETAIL = re.compile(r"^rollback: (discarding checkpoint|could not delete) ")
 _CHAINS = (
@@ -161,8 +163,9 @@ class Terminal:
             self._echo_workers(final)
         for line in self._numeric.lines(final=final):  # what happened before any verdict: always shown
             self._say(line)
-        # A fatal error or a crash loop ends the job: the launcher's verdict, not a restart line, says so.
-        if events and not any(read_marker(self.folder, name) for name in (FATAL_FILE, CRASH_LOOP_FILE)):
+        # A fatal error, a crash loop or a numeric stop ends the job: the launcher's verdict, not a restart line
+        # (a peer failing in its collective once the stopping rank let go), says so.
+        if events and not any(read_marker(self.folder, name) for name in _ENDING):
             if not self.warm and not self.verbose:
                 self._learn_ranks()
                 for line in self._torchrun.lines(final=final):
