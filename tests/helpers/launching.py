@@ -51,6 +51,25 @@ def launch_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("goodput launch:")]
 
 
+_PY_WARNING = re.compile(
+    r"^\S+:\d+: \w*Warning: "
+)  # warnings.showwarning's first line: file:line: Kind: text
+
+
+def terminal_lines(output: str) -> list[str]:
+    """The non-empty lines a user reads on the launch terminal, less the Python warnings that packages of the
+    environment print when imported (``file:line: FutureWarning: ...`` and the source line under it)."""
+    lines: list[str] = []
+    warned = False
+    for line in output.splitlines():
+        if _PY_WARNING.match(line):
+            warned = True
+        elif not (warned and line[:1].isspace()) and line.strip():
+            lines.append(line)
+            warned = False
+    return lines
+
+
 def sigterm_saves_once(proc: subprocess.Popen[str], run_dir: str) -> int:
     """SIGTERM the launcher alone (as a scheduler or a container runtime does) and check the promise: exit 75,
     one line saying where it saved and how to resume, no traceback, no process of the job left, and the one

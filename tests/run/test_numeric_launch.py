@@ -165,9 +165,11 @@ def test_two_replicas_name_the_rank_on_the_redo_and_a_second_corruption_stops(tm
     assert faults == [("sdc", 8, None), ("sdc", 16, None)]  # two replicas: no majority names one
     named = [(e["named_rank"], e["step"], e["times"]) for e in _events(run_dir, "sdc_named")]
     assert named == [(1, 8, 1), (1, 16, 2)]  # the redo of each check step names rank 1
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("goodput launch:")]
-    assert len(lines) == 1 and "rank 1 corrupted its replica 2 times" in lines[0], proc.stderr[-3000:]
-    assert "exit 65" in lines[0]
+    *told, stop = [line for line in proc.stderr.splitlines() if line.startswith("goodput launch:")]
+    assert "rank 1 corrupted its replica 2 times" in stop and "exit 65" in stop, proc.stderr[-3000:]
+    assert (
+        len(told) == 3 and "rolled back" in told[0] + told[2] and "rank 1 named corrupt at step 8" in told[1]
+    )
     assert len({e["attempt"] for e in read_events(run_dir, rank=0)}) == 3  # no restart, two rollbacks
 
 

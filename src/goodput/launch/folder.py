@@ -15,6 +15,8 @@ small files there, and the launcher, which watches the folder while torchrun run
                       and, unless ``--verbose``, its ``stdout.log``/``stderr.log`` and torchrun's (the agent's)
                       own output (see ``goodput.launch.output``)
     notices.log       one line per failure and what the warm agent did about it, for the terminal
+    numeric.log       one line per numeric event the guard handled (rank 0), for the terminal even when the job
+                      then stopped
 
 The launch id (``$GOODPUT_LAUNCH_ID``) names the launch in crash-loop records, so attempts of earlier launches
 do not count against this one.
@@ -53,6 +55,7 @@ __all__ = [
     "LAUNCH_ID_ENV",
     "NOTICES_FILE",
     "NUMERIC_FILE",
+    "NUMERIC_NOTICES_FILE",
     "PEER_FAILURE_MARKERS",
     "PREEMPTED_FILE",
     "STRAGGLER_FILE",
@@ -77,6 +80,7 @@ PREEMPTED_FILE = "PREEMPTED"
 PIDS_DIR = "pids"
 LOGS_DIR = "logs"
 NOTICES_FILE = "notices.log"
+NUMERIC_NOTICES_FILE = "numeric.log"
 
 EXIT_USAGE = 2  # a user's mistake, as on the command line
 # The stops with an exit code (and a launch marker) of their own; every other error a restart cannot fix is FATAL.
@@ -146,11 +150,11 @@ def write_marker(name: str, content: str | dict[str, Any], *, exclusive: bool = 
     return True
 
 
-def write_notice(text: str) -> None:
-    """Append one line for the launcher to show on the terminal (nothing without a launch folder)."""
+def write_notice(text: str, *, name: str = NOTICES_FILE) -> None:
+    """Append one line to ``name`` for the launcher to show on the terminal (nothing without a launch folder)."""
     folder = launch_dir()
     if folder is not None:
-        with open(os.path.join(folder, NOTICES_FILE), "a") as f:
+        with open(os.path.join(folder, name), "a") as f:
             f.write(text.replace("\n", " ") + "\n")
 
 

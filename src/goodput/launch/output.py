@@ -5,7 +5,9 @@ their broken collectives; a script that raises prints its traceback once per ran
 (quiet) the terminal gets instead:
 
 * what the workers print to stdout (the user's prints, progress lines), as they print it;
-* what they print to stderr (the user's logging, warnings) without Python tracebacks;
+* what they print to stderr (the user's logging, warnings) without Python tracebacks, and without the
+  checkpoint-by-checkpoint detail of a numeric rollback (the guard's notice says it in one line);
+* one line per numeric event (what the guard found, the step it rolled back to, the data it skipped);
 * one line per failure: what failed (rank, signal or exit status and the exception's last line) and what was
   done (torchrun restarts the job, a warm hand-over, a cold restart, no restarts left);
 * the launcher's final line, which names the cause of a failed job.
@@ -20,7 +22,8 @@ prints it and redirects nothing.
 
 For cold restarts the failure lines come from torchrun's log (its ``failed (exitcode: ...)`` record) and the
 workers' error files; the warm agent, which decides itself, writes its own lines to the launch folder's
-``notices.log`` (``goodput.run._launchdir.write_notice``).
+``notices.log`` (``goodput.launch.folder.write_notice``); the numeric guard's rank 0 writes one line per event to
+``numeric.log``, shown even when the job then stops (the verdict line comes last).
 """
 
 from __future__ import annotations
@@ -33,7 +36,15 @@ import signal
 import sys
 from typing import IO
 
-from goodput.launch.folder import FATAL_FILE, LOGS_DIR, NOTICES_FILE, PIDS_DIR, read_marker
+from goodput.launch.folder import (
+    FATAL_FILE,
+    LOGS_DIR,
+    NOTICES_FILE,
+    NUMERIC_FILE,
+    NUMERIC_NOTICES_FILE,
+    PIDS_DIR,
+    read_marker,
+)
 from goodput.run.crashloop import CRASH_LOOP_FILE
 
 __all__ = ["AGENT_LOG", "TORCHRUN_LOG", "Terminal", "TracebackFilter", "describe_exit"]
@@ -42,6 +53,9 @@ TORCHRUN_LOG = "torchrun.log"
 AGENT_LOG = "agent.log"
 _PREFIX = re.compile(r"^\[(?:rank|default)\d+\]: ?")  # torch's per-rank prefix of a worker's traceback lines
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_ENDING = (FATAL_FILE, CRASH_LOOP_FILE, NUMERIC_FILE)  # markers of a job the launcher is ending
+# The rollback's detail that goodput.checkpoint logs per checkpoint (rank 0): kept in stderr.log only.
+_ROLLBACK_DETAIL = re.compile(r"^rollback: (discarding checkpoint|could not delete) ")
 _CHAINS = (
     "The above exception was the direct cause of the following exception:",
     "During handling of the above exception, another exception occurred:",
@@ -76,6 +90,11 @@ class TracebackFilter:
                 return False
             self._state = "text"
         return not stripped.startswith("Exception in thread ")  # the heading of a thread's traceback
+
+
+def _shown(tracebacks: TracebackFilter, line: str) -> bool:
+    """Whether a worker's stderr ``line`` goes to the terminal: not in a traceback, not a rollback's detail."""
+    return tracebacks.keep(line) and not _ROLLBACK_DETAIL.match(_PREFIX.sub("", line, count=1))
 
 
 def _quoted_frame(text: str) -> bool:
@@ -120,7 +139,7 @@ class Terminal:
 
     Args:
         folder: the launch folder.
-        verbose: everything is on the terminal already: only the warm agent's notices are echoed.
+        verbose: everything is on the terminal already: only the notices (warm agent, numeric guard) are echoed.
         max_restarts: torchrun's restart budget (for the cold failure lines).
         warm: the job runs under the warm agent, which writes its own failure lines.
     """
@@ -133,6 +152,7 @@ class Terminal:
         self.warm = warm
         self._tails: dict[str, tuple[_Tail, TracebackFilter | None]] = {}
         self._notices = _Tail(os.path.join(folder, NOTICES_FILE))
+        self._numeric = _Tail(os.path.join(folder, NUMERIC_NOTICES_FILE))
         self._torchrun = _Tail(os.path.join(self.logs, TORCHRUN_LOG))
         self._failures = 0
         self._ranks: dict[int, int] = {}  # pid -> global rank, from the launch folder's pids/
@@ -141,8 +161,11 @@ class Terminal:
         """Echo what was written since the last call; ``events``: also the failure lines."""
         if not self.verbose:
             self._echo_workers(final)
-        # A fatal error or a crash loop ends the job: the launcher's verdict, not a restart line, says so.
-        if events and not any(read_marker(self.folder, name) for name in (FATAL_FILE, CRASH_LOOP_FILE)):
+        for line in self._numeric.lines(final=final):  # what happened before any verdict: always shown
+            self._say(line)
+        # A fatal error, a crash loop or a numeric stop ends the job: the launcher's verdict, not a restart line
+        # (a peer failing in its collective once the stopping rank let go), says so.
+        if events and not any(read_marker(self.folder, name) for name in _ENDING):
             if not self.warm and not self.verbose:
                 self._learn_ranks()
                 for line in self._torchrun.lines(final=final):
@@ -166,7 +189,7 @@ class Terminal:
                         self._tails[path] = (_Tail(path), TracebackFilter() if name == "stderr.log" else None)
         for tail, keep in self._tails.values():
             stream = sys.stdout if keep is None else sys.stderr
-            shown = [line for line in tail.lines(final=final) if keep is None or keep.keep(line)]
+            shown = [line for line in tail.lines(final=final) if keep is None or _shown(keep, line)]
             _write(stream, shown)
 
     def _learn_ranks(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from typing import Any
 
 from goodput.faults import Fault
@@ -15,6 +16,7 @@ from goodput.faults import Fault
 __all__ = [
     "NO_REPLICAS",
     "SKIPS_FILE",
+    "announce",
     "apply_skips",
     "flip_bit",
     "gather_rows",
@@ -73,12 +75,13 @@ def write_skips(run_dir: str, skips: list[tuple[int, int, int]]) -> None:
     os.replace(tmp, path)
 
 
-def skip_window(run: Any, loader: Any, restored: int, steps: int) -> bool:
+def skip_window(run: Any, loader: Any, restored: int, steps: int) -> int | None:
     """Skip the data of the ``steps`` steps after ``restored`` from now on: in ``loader``'s sampler (so in every
-    checkpoint), in ``RUN_DIR/numeric/skips.json`` (rank 0) and in the ledger. False: the loader cannot skip."""
+    checkpoint), in ``RUN_DIR/numeric/skips.json`` (rank 0) and in the ledger. Returns the number of samples
+    skipped; None: the loader cannot skip."""
     sampler = getattr(loader, "sampler", None)
     if not callable(getattr(sampler, "skip", None)):
-        return False
+        return None
     assert sampler is not None
     epoch, lo = int(sampler.epoch), int(sampler.consumed)
     hi = min(int(sampler.size), lo + steps * int(sampler.world_size) * int(sampler.batch_size))
@@ -92,7 +95,20 @@ def skip_window(run: Any, loader: Any, restored: int, steps: int) -> bool:
         "skip", first_step=restored + 1, last_step=restored + steps, epoch=epoch, first_position=lo,
         end_position=hi, samples=hi - lo, indices=indices,
     )  # fmt: skip
-    return True
+    return hi - lo
+
+
+def announce(run: Any, line: str) -> None:
+    """Show one numeric event's ``line`` once for the job (rank 0 speaks: every rank drew the same verdict): on
+    the terminal of ``goodput launch`` (a notice), else on stderr. Its detail is in the ledger."""
+    if run.info.rank != 0:
+        return
+    from goodput.launch.folder import NUMERIC_NOTICES_FILE, launch_dir, write_notice
+
+    if launch_dir() is not None:
+        write_notice(line, name=NUMERIC_NOTICES_FILE)
+    else:
+        print(f"goodput: {line}", file=sys.stderr, flush=True)
 
 
 def apply_skips(loader: Any, skips: list[tuple[int, int, int]]) -> None:

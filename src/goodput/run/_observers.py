@@ -16,6 +16,7 @@ from goodput.faults import Fault
 from goodput.launch.folder import listen_for_failure
 from goodput.ledger.exporters import MetricsExporter
 from goodput.run._cachestats import CacheStatsRecorder
+from goodput.run._loss_stop import LossStop
 from goodput.run._nodeloss import NodeLossDrill
 from goodput.run.crashloop import CrashLoopDetector, record_failure
 from goodput.run.hooks import RunHook
@@ -63,7 +64,7 @@ def builtin_hooks(
     the attempt; a finished step is a heartbeat before any hook works on it), the step records next, then the
     warm hand-over, the node-loss drill, the crash-loop record, the progress line and the cache counters, the
     numeric guard (a peer's failure inside its all-gather leaves this rank where the next step's collective
-    would, after every observer recorded the step) and last the straggler detector. ``on_close`` goes in the
+    would, after every observer recorded the step) or, without it, the stop at a non-finite loss, and last the straggler detector. ``on_close`` goes in the
     reverse order."""
     # Rank 0 refuses an attempt of a crash loop before anything else starts; every rank records the error that
     # ends its attempt, for the next attempt's verdict.
@@ -86,8 +87,11 @@ def builtin_hooks(
     if progress or exporters:
         hooks.append(ProgressHook(draw=progress, exporters=exporters))
     hooks.append(CacheStatsHook())
+    # The guard rolls a non-finite loss back; without it such a loss stops the run (never trained on silently).
     if numeric is not None:
         hooks.append(NumericGuard(numeric, flips=any(f.action == "bitflip" for f in plan)))
+    else:
+        hooks.append(LossStop())
     watchdog = WatchdogHook(run, hang_timeout) if hang_timeout else None
     if watchdog is not None:
         hooks.insert(0, watchdog)

@@ -41,6 +41,7 @@ from goodput.run._numeric_carry import Carried
 from goodput.run._numeric_exchange import Exchange, new_group, start_gather
 from goodput.run._numeric_grads import BucketCheck
 from goodput.run._numeric_ops import (
+    announce,
     apply_skips,
     gather_rows,
     gradient_sum,
@@ -307,6 +308,7 @@ class NumericGuard(RunHook):
             self._unnamed.discard(step)
             why = "its redo of this step fingerprinted differently from its first run"
             self._name(found.named, step, why)
+            announce(self._run, f"numeric fault: rank {found.named} named corrupt at step {step}: {why}")
         if found.kind is None:
             if found.mean_loss is not None:
                 self._losses.append((step, found.mean_loss))
@@ -336,6 +338,9 @@ class NumericGuard(RunHook):
         assert run is not None and found.kind is not None
         who = "no rank named" if found.rank is None else f"rank {found.rank}"
         seen = f"{found.kind} ({found.detail}) at step {step} on {who}, value {found.value!r}"
+        where = (f" on rank {found.rank}" if found.rank is not None else "") + (
+            f", value {found.value!r}" if found.kind != "sdc" else ""  # an sdc's value is a fingerprint
+        )  # for the terminal's one line per event; the ledger holds the rest
         run.ledger.event(
             "numeric_fault", kind=found.kind, step=step, on_rank=found.rank, value=json_number(found.value),
             detail=found.detail, detected_at=run.step,
@@ -363,10 +368,15 @@ class NumericGuard(RunHook):
         restored = self._roll_back(found, step, ceiling)
         episode = _Episode(step, found.kind, restored)
         self._episodes.append(episode)
+        done = f"rolled back to step {restored} ({self._tier} tier)"
         if again:
-            episode.skipped = self._skip(restored, step)
-            if not episode.skipped:
+            steps = self.config.skip_steps or (step - restored)
+            samples = skip_window(run, self._state.loader if self._state else None, restored, steps)
+            episode.skipped = samples is not None
+            if samples is None:
                 self._stop(seen, "it came back after a rollback and this loader cannot skip data")
+            done += f" and skipped the data of steps {restored + 1}-{restored + steps} ({samples} samples)"
+        announce(run, f"numeric fault: {found.kind} ({found.detail}) at step {step}{where}: {done}")
         # Written through, as restore_end is: a kill within the ledger's next flush period (the next steps take
         # milliseconds) must not lose the rollback and the skipped window, which the report names.
         run.ledger.flush()
@@ -402,12 +412,6 @@ class NumericGuard(RunHook):
         if self._buckets is not None:
             self._buckets.arm(run.faults, restored + 1)
         return restored
-
-    def _skip(self, restored: int, step: int) -> bool:
-        """Skip the data of steps ``restored+1 ..`` (to ``step``, or ``skip_steps`` of them) from now on."""
-        loader = self._state.loader if self._state else None
-        assert self._run is not None
-        return skip_window(self._run, loader, restored, self.config.skip_steps or (step - restored))
 
     def _name(self, rank: int, step: int, why: str) -> None:
         run = self._run

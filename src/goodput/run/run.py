@@ -65,7 +65,8 @@ class Run:
             with the run.
         numeric: the numeric guard (NaN/Inf, loss spikes, corrupted replicas; roll back in place, skip the bad
             data, stop bounded; see ``goodput.run.numeric``): off by default (docs/numeric-faults.md says why);
-            ``True`` (``gp.NumericConfig()``) or a ``gp.NumericConfig(...)`` turns it on.
+            ``True`` (``gp.NumericConfig()``) or a ``gp.NumericConfig(...)`` turns it on. Off, a NaN/Inf loss
+            given to ``step_done`` stops the run with ``NumericFault`` (exit 65) before the step is saved.
         stragglers: the straggler detector (each rank's own time vs its wait for the others, scores, an alarm;
             docs/stragglers.md): ``gp.StragglerConfig()`` turns it on.
 
@@ -196,7 +197,12 @@ class Run:
         yield from self._loop.batches(self, loader, steps if steps is not None else self.total_steps, ahead)
 
     def step_done(self, *, loss: float | None = None) -> None:
-        """Mark the step finished: record it, fire due faults, and save when the policy says so."""
+        """Mark the step finished: record it, fire due faults, and save when the policy says so.
+
+        Raises:
+            NumericFault: ``loss`` is NaN or Inf and the numeric guard is off (with it on, the guard rolls back),
+                or the guard's ladder cannot fix a fault.
+        """
         manager = self.manager
         self.faults.stretch()  # a persistent slow fault makes this step longer (a straggler drill)
         self.step += 1
@@ -288,6 +294,11 @@ class Run:
         self.attempt = self.ledger.attempt
         for hook in self.hooks:
             hook.on_attempt(self, kind)
+
+    def abandon(self) -> None:
+        """End this run now without saving (its state must not be checkpointed): let go of what it holds, as
+        an exception out of ``with Run(...)`` does; a later ``close()`` does nothing."""
+        self._end.fail(self)
 
     def rewind(self, step: int) -> None:
         """The state was restored in place to ``step`` (a rollback): go on from there, ``step`` being saved."""

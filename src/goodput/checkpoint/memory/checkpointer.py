@@ -239,7 +239,11 @@ class MemoryCheckpointer:
     # ---- restoring -----------------------------------------------------------------------------------------
     def inventory(self) -> dict[str, Any]:
         """The parts this rank can serve: its own steps, and (local rank 0) its node's replicas by rank."""
-        own = [s for s in self.store.steps() if self._plausible(s, self.rank, replica=False)]
+        own = [
+            s  # a step folder without this rank's part holds other ranks' parts only (or is being dropped)
+            for s in self.store.steps()
+            if self.rank in self.store.ranks_in(s) and self._plausible(s, self.rank, replica=False)
+        ]
         replicas: dict[int, list[int]] = {}
         if self.topology.local[self.rank] == 0:
             for s in self.store.steps(replica=True):
@@ -316,15 +320,15 @@ class MemoryCheckpointer:
         return None
 
     def _discard_newer(self, ceiling: int) -> None:
-        """Remove the markers (so the parts never count) of this rank's parts, and of the replicas its node
-        holds, newer than ``ceiling``."""
+        """Remove this rank's parts, and the replicas its node holds, newer than ``ceiling`` (markers first, so
+        they never count; the parts too, so the inventory does not take them for saves that never completed)."""
         for replica in (False, True):
             if replica and self.topology.local[self.rank] != 0:
                 continue
             for step in self.store.steps(replica=replica):
                 ranks = self.store.ranks_in(step, replica=replica) if replica else [self.rank]
                 for rank in ranks if step > ceiling else []:
-                    _remove(self.store.part_path(step, rank, replica=replica)[: -len(".part")] + ".json")
+                    self.store.drop(step, rank, replica=replica)
         self.committed = [s for s in self.committed if s <= ceiling]
 
     def _load_step(self, step: int, holders: list[int], *, in_place: bool) -> tuple[str, str]:

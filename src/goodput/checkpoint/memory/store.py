@@ -278,17 +278,22 @@ class MemoryStore:
         for step in self.steps(replica=replica):
             if step >= floor or step in kept:
                 continue
-            folder = self.step_dir(step, replica=replica)
             if rank is None:
-                shutil.rmtree(folder, ignore_errors=True)
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(folder, f"rank-{rank}.json"))  # first: the part no longer counts
-            part = os.path.join(folder, f"rank-{rank}.part")
-            with contextlib.suppress(FileNotFoundError):
-                if replica or os.path.exists(self.spare_path(rank)):
-                    os.remove(part)
-                else:
-                    os.replace(part, self.spare_path(rank))
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)  # the last rank to leave removes the step folder
+                shutil.rmtree(self.step_dir(step, replica=replica), ignore_errors=True)
+            else:
+                self.drop(step, rank, replica=replica)
+
+    def drop(self, step: int, rank: int, *, replica: bool = False) -> None:
+        """Remove ``rank``'s part of ``step``: its marker first (the part no longer counts), then the part (an own
+        part becomes the rank's spare when it has none), then the step folder once no rank's part is left."""
+        folder = self.step_dir(step, replica=replica)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(folder, f"rank-{rank}.json"))
+        part = os.path.join(folder, f"rank-{rank}.part")
+        with contextlib.suppress(FileNotFoundError):
+            if replica or os.path.exists(self.spare_path(rank)):
+                os.remove(part)
+            else:
+                os.replace(part, self.spare_path(rank))
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)  # the last rank to leave removes the step folder
