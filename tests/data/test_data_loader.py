@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from goodput import ConfigError, FingerprintMismatch, ResumableLoader, sample_seed
+from goodput import ConfigError, DataError, FingerprintMismatch, ResumableLoader, sample_seed
 from tests.helpers import data as _data
 from tests.helpers.stateful import interrupt_snapshot_restore_compare
 
@@ -216,3 +216,21 @@ def test_changing_the_position_while_iterating_is_refused() -> None:
     loader.set_epoch(4)
     with pytest.raises(ConfigError, match="during an iteration"):
         next(batches)
+
+
+def test_close_ends_the_workers_and_the_loader_goes_on_from_its_position_when_iterated_again() -> None:
+    """``close()`` (a warm restart closes the failed generation's loaders) shuts the persistent workers down
+    at once; the abandoned iterator raises rather than ending the epoch, and iterating again continues with the
+    samples not yet received."""
+    import multiprocessing
+
+    loader = ResumableLoader(_data.Squares(N), batch_size=B, seed=3, num_workers=2, persistent_workers=True)
+    first = iter(loader)
+    received = [i for _ in range(3) for i in _data.ids(next(first))]
+    assert len(multiprocessing.active_children()) == 2
+    loader.close()
+    assert multiprocessing.active_children() == []
+    with pytest.raises(DataError, match="closed"):
+        next(first)
+    received += [i for batch in loader for i in _data.ids(batch)]
+    assert sorted(received) == list(range(N)) and loader.epoch == 1

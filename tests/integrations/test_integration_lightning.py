@@ -149,3 +149,35 @@ def test_a_trainer_that_would_not_save_through_goodput_is_refused(tmp_path: os.P
     with pytest.raises(gp.ConfigError, match="restores a checkpoint before it creates the optimizers"):
         trainer.fit(Small(), train_dataloaders=goodput_cb.loader)
     goodput_cb.ledger.close()
+
+
+@pytest.mark.slow
+def test_a_lightning_fit_resumed_after_a_failed_save_and_after_its_end_numbers_steps_as_its_data(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """A fit whose save of step 8 fails is told, in Lightning's terms, how to resume (not ``close(step=8)``, a
+    ``goodput.Run`` call); fit again, it resumes from step 4 to its ``max_steps=9``; fit again with
+    ``max_steps=14``, it goes on from step 9, the fourth batch of epoch 1, and Lightning numbers every epoch and
+    batch as the data are (6 batches an epoch), so its progress bar reads as the run is."""
+    run_dir = str(tmp_path)
+    env = {**os.environ, "GOODPUT_RUN_DIR": run_dir, "GOODPUT_FAULTS": "raise@phase=checkpoint_write,step=8"}
+
+    def fit(max_steps: int) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, script("lightning_resume.py"), str(max_steps)]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+    failed = fit(9)
+    assert failed.returncode != 0 and "injected fault" in failed.stderr, failed.stderr[-3000:]
+    assert "close(step=" not in failed.stderr
+    assert "fit failed after step 8, which no checkpoint holds (newest: step 4)" in failed.stderr
+    assert "ckpt_path=goodput_cb.resume_path" in failed.stderr
+    del env["GOODPUT_FAULTS"]
+    for max_steps in (9, 14):
+        proc = fit(max_steps)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(os.path.join(run_dir, "batches.jsonl")) as f:
+        batches = [json.loads(line) for line in f]
+    # the failed attempt trained 1-8 (its save of 8 raised before step 8 was logged), resumed from 4, then 9
+    assert [b["step"] for b in batches] == [*range(1, 8), *range(5, 15)]
+    for b in batches:
+        assert (b["epoch"], b["batch_idx"]) == divmod(b["step"] - 1, 6), b

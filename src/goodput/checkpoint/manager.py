@@ -370,7 +370,7 @@ class CheckpointManager:
         if self._closed:
             raise CheckpointError("this CheckpointManager is closed")
 
-    def close(self, step: int | None = None, *, finished: bool = True) -> None:
+    def close(self, step: int | None = None, *, finished: bool = True, warn: bool = True) -> None:
         """Save the final step, wait until the last save is durable and retention has finished; release
         buffers and groups.
 
@@ -380,7 +380,7 @@ class CheckpointManager:
                 and warns when the newest step given to ``maybe_save``/``save`` has no checkpoint.
 
         ``finished``: the run is over, so its memory-tier folder on this node is removed (False keeps it, e.g.
-        when the job stops to be resumed).
+        when the job stops to be resumed). ``warn=False``: the caller reports an unsaved end in its own words.
 
         Raises:
             SaveFailed: when the final save or the last one in flight failed (everything is released anyway).
@@ -395,7 +395,7 @@ class CheckpointManager:
             if isinstance(previous, SaveFailed):
                 raise previous
             committed = self.durable.committed
-            if step is None and self._last_step is not None and self._last_step not in committed:
+            if warn and step is None and self._last_step is not None and self._last_step not in committed:
                 newest = max(committed, default=None)
                 log.warning(
                     "closing without saving step %d (newest checkpoint: %s): pass close(step=%d) to save "

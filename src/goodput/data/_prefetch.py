@@ -54,7 +54,7 @@ class Prefetcher:
         self._planned = urls
         self._stop = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, args=(list(plan), self._stop), name="goodput-prefetch", daemon=True
+            target=self._run, args=(list(plan), self._stop), name="goodput-cache-prefetch", daemon=True
         )
         self._thread.start()
 

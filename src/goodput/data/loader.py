@@ -40,6 +40,8 @@ stream (dropout, ``torch.rand``) is exactly the uninterrupted run's.
 * ``shard_sizes``: samples per shard (contiguous in index order); with ``shard_window=k`` the order shuffles
   the shards and then samples within windows of ``k`` shards, so reads stay local.
 * ``fingerprint`` (a str): the dataset's identity in the saved position (else the class name).
+* ``close()``: called by :meth:`ResumableLoader.close` to let go of open files and stop background prefetching;
+  the dataset must stay readable afterwards (goodput's formats reopen what they need).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from goodput.data._workers import EndWithParent
 from goodput.data.fetch_times import FetchTimes
 from goodput.data.randomness import loader_seed
 from goodput.data.sampler import BatchPlan, ResumableSampler
-from goodput.errors import ConfigError
+from goodput.errors import ConfigError, DataError
 
 __all__ = ["FetchTimes", "LoaderConfig", "ResumableLoader"]
 
@@ -185,6 +187,19 @@ class _Iteration:
         """The DataLoader is exhausted: the position moves to the next epoch."""
         self._sampler.finished(self.plan)
 
+    def close(self) -> None:
+        """Shut the DataLoader's worker processes down now, not whenever the iterator is collected."""
+        batches, self._batches = self._batches, _closed()
+        shutdown = getattr(batches, "_shutdown_workers", None)  # what torch's iterator runs when deleted
+        if callable(shutdown):
+            shutdown()
+
+
+def _closed() -> Iterator[Any]:
+    """What a closed iteration pulls from: an error, not an end (which would move the position to the next epoch)."""
+    raise DataError("the loader was closed during this iteration: iterate it again to go on")
+    yield
+
 
 class ResumableLoader:
     """A resumable, exactly-once iterable of batches over torch's DataLoader (see the module docstring).
@@ -269,6 +284,7 @@ class ResumableLoader:
             allow_fingerprint_mismatch=allow_fingerprint_mismatch,
         )
         self.fetch_seconds = FetchTimes()
+        self._iteration: _Iteration | None = None  # the latest, for ``close``
         self.generator = torch.Generator()  # reseeded from (seed, epoch, rank) by every iteration
         source: Any = _SeededView(dataset) if seeded else dataset
         self._worker_init = EndWithParent(worker_init_fn)  # workers end with this rank, even a SIGKILLed one
@@ -302,7 +318,22 @@ class ResumableLoader:
 
     def begin(self) -> _Iteration:
         """Start an iteration whose pulling and delivering are separate (for :class:`DevicePrefetcher`)."""
-        return _Iteration(self)
+        self._iteration = _Iteration(self)
+        return self._iteration
+
+    def close(self) -> None:
+        """Let go of what iterating started: the DataLoader's worker processes (persistent ones too) and, through
+        the dataset's ``close()``, its open files and its prefetch plan, whose window stays pinned in the cache
+        until read. A warm restart closes the loaders of the generation that failed: nothing reads them again,
+        and a plan left running holds cache budget the next generation needs. The loader can be iterated again.
+        """
+        iteration, self._iteration = self._iteration, None
+        if iteration is not None:
+            iteration.close()
+        self.dataloader._iterator = None  # a persistent workers' iterator, shut down above: iterate anew
+        close = getattr(self.dataset, "close", None)
+        if callable(close):
+            close()
 
     def __len__(self) -> int:
         """This rank's batches in a whole epoch at the current world size."""

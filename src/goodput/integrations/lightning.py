@@ -29,7 +29,9 @@ Lightning is imported when this module is; ``import goodput`` never imports it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -40,7 +42,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from goodput._env import RUN_DIR
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState, list_checkpoints
-from goodput.errors import CheckpointError, ConfigError
+from goodput.errors import CheckpointError, ConfigError, SaveFailed
 from goodput.faults import FaultPlan, install_faults
 from goodput.integrations._faults import export as _export
 from goodput.integrations._faults import install_plan
@@ -51,6 +53,7 @@ from goodput.run.records import StepRecorder
 
 __all__ = ["GoodputCallback", "GoodputCheckpointIO", "GoodputDDPStrategy"]
 
+log = logging.getLogger(__name__)
 RESUME_PATH = "goodput://latest"
 _LIGHTNING_KEYS = ("epoch", "global_step", "loops", "callbacks")
 
@@ -144,6 +147,23 @@ class GoodputCheckpointIO(CheckpointIO):
         if self._manager is not None:
             manager, self._manager = self._manager, None
             manager.close()
+
+    def abandon(self, step: int) -> None:
+        """Release the manager after ``fit`` failed at ``step`` (nothing more is saved: the job resumes from the
+        newest checkpoint), saying in a Lightning user's terms when that step has no checkpoint."""
+        if self._manager is None:
+            return
+        manager, self._manager = self._manager, None
+        with contextlib.suppress(SaveFailed):  # the fit's own error is the one to report
+            manager.close(finished=False, warn=False)
+        newest = max(manager.durable.committed, default=None)
+        if newest != step:
+            log.warning(
+                "fit failed after step %d, which no checkpoint holds (newest: %s); "
+                "fit(..., ckpt_path=goodput_cb.resume_path) resumes from the newest",
+                step,
+                "none" if newest is None else f"step {newest}",
+            )
 
 
 class GoodputDDPStrategy(DDPStrategy):
@@ -257,7 +277,9 @@ class GoodputCallback(pl.Callback):
             _export(self._exporters, step, self.ledger, fetch, loss)
         if self._faults is not None:
             self._faults.check(phase="step", step=step)
-        if self.checkpoint_io.manager.should_save(step):
+        # The last step is saved here, like any other: by ``on_train_end`` Lightning has counted the epoch as
+        # ended, so a resume (with a larger max_steps) would number the rest of this epoch as the next one.
+        if self.checkpoint_io.manager.should_save(step) or 0 <= self._max_steps <= step:
             self._save(trainer, step)
         if self._max_steps < 0 or step < self._max_steps:
             self.ledger.step_start(step + 1)
@@ -271,6 +293,7 @@ class GoodputCallback(pl.Callback):
         self._finish("ok")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.checkpoint_io.abandon(int(trainer.global_step))
         self._finish("failed")
 
     def state_dict(self) -> dict[str, Any]:

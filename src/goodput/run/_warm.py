@@ -16,6 +16,7 @@ import traceback
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from goodput.data._global_batch import regroup
+from goodput.data.loader import ResumableLoader
 from goodput.faults import fault_point
 from goodput.launch.folder import FATAL_ERRORS, report_failure
 from goodput.run.hooks import RunHook
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from goodput.run._membership import Membership
     from goodput.run.run import Run
 
-__all__ = ["WarmHook", "exit_failed", "resized_event"]
+__all__ = ["WarmHook", "exit_failed", "generation_loaders", "resized_event"]
 
 
 class WarmHook(RunHook):
@@ -39,6 +40,7 @@ class WarmHook(RunHook):
         self._first: float | None = None  # when the recovered generation started, until its first step
         self._live = False  # the last restore took the state from a survivor, not a checkpoint
         self._recovering = False  # inside a live recovery: the objects hold no state of this process yet
+        self._failed: list[ResumableLoader] = []  # the failed generation's loaders, until the next restore
 
     def snapshot(self, run: Run) -> None:
         """Keep this survivor's state of ``run.step`` (its manager is about to be dropped with the dead group).
@@ -58,6 +60,7 @@ class WarmHook(RunHook):
         checkpoint manager, which was bound to the dead group)."""
         run.end_attempt(f"peer failure: {str(err).splitlines()[0][:200] if str(err) else err!r}")
         self.snapshot(run)
+        self._failed = generation_loaders(run)
 
         def leave() -> None:
             with run.phase("restore"):
@@ -87,6 +90,11 @@ class WarmHook(RunHook):
         return step
 
     def on_restore(self, run: Run, state: TrainingState, step: int | None) -> None:
+        # The failed generation's loaders are closed once the next one has shown which loader it keeps.
+        failed, self._failed = self._failed, []
+        for loader in failed:
+            if loader is not state.loader:
+                loader.close()
         self.worker.state_registered(state)
         # A warm restart before this generation's first completed step hands on the restored step.
         if step is not None:
@@ -115,6 +123,18 @@ class WarmHook(RunHook):
 
     def on_close(self, run: Run, status: str) -> None:
         self.worker.stop_watch()
+
+
+def generation_loaders(run: Run) -> list[ResumableLoader]:
+    """The ``ResumableLoader`` s a generation gave to ``run.restore`` and ``run.batches``.
+
+    When the generation fails, those the next one does not keep are closed: nothing reads them again, but what
+    they started would live on in this process (DataLoader workers holding open files; the dataset's cache
+    prefetch, whose window stays pinned, budget the next generation's reads wait for, until it is read).
+    """
+    state = run.state
+    given = (run.loader, getattr(run.loader, "source", None), state.loader if state is not None else None)
+    return list({id(x): x for x in given if isinstance(x, ResumableLoader)}.values())
 
 
 def resized_event(run: Run, info: dict[str, Any], step: int | None, state: TrainingState) -> None:
