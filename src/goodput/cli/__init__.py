@@ -7,6 +7,7 @@ Commands import their heavy dependencies (torch, matplotlib) inside their handle
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import re
 import sys
@@ -44,6 +45,16 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        """A mistyped command or choice is refused with the nearest valid one (``goodput lanch``: launch)."""
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        names = [str(choice) for choice in choices]
+        near = difflib.get_close_matches(str(value), names, n=1)
+        hint = f"did you mean {near[0]!r}?" if near else f"choose from {', '.join(names)}"
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r}; {hint}")
 
 
 def build_parser() -> argparse.ArgumentParser:
