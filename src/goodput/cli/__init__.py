@@ -13,7 +13,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from goodput.errors import ConfigError
+from goodput.errors import ConfigError, Stopped
 
 __all__ = ["main"]
 
@@ -78,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"goodput {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except Stopped as stop:  # its launches have ended and its temporary folder is gone
+        print(f"goodput {args.command}: {stop}", file=sys.stderr)
+        return 128 + stop.signum
     except KeyboardInterrupt:
         print(f"goodput {args.command}: interrupted", file=sys.stderr)
         return 130
