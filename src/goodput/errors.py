@@ -16,7 +16,9 @@ The tree::
     │                                 fixes it (names the URL and where credentials are read from)
     ├── CrashLoop                     attempts keep failing (no progress, or the same error): restarting is pointless
     ├── NumericFault                  a NaN/Inf, loss spike or corrupted replica survived the rollback ladder
-    └── StragglerStop                 a rank stayed slow and the straggler detector was asked to stop the job
+    ├── StragglerStop                 a rank stayed slow and the straggler detector was asked to stop the job
+    └── Stopped                       SIGTERM or SIGINT stopped a command that runs a script several times (drill,
+                                      verify-*) once its launches ended; the command line exits 128 + the signal
 
 A ``ConfigError`` (``AccessRefused`` included) reaching the command line prints one line and exits with code 2;
 inside a run under ``goodput launch`` it stops the job at once with ``EXIT_FATAL`` (78), as do the other errors
@@ -25,6 +27,8 @@ a restart cannot fix (``StateMismatch``, ``FingerprintMismatch``, ``NoValidCheck
 """
 
 from __future__ import annotations
+
+import signal
 
 __all__ = [
     "AccessRefused",
@@ -39,6 +43,7 @@ __all__ = [
     "NumericFault",
     "SaveFailed",
     "StateMismatch",
+    "Stopped",
     "StorageError",
     "StragglerStop",
 ]
@@ -114,3 +119,15 @@ class NumericFault(GoodputError):
 
     The message is one line: the step, the rank, the value seen and what was tried.
     """
+
+
+class Stopped(GoodputError):
+    """SIGTERM or SIGINT stopped a drill or a verify (``goodput.verify.session``): its launches have ended.
+
+    Attributes:
+        signum: the first signal that came.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")

@@ -56,7 +56,7 @@ def test_the_table_has_a_row_per_scenario_and_says_why_identity_is_not_expected(
             identical=False, problems=("ended stopped, exit 1, expected completed",),
         ),
     }  # fmt: skip
-    lines = format_table(rows).splitlines()
+    lines = format_table(rows, wide=True).splitlines()
     assert lines[0].split() == ["scenario", "met", "injected", "outcome", "exactly", "once", "identical", "time",
                                 "lost", "ledger"]  # fmt: skip
     assert lines[2].split()[:2] == ["rank", "yes"] and "3.2s" in lines[2] and "goodput 61%" in lines[2]
@@ -69,3 +69,26 @@ def test_every_scenario_is_documented_with_its_outcome() -> None:
     for name, scenario in registered().items():
         assert f"### {name}" in page, f"docs/drill.md has no section for the {name} scenario"
         assert scenario.outcome in " ".join(page.split()), f"docs/drill.md does not state {name}'s outcome"
+
+
+def test_the_table_fits_120_columns_and_wide_keeps_every_cell_on_its_row() -> None:
+    kills = "; ".join(f"kill@phase=checkpoint_write,step={s},rank={s % 2}" for s in range(4, 40, 4))
+    ledger = "11 attempts; goodput 38%; restart 41.2s, rework 12.9s, failure_detection 10.4s"
+    reason = "a NaN step is skipped, and the samples of its data window with it: " + "x" * 90
+    rows = {
+        "rank": ScenarioResult(
+            injected=f"9 SIGKILLs ({kills})", outcome="completed", met=True, exactly_once=True, identical=True,
+            time_lost=73.5, ledger=ledger,
+        ),
+        "nan": ScenarioResult(
+            injected="nan@step=8,rank=1", outcome="completed", met=True, exactly_once=True, identical=None,
+            not_expected=reason, ledger=ledger,
+        ),
+    }  # fmt: skip
+    narrow = format_table(rows)
+    assert max(len(line) for line in narrow.splitlines()) <= 120, narrow
+    for text in (kills, ledger, reason):  # every cell is there, wrapped at spaces (or inside a longer word)
+        assert "".join(text.split()) in "".join(narrow.split()), text
+    wide = format_table(rows, wide=True).splitlines()
+    assert len(wide) == 4 and max(len(line) for line in wide) > 120
+    assert kills in wide[2] and ledger in wide[2] and reason in wide[3]

@@ -42,6 +42,15 @@ def test_a_missing_script_is_refused_before_anything_starts(tmp_path: Path) -> N
     assert not (run_dir / "launches").exists()  # torchrun never started
 
 
+def test_a_mistyped_command_is_one_line_naming_the_nearest() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "goodput", "lanch", "--nproc", "2", "--", "train.py"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    line = _one_line(done)
+    assert "'lanch'" in line and "did you mean 'launch'?" in line, line
+
+
 def test_a_missing_module_is_refused_and_a_present_one_is_not(tmp_path: Path) -> None:
     line = _one_line(_launch("--run-dir", str(tmp_path / "run"), "--", "-m", "no_such_pkg_xyz.train"))
     assert "module 'no_such_pkg_xyz.train' not found" in line

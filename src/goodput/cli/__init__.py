@@ -7,12 +7,13 @@ Commands import their heavy dependencies (torch, matplotlib) inside their handle
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import re
 import sys
 from collections.abc import Sequence
 
-from goodput.errors import ConfigError
+from goodput.errors import ConfigError, Stopped
 
 __all__ = ["main"]
 
@@ -45,6 +46,16 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        """A mistyped command or choice is refused with the nearest valid one (``goodput lanch``: launch)."""
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        names = [str(choice) for choice in choices]
+        near = difflib.get_close_matches(str(value), names, n=1)
+        hint = f"did you mean {near[0]!r}?" if near else f"choose from {', '.join(names)}"
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r}; {hint}")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
@@ -67,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"goodput {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except Stopped as stop:  # its launches have ended and its temporary folder is gone
+        print(f"goodput {args.command}: {stop}", file=sys.stderr)
+        return 128 + stop.signum
     except KeyboardInterrupt:
         print(f"goodput {args.command}: interrupted", file=sys.stderr)
         return 130

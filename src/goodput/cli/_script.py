@@ -1,5 +1,6 @@
 """The options of the commands that run a user's training script (verify-resume, verify-rollback, drill,
-launch): the script and its arguments after ``--``, and where the verifying commands put their runs (internal)."""
+launch): the script and its arguments after ``--``, and where the verifying commands put their runs (internal):
+a temporary folder, removed when the command ends unless ``--keep`` (``goodput.verify.session``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ __all__ = ["add_work_dir_and_script", "script_of"]
 
 
 def add_work_dir_and_script(parser: argparse.ArgumentParser, *, runs: str) -> None:
-    """``--work-dir`` (where ``runs`` go) and the optional script after ``--``, the last options of a command
-    that checks the built-in training or the user's script."""
-    parser.add_argument("--work-dir", default=None, help=f"where {runs} go (default: a temporary folder)")
+    """``--work-dir`` (where ``runs`` go), ``--keep`` and the optional script after ``--``, the last options of a
+    command that checks the built-in training or the user's script."""
+    parser.add_argument(
+        "--work-dir", default=None, help=f"where {runs} go, kept afterwards (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the temporary folder (default: removed at the end)"
+    )
     parser.add_argument(
         "script",
         nargs=argparse.REMAINDER,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from goodput.cli._script import script_of
+from goodput.cli._script import add_work_dir_and_script, script_of
 
 __all__ = ["register"]
 
@@ -15,10 +15,14 @@ _EPILOG = """each scenario runs the script under 'goodput launch' with GOODPUT_R
 and compares every step's samples, loss and random generators and the final state with the uninterrupted run
 (as verify-resume does). The table: scenario, whether its documented outcome was met, what was injected, how
 the run ended, every sample trained exactly once, final state identical (or why that is not expected), the
-time lost against the uninterrupted run, and the ledger's account. The script must be deterministic (seeded,
+time lost against the uninterrupted run, and the ledger's account; at 120 columns, with what was injected and
+the ledger's account below each row (--wide: on it). The script must be deterministic (seeded,
 torch.use_deterministic_algorithms(True)) and train with goodput.Run.
   goodput drill --scenarios rank,preempt -- train.py --lr 1e-3
-exit status: 0 every scenario met its outcome, 1 one did not (or the uninterrupted run failed), 2 bad arguments."""
+SIGTERM or Ctrl-C: the running launch saves and stops (as goodput launch does; a second signal: at once), then
+the temporary folder is removed.
+exit status: 0 every scenario met its outcome, 1 one did not (or the uninterrupted run failed), 2 bad arguments,
+128 + N stopped by signal N."""
 
 
 def register(sub: Any) -> None:
@@ -36,11 +40,11 @@ def register(sub: Any) -> None:
     parser.add_argument("--nproc", type=int, default=2, help="ranks per node (default 2)")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes, as agents on this machine: 1 or 2")
     parser.add_argument("--seed", type=int, default=0, help="seed of the scenarios' choices of rank and step")
-    parser.add_argument(
-        "--work-dir", default=None, help="an empty folder for the runs (default: a temporary one)"
-    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON (for CI)")
-    parser.add_argument("script", nargs=argparse.REMAINDER, metavar="-- train.py args", help="optional")
+    parser.add_argument(
+        "--wide", action="store_true", help="the table with every column on one line per scenario"
+    )
+    add_work_dir_and_script(parser, runs="the runs (an empty folder)")
     parser.set_defaults(handler=_run)
 
 
@@ -48,10 +52,18 @@ def _run(args: argparse.Namespace) -> int:
     import sys
 
     from goodput.drill.drill import drill
+    from goodput.verify.session import in_work_folder
 
     script = script_of(args)
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()] if args.scenarios else None
-    return drill(
-        script, scenarios=scenarios, nproc=args.nproc, nnodes=args.nnodes, seed=args.seed,
-        work_dir=args.work_dir, as_json=args.json, say=lambda line: print(line, file=sys.stderr, flush=True),
-    )  # fmt: skip
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    def run(work: str) -> int:
+        return drill(
+            script, scenarios=scenarios, nproc=args.nproc, nnodes=args.nnodes, seed=args.seed, work_dir=work,
+            as_json=args.json, wide=args.wide, say=say,
+        )  # fmt: skip
+
+    return in_work_folder(run, args.work_dir, prefix="goodput-drill-", keep=args.keep, say=say)

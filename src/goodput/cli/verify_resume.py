@@ -7,7 +7,6 @@ import argparse
 import functools
 import os
 import sys
-import tempfile
 from typing import Any
 
 from goodput.cli._script import add_work_dir_and_script, script_of
@@ -43,7 +42,8 @@ training function to run.warm (docs/warm-restarts.md); one that does not still p
 
 the workers' output (tracebacks of ranks that outlive a kill) goes to output.log in each run folder
 (uninterrupted/ and interrupted/ under --work-dir), not to the terminal.
-exit status: 0 identical, 1 different or a run failed (the first difference is printed), 2 bad arguments."""
+exit status: 0 identical, 1 different or a run failed (the first difference is printed), 2 bad arguments,
+128 + N stopped by signal N (the run in progress stops as goodput launch stops; the temporary folder goes)."""
 
 
 def register(sub: Any) -> None:
@@ -104,15 +104,23 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from goodput.verify.session import in_work_folder
+
+    script = script_of(args)
+    _check_warm(args, script)
+
+    def run(work: str) -> int:
+        return _run_script(args, script, work) if script else _run_demo(args, work)
+
+    return in_work_folder(run, args.work_dir, prefix="goodput-verify-", keep=args.keep, say=_stderr)
+
+
+def _run_demo(args: argparse.Namespace, work: str) -> int:
     from goodput.demo.verify_train import fault_plan, prepare_data, train, train_two_nodes
     from goodput.errors import ConfigError
     from goodput.verify.demo import first_difference, read_run
     from goodput.verify.script import run_captured
 
-    script = script_of(args)
-    _check_warm(args, script)
-    if script:
-        return _run_script(args, script)
     args.steps, args.every = args.steps or 60, args.every or 5
     args.strategy = args.strategy or "dcp_async"
     memory = _memory_every(args.memory)
@@ -122,7 +130,6 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--node-loss splits --nproc between two nodes: it must be even, got {args.nproc}")
     if args.node_loss and args.restart == "warm":
         raise ConfigError("--node-loss runs two torchrun agents (cold restarts): drop --restart warm")
-    work = args.work_dir or tempfile.mkdtemp(prefix="goodput-verify-")
     os.makedirs(work, exist_ok=True)
     data = prepare_data(work)
     plan = fault_plan(args.kills, steps=args.steps, every=args.every, nproc=args.nproc, seed=args.seed,
@@ -183,7 +190,7 @@ def _restored_from(work: str) -> str:
     return f" (restores from {', '.join(f'{t} {n}' for t, n in counts.items())})" if counts else ""
 
 
-def _run_script(args: argparse.Namespace, script: list[str]) -> int:
+def _run_script(args: argparse.Namespace, script: list[str], work: str) -> int:
     from goodput.errors import ConfigError
     from goodput.verify.script import verify_resume
 
@@ -204,7 +211,7 @@ def _run_script(args: argparse.Namespace, script: list[str]) -> int:
             nproc=args.nproc,
             kills=args.kills,
             seed=args.seed,
-            work_dir=args.work_dir,
+            work_dir=work,
             shrink_after=args.shrink_after,
             min_world=args.min_world,
         )
@@ -213,7 +220,7 @@ def _run_script(args: argparse.Namespace, script: list[str]) -> int:
         nproc=args.nproc,
         kills=args.kills,
         seed=args.seed,
-        work_dir=args.work_dir,
+        work_dir=work,
         restart=args.restart,
         spares=1 if args.spares is None else args.spares,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
+import sys
 from typing import Any
 
 from goodput.cli._script import add_work_dir_and_script, script_of
@@ -23,7 +23,8 @@ goodput verify-resume --help) and checkpoint often enough that a rollback has a 
   goodput verify-rollback                          # the demo's training, 150 steps
   goodput verify-rollback --nproc 2 -- train.py
 
-exit status: 0 identical and every fault found, 1 different or a run failed, 2 bad arguments."""
+exit status: 0 identical and every fault found, 1 different or a run failed, 2 bad arguments,
+128 + N stopped by signal N (the run in progress stops as goodput launch stops; the temporary folder goes)."""
 
 
 def register(sub: Any) -> None:
@@ -42,12 +43,25 @@ def register(sub: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from goodput.errors import ConfigError
-    from goodput.verify.rollback import verify_rollback
+    from goodput.verify.session import in_work_folder
 
     script = script_of(args)
-    work = args.work_dir or tempfile.mkdtemp(prefix="goodput-verify-rollback-")
     if script and args.steps is not None:
         raise ConfigError("--steps applies to the demo's training only; your script sets its own")
+
+    def say(line: str) -> None:
+        print(f"goodput verify-rollback: {line}", file=sys.stderr)
+
+    return in_work_folder(
+        lambda work: _verify(args, script, work), args.work_dir, prefix="goodput-verify-rollback-",
+        keep=args.keep, say=say,
+    )  # fmt: skip
+
+
+def _verify(args: argparse.Namespace, script: list[str], work: str) -> int:
+    from goodput.errors import ConfigError
+    from goodput.verify.rollback import verify_rollback
+
     if not script:
         from goodput.demo.main import TRAIN_SCRIPT
         from goodput.demo.verify_train import prepare_data

@@ -7,20 +7,23 @@ work folder; the drill's verdict is 0 only when every scenario met its documente
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
-import tempfile
+import textwrap
 from collections.abc import Callable, Sequence
 
 from goodput.drill.runs import LaunchSpec, outcome_text, run_launch
 from goodput.drill.scenario import DrillContext, Reference, Scenario, ScenarioResult, registered
 from goodput.errors import ConfigError
+from goodput.run.watchdog import HANG_TIMEOUT
 from goodput.verify.records import RunRecords, read_records
 
-__all__ = ["DEMO_SCRIPT", "drill", "format_table", "reference_run"]
+__all__ = ["DEMO_HANG_TIMEOUT", "DEMO_SCRIPT", "TABLE_WIDTH", "drill", "format_table", "reference_run"]
 
 DEMO_SCRIPT = os.path.join(os.path.dirname(__file__), "demo_train.py")
+DEMO_HANG_TIMEOUT = 10.0  # the built-in script's default --hang-timeout: a short one, for the hang scenario
 
 
 def drill(
@@ -30,14 +33,16 @@ def drill(
     nproc: int = 2,
     nnodes: int = 1,
     seed: int = 0,
-    work_dir: str | None = None,
+    work_dir: str,
     as_json: bool = False,
+    wide: bool = False,
     say: Callable[[str], None] = print,
 ) -> int:
     """Drill ``script`` (the built-in demo when empty) through ``scenarios`` (every one when None).
 
     Returns 0 when every scenario met its documented outcome, 1 otherwise (or when the uninterrupted run
-    failed). The table (or with ``as_json`` a JSON document) goes to stdout, progress lines to ``say``.
+    failed). The table (or with ``as_json`` a JSON document) goes to stdout, progress lines to ``say``: first
+    how long the drill takes. The table fits :data:`TABLE_WIDTH` columns (``wide``: one line per scenario).
 
     Raises:
         ConfigError: an unknown scenario, a missing script, a flag out of range, a script without ``Run``.
@@ -48,19 +53,21 @@ def drill(
     script = tuple(script) or (DEMO_SCRIPT,)
     if script[0].endswith(".py") and not os.path.isfile(script[0]):
         raise ConfigError(f"the training script {script[0]!r} does not exist")
-    work = work_dir or tempfile.mkdtemp(prefix="goodput-drill-")
-    if os.path.isdir(work) and os.listdir(work):
-        raise ConfigError(f"{work} is not empty (an earlier drill?): choose an empty --work-dir")
-    os.makedirs(work, exist_ok=True)
+    if os.path.isdir(work_dir) and os.listdir(work_dir):
+        raise ConfigError(f"{work_dir} is not empty (an earlier drill?): choose an empty --work-dir")
+    os.makedirs(work_dir, exist_ok=True)
+    work = work_dir
     say(
         f"goodput drill: {' '.join(script)}, {nproc} ranks x {nnodes} node(s), {len(chosen)} scenarios, in {work}"
     )
+    say(f"it takes about {_expected(chosen, script)}")
     say("uninterrupted run (the reference) ...")
     reference = reference_run(script, nproc=nproc, nnodes=nnodes, seed=seed, work=work, say=say)
     if reference is None:
         return 1
     say(
-        f"  {reference.steps} steps in {reference.seconds:.0f}s, saved at {list(reference.saves) or 'no step'}"
+        f"  {reference.steps} steps in {reference.seconds:.0f}s, saved at {list(reference.saves) or 'no step'};"
+        f" the scenarios take about {_expected(chosen, script, reference.seconds)}"
     )
     results: dict[str, ScenarioResult] = {}
     for n, scenario in enumerate(chosen, 1):
@@ -81,7 +88,7 @@ def drill(
                     "scenarios": {name: _row_json(chosen, name, row) for name, row in results.items()}}  # fmt: skip
         print(json.dumps(document, indent=2))
     else:
-        print(format_table(results))
+        print(format_table(results, wide=wide))
         for name, row in results.items():
             for problem in row.problems:
                 print(f"{name}: {problem}")
@@ -99,6 +106,37 @@ def _chosen(names: Sequence[str] | None, nnodes: int) -> list[Scenario]:
     if needs:
         raise ConfigError(f"scenario {', '.join(needs)} needs --nnodes {known[needs[0]].nnodes}")
     return [known[name] for name in names]
+
+
+def _hang_timeout(script: tuple[str, ...]) -> tuple[float, str]:
+    """The script's hang timeout, as far as the drill knows it before running it, and where it comes from."""
+    if script[0] == DEMO_SCRIPT:
+        parser = argparse.ArgumentParser(add_help=False)
+        parser.add_argument("--hang-timeout", type=float, default=DEMO_HANG_TIMEOUT)
+        return parser.parse_known_args(script[1:])[0].hang_timeout, "the built-in script's"
+    return HANG_TIMEOUT, "Run's default"
+
+
+def _expected(chosen: list[Scenario], script: tuple[str, ...], seconds: float | None = None) -> str:
+    """How long the drill takes: in uninterrupted runs of the script (``seconds`` None: none ran yet), or the
+    scenarios' time with an uninterrupted run of ``seconds``; and the hang timeouts the scenarios wait besides."""
+    runs, timeouts = sum(s.runs for s in chosen), sum(s.hang_timeouts for s in chosen)
+    timeout, source = _hang_timeout(script)
+    waits = _minutes(timeouts * timeout)
+    if seconds is not None:
+        total = _minutes(runs * seconds + timeouts * timeout)
+        return total + (f" ({waits} of it the hang scenario's timeouts)" if timeouts else "")
+    spent = f"{runs + 1} times one uninterrupted run of the script"
+    if not timeouts:
+        return spent
+    return (
+        f"{spent}, plus {waits} the hang scenario waits for hang timeouts ({timeouts} x {timeout:g} s, {source};"
+        " the script's Run(hang_timeout=) sets it)"
+    )
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def _indent(say: Callable[[str], None]) -> Callable[[str], None]:
@@ -153,13 +191,50 @@ def _row(name: str, r: ScenarioResult) -> tuple[str, ...]:
     return (name, met, r.injected, r.outcome, _yes_no(r.exactly_once), identical, lost, r.ledger)
 
 
-def format_table(results: dict[str, ScenarioResult]) -> str:
-    """The drill's table: one row per scenario, columns as wide as their widest cell."""
-    header = ("scenario", "met", "injected", "outcome", "exactly once", "identical", "time lost", "ledger")
-    rows = [header] + [_row(name, r) for name, r in results.items()]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+_HEADER = ("scenario", "met", "injected", "outcome", "exactly once", "identical", "time lost", "ledger")
+_LONG = ("injected", "identical", "ledger")  # the cells that go below their row in the table that fits
+TABLE_WIDTH = 120  # columns of the table without ``wide``: a terminal's usual width
+
+
+def format_table(results: dict[str, ScenarioResult], *, wide: bool = False) -> str:
+    """The drill's table, one row per scenario, columns as wide as their widest cell.
+
+    It fits :data:`TABLE_WIDTH` columns: what was injected, why identity is not expected and the ledger's account
+    follow their row, wrapped. ``wide``: every column on the row's one line, however long.
+    """
+    rows = [_row(name, r) for name, r in results.items()]
+    if wide:
+        return _aligned(_HEADER, rows)
+    short = [i for i, name in enumerate(_HEADER) if name not in _LONG or name == "identical"]
+    lines = _aligned(tuple(_HEADER[i] for i in short), [_short_row(row, short) for row in rows]).splitlines()
+    out = lines[:2]
+    for row, line in zip(rows, lines[2:], strict=True):
+        out.append(line)
+        for name in _LONG:
+            cell = row[_HEADER.index(name)]
+            if cell and (name != "identical" or cell.startswith("not expected")):
+                out += textwrap.wrap(
+                    f"{name}: {cell}", TABLE_WIDTH, initial_indent=" " * 4, subsequent_indent=" " * 6,
+                    break_on_hyphens=False,
+                )  # fmt: skip
+    return "\n".join(out)
+
+
+def _short_row(row: tuple[str, ...], columns: list[int]) -> tuple[str, ...]:
+    """``row``'s cells of ``columns``, identity that is not expected said as such (its reason goes below)."""
+    cells = [row[i] for i in columns]
+    identical = [_HEADER[i] for i in columns].index("identical")
+    if cells[identical].startswith("not expected"):
+        cells[identical] = "not expected"
+    return tuple(cells)
+
+
+def _aligned(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """A header, a rule and the rows, each column as wide as its widest cell."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
     ]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 

@@ -199,6 +199,7 @@ NODE = register(
         "sample once; final state identical",
         run=_node,
         nnodes=2,
+        runs=2,
     )
 )
 
@@ -210,5 +211,6 @@ NODE_STORE = register(
         "relaunch resumes and completes; every sample once; final state identical",
         run=_node_store,
         nnodes=2,
+        runs=2,
     )
 )

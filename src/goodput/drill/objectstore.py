@@ -160,6 +160,7 @@ STORAGE_SLOW = register(
         outcome="completed after one restart; no save fails (saves wait, they do not queue); the restore "
         "reads through the slow store; every sample once; final state identical",
         run=lambda context: _store_scenario(context, "storage-slow", _slow),
+        runs=2,
     )
 )
 THROTTLED = register(
@@ -170,6 +171,7 @@ THROTTLED = register(
         outcome="completed after one restart; every request retried with backoff, no save fails; every "
         "sample once; final state identical",
         run=lambda context: _store_scenario(context, "throttled", _throttled),
+        runs=2,
     )
 )
 FLAKY = register(
@@ -180,5 +182,6 @@ FLAKY = register(
         outcome="completed after one restart; every request retried, no save fails, no partial checkpoint "
         "is restored; every sample once; final state identical",
         run=lambda context: _store_scenario(context, "flaky", _flaky),
+        runs=2,
     )
 )

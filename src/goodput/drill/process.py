@@ -26,6 +26,7 @@ from goodput.drill.runs import (
 )
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
 from goodput.launch.launcher import EXIT_PREEMPTED
+from goodput.run.watchdog import PHASE_FACTOR
 from goodput.verify.records import read_records
 from goodput.verify.script import kill_plan
 
@@ -73,6 +74,7 @@ RANK = register(
         injects="SIGKILL of one rank at a step, inside a checkpoint write, an async upload and a restore",
         outcome="completed after restarts; every sample once; final state identical",
         run=_rank,
+        runs=2,
     )
 )
 
@@ -119,6 +121,8 @@ HANG = register(
         outcome="detected by the hang timeout (4x inside a save), the job restarts and completes; every "
         "sample once; final state identical",
         run=_hang,
+        runs=2,
+        hang_timeouts=1 + PHASE_FACTOR,  # one in a step, one inside a save
     )
 )
 
@@ -261,5 +265,6 @@ PREEMPT = register(
         outcome="each: one agreed save, exit 75 (exit 0 when the job completes before its ranks' next "
         "check); the same command again resumes; every sample once; final state identical",
         run=_preempt,
+        runs=3,
     )
 )

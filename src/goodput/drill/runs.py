@@ -14,9 +14,11 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from goodput._lifetime import end_with_parent, preload_libc
 from goodput.drill.scenario import DrillContext, ScenarioResult
 from goodput.verify.compare import compare_records
 from goodput.verify.records import RECORDS_ENV, RunRecords, read_records
+from goodput.verify.session import raise_if_stopped, started
 
 __all__ = [
     "OUTPUT_LOG",
@@ -73,6 +75,9 @@ def start_launch(context: DrillContext, run_dir: str, spec: LaunchSpec) -> subpr
     """Start ``goodput launch`` of ``context.script`` into ``run_dir``; its output goes to ``run_dir/<spec.log>``.
 
     Every launch trains the drill's whole world (``nproc`` x ``nnodes`` ranks), on one node or on ``spec.nodes``.
+
+    Raises:
+        Stopped: the drill was asked to stop: no launch starts.
     """
     os.makedirs(run_dir, exist_ok=True)
     nproc = context.nproc * context.nnodes // spec.nodes
@@ -83,26 +88,38 @@ def start_launch(context: DrillContext, run_dir: str, spec: LaunchSpec) -> subpr
         *spec.flags, "--", *context.script,
     ]  # fmt: skip
     env = {**os.environ, RECORDS_ENV: "1", **spec.env}
+    raise_if_stopped()
+    drill = os.getpid()
+    preload_libc()  # the child between fork and exec only calls into it
     with open(os.path.join(run_dir, spec.log), "ab") as log:
-        return subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
-        )
+        # A session of its own: a terminal's Ctrl-C reaches it once, passed on by the drill (goodput.verify.session);
+        # a SIGKILLed drill takes it, and so its job, with it.
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True, preexec_fn=lambda: end_with_parent(drill),
+        )  # fmt: skip
+    return started(proc)
 
 
-def finish(proc: subprocess.Popen[bytes], started: float) -> Finished:
-    """Wait for a launch to end (at most the drill's limit: then it is killed, status -9)."""
+def finish(proc: subprocess.Popen[bytes], began: float) -> Finished:
+    """Wait for a launch to end (at most the drill's limit: then it is killed, status -9).
+
+    Raises:
+        Stopped: the drill was asked to stop meanwhile (the launch stopped too).
+    """
     try:
-        status = proc.wait(timeout=max(1.0, _TIMEOUT - (time.monotonic() - started)))
+        status = proc.wait(timeout=max(1.0, _TIMEOUT - (time.monotonic() - began)))
     except subprocess.TimeoutExpired:
         proc.kill()
         status = proc.wait()
-    return Finished(status, time.monotonic() - started)
+    raise_if_stopped()
+    return Finished(status, time.monotonic() - began)
 
 
 def run_launch(context: DrillContext, run_dir: str, spec: LaunchSpec) -> Finished:
     """Launch the script into ``run_dir`` and wait for it to end."""
-    started = time.monotonic()
-    return finish(start_launch(context, run_dir, spec), started)
+    began = time.monotonic()
+    return finish(start_launch(context, run_dir, spec), began)
 
 
 @dataclasses.dataclass(frozen=True)

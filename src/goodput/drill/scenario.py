@@ -100,6 +100,9 @@ class Scenario:
         outcome: its documented outcome, in words (docs/drill.md).
         run: runs the scenario against ``context.script`` and reports.
         nnodes: the nodes it needs (2 for the node scenario); the drill skips it, with one line, otherwise.
+        runs: how long it takes, roughly, in uninterrupted runs of the script (its launches, restarts and the
+            work they redo), for the drill's estimate of its own length.
+        hang_timeouts: how many of the script's hang timeouts it waits besides (the hang scenario's).
     """
 
     name: str
@@ -107,6 +110,8 @@ class Scenario:
     outcome: str
     run: Callable[[DrillContext], ScenarioResult]
     nnodes: int = 1
+    runs: int = 1
+    hang_timeouts: int = 0
 
 
 _REGISTRY: dict[str, Scenario] = {}

@@ -106,6 +106,7 @@ AGENT = register(
         outcome="its workers and hot spare end with it, the launch stops; the same command again resumes and "
         "completes; every sample once; final state identical",
         run=_agent,
+        runs=2,
     )
 )
 
@@ -116,5 +117,6 @@ LAUNCHER = register(
         outcome=f"no process of the job outlives it by {_GONE_WITHIN:.0f}s; the relaunch resumes and completes, "
         "and sweeps the killed launch's RAM folder; every sample once; final state identical",
         run=_launcher,
+        runs=2,
     )
 )

@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
 from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RESERVED_WORLD, RUN_DIR
@@ -128,6 +128,16 @@ class Supervisor:
                 signal.signal(sig, handler)
             if temporary and (status == 0 or self.config.verbose):  # a failed job's logs stay to be read
                 shutil.rmtree(self.folder, ignore_errors=True)
+            self._pass_on(previous)
+
+    def _pass_on(self, previous: Mapping[signal.Signals, Any]) -> None:
+        """Each signal caught goes on, now that the job has ended, to the handler it replaced where that is the
+        program's own: a program running launches in its process (verify-resume) hears that it was asked to
+        stop. Python's default SIGINT handler is left out (KeyboardInterrupt would undo the verdict)."""
+        for signum in self._signals:
+            handler = previous.get(signal.Signals(signum))
+            if callable(handler) and handler is not signal.default_int_handler:
+                handler(signum, None)
 
     @contextlib.contextmanager
     def _own_output(self, log_dir: str) -> Iterator[IO[bytes] | None]:

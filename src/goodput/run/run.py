@@ -39,6 +39,7 @@ from goodput.run._warm import WarmHook, exit_failed
 from goodput.run.hooks import RunHook
 from goodput.run.numeric import NumericConfig
 from goodput.run.stragglers import StragglerConfig
+from goodput.run.watchdog import HANG_TIMEOUT
 from goodput.warm.boot import release as release_gc
 from goodput.warm.worker import is_peer_failure
 
@@ -83,7 +84,7 @@ class Run:
         checkpoint: CheckpointConfig | None = None,
         total_steps: int | None = None,
         backend: str | None = None,
-        hang_timeout: float | None = 300.0,
+        hang_timeout: float | None = HANG_TIMEOUT,
         faults: str | None = None,
         crash_loop: int | None = None,
         progress: bool = True,

@@ -18,9 +18,11 @@ from collections.abc import Callable, Iterator
 
 from goodput.errors import ConfigError
 
-__all__ = ["EXIT_HANG", "Watchdog"]
+__all__ = ["EXIT_HANG", "HANG_TIMEOUT", "PHASE_FACTOR", "Watchdog"]
 
 EXIT_HANG = 43
+HANG_TIMEOUT = 300.0  # Run's default: seconds without a step before a rank counts as hung
+PHASE_FACTOR = 4  # the default limit inside a phase (checkpoint save or restore), in timeouts
 
 
 class Watchdog:
@@ -44,7 +46,7 @@ class Watchdog:
         if timeout <= 0:
             raise ConfigError(f"watchdog timeout must be > 0 seconds, got {timeout}")
         self.timeout = timeout
-        self.phase_timeout = phase_timeout if phase_timeout is not None else 4 * timeout
+        self.phase_timeout = phase_timeout if phase_timeout is not None else PHASE_FACTOR * timeout
         self._on_hang = on_hang
         self._exit = exit
         self._last = time.monotonic()

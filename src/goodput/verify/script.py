@@ -22,6 +22,7 @@ from goodput.errors import ConfigError
 from goodput.launch.launcher import LaunchConfig, launch_job
 from goodput.verify.compare import compare_records, idle_generators
 from goodput.verify.records import RECORDS_ENV, RunRecords, read_records
+from goodput.verify.session import raise_if_stopped
 
 __all__ = [
     "empty_folders",
@@ -74,11 +75,17 @@ def _records_enabled(on: bool) -> Iterator[None]:
 def run_captured(
     run: Callable[[], int], run_dir: str, name: str, say: Callable[[str], None], *, records: bool = True
 ) -> bool:
-    """Run one launch with its output in ``run_dir/output.log`` (and ``Run``'s records on); say why it failed."""
+    """Run one launch with its output in ``run_dir/output.log`` (and ``Run``'s records on); say why it failed.
+
+    Raises:
+        Stopped: the command was asked to stop, before the launch or while it ran (it stopped too).
+    """
+    raise_if_stopped()
     os.makedirs(run_dir, exist_ok=True)
     log = os.path.join(run_dir, OUTPUT_LOG)
     with _records_enabled(records), _captured_output(log):
         status = run()
+    raise_if_stopped()
     if status == 0:
         return True
     say(f"the {name} run failed with exit status {status}; its output is in {log}, ending:")
