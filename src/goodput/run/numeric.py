@@ -64,6 +64,7 @@ from goodput.run._numeric_rules import (
     fingerprint,
     verdict,
 )
+from goodput.run._numeric_spikes import SpikeWatch
 from goodput.run.hooks import RunHook
 
 if TYPE_CHECKING:
@@ -157,6 +158,7 @@ class NumericGuard(RunHook):
         self._inflight: list[Exchange | Carried] = []  # steps whose words are being exchanged, oldest first
         self._closing = False  # the loop ended before close() judged its last step: a fault stops the run
         self._handover: int | None = None  # a rank named corrupt under warm restarts, to leave for a spare
+        self._watch = SpikeWatch(config)
 
     # ---- lifetime ---------------------------------------------------------------------------------------------
     def on_restore(self, run: Run, state: TrainingState, restored: int | None) -> None:
@@ -172,6 +174,7 @@ class NumericGuard(RunHook):
         # not injected (see adjust_loss) rather than refused; a job launched without replicas is refused.
         self._alone = world == 1 and reserved_world(world) > 1
         refuse_unseen_bitflip(self._flips and not self._alone, self._comparable)  # on every rank alike
+        self._watch.restored(run.ledger)
         self._group = new_group() if world > 1 and dist.is_initialized() else None
         self._agree(restored or 0)
         if self.config.grads and state.optimizer is not None:
@@ -292,9 +295,10 @@ class NumericGuard(RunHook):
     def _judge(self, step: int, rows: list[list[int]]) -> bool:
         """Every rank's verdict on ``step`` from every rank's row; act on it. True when the run rolled back."""
         config = self.config
+        history = [x for _, x in self._losses[-config.spike_window :]]
         found = verdict(
             rows,
-            history=[x for _, x in self._losses[-config.spike_window :]],
+            history=history,
             warmup=config.spike_warmup,
             k=config.spike_k or 0.0,
             min_rise=config.spike_min_rise,
@@ -307,6 +311,7 @@ class NumericGuard(RunHook):
             self._unnamed.discard(step)
             why = "its redo of this step fingerprinted differently from its first run"
             self._name(found.named, step, why)
+        self._watch.judged(self._run, step, history, found.kind == "spike")
         if found.kind is None:
             if found.mean_loss is not None:
                 self._losses.append((step, found.mean_loss))
@@ -326,7 +331,8 @@ class NumericGuard(RunHook):
         """Apply a drill's numeric faults due at ``step``: the loss they make, a flipped bit."""
         if self._run is None or self._state is None:
             return loss
-        loss = inject_faults(run, self._state.model, step, loss, alone=self._alone)
+        loss, factor = inject_faults(run, self._state.model, step, loss, alone=self._alone)
+        self._watch.injected(step, factor)
         return loss
 
     # ---- response ---------------------------------------------------------------------------------------------
