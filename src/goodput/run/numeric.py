@@ -6,7 +6,7 @@ A hook of :class:`~goodput.run.run.Run` (off by default), attached by ``run.rest
 
 * **Detect.** Before each optimizer step the gradients' sum is checked (with DDP, each reduced bucket's, summed
   before the optimizer step: the same on every rank); a NaN/Inf one is dropped, so it never reaches the
-  parameters. ``step_done`` checks the loss, applies the spike rule to the ranks' mean loss (median + k x MAD
+  parameters. ``step_done`` checks the loss, applies the spike rule to the ranks' mean loss (recent level + k x noise
   of a recent window, after a warm-up) and, every ``check_every`` steps, fingerprints the parameters
   (:func:`~goodput.run._numeric_rules.fingerprint`). Every rank's word reaches every rank while the next step
   computes and every rank draws the same verdict from it, one step late: with DDP it rides the next step's
@@ -80,11 +80,11 @@ class NumericConfig:
 
     Args:
         grads: check the gradients before each optimizer step (a NaN/Inf one is never applied).
-        spike_k: a step's mean loss above median + ``spike_k`` x MAD of the window is a spike (None: no spike
-            rule). MAD is scaled to a normal's sigma, so 6 is six sigma of the recent noise.
+        spike_k: a step's mean loss above its recent level + ``spike_k`` x its noise is a spike (None: no spike
+            rule): 6 is six sigma of its noise (the ledger's ``spike_rule`` says the rise that takes).
         spike_window: the recent steps whose losses form the window.
         spike_warmup: steps with a loss before the rule applies (after every start and rollback of the process).
-        spike_min_rise: a spike is also at least this fraction above the median (a flat loss has MAD ~ 0).
+        spike_min_rise: a spike is also at least this fraction above the level (a flat loss has no noise).
         check_every: fingerprint the parameters and compare the replicas every this many steps (None: never).
         max_rollbacks: rollbacks within ``rollback_window`` steps after which the run stops.
         rollback_window: the window of steps for ``max_rollbacks``.
