@@ -74,3 +74,31 @@ def test_goodput_drill_names_a_spike_the_loss_hides_with_the_run_s_own_figure(tm
         [sys.executable, "-m", "goodput", "report", ran, "--json"], capture_output=True, text=True
     )
     assert json.loads(as_json.stdout)["info"]["spike_rule"]["rise"] == figures[-1]["rise"]
+
+
+def test_a_numeric_scenario_s_problem_quotes_the_run_s_own_reason(tmp_path: Path) -> None:
+    """The issue's placements, by hand: a flip at step 32 with a replica check every 50 steps and no checkpoint
+    at step 0 stops the run (exit 65), and a spike inside the warm-up is not caught; the drill's row says
+    the run's own reasons, not "the fault was not caught"."""
+    from goodput.drill.numeric import _problems
+    from goodput.launch.launcher import EXIT_NUMERIC
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "goodput", "launch", "--nproc", "2", "--run-dir", str(run_dir)]
+    command += [
+        "--faults",
+        "spike@step=5,factor=50; bitflip@step=32,rank=1,bit=20",
+        "--",
+        BCE,
+        "--steps",
+        "60",
+    ]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == EXIT_NUMERIC, proc.stdout[-3000:] + proc.stderr[-3000:]
+    stop = next(e for e in read_events(str(run_dir)) if e["event"] == "numeric_stop")
+    assert "no checkpoint at or before step 0" in stop["reason"]
+    problems = _problems(str(run_dir), rollbacks=0)
+    assert problems == [
+        f"the run stopped: {stop['line']}",
+        "the spike at step 5 was not caught: the spike rule was warming up (4 of spike_warmup=20 steps)",
+    ]
