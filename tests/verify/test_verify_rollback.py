@@ -8,7 +8,9 @@ import os
 import subprocess
 import sys
 
-from goodput.verify.rollback import drill_plan
+import pytest
+
+from goodput.verify.rollback import drill_plan, spike_needs
 from tests.helpers.paths import script
 
 
@@ -21,6 +23,31 @@ def test_the_drill_places_a_flipped_bit_only_where_a_replica_check_sees_it() -> 
     # no check that agreed before the only one: nothing to roll a corrupted replica back to; a spike instead
     assert drill_plan(60, 2) == "nan@step=18,rank=1; nan@step=18,rank=1; spike@step=33,factor=20"
     assert "bitflip" not in drill_plan(2000, 1)  # nothing to compare with
+    assert "bitflip" not in drill_plan(2000, 2, check_every=None)  # the replica check is off
+
+
+def test_the_drill_leaves_out_a_spike_its_run_says_the_loss_hides() -> None:
+    # the clean run's figures: the newest before the spike's step (44 of 80) decides, else the first
+    def figures(*pairs: tuple[int, float | None]) -> list[dict[str, object]]:
+        return [{"event": "spike_rule", "step": step, "rise": rise} for step, rise in pairs]
+
+    assert spike_needs(80, figures((20, 3.0), (40, 15.0), (60, 2.0))) == 15.0  # 20x: only 1.3x the rise
+    assert spike_needs(80, figures((20, 30.0), (40, 4.0), (60, 90.0))) is None
+    assert spike_needs(80, figures((60, 90.0))) == 90.0  # none before: the figure at the end of the warm-up
+    assert spike_needs(80, figures((40, None))) is None  # a loss that is not positive: no factor to compare
+    assert "spike" not in drill_plan(80, 2, spike=False)
+
+
+@pytest.mark.slow
+def test_a_spike_the_loss_hides_is_said_and_not_a_failure(tmp_path: os.PathLike[str]) -> None:
+    """The issue's run: a 20x spike on a small-batch cross entropy was not found and verify-rollback exited 1."""
+    work = os.path.join(tmp_path, "work")
+    command = [sys.executable, "-m", "goodput", "verify-rollback", "--nproc", "2", "--work-dir", work, "--"]
+    command += [script("bce_train.py"), "--steps", "80", "--batch-size", "1", "--lr", "0.1"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "spike: not detectable on this loss: needs a rise of" in proc.stdout
+    assert "spike@" not in proc.stdout and "IDENTICAL" in proc.stdout
 
 
 def test_a_script_rolled_back_and_skipped_ends_as_one_that_skipped_from_the_start(

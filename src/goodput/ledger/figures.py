@@ -31,7 +31,7 @@ class StepStats:
 
 
 _META = ("event", "wall", "mono", "attempt", "rank")
-_NUMERIC = ("numeric_fault", "rollback", "skip", "sdc_named", "numeric_stop")
+_NUMERIC = ("numeric_fault", "rollback", "skip", "sdc_named", "numeric_stop", "spike_missed")
 
 
 def declared(spans: list[Spans]) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def declared(spans: list[Spans]) -> dict[str, Any]:
                 info["cache_stats"].append({**fields, "rank": event.get("rank")})
             elif name == "checkpoint_interval":
                 info["interval_changes"].append(fields)
-            elif name in ("checkpoint_config", "state_registered"):
+            elif name in ("checkpoint_config", "state_registered", "spike_rule", "numeric_config"):
                 info[name] = fields
             elif name in ("warm_restart", "warm_first_step"):  # a warm restart's parts, as this rank saw them
                 info.setdefault(name, []).append(fields)

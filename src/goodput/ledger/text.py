@@ -208,6 +208,13 @@ def _numeric_lines(info: dict[str, Any]) -> list[str]:
             lines.append(f"    rank {e['named_rank']} named corrupt at step {e['step']} ({e['times']} times)")
         elif name == "numeric_stop":
             lines.append(f"    stopped: {e['reason']}")
+        elif name == "spike_missed":
+            lines.append(f"  spike injected at step {e['step']} not caught: {e['why']}")
+    rule = info.get("spike_rule")
+    if rule and rule.get("rise") is not None:
+        lines.append(
+            f"  spike rule: catches a rise of {float(rule['rise']):.1f}x over the loss's level (at step {rule['step']})"
+        )
     return lines
 
 

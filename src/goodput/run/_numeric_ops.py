@@ -5,6 +5,7 @@ all-gather of each rank's word, the skip list of the run folder, and the drill's
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -16,6 +17,7 @@ from goodput.faults import Fault
 __all__ = [
     "NO_REPLICAS",
     "SKIPS_FILE",
+    "Episode",
     "announce",
     "apply_skips",
     "flip_bit",
@@ -31,6 +33,18 @@ __all__ = [
     "skip_window",
     "write_skips",
 ]
+
+
+@dataclasses.dataclass
+class Episode:
+    """One rollback of the numeric guard: the anomaly's step and kind, the step restored, whether its window
+    was skipped."""
+
+    step: int
+    kind: str
+    restored: int
+    skipped: bool = False
+
 
 SKIPS_FILE = os.path.join("numeric", "skips.json")
 
@@ -160,16 +174,19 @@ def poison(grad: Any, fault: Fault) -> None:
     grad.view(-1)[0] = math.nan if fault.value == "nan" else math.inf
 
 
-def inject_faults(run: Any, model: Any, step: int, loss: float | None, *, alone: bool) -> float | None:
-    """Apply ``run``'s drill faults due at ``step``: the loss a ``nan`` or ``spike`` makes of ``loss``, and a
-    ``bitflip`` in ``model``'s parameters; a job that shrank to one rank (``alone``) has no replica to compare
-    against, so its flip is left out and the ledger says so."""
+def inject_faults(
+    run: Any, model: Any, step: int, loss: float | None, *, alone: bool
+) -> tuple[float | None, float | None]:
+    """Apply ``run``'s drill faults due at ``step``: the loss a ``nan`` or ``spike`` makes of ``loss`` (returned
+    with the spike's factor, None without one), and a ``bitflip`` in ``model``'s parameters; a job that shrank to
+    one rank (``alone``) has no replica to compare against, so its flip is left out and the ledger says so."""
     fault = run.faults.take("nan", step, into="loss")
     if fault is not None and loss is not None:
         loss = math.nan if fault.value == "nan" else math.inf
     fault = run.faults.take("spike", step)
+    factor = None
     if fault is not None and loss is not None:
-        loss = loss * fault.factor
+        loss, factor = loss * fault.factor, float(fault.factor)
     fault = run.faults.take("bitflip", step)
     if fault is not None and alone:
         run.ledger.event(
@@ -177,7 +194,7 @@ def inject_faults(run: Any, model: Any, step: int, loss: float | None, *, alone:
         )
     elif fault is not None:
         flip_bit(model, fault.bit)
-    return loss
+    return loss, factor
 
 
 def flip_bit(model: Any, bit: int) -> None:

@@ -8,6 +8,7 @@ round: no rank acts alone.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import struct
@@ -23,11 +24,13 @@ __all__ = [
     "FLAG_LOSS",
     "FLAG_LOSS_BAD",
     "FLAG_SELF_DIFFERS",
+    "RECENT",
     "ROW_WORDS",
     "Verdict",
     "decode_row",
     "encode_row",
     "fingerprint",
+    "spike_rise",
     "spike_threshold",
     "verdict",
 ]
@@ -39,6 +42,7 @@ FLAG_FINGERPRINT = 8  # the row carries the parameters' fingerprint (a check ste
 FLAG_SELF_DIFFERS = 16  # this rank fingerprinted this step before (a redo) and got another value then
 
 _LOG_MAX = math.log(sys.float_info.max)
+RECENT = 10  # the last steps whose median is the loss's current level for the spike rule
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -87,26 +91,44 @@ def fingerprint(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def spike_threshold(history: Sequence[float], *, k: float, min_rise: float) -> float:
-    """The loss above which a step is a spike: a rise above the recent losses' median by more than ``k`` x
-    their MAD (scaled to a normal's sigma) and by at least ``min_rise`` x the median.
+    """The loss above which a step is a spike: a rise above the loss's current level (the median of its last
+    ``RECENT`` steps) by more than ``k`` x its step-to-step noise and by at least ``min_rise`` x the level.
 
     Measured on the logarithm of the losses when they are all positive (every loss of a likelihood, a cross
     entropy or a squared error is), else on the losses themselves. A small batch's loss is skewed to the
     right (a few samples with large errors dominate a mean of squares): on its own scale, its ordinary steps
     reach many MADs above the median, while their logarithm is nearly symmetric, so a spike is a jump by a
-    factor that the recent steps' own spread in factors does not explain. The median and the MAD ignore a few
-    outliers of their own window; the floor keeps a flat loss (MAD near zero) from calling every small rise a
-    spike.
+    factor that the recent steps' own noise in factors does not explain. The noise is the smaller of two MADs
+    (scaled to a normal's sigma): of the window's losses, and of their changes from one step to the next
+    (divided by sqrt 2, one step's share). On a steady loss both measure its noise; on a loss that is still
+    falling the first also holds the fall (the window spans many factors), which is no noise a spike has to
+    exceed, and the second does not. Medians ignore a few outliers of their own; the floor keeps a flat loss
+    (no noise) from calling every small rise a spike.
     """
-    if min(history) > 0:
-        logs = [math.log(x) for x in history]
-        median = statistics.median(logs)
-        mad = 1.4826 * statistics.median(abs(x - median) for x in logs)
-        exponent = median + max(k * mad, math.log1p(min_rise))
-        return math.exp(exponent) if exponent < _LOG_MAX else math.inf
-    median = statistics.median(history)
-    mad = 1.4826 * statistics.median(abs(x - median) for x in history)
-    return median + max(k * mad, min_rise * abs(median))
+    logs = min(history) > 0
+    values = [math.log(x) for x in history] if logs else list(history)
+    level = statistics.median(values[-RECENT:])
+    changes = [(b - a) / math.sqrt(2) for a, b in itertools.pairwise(values)]
+    noise = min(_mad(values), _mad(changes)) if changes else _mad(values)
+    if not logs:
+        return level + max(k * noise, min_rise * abs(level))
+    exponent = level + max(k * noise, math.log1p(min_rise))
+    return math.exp(exponent) if exponent < _LOG_MAX else math.inf
+
+
+def _mad(values: Sequence[float]) -> float:
+    """The median absolute deviation, scaled to a normal's sigma."""
+    middle = statistics.median(values)
+    return 1.4826 * statistics.median(abs(x - middle) for x in values)
+
+
+def spike_rise(history: Sequence[float], *, k: float, min_rise: float) -> float | None:
+    """The smallest rise, as a factor of the loss's current level, that :func:`spike_threshold` calls a spike
+    after ``history`` (None where the losses are not all positive: the rule then measures differences)."""
+    if not history or min(history) <= 0:
+        return None
+    level = math.exp(statistics.median(math.log(x) for x in history[-RECENT:]))
+    return spike_threshold(history, k=k, min_rise=min_rise) / level
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ A hook of :class:`~goodput.run.run.Run` (off by default), attached by ``run.rest
 
 * **Detect.** Before each optimizer step the gradients' sum is checked (with DDP, each reduced bucket's, summed
   before the optimizer step: the same on every rank); a NaN/Inf one is dropped, so it never reaches the
-  parameters. ``step_done`` checks the loss, applies the spike rule to the ranks' mean loss (median + k x MAD
+  parameters. ``step_done`` checks the loss, applies the spike rule to the ranks' mean loss (recent level + k x noise
   of a recent window, after a warm-up) and, every ``check_every`` steps, fingerprints the parameters
   (:func:`~goodput.run._numeric_rules.fingerprint`). Every rank's word reaches every rank while the next step
   computes and every rank draws the same verdict from it, one step late: with DDP it rides the next step's
@@ -41,6 +41,7 @@ from goodput.run._numeric_carry import Carried
 from goodput.run._numeric_exchange import Exchange, new_group, start_gather
 from goodput.run._numeric_grads import BucketCheck
 from goodput.run._numeric_ops import (
+    Episode,
     announce,
     apply_skips,
     gather_rows,
@@ -65,6 +66,7 @@ from goodput.run._numeric_rules import (
     fingerprint,
     verdict,
 )
+from goodput.run._numeric_spikes import SpikeWatch
 from goodput.run.hooks import RunHook
 
 if TYPE_CHECKING:
@@ -80,11 +82,11 @@ class NumericConfig:
 
     Args:
         grads: check the gradients before each optimizer step (a NaN/Inf one is never applied).
-        spike_k: a step's mean loss above median + ``spike_k`` x MAD of the window is a spike (None: no spike
-            rule). MAD is scaled to a normal's sigma, so 6 is six sigma of the recent noise.
+        spike_k: a step's mean loss above its recent level + ``spike_k`` x its noise is a spike (None: no spike
+            rule): 6 is six sigma of its noise (the ledger's ``spike_rule`` says the rise that takes).
         spike_window: the recent steps whose losses form the window.
         spike_warmup: steps with a loss before the rule applies (after every start and rollback of the process).
-        spike_min_rise: a spike is also at least this fraction above the median (a flat loss has MAD ~ 0).
+        spike_min_rise: a spike is also at least this fraction above the level (a flat loss has no noise).
         check_every: fingerprint the parameters and compare the replicas every this many steps (None: never).
         max_rollbacks: rollbacks within ``rollback_window`` steps after which the run stops.
         rollback_window: the window of steps for ``max_rollbacks``.
@@ -123,16 +125,6 @@ class NumericConfig:
             )
 
 
-@dataclasses.dataclass
-class _Episode:
-    """One rollback: the anomaly's step and kind, the step restored, whether its window was skipped."""
-
-    step: int
-    kind: str
-    restored: int
-    skipped: bool = False
-
-
 class NumericGuard(RunHook):
     """The guard of one ``Run`` (see the module docstring): a hook that attaches at each restore, injects a
     drill's faults into the loss, checks each step and rolls back in place."""
@@ -149,7 +141,7 @@ class NumericGuard(RunHook):
         self._losses: list[tuple[int, float]] = []  # (step, mean loss) of good steps
         self._prints: dict[int, int] = {}  # this rank's fingerprint at each check step
         self._agreed = 0  # the newest check step where every replica agreed
-        self._episodes: list[_Episode] = []
+        self._episodes: list[Episode] = []
         self._named: dict[int, int] = {}  # rank -> times named corrupt
         self._unnamed: set[int] = set()  # check steps whose differing replica no majority could name
         self._tier = "durable"
@@ -158,6 +150,7 @@ class NumericGuard(RunHook):
         self._inflight: list[Exchange | Carried] = []  # steps whose words are being exchanged, oldest first
         self._closing = False  # the loop ended before close() judged its last step: a fault stops the run
         self._handover: int | None = None  # a rank named corrupt under warm restarts, to leave for a spare
+        self._watch = SpikeWatch(config)
 
     # ---- lifetime ---------------------------------------------------------------------------------------------
     def on_restore(self, run: Run, state: TrainingState, restored: int | None) -> None:
@@ -173,6 +166,7 @@ class NumericGuard(RunHook):
         # not injected (see adjust_loss) rather than refused; a job launched without replicas is refused.
         self._alone = world == 1 and reserved_world(world) > 1
         refuse_unseen_bitflip(self._flips and not self._alone, self._comparable)  # on every rank alike
+        self._watch.restored(run.ledger)
         self._group = new_group() if world > 1 and dist.is_initialized() else None
         self._agree(restored or 0)
         if self.config.grads and state.optimizer is not None:
@@ -293,9 +287,10 @@ class NumericGuard(RunHook):
     def _judge(self, step: int, rows: list[list[int]]) -> bool:
         """Every rank's verdict on ``step`` from every rank's row; act on it. True when the run rolled back."""
         config = self.config
+        history = [x for _, x in self._losses[-config.spike_window :]]
         found = verdict(
             rows,
-            history=[x for _, x in self._losses[-config.spike_window :]],
+            history=history,
             warmup=config.spike_warmup,
             k=config.spike_k or 0.0,
             min_rise=config.spike_min_rise,
@@ -309,6 +304,7 @@ class NumericGuard(RunHook):
             why = "its redo of this step fingerprinted differently from its first run"
             self._name(found.named, step, why)
             announce(self._run, f"numeric fault: rank {found.named} named corrupt at step {step}: {why}")
+        self._watch.judged(self._run, step, history, found.kind == "spike")
         if found.kind is None:
             if found.mean_loss is not None:
                 self._losses.append((step, found.mean_loss))
@@ -328,7 +324,8 @@ class NumericGuard(RunHook):
         """Apply a drill's numeric faults due at ``step``: the loss they make, a flipped bit."""
         if self._run is None or self._state is None:
             return loss
-        loss = inject_faults(run, self._state.model, step, loss, alone=self._alone)
+        loss, factor = inject_faults(run, self._state.model, step, loss, alone=self._alone)
+        self._watch.injected(step, factor)
         return loss
 
     # ---- response ---------------------------------------------------------------------------------------------
@@ -366,7 +363,7 @@ class NumericGuard(RunHook):
             self._stop(seen, "it survived skipping the data window")
         ceiling = self._agreed if found.kind == "sdc" else step - 1
         restored = self._roll_back(found, step, ceiling)
-        episode = _Episode(step, found.kind, restored)
+        episode = Episode(step, found.kind, restored)
         self._episodes.append(episode)
         done = f"rolled back to step {restored} ({self._tier} tier)"
         if again:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from goodput._env import NUMERIC
@@ -30,27 +30,56 @@ from goodput.launch.launcher import LaunchConfig, launch_job
 from goodput.verify.compare import compare_records
 from goodput.verify.script import OUTPUT_LOG, records_of, run_captured
 
-__all__ = ["drill_plan", "verify_rollback"]
+__all__ = ["drill_plan", "rise_before", "spike_needs", "spike_step", "verify_rollback"]
 
 
-def drill_plan(steps: int, nproc: int, *, check_every: int = 50, window: int = 1000) -> str:
+_SPIKE = 20  # the drill's spike factor: injected where the rule catches a rise of half of it
+
+
+def spike_step(steps: int) -> int:
+    """The step of the drill's spike in a run of ``steps`` steps (55% of them)."""
+    return max(2, 11 * steps // 20)
+
+
+def rise_before(figures: Sequence[Mapping[str, Any]], step: int) -> tuple[int, float] | None:
+    """The spike rule's own figure for a spike at ``step``, from a run's ``spike_rule`` events: (the event's
+    step, the smallest rise it catches) of the newest before ``step``, else of the first (the figure at the end
+    of its warm-up). None without one, or where the rule measures no factor (a loss that is not positive)."""
+    before = [e for e in figures if int(e["step"]) < step] or list(figures[:1])
+    if not before or before[-1].get("rise") is None:
+        return None
+    return int(before[-1]["step"]), float(before[-1]["rise"])
+
+
+def spike_needs(steps: int, figures: Sequence[Mapping[str, Any]]) -> float | None:
+    """The rise the spike rule needs at the drill's spike step (:func:`rise_before` of the clean run's
+    ``spike_rule`` events) when a ``_SPIKE``x spike would pass unseen there (a factor under twice the rise);
+    None when the spike is detectable or no figure says otherwise."""
+    found = rise_before(figures, spike_step(steps))
+    return found[1] if found is not None and 2 * found[1] > _SPIKE else None
+
+
+def drill_plan(
+    steps: int, nproc: int, *, check_every: int | None = 50, window: int = 1000, spike: bool = True
+) -> str:
     """The numeric drill for a run of ``steps`` steps: a NaN loss on the last rank at 30% of the steps, twice
     (it comes back on the redo, as a NaN in the data does: two rollbacks and a skip), a 20x loss spike at 55%,
     and, with replicas to compare, a flipped bit in rank 0's parameters at a replica check step (every
     ``check_every``): the first from 80% on, else the last one, and only from the second check on (a corrupted
-    replica rolls back to the last check that agreed, and before the first there is none).
+    replica rolls back to the last check that agreed, and before the first there is none). ``spike`` False
+    leaves the spike out (the loss hides it: :func:`spike_needs`); ``check_every`` None, the flipped bit.
 
     The guard stops after 3 rollbacks within ``window`` steps (its defaults): when the four rollbacks would
     fall within one window (a run under 2,000 steps), the spike is left out where the flipped bit fits, else
     the flipped bit.
     """
-    last, spike = nproc - 1, max(2, 11 * steps // 20)
-    nan = f"nan@step={max(1, 3 * steps // 10)},rank={last}"
-    check = -(-(4 * steps // 5) // check_every) * check_every
+    nan = f"nan@step={max(1, 3 * steps // 10)},rank={nproc - 1}"
+    every = check_every or steps + 1
+    check = -(-(4 * steps // 5) // every) * every
     if check >= steps:
-        check = (steps - 1) // check_every * check_every
-    flip = [f"bitflip@step={check},rank=0"] if nproc > 1 and check >= 2 * check_every else []
-    spikes = [f"spike@step={spike},factor=20"]
+        check = (steps - 1) // every * every
+    flip = [f"bitflip@step={check},rank=0"] if nproc > 1 and check >= 2 * every else []
+    spikes = [f"spike@step={spike_step(steps)},factor={_SPIKE}"] if spike else []
     if flip and check - max(1, 3 * steps // 10) < window:
         spikes = []
     return "; ".join([nan, nan, *spikes, *flip])
@@ -89,7 +118,7 @@ def verify_rollback(
         clean = records_of(dirs["clean"], script)
         steps = max(max(s, default=0) for s in clean.steps.values())
         alarms = _events(dirs["clean"], "numeric_fault")
-        plan = drill_plan(steps, nproc)
+        plan = _plan(dirs["clean"], steps, nproc, say)
         say(f"clean: {steps} steps, {len(alarms)} alarm{'' if len(alarms) == 1 else 's'}; drill: {plan}")
         if not run_captured(launch(dirs["faulted"], plan), dirs["faulted"], "faulted", say):
             return 1
@@ -117,6 +146,20 @@ def verify_rollback(
         say(f"DIFFERENT: {problem}")
     say(f"(the workers' output is in {dirs['faulted']}/{OUTPUT_LOG} and {dirs['skipping']}/{OUTPUT_LOG})")
     return 1
+
+
+def _plan(clean: str, steps: int, nproc: int, say: Callable[[str], None]) -> str:
+    """The drill for the clean run's guard, placed by its own figures: its ``check_every``, and the smallest rise
+    its spike rule catches (a spike the loss hides is left out, and said)."""
+    configs = _events(clean, "numeric_config")
+    check_every = configs[0].get("check_every") if configs else 50
+    needs = spike_needs(steps, _events(clean, "spike_rule"))
+    if needs is not None:
+        say(
+            f"spike: not detectable on this loss: needs a rise of {needs:.1f}x (the spike rule's figure in the clean "
+            f"run before step {spike_step(steps)}; a {_SPIKE}x spike would pass unseen): the drill injects none"
+        )
+    return drill_plan(steps, nproc, check_every=check_every, spike=needs is None)
 
 
 class _numeric_on:

@@ -1,0 +1,74 @@
+"""What the numeric guard can see, in the ledger, so that a verdict on a run quotes the run's own figures:
+
+* ``numeric_config`` (at each restore): the replica check's period and the spike rule's settings, which place a
+  drill's faults where the guard can find them;
+* ``spike_rule`` (when the warm-up ends and every ``spike_warmup`` steps): the smallest rise, as a factor of the loss's current
+  level, that the spike rule would catch now (``goodput report`` shows the latest);
+* ``spike_missed``: a drill's ``spike`` fault that the rule did not call a spike, and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from goodput.run._numeric_rules import spike_rise, spike_threshold
+
+if TYPE_CHECKING:
+    from goodput.run.numeric import NumericConfig
+
+__all__ = ["SpikeWatch"]
+
+
+class SpikeWatch:
+    """Writes the guard's figures (see the module docstring) to a run's ledger; decides nothing."""
+
+    def __init__(self, config: NumericConfig) -> None:
+        self.config = config
+        self._spiked: dict[int, float] = {}  # step -> the factor a drill's spike applied to its loss
+
+    def restored(self, ledger: Any) -> None:
+        c = self.config
+        ledger.event(
+            "numeric_config", check_every=c.check_every, spike_k=c.spike_k, spike_window=c.spike_window,
+            spike_warmup=c.spike_warmup, spike_min_rise=c.spike_min_rise,
+        )  # fmt: skip
+
+    def injected(self, step: int, factor: float | None) -> None:
+        """A drill's spike multiplied the loss of ``step`` by ``factor`` (None: no spike at ``step``)."""
+        if factor is not None:
+            self._spiked[step] = factor
+
+    def judged(self, run: Any, step: int, history: Sequence[float], spike: bool) -> None:
+        """``step`` was judged after ``history`` (the rule's window); ``spike``: the verdict called it one."""
+        ledger = run.ledger
+        factor = self._spiked.pop(step, None)
+        figures = self.figures(history)
+        if factor is not None and not spike:
+            ledger.event(
+                "spike_missed", step=step, factor=factor, why=self._why_missed(factor, history), **figures
+            )
+        if figures and (len(history) == self.config.spike_warmup or step % self.config.spike_warmup == 0):
+            ledger.event("spike_rule", step=step, **figures)
+
+    def figures(self, history: Sequence[float]) -> dict[str, float | None]:
+        """``rise`` (a factor of the current level, None where the losses are not all positive) and
+        ``threshold`` after ``history``; empty while the rule is off or warming up."""
+        c = self.config
+        if c.spike_k is None or len(history) < c.spike_warmup:
+            return {}
+        threshold = spike_threshold(history, k=c.spike_k, min_rise=c.spike_min_rise)
+        return {"rise": spike_rise(history, k=c.spike_k, min_rise=c.spike_min_rise), "threshold": threshold}
+
+    def _why_missed(self, factor: float, history: Sequence[float]) -> str:
+        c = self.config
+        if c.spike_k is None:
+            return "the spike rule is off (NumericConfig(spike_k=None))"
+        if len(history) < c.spike_warmup:
+            return f"the spike rule was warming up ({len(history)} of spike_warmup={c.spike_warmup} steps)"
+        rise = spike_rise(history, k=c.spike_k, min_rise=c.spike_min_rise)
+        needs = f"a rise of {rise:.1f}x over its level" if rise is not None else "a larger rise"
+        return (
+            f"a {factor:g}x spike stayed below the spike rule's threshold: on this loss it needs {needs} "
+            "(spike_k x the loss's own noise from step to step)"
+        )
