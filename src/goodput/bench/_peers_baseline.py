@@ -74,6 +74,31 @@ def _newest(root: str) -> int | None:
     return max(done, default=None)
 
 
+def demo_job(args: argparse.Namespace) -> tuple[TinyLM, torch.optim.Optimizer, Any]:
+    """The demo's model (seeded), AdamW and LR schedule, the same in every contender written here."""
+    torch.manual_seed(args.seed)
+    inner = TinyLM(ModelConfig(dropout=0.1))
+    optimizer = torch.optim.AdamW(inner.parameters(), lr=args.lr, weight_decay=0.01)
+    warmup = max(1, args.steps // 10)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / args.steps)
+    )
+    return inner, optimizer, scheduler
+
+
+def demo_loader(dataset: Any, sampler: Any, args: argparse.Namespace) -> StatefulDataLoader:
+    """torchdata's StatefulDataLoader over the demo's shards in ``sampler``'s order."""
+    return StatefulDataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        num_workers=args.workers,
+        collate_fn=collate,
+        drop_last=True,
+        persistent_workers=args.workers > 0,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _args(argv)
     torch.use_deterministic_algorithms(True)
@@ -83,14 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     rank = dist.get_rank()
     ledger = Ledger(run_dir)
     ckpt_group = dist.new_group(backend="gloo")  # async saves' collectives apart from training's
-    torch.manual_seed(args.seed)
-    inner = TinyLM(ModelConfig(dropout=0.1))
+    inner, optimizer, scheduler = demo_job(args)
     model = torch.nn.parallel.DistributedDataParallel(inner)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    warmup = max(1, args.steps // 10)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / args.steps)
-    )
     dataset = ShardedDataset(args.data, decode=decode)
     sampler: torch.utils.data.distributed.DistributedSampler[Any] = (
         torch.utils.data.distributed.DistributedSampler(
@@ -99,15 +118,7 @@ def main(argv: list[str] | None = None) -> None:
             drop_last=True,
         )
     )
-    loader = StatefulDataLoader(
-        dataset,
-        batch_size=args.batch_size,
-        sampler=sampler,
-        num_workers=args.workers,
-        collate_fn=collate,
-        drop_last=True,
-        persistent_workers=args.workers > 0,
-    )
+    loader = demo_loader(dataset, sampler, args)
     root = os.path.join(run_dir, "checkpoints")
     step = _restore(root, model, optimizer, scheduler, loader, rank, ledger)
     ledger.init_done()

@@ -32,13 +32,12 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from torchdata.stateful_dataloader import StatefulDataLoader
 from torchft import DistributedDataParallel, DistributedSampler, Manager, Optimizer, ProcessGroupGloo
 from torchft.checkpointing.pg_transport import PGTransport
 
+from goodput.bench._peers_baseline import demo_job, demo_loader
 from goodput.data import ShardedDataset
-from goodput.demo.model import ModelConfig, TinyLM
-from goodput.demo.train import collate, decode
+from goodput.demo.train import decode
 from goodput.ledger import Ledger
 
 
@@ -61,13 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     groups = int(os.environ.get("NUM_REPLICA_GROUPS", "2"))
     run_dir = os.environ["GOODPUT_RUN_DIR"]
     ledger = Ledger(run_dir, rank=group)
-    torch.manual_seed(args.seed)
-    inner = TinyLM(ModelConfig(dropout=0.1))
-    optim = torch.optim.AdamW(inner.parameters(), lr=args.lr, weight_decay=0.01)
-    warmup = max(1, args.steps // 10)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optim, lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / args.steps)
-    )
+    inner, optim, scheduler = demo_job(args)
     dataset = ShardedDataset(args.data, decode=decode)
     sampler = DistributedSampler(
         dataset,
@@ -78,15 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         shuffle=False,
         drop_last=True,
     )
-    loader = StatefulDataLoader(
-        dataset,
-        batch_size=args.batch_size,
-        sampler=sampler,
-        num_workers=args.workers,
-        collate_fn=collate,
-        drop_last=True,
-        persistent_workers=args.workers > 0,
-    )
+    loader = demo_loader(dataset, sampler, args)
 
     def load_state_dict(state: dict[str, Any]) -> None:
         inner.load_state_dict(state["model"])
