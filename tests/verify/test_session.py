@@ -1,7 +1,8 @@
 """No process and no temporary folder of ``goodput drill`` or ``goodput verify-resume`` outlives it: SIGTERM stops
 the launch it runs (as goodput launch stops: its ranks save and end) and the command removes its temporary folder,
 exiting 128 + 15; a command that completes leaves its temporary folder behind only with ``--keep``. (What torch
-itself keeps in the temporary folder, its compile cache ``torchinductor_USER``, is any torch program's.)
+itself keeps in the temporary folder, its compile cache ``torchinductor_USER``, is any torch program's; so is
+the ``pymp-*`` folder Python's multiprocessing makes for a process and cannot remove when a drill SIGKILLs it.)
 
 Each command runs as a real process in a session of its own, with ``TMPDIR`` a folder of the test's, on a user's
 script (tests/scripts/verify_user_train.py) made long enough to be signalled while it trains.
@@ -51,7 +52,7 @@ def _training(tmp: Path, proc: subprocess.Popen[str]) -> str:
 
 def _left(tmp: Path) -> list[str]:
     """What is left in the temporary folder ``tmp`` besides torch's own cache."""
-    return [name for name in os.listdir(tmp) if not name.startswith("torchinductor_")]
+    return [name for name in os.listdir(tmp) if not name.startswith(("torchinductor_", "pymp-"))]
 
 
 def _alive(pid: int) -> bool:
