@@ -106,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--contenders",
         default=None,
-        help="which to run (default: all; torchft only where the peers extra is installed)",
+        help="which to run (default: all; torchft and nvrx only where the peers extra is installed)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the failure schedules (default 0)")
     parser.add_argument(
