@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from goodput.launch.launcher import EXIT_CRASH_LOOP
+from goodput.run.crashloop import attempt_records
 from tests.helpers.launching import WORKER, launch_lines, processes_with
 
 
@@ -23,12 +24,6 @@ def _launch(run_dir: str, *args: str, nproc: int = 1) -> subprocess.CompletedPro
     command = [sys.executable, "-m", "goodput", "launch", "--nproc", str(nproc), "--max-restarts", "10"]
     command += ["--run-dir", run_dir, "--", WORKER, "--every", "5", "--raise-at", "12", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=240)
-
-
-def _attempts(run_dir: str) -> list[str]:
-    return sorted(
-        n for n in os.listdir(os.path.join(run_dir, "attempts")) if n.endswith(".json") and ".rank-" not in n
-    )
 
 
 @pytest.mark.slow
@@ -45,7 +40,7 @@ def test_the_same_error_in_the_same_step_stops_after_three_attempts(tmp_path: Pa
     )  # quoted once, the failing rank's
     # Attempts 0-2 failed, attempt 3 gave the verdict (torchrun may start one more while the launcher reacts):
     # far from the 10 restarts.
-    assert 4 <= len(_attempts(run_dir)) <= 5, _attempts(run_dir)
+    assert 4 <= len(attempt_records(str(run_dir))) <= 5, attempt_records(str(run_dir))
     assert os.path.isdir(
         os.path.join(run_dir, "checkpoints", "step-10")
     )  # each attempt made progress from it
@@ -62,4 +57,4 @@ def test_an_error_that_changes_is_restarted(tmp_path: Path, changing: str) -> No
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(os.path.join(run_dir, "finished")) as f:
         assert f.read() == "20"
-    assert len(_attempts(run_dir)) == 4, _attempts(run_dir)
+    assert len(attempt_records(str(run_dir))) == 4, attempt_records(str(run_dir))

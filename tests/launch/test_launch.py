@@ -14,6 +14,7 @@ import pytest
 from goodput.errors import ConfigError
 from goodput.launch.launcher import EXIT_CRASH_LOOP, EXIT_FATAL, LaunchConfig, torchrun_command
 from goodput.ledger import read_events
+from goodput.run.crashloop import attempt_records
 from tests.helpers.launching import WORKER
 from tests.helpers.paths import script
 
@@ -56,7 +57,7 @@ def test_crash_loop_stops_torchrun_with_its_own_exit_code(tmp_path: os.PathLike[
     assert "crash loop: the last 2 attempts made no progress" in proc.stderr
     # Attempt 2 (after attempts 0 and 1 failed) gave the verdict; torchrun may start an attempt or two more
     # while the launcher reacts, but it stops long before the 8 restarts run out.
-    attempts = os.listdir(os.path.join(run_dir, "attempts"))
+    attempts = attempt_records(run_dir)
     assert "attempt-2.json" in attempts and len(attempts) <= 5, attempts
 
 

@@ -21,6 +21,7 @@ from goodput import (
     TrainingState,
 )
 from goodput.launch.launcher import EXIT_FATAL
+from goodput.run.crashloop import attempt_records
 from goodput.testing import S3Server
 from tests.helpers.paths import script
 
@@ -126,7 +127,7 @@ def test_launch_with_a_refused_checkpoint_root_stops_at_once_naming_rank_0(
     last = _one_refusal_line(done, s3_url, s3_server)
     assert last.startswith("goodput launch: stopped: rank 0: AccessRefused: cannot write checkpoints to")
     assert [ln for ln in done.stderr.splitlines() if ln.startswith("goodput launch:")] == [last]
-    assert _attempts(run_dir) == ["attempt-0.json"]  # no restarted attempt
+    assert attempt_records(str(run_dir)) == ["attempt-0.json"]  # no restarted attempt
 
 
 @pytest.mark.s3
@@ -138,9 +139,4 @@ def test_launch_with_refused_data_stops_at_once(s3_server: S3Server, s3_url: str
     assert done.returncode == EXIT_FATAL, done.stderr[-3000:]
     last = _one_refusal_line(done, s3_url, s3_server)
     assert last.startswith("goodput launch: stopped: rank 0: AccessRefused: cannot read")
-    assert _attempts(run_dir) == ["attempt-0.json"]
-
-
-def _attempts(run_dir) -> list[str]:
-    """The attempt records of a run folder (each rank's record of the error that ended it left aside)."""
-    return sorted(n for n in os.listdir(run_dir / "attempts") if not n.endswith(".failed.json"))
+    assert attempt_records(str(run_dir)) == ["attempt-0.json"]

@@ -252,11 +252,12 @@ def _restarts(run_dir: str) -> str:
     """How the interrupted run restarted: "N restarts", or "N restarts (W warm, C cold)" under the warm agent."""
     import json
 
+    from goodput.run.crashloop import attempt_records
     from goodput.warm.agent import AGENT_LOG
 
     log = os.path.join(run_dir, AGENT_LOG)
     if not os.path.exists(log):
-        return f"{len(os.listdir(os.path.join(run_dir, 'attempts'))) - 1} restarts"
+        return f"{len(attempt_records(run_dir)) - 1} restarts"
     with open(log) as f:
         events = [json.loads(line)["event"] for line in f if line.strip()]
     warm, cold = events.count("warm_restart"), events.count("cold_restart")

@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 from goodput.errors import CrashLoop
 from goodput.launch.folder import launch_dir, launch_id
 
-__all__ = ["CrashLoopDetector", "record_failure"]
+__all__ = ["CrashLoopDetector", "attempt_records", "record_failure"]
 
 CRASH_LOOP_FILE = "CRASH_LOOP"
 _FAILED = ".failed.json"  # attempt-<n>.rank-<r>.failed.json: the error that ended rank r's attempt n
@@ -177,3 +177,13 @@ def record_failure(run_dir: str, attempt: int, *, rank: int, step: int, error: s
     with open(tmp, "w") as f:
         json.dump(record, f)
     os.replace(tmp, path)
+
+
+def attempt_records(run_dir: str) -> list[str]:
+    """The names of the attempt records in ``run_dir`` (``attempt-<n>.json``, one per attempt that started),
+    leaving aside each rank's record of the error that ended an attempt."""
+    try:
+        names = os.listdir(os.path.join(run_dir, "attempts"))
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if n.startswith("attempt-") and n.endswith(".json") and ".rank-" not in n)
