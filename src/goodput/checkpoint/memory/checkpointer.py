@@ -31,7 +31,7 @@ from goodput.checkpoint._contention import BackgroundCpu
 from goodput.checkpoint.memory.format import CHECKSUM, Staging, decode_part, load_part, write_part
 from goodput.checkpoint.memory.read import read_part_into
 from goodput.checkpoint.memory.replica import ReplicaLink
-from goodput.checkpoint.memory.store import MemoryStore, MemoryTier
+from goodput.checkpoint.memory.store import MemoryStore, MemoryTier, PartIncomplete
 from goodput.checkpoint.state import TrainingState
 from goodput.errors import CheckpointCorrupt, StateMismatch
 from goodput.faults import fault_point
@@ -258,8 +258,10 @@ class MemoryCheckpointer:
             marker = self.store.marker(step, rank, self.world_size, replica=replica)
             size = os.path.getsize(self.store.part_path(step, rank, replica=replica))
         except (CheckpointCorrupt, OSError) as err:
-            log.warning("memory tier: skipping rank %d's part of step %d%s: %s",
-                        rank, step, " (replica)" if replica else "", err)  # fmt: skip
+            # A save a kill interrupted is what a restart expects to find: no warning for it (damage gets one).
+            level = logging.INFO if isinstance(err, PartIncomplete) else logging.WARNING
+            log.log(level, "memory tier: skipping rank %d's part of step %d%s: %s",
+                    rank, step, " (replica)" if replica else "", err)  # fmt: skip
             return False
         if size != marker["bytes"]:
             log.warning("memory tier: skipping rank %d's part of step %d%s: %d bytes, its marker says %d"

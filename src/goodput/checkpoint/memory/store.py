@@ -31,11 +31,15 @@ from goodput.checkpoint.memory.format import CHECKSUM
 from goodput.errors import CheckpointCorrupt, ConfigError
 from goodput.units import parse_duration
 
-__all__ = ["MemoryStore", "MemoryTier"]
+__all__ = ["MemoryStore", "MemoryTier", "PartIncomplete"]
 
 log = logging.getLogger(__name__)
 
 OWNER_FILE = "goodput-memory.json"
+
+
+class PartIncomplete(CheckpointCorrupt):
+    """A part without its marker: a save that never completed (the usual trace of a kill during a write)."""
 
 
 @dataclass(kw_only=True)
@@ -203,15 +207,15 @@ class MemoryStore:
         """The marker of rank's part at step, checked against this run.
 
         Raises:
-            CheckpointCorrupt: no marker (the part was never completed), one of another run or world size, or
-                one of an older goodput's format.
+            PartIncomplete: no marker (the part was never completed: a save a kill interrupted).
+            CheckpointCorrupt: a marker of another run or world size, or one of an older goodput's format.
         """
         path = self.part_path(step, rank, replica=replica)[: -len(".part")] + ".json"
         try:
             with open(path) as f:
                 marker = json.load(f)
         except FileNotFoundError:
-            raise CheckpointCorrupt(f"{path} is missing: the part was never completed") from None
+            raise PartIncomplete(f"{path} is missing: the part was never completed") from None
         except ValueError as err:
             raise CheckpointCorrupt(f"{path} is unreadable: {err}") from None
         if marker.get("run") != self.run_id:
