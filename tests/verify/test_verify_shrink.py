@@ -127,6 +127,19 @@ def test_a_user_script_with_dropout_verifies_after_a_shrink(tmp_path: str) -> No
     assert "final model, optimizer, scheduler, RNG and data position, match a reference" in proc.stdout
 
 
+@pytest.mark.slow
+def test_a_loader_that_cannot_keep_its_global_batch_is_refused_before_anything_trains(tmp_path: str) -> None:
+    """A README script whose loader takes a per-rank batch_size: under --shrink-after every shrink would change
+    the global batch, so verify says so in one line (exit 2) from the first run's start, not after training the
+    whole uninterrupted run and failing the interrupted one."""
+    work = os.path.join(tmp_path, "work")
+    flags = ["--restart", "warm", "--spares", "0", "--shrink-after", "0", "--nproc", "2", "--kills", "1"]
+    proc = _verify(*flags, "--work-dir", work, "--", paths.script("verify_user_train.py"), timeout=120)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stderr.count("\n") == 1 and "global_batch_size" in proc.stderr, proc.stderr
+    assert "uninterrupted:" not in proc.stdout  # refused in the first run (it used to train it whole first)
+
+
 def test_a_run_of_two_epochs_trains_each_sample_once_an_epoch_and_that_is_no_difference() -> None:
     """The second epoch trains the first epoch's samples again, in the uninterrupted run as in the shrunk one:
     exactly once means as often as the uninterrupted run, step by step, not once over the whole run."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +27,7 @@ from goodput.verify.session import raise_if_stopped
 
 __all__ = [
     "empty_folders",
+    "environment",
     "kill_plan",
     "launch_config",
     "records_of",
@@ -60,16 +62,17 @@ def _captured_output(path: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _records_enabled(on: bool) -> Iterator[None]:
-    before = os.environ.get(RECORDS_ENV)
-    os.environ[RECORDS_ENV] = "1" if on else "0"
+def environment(name: str, value: str) -> Iterator[None]:
+    """``name`` set to ``value`` in this process's environment (and so its launches') meanwhile."""
+    before = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(RECORDS_ENV, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[RECORDS_ENV] = before
+            os.environ[name] = before
 
 
 def run_captured(
@@ -79,19 +82,30 @@ def run_captured(
 
     Raises:
         Stopped: the command was asked to stop, before the launch or while it ran (it stopped too).
+        ConfigError: a rank stopped on a ConfigError (the script refused its configuration): that error.
     """
     raise_if_stopped()
     os.makedirs(run_dir, exist_ok=True)
     log = os.path.join(run_dir, OUTPUT_LOG)
-    with _records_enabled(records), _captured_output(log):
+    with environment(RECORDS_ENV, "1" if records else "0"), _captured_output(log):
         status = run()
     raise_if_stopped()
     if status == 0:
         return True
+    tail = _tail(log, 8)
+    for line in tail:  # the script refused its configuration (a user error): that line, not a failed run
+        if (found := _CONFIG_STOP.search(line)) is not None:
+            raise ConfigError(f"the {name} run stopped: {found[1]}: {found[2]}")
     say(f"the {name} run failed with exit status {status}; its output is in {log}, ending:")
-    for line in _tail(log, 8):
+    for line in tail:
         say(f"  | {line}")
     return False
+
+
+# The launcher's line for a rank that stopped on a ConfigError (goodput.launch.supervise): a restart cannot fix it.
+_CONFIG_STOP = re.compile(
+    r"goodput launch: stopped: (rank \d+): ConfigError: (.*?); a restart cannot fix this"
+)
 
 
 def _tail(path: str, lines: int) -> list[str]:

@@ -23,7 +23,7 @@ import functools
 import os
 from collections.abc import Callable, Sequence
 
-from goodput._env import STOP_AFTER
+from goodput._env import STOP_AFTER, WARM_MIN_WORLD
 from goodput.errors import ConfigError
 from goodput.launch.launcher import launch_job
 from goodput.run.records import FINAL_FILE, RECORDS_DIR
@@ -31,6 +31,7 @@ from goodput.verify.compare import compare_records
 from goodput.verify.records import RunRecords
 from goodput.verify.script import (
     empty_folders,
+    environment,
     kill_plan,
     launch_config,
     records_of,
@@ -134,9 +135,12 @@ def verify_shrink(
     work, dirs = empty_folders(work_dir, ("uninterrupted", "interrupted", "reference"))
     say(f"goodput verify-resume: {' '.join(script)}, {nproc} ranks, warm restarts with no spare "
         f"(shrink after {shrink_after:g} s, down to {min_world}), in {work}")  # fmt: skip
-    if not run_captured(lambda: launch_job(launch_config(script, nproc, dirs["uninterrupted"])), dirs["uninterrupted"],
-                        "uninterrupted", say):  # fmt: skip
-        return 1
+    # The uninterrupted run sees --min-world as the interrupted one will, so that a script whose loader cannot
+    # keep its global batch on fewer ranks is refused in seconds, before anything trains.
+    with environment(WARM_MIN_WORLD.name, str(min_world)):
+        if not run_captured(lambda: launch_job(launch_config(script, nproc, dirs["uninterrupted"])),
+                            dirs["uninterrupted"], "uninterrupted", say):  # fmt: skip
+            return 1
     clean = records_of(dirs["uninterrupted"], script)
     steps = max(max(s, default=0) for s in clean.steps.values())
     saves, async_saves = saved_steps(dirs["uninterrupted"])
@@ -177,11 +181,8 @@ def _reference(
     ends = [first - 1 for first, _ in schedule[1:]] + [steps]
     for n, ((_, world), end) in enumerate(zip(schedule, ends, strict=True)):
         last = n == len(schedule) - 1
-        os.environ[STOP_AFTER.name] = "" if last else str(end)
-        try:
+        with environment(STOP_AFTER.name, "" if last else str(end)):
             ok = run_captured(functools.partial(_cold, script, world, run_dir), run_dir, "reference", say)
-        finally:
-            os.environ.pop(STOP_AFTER.name, None)
         if not ok:
             return False
         if not last:  # only the last part's ranks end the run: drop the earlier parts' final states
