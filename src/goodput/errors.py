@@ -14,6 +14,8 @@ The tree::
     ├── StorageError                  remote storage failed after every retry (names the URL and last cause)
     │   └── AccessRefused (ConfigError) the store refused the credentials or the permission: no restart
     │                                 fixes it (names the URL and where credentials are read from)
+    ├── ProtocolMismatch              a warm store key holds a payload of another format (a process of the job
+    │                                 runs another goodput version, or something else wrote the key)
     ├── CrashLoop                     attempts keep failing (no progress, or the same error): restarting is pointless
     ├── NumericFault                  a NaN/Inf, loss spike or corrupted replica survived the rollback ladder
     ├── StragglerStop                 a rank stayed slow and the straggler detector was asked to stop the job
@@ -41,6 +43,7 @@ __all__ = [
     "GoodputError",
     "NoValidCheckpoint",
     "NumericFault",
+    "ProtocolMismatch",
     "SaveFailed",
     "StateMismatch",
     "Stopped",
@@ -99,6 +102,12 @@ class AccessRefused(StorageError, ConfigError):
 
     Every retry and every restarted attempt fails the same way, so it is a configuration error: the message
     names the URL and where credentials are read from, never a secret.
+    """
+
+
+class ProtocolMismatch(GoodputError):
+    """A key of the warm-restart store holds a payload goodput does not read (``goodput.warm.protocol``): written
+    by another goodput version, or by something that is not goodput. The message names the key and what it held.
     """
 
 

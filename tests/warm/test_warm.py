@@ -120,6 +120,10 @@ def test_sigkill_of_one_rank_restarts_warm(tmp_path: os.PathLike[str], baseline:
     # started the first spare (a failure before that is answered cold, by design: docs/warm-restarts.md)
     _launch(run_dir, "kill@step=20,rank=1", script_args=("--step-seconds", "0.01"))
     _assert_warm_and_identical(run_dir, baseline)
+    # The hand-over logs the agent's store operations so far: at least its own five writes (a generation
+    # number, the old generation's end, the spare's assignment, the new generation's info and number).
+    ops = _agent(run_dir)[0]["store_ops"]
+    assert set(ops) == {"reads", "writes", "waits"} and ops["writes"] >= 5 and ops["reads"] > 0, ops
 
 
 @pytest.mark.slow

@@ -19,9 +19,9 @@ def new_group() -> Any:
 
     import torch.distributed as dist
 
-    from goodput.warm.protocol import PG_TIMEOUT_ENV
+    from goodput.warm.protocol import WARM_PG_TIMEOUT
 
-    seconds = os.environ.get(PG_TIMEOUT_ENV)
+    seconds = os.environ.get(WARM_PG_TIMEOUT.name)  # unset outside warm restarts: torch's default
     timeout = datetime.timedelta(seconds=float(seconds)) if seconds else None
     return dist.new_group(backend="gloo", timeout=timeout)
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from goodput.checkpoint.state import TrainingState
     from goodput.run._membership import Membership
     from goodput.run.run import Run
+    from goodput.warm.protocol import Generation
 
 __all__ = ["WarmHook", "exit_failed", "generation_loaders", "resized_event"]
 
@@ -36,7 +37,7 @@ class WarmHook(RunHook):
     def __init__(self, worker: WarmWorker) -> None:
         self.worker = worker
         self._pending: Any = None  # a survivor's state, held from its failure to the next restore
-        self._next: dict[str, Any] | None = None  # what the agent said about the next generation
+        self._next: int | None = None  # the generation this survivor left its failed one for
         self._first: float | None = None  # when the recovered generation started, until its first step
         self._live = False  # the last restore took the state from a survivor, not a checkpoint
         self._recovering = False  # inside a live recovery: the objects hold no state of this process yet
@@ -79,7 +80,7 @@ class WarmHook(RunHook):
         fault_point("restore")
         step = self.worker.recover(self._pending, state)
         self._recovering = False
-        parts = self.worker.parts(time.monotonic() - start, self._next)
+        parts = self.worker.parts(time.monotonic() - start, survivor=self._next is not None)
         run.ledger.event("warm_restart", restored_step=step, **parts)
         if self.worker.resized:
             resized_event(run, self.worker.info, step, state)
@@ -137,25 +138,26 @@ def generation_loaders(run: Run) -> list[ResumableLoader]:
     return list({id(x): x for x in given if isinstance(x, ResumableLoader)}.values())
 
 
-def resized_event(run: Run, info: dict[str, Any], step: int | None, state: TrainingState) -> None:
+def resized_event(run: Run, info: Generation | None, step: int | None, state: TrainingState) -> None:
     """The ledger's ``shrink`` or ``grow`` event of a resized generation, as this rank saw it (seconds: from
     the failure's detection, or the newcomer's readiness, to training resumed)."""
-    kind = info["kind"]
-    since = float(info["detected_wall"] if kind == "shrink" else info["ready_wall"])
+    assert info is not None  # a resized generation was joined
+    since = info.detected_wall if info.kind == "shrink" else info.ready_wall
+    assert since is not None  # the agent stamps every shrink and grow
     fields: dict[str, Any] = {
-        "generation": info["gen"],
+        "generation": info.gen,
         "step": (step or 0) + 1,
-        "world_before": info["world_before"],
-        "world_after": info["world_size"],
+        "world_before": info.world_before,
+        "world_after": info.world_size,
         "seconds": round(max(0.0, time.time() - since), 6),
     }
-    if kind == "shrink":
-        fields["failed_ranks"] = info["failed"]
+    if info.kind == "shrink":
+        fields["failed_ranks"] = info.failed
         keeps = getattr(state.loader, "keeps_global_batch", False)
         fields["batch_rule"] = "per_rank_batch" if keeps else "unchecked"
     else:
-        fields["joined"] = info["joined"]
-    run.ledger.event(kind, **fields)
+        fields["joined"] = info.joined
+    run.ledger.event(info.kind, **fields)
 
 
 def exit_failed(run: Run, err: BaseException, *, planned: bool = False) -> NoReturn:

@@ -45,9 +45,9 @@ from typing import Any
 from goodput.launch.folder import LOGS_DIR, launch_dir, write_notice
 from goodput.launch.launcher import LaunchConfig
 from goodput.launch.output import describe_exit
-from goodput.warm import protocol
 from goodput.warm.idle import can_return, make_idle, make_normal
-from goodput.warm.nodes import NodeBeats, first_layout, layout_json, layout_of, wait_for_nodes
+from goodput.warm.nodes import NodeBeats, first_layout, wait_for_nodes
+from goodput.warm.protocol import WARM_GEN, WARM_ROLE, WARM_SPARE_ID, Assignment, Generation
 from goodput.warm.record import claim_folder, record_folder, remove_folder
 from goodput.warm.resize import Resizer
 from goodput.warm.rounds import Round, next_round, node_counts, rendezvous
@@ -59,7 +59,7 @@ from goodput.warm.start import (
     launch_warm,
     worker_env,
 )
-from goodput.warm.watch import connect_store
+from goodput.warm.store import WarmStore, operations
 
 __all__ = ["AGENT_LOG", "WarmAgent", "WarmConfig", "launch_warm"]
 
@@ -98,22 +98,20 @@ class WarmAgent:
             prefix = f"goodput-warm/{launch.rdzv_id}/"
         self._base = base  # the connection (and, on one node, the server) lives as long as the agent
         self.prefix = prefix
-        self.store: Any = dist.PrefixStore(prefix, base) if prefix else base
+        self.store = WarmStore(dist.PrefixStore(prefix, base) if prefix else base)
         first = (
             next_round(self.rdzv, self.store) if self.rdzv is not None else Round(rank=0, nodes=1, first=True)
         )
         self.joiner = not first.first  # a node taken into a running job (it grows the job with its spares)
         self.nnodes = first.nodes
         self.reserved = self.nproc * node_counts(launch)[1]
-        joined = (
-            0 if first.first else int(self.store.add(protocol.JOINED_KEY, 1))
-        )  # a new node id, past MAX's
+        joined = 0 if first.first else self.store.join_node()  # a new node id, past MAX's
         self.node_rank = first.rank if first.first else node_counts(launch)[1] + joined - 1
-        self.gen = int(self.store.get(protocol.CURRENT_KEY)) if self.joiner else 0
-        current = json.loads(self.store.get(protocol.info_key(self.gen))) if self.joiner else {}
-        self.set_layout(layout_of(current) or first_layout(self.nnodes, self.nproc))
+        self.gen = self.store.current() if self.joiner else 0
+        nodes = self.store.generation(self.gen).nodes if self.joiner else None
+        self.set_layout(nodes or first_layout(self.nnodes, self.nproc))
         self.beats = (
-            NodeBeats(lambda: connect_store(self.address, prefix), self.node_rank) if prefix else None
+            NodeBeats(lambda: WarmStore.connect(self.address, prefix), self.node_rank) if prefix else None
         )
         self.cold_restarts = 0
         self.restarts = 0
@@ -161,7 +159,7 @@ class WarmAgent:
             WORLD_SIZE=str(self.world_size),
             LOCAL_WORLD_SIZE=str(len(self.ranks)),
             GROUP_RANK=str(self.node_rank),
-            **{protocol.ROLE_ENV: "worker", protocol.GEN_ENV: str(self.gen)},
+            **{WARM_ROLE.name: "worker", WARM_GEN.name: str(self.gen)},
         )
         self.workers[rank] = self._spawn(f"rank{rank}", env)
 
@@ -169,14 +167,16 @@ class WarmAgent:
         """Start one more hot spare (it imports, then waits for a rank)."""
         spare = self._next_spare
         self._next_spare += 1
-        env = worker_env(
-            self, **{protocol.ROLE_ENV: "spare", protocol.SPARE_ENV: f"{self.node_rank}-{spare}"}
-        )
+        env = worker_env(self, **{WARM_ROLE.name: "spare", WARM_SPARE_ID.name: self.spare_id(spare)})
         slot = self._spawn(f"spare{spare}", env)
         if self._idle_spares:
             make_idle(slot.pid)  # its imports use only CPU time the ranks leave (goodput.warm.idle)
         slot.spare = spare
         self.spares.append(slot)
+
+    def spare_id(self, spare: int) -> str:
+        """The job-wide id of this node's spare number ``spare`` (its keys in the store)."""
+        return f"{self.node_rank}-{spare}"
 
     def fill_spares(self) -> None:
         """Replace dead spares and start the missing ones, once spares are due."""
@@ -198,24 +198,23 @@ class WarmAgent:
         compete with theirs for the CPU; a failure before then starts the rank's replacement cold."""
         if self._spares_started:
             return True
-        if time.monotonic() - self._started >= self.warm.first_spare_delay or self.store.check(
-            [protocol.stepped_key(rank) for rank in self.ranks]
+        if time.monotonic() - self._started >= self.warm.first_spare_delay or self.store.all_stepped(
+            self.ranks
         ):
             self._spares_started = True
         return self._spares_started
 
     def publish(self, kind: str, **fields: Any) -> None:
-        """Publish the current generation's kind and facts in the store (``protocol.info_key``)."""
-        info = {"kind": kind, "gen": self.gen, **fields}
-        self.store.set(protocol.info_key(self.gen), json.dumps(info))
+        """Publish the current generation, its kind and facts (``protocol.Generation``), as the one now
+        running."""
+        self.store.publish(Generation(gen=self.gen, kind=kind, **fields))
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
         """Run the job to its end; returns its exit status."""
 
         if self.node_rank == 0 and not self.joiner:
-            self.publish("cold", failed=[], nodes=layout_json(self.layout))
-            self.store.set(protocol.CURRENT_KEY, "0")
+            self.publish("cold", failed=[], nodes=self.layout)
         claim_folder(record_folder(self.address, self.prefix))  # and sweep a SIGKILLed launch's
         try:
             for rank in self.ranks:
@@ -274,7 +273,7 @@ class WarmAgent:
         """Whether this node's part of the job is over: its ranks finished (a node that holds no rank any
         more, after a shrink, waits for a spare's grow until another node says the job is done)."""
         if not self.ranks:
-            return bool(self.store.check([protocol.NODES_DONE_KEY]))
+            return self.store.any_node_done()
         return len(self.finished) == len(self.ranks) or self.resize.finished_before_grow()
 
     def poll_workers(self) -> dict[int, int]:
@@ -313,7 +312,7 @@ class WarmAgent:
         if self.pending is None:
             return False
         gen = self.pending[0]
-        if self.store.add(protocol.recovered_key(gen), 0) < self.world_size:
+        if self.store.recovered_count(gen) < self.world_size:
             return False
         self.record("warm_restart_done", gen=gen)
         self.pending = None
@@ -334,21 +333,14 @@ class WarmAgent:
         """Whether the current generation was formed by a warm restart that has not recovered yet."""
         if self.gen == 0:
             return False
-        info = json.loads(self.store.get(protocol.info_key(self.gen)))
-        return bool(
-            info["kind"] in ("warm", "shrink", "grow")
-            and self.store.add(protocol.recovered_key(self.gen), 0) < self.world_size
-        )
-
-    def _new_generation(self) -> int:
-        return int(self.store.add(protocol.COUNTER_KEY, 1))
+        live = self.store.generation(self.gen).live
+        return live and self.store.recovered_count(self.gen) < self.world_size
 
     def claim_next(self) -> bool:
         """Claim the generation after the current one; whether this agent won it (``gen`` is then the new one).
         A compare-and-set, so two nodes failing at once cannot both restart the same generation."""
-        old, new = self.gen, self._new_generation()
-        won = self.store.compare_set(protocol.next_key(old), "", json.dumps({"gen": new})).decode()
-        if json.loads(won)["gen"] != new:
+        old, new = self.gen, self.store.new_generation()
+        if not self.store.end_generation(old, new):
             return False
         self.gen = new
         return True
@@ -363,7 +355,6 @@ class WarmAgent:
         handed = [self.hand_over(rank) for rank in failed]
         handover = time.time()
         self.publish("warm", failed=failed, detected_wall=detected, from_gen=old, handover_wall=handover)
-        self.store.set(protocol.CURRENT_KEY, str(new))
         self.pending = (new, time.monotonic() + self.warm.reform_timeout)
         self.record(
             "warm_restart",
@@ -372,6 +363,7 @@ class WarmAgent:
             detected_wall=detected,
             handed=handed,
             handover_seconds=round(handover - detected, 6),
+            store_ops=operations(),
         )
         to = ", ".join(f"spare {h['spare']}" if h["spare"] is not None else "a new process" for h in handed)
         self.notice(failed, f"warm hand-over to {to} (generation {new})")
@@ -383,21 +375,22 @@ class WarmAgent:
         if spare is None:
             self.start_worker(rank)
             return {"rank": rank, "spare": None, "pid": self.workers[rank].pid}
-        assign = {
-            "rank": rank,
-            "local_rank": self.ranks.index(rank),
-            "world_size": self.world_size,
-            "local_world_size": len(self.ranks),
-            "group_rank": self.node_rank,
-            "gen": self.gen,
-            "restart_count": self.cold_restarts,
-        }
-        ready = self.store.check(
-            [protocol.spare_ready_key(f"{self.node_rank}-{spare.spare}")]
-        )  # False: importing
+        assign = Assignment(
+            rank=rank,
+            local_rank=self.ranks.index(rank),
+            world_size=self.world_size,
+            local_world_size=len(self.ranks),
+            group_rank=self.node_rank,
+            gen=self.gen,
+            restart_count=self.cold_restarts,
+        )
+        assert spare.spare is not None  # taken from the spares
+        spare_id = self.spare_id(spare.spare)
+        ready = self.store.spare_ready(spare_id)  # False: importing
         if self._idle_spares:
             make_normal(spare.pid)
-        self.store.set(protocol.spare_assign_key(f"{self.node_rank}-{spare.spare}"), json.dumps(assign))
+        assigned = self.store.assign_spare(spare_id, assign)
+        assert assigned, f"spare {spare_id} was assigned twice"  # each spare is taken off the list once
         self.workers[rank] = spare
         return {"rank": rank, "spare": spare.spare, "pid": spare.pid, "ready": ready}
 
@@ -416,13 +409,17 @@ class WarmAgent:
         self.finished.clear()
         self.pending = None
         self.set_layout(self.resize.cold_layout())  # a shrunk job restarts whole, on the nodes it still has
-        self.gen = self._new_generation()
+        self.gen = self.store.new_generation()
         self.cold_restarts += 1
-        self.publish(
-            "cold", failed=failed, detected_wall=detected, reason=reason, nodes=layout_json(self.layout)
+        self.publish("cold", failed=failed, detected_wall=detected, reason=reason, nodes=self.layout)
+        self.record(
+            "cold_restart",
+            gen=self.gen,
+            failed=failed,
+            reason=reason,
+            detected_wall=detected,
+            store_ops=operations(),
         )
-        self.store.set(protocol.CURRENT_KEY, str(self.gen))
-        self.record("cold_restart", gen=self.gen, failed=failed, reason=reason, detected_wall=detected)
         self.notice(failed, f"cold restart of every rank ({reason})")
         for rank in self.ranks:
             self.start_worker(rank)

@@ -18,24 +18,21 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
 
-from goodput.warm.protocol import NODES_DONE_KEY, beat_key
+from goodput.warm.protocol import Layout
+from goodput.warm.store import WarmStore
 
 __all__ = [
     "BEAT_SECONDS",
     "Layout",
     "NodeBeats",
     "first_layout",
-    "layout_json",
-    "layout_of",
     "renumbered",
     "wait_for_nodes",
 ]
 
 BEAT_SECONDS = 0.5
-
-Layout = dict[int, list[int]]  # node rank -> the global ranks it holds, ascending
 
 
 def first_layout(nnodes: int, nproc: int) -> Layout:
@@ -55,21 +52,10 @@ def renumbered(layout: Layout, ranks: dict[int, int], added: dict[int, list[int]
     return out
 
 
-def layout_json(layout: Layout) -> dict[str, list[int]]:
-    """``layout`` with string keys, as it travels in a generation's info."""
-    return {str(node): ranks for node, ranks in layout.items()}
-
-
-def layout_of(info: dict[str, Any]) -> Layout | None:
-    """The layout a generation's info carries (None when it has none: a one-node job)."""
-    nodes = info.get("nodes")
-    return None if nodes is None else {int(node): list(ranks) for node, ranks in nodes.items()}
-
-
 class NodeBeats:
     """This node's heartbeat in the job's store, and the other nodes' as this agent last saw them."""
 
-    def __init__(self, connect: Any, node: int) -> None:
+    def __init__(self, connect: Callable[[], WarmStore], node: int) -> None:
         self.node = node
         self._seen: dict[int, tuple[int, float]] = {}  # node -> (counter, monotonic time it last moved)
         self._stop = threading.Event()
@@ -78,23 +64,23 @@ class NodeBeats:
         )
         self._thread.start()
 
-    def _beat(self, connect: Any) -> None:
+    def _beat(self, connect: Callable[[], WarmStore]) -> None:
         try:
             store = connect()  # a connection of its own: the agent's may block in a long store call
             while not self._stop.is_set():
-                store.add(beat_key(self.node), 1)
+                store.beat(self.node)
                 self._stop.wait(BEAT_SECONDS)
         except Exception:  # the store is gone with its host: the rendezvous timeout ends this job
             return
 
-    def silent(self, store: Any, nodes: list[int], seconds: float) -> list[int]:
+    def silent(self, store: WarmStore, nodes: list[int], seconds: float) -> list[int]:
         """The nodes of ``nodes`` (other than this one) whose beat has not moved for ``seconds``."""
         now = time.monotonic()
         lost = []
         for node in nodes:
             if node == self.node:
                 continue
-            count = int(store.add(beat_key(node), 0))
+            count = store.beats(node)
             last = self._seen.get(node)
             if last is None or last[0] != count:
                 self._seen[node] = (count, now)
@@ -107,14 +93,14 @@ class NodeBeats:
         self._stop.set()
 
 
-def wait_for_nodes(store: Any, nodes: int) -> None:
+def wait_for_nodes(store: WarmStore, nodes: int) -> None:
     """Count this node as done and keep its connection up (at most 60 s) until ``nodes`` nodes are done: one
     agent hosts the rendezvous store, and must not close it before every node's workers are done (the host's
     agent may leave as soon as the count is full: a closed store then means "all done")."""
     import torch.distributed as dist
 
     with contextlib.suppress(dist.DistError):
-        store.add(NODES_DONE_KEY, 1)
+        store.node_done()
         deadline = time.monotonic() + 60
-        while store.add(NODES_DONE_KEY, 0) < nodes and time.monotonic() < deadline:
+        while store.nodes_done() < nodes and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -1,15 +1,24 @@
 """The warm-restart protocol between the agent (``goodput.warm.agent``) and its workers and spares
-(``goodput.warm.worker``): every store key and every ``GOODPUT_WARM_*`` variable, declared once and typed.
+(``goodput.warm.worker``): every store key, every payload and every ``GOODPUT_WARM_*`` variable, declared once
+and typed.
 
 The agent's TCP store outlives every worker; the keys below are all the two sides exchange through it (the
-meaning of each is in ``goodput.warm.worker``'s docstring). The variables are the agent's word to a process it
-starts (see ``goodput._env``).
+meaning of each is in ``goodput.warm.worker``'s docstring), and ``goodput.warm.store.WarmStore`` is the one
+place that reads or writes them. A key holds either a counter (the store's own ``add``), a plain number, or
+one of the payloads below as JSON tagged with what it is and ``FORMAT``: a payload of another format (another
+goodput version in the same job, or a writer that is not goodput) is refused with ``ProtocolMismatch``.
+The variables are the agent's word to a process it starts (see ``goodput._env``). Torch-free.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from typing import Any, TypeVar
+
 from goodput._env import (
     WARM_GEN,
+    WARM_MIN_WORLD,
     WARM_PG_TIMEOUT,
     WARM_PREFIX,
     WARM_REFORM_TIMEOUT,
@@ -17,30 +26,34 @@ from goodput._env import (
     WARM_SPARE_ID,
     WARM_STORE,
 )
+from goodput.errors import ProtocolMismatch
 
 __all__ = [
     "COUNTER_KEY",
     "CURRENT_KEY",
-    "GEN_ENV",
+    "FIRST_ROUND_KEY",
+    "FORMAT",
     "JOINED_KEY",
+    "LIVE_KINDS",
     "NODES_DONE_KEY",
-    "PG_TIMEOUT_ENV",
-    "PREFIX_ENV",
-    "REFORM_TIMEOUT_ENV",
-    "ROLE_ENV",
     "ROUNDS_KEY",
     "SHARDED_KEY",
-    "SPARE_ENV",
-    "STORE_ENV",
     "WARM_GEN",
+    "WARM_MIN_WORLD",
     "WARM_PG_TIMEOUT",
     "WARM_PREFIX",
     "WARM_REFORM_TIMEOUT",
     "WARM_ROLE",
     "WARM_SPARE_ID",
     "WARM_STORE",
+    "Assignment",
+    "Generation",
+    "Layout",
+    "Successor",
     "arrived_key",
     "beat_key",
+    "decode",
+    "encode",
     "everyone_key",
     "group_prefix",
     "info_key",
@@ -51,14 +64,9 @@ __all__ = [
     "stepped_key",
 ]
 
-# The variables' names, for the environments the agent builds.
-STORE_ENV = WARM_STORE.name
-ROLE_ENV = WARM_ROLE.name
-GEN_ENV = WARM_GEN.name
-SPARE_ENV = WARM_SPARE_ID.name
-PREFIX_ENV = WARM_PREFIX.name
-PG_TIMEOUT_ENV = WARM_PG_TIMEOUT.name
-REFORM_TIMEOUT_ENV = WARM_REFORM_TIMEOUT.name
+FORMAT = 1  # the payloads' wire format; a change that an older reader would misread takes the next number
+
+Layout = dict[int, list[int]]  # node rank -> the global ranks it holds, ascending
 
 CURRENT_KEY = "gen/current"  # the generation now running
 COUNTER_KEY = "gen/counter"  # the last generation number handed out
@@ -66,17 +74,111 @@ NODES_DONE_KEY = "nodes_done"  # a counter each node's agent bumps when its rank
 ROUNDS_KEY = (
     "rdzv/rounds"  # a counter of the rendezvous rounds the job's agents completed (goodput.warm.rounds)
 )
+FIRST_ROUND_KEY = "goodput/first"  # in a rendezvous round's own store: "1" when the round started the job
 JOINED_KEY = "node/joined"  # a counter of the nodes that joined the running job (each takes a new node id)
 SHARDED_KEY = "job/sharded"  # set by a rank whose model holds no full replica (FSDP): the job cannot shrink
 
+LIVE_KINDS = ("warm", "shrink", "grow")  # the generations that recover from the survivors' replicas
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """What the agent publishes before generation ``gen`` forms (``info_key``).
+
+    ``kind`` is "cold" (every process is new and restores from the newest checkpoint), "warm" (a spare took
+    the failed ranks), "shrink" or "grow" (the survivors are renumbered by ``ranks``, old -> new, into
+    ``world_size`` ranks laid out over the nodes as ``nodes``). The walls are ``time.time()`` of the agent.
+    """
+
+    gen: int
+    kind: str
+    failed: list[int] = dataclasses.field(default_factory=list)
+    from_gen: int | None = None
+    reason: str | None = None  # why a cold restart
+    nodes: Layout | None = None  # None: a one-node job that never resized
+    ranks: dict[int, int] | None = None
+    world_size: int | None = None
+    world_before: int | None = None
+    joined: int | None = None  # a grow's newcomers
+    detected_wall: float | None = None
+    handover_wall: float | None = None
+    ready_wall: float | None = None  # a grow: when its spares were seen ready
+
+    @property
+    def live(self) -> bool:
+        """Whether the generation recovers from the survivors' replicas rather than a checkpoint."""
+        return self.kind in LIVE_KINDS
+
+
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    """The agent's hand-over of a rank to a hot spare (``spare_assign_key``)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    group_rank: int
+    gen: int
+    restart_count: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Successor:
+    """Generation ``next_key(g)``'s end: its survivors join generation ``gen``."""
+
+    gen: int
+
+
+_Payload = TypeVar("_Payload", Generation, Assignment, Successor)
+_KINDS: dict[type, str] = {Generation: "generation", Assignment: "assignment", Successor: "successor"}
+_INT_KEYED = ("nodes", "ranks")  # JSON objects have string keys; these maps have int keys
+
+
+def encode(payload: Generation | Assignment | Successor) -> str:
+    """``payload`` as it travels in the store: JSON tagged with what it is and ``FORMAT``."""
+    fields = dataclasses.asdict(payload)
+    for name in _INT_KEYED:
+        if fields.get(name) is not None:
+            fields[name] = {str(key): value for key, value in fields[name].items()}
+    return json.dumps({"format": FORMAT, "payload": _KINDS[type(payload)], **fields})
+
+
+def decode(cls: type[_Payload], raw: bytes | str, key: str) -> _Payload:
+    """The ``cls`` payload that key ``key`` held as ``raw``.
+
+    Raises:
+        ProtocolMismatch: ``raw`` is not a ``cls`` payload of this ``FORMAT`` (another goodput version of the
+            job's processes wrote it, or something that is not goodput).
+    """
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    try:
+        data: Any = json.loads(text)
+    except ValueError:
+        data = None
+    what = _KINDS[cls]
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("payload") != what:
+        raise ProtocolMismatch(
+            f"warm store key {key!r} holds {text[:120]!r}, not a {what} of goodput's format {FORMAT}: every "
+            "process of the job must run the same goodput version, and nothing else may write the job's store"
+        )
+    fields = {name: value for name, value in data.items() if name not in ("format", "payload")}
+    for name in _INT_KEYED:
+        if fields.get(name) is not None:
+            fields[name] = {int(k): v for k, v in fields[name].items()}
+    try:
+        return cls(**fields)
+    except TypeError as err:
+        raise ProtocolMismatch(f"warm store key {key!r}: a {what} with other fields ({err})") from None
+
 
 def info_key(gen: int) -> str:
-    """JSON the agent writes before generation ``gen`` forms (kind, failed ranks, timings)."""
+    """The ``Generation`` the agent writes before generation ``gen`` forms."""
     return f"gen/{gen}/info"
 
 
 def next_key(gen: int) -> str:
-    """JSON ``{"gen": g2}``: generation ``gen`` ended; its survivors join ``g2``."""
+    """The ``Successor`` of generation ``gen``: set once, when it ended (a compare-and-set: one winner)."""
     return f"gen/{gen}/next"
 
 
@@ -106,7 +208,7 @@ def spare_ready_key(spare: str) -> str:
 
 
 def spare_assign_key(spare: str) -> str:
-    """JSON the agent writes to hand a spare its rank and generation."""
+    """The ``Assignment`` that hands a spare its rank and generation (a compare-and-set: one winner)."""
     return f"spare/{spare}/assign"
 
 

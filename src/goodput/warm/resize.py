@@ -25,13 +25,13 @@ spare of another node takes them: each node keeps at most ``--nproc`` ranks). A 
 
 from __future__ import annotations
 
-import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from goodput.warm import protocol
-from goodput.warm.nodes import Layout, first_layout, layout_json, layout_of, renumbered
+from goodput.warm.nodes import Layout, first_layout, renumbered
+from goodput.warm.protocol import Generation
 from goodput.warm.rounds import next_round
+from goodput.warm.store import operations
 
 if TYPE_CHECKING:
     from goodput.warm.agent import WarmAgent, _Slot
@@ -107,7 +107,7 @@ class Resizer:
     def can_shrink(self, failed: set[int]) -> bool:
         """Whether enough ranks survive ``failed`` to train on (``--min-world``)."""
         agent = self.agent
-        if not self.on or agent.store.check([protocol.SHARDED_KEY]):  # no replica to go on with (FSDP)
+        if not self.on or agent.store.sharded():  # no replica to go on with (FSDP)
             return False
         return agent.world_size - len(failed) >= agent.warm.min_world
 
@@ -117,7 +117,8 @@ class Resizer:
             slot
             for slot in agent.spares
             if slot.ctx.wait(0) is None
-            and agent.store.check([protocol.spare_ready_key(_spare_id(agent, slot))])
+            and slot.spare is not None
+            and agent.store.spare_ready(agent.spare_id(slot.spare))
         ]
 
     def _ready_count(self) -> int:
@@ -140,14 +141,13 @@ class Resizer:
             "shrink",
             failed=failed,
             from_gen=old_gen,
-            ranks={str(old): new for old, new in ranks.items()},
-            nodes=layout_json(agent.layout),
+            ranks=ranks,
+            nodes=agent.layout,
             world_size=agent.world_size,
             world_before=before,
             detected_wall=detected,
             handover_wall=handover,
         )
-        agent.store.set(protocol.CURRENT_KEY, str(agent.gen))
         agent.record(
             "shrink",
             gen=agent.gen,
@@ -156,6 +156,7 @@ class Resizer:
             world_after=agent.world_size,
             detected_wall=detected,
             handover_seconds=round(handover - detected, 6),
+            store_ops=operations(),
         )
         agent.notice(
             failed,
@@ -187,8 +188,8 @@ class Resizer:
             "grow",
             failed=[],
             from_gen=old_gen,
-            ranks={str(rank): rank for rank in range(before)},
-            nodes=layout_json(agent.layout),
+            ranks={rank: rank for rank in range(before)},
+            nodes=agent.layout,
             world_size=agent.world_size,
             world_before=before,
             joined=len(ready),
@@ -196,8 +197,14 @@ class Resizer:
             detected_wall=seen,
             handover_wall=time.time(),
         )
-        agent.store.set(protocol.CURRENT_KEY, str(agent.gen))
-        agent.record("grow", gen=agent.gen, world_before=before, world_after=agent.world_size, handed=handed)
+        agent.record(
+            "grow",
+            gen=agent.gen,
+            world_before=before,
+            world_after=agent.world_size,
+            handed=handed,
+            store_ops=operations(),
+        )
         grown = f"{agent.world_size} of {agent.reserved} ranks train on (generation {agent.gen})"
         agent.notice([], f"{len(ready)} spare(s) ready: {grown}")
         agent.fill_spares()
@@ -232,7 +239,7 @@ class Resizer:
         held = set(agent.ranks) - self.newcomers
         if held:
             return agent.finished >= held
-        return agent.pending is not None and bool(agent.store.check([protocol.NODES_DONE_KEY]))
+        return agent.pending is not None and agent.store.any_node_done()
 
     # ---- shared ----------------------------------------------------------------------------------------------
     def follow_current(self) -> None:
@@ -241,12 +248,12 @@ class Resizer:
         agent = self.agent
         if not agent.prefix:
             return
-        current = int(agent.store.get(protocol.CURRENT_KEY))
+        current = agent.store.current()
         if current <= agent.gen:
             return
-        info = json.loads(agent.store.get(protocol.info_key(current)))
+        info = agent.store.generation(current)
         agent.gen = current
-        if info["kind"] != "cold":
+        if info.kind != "cold":
             self._follow_resize(info)
             return
         agent.stop(list(agent.workers.values()))
@@ -254,22 +261,21 @@ class Resizer:
         agent.finished.clear()
         agent.pending = None
         agent.cold_restarts += 1
-        agent.set_layout(layout_of(info) or first_layout(agent.nnodes, agent.nproc))
-        agent.record("cold_restart_followed", gen=current, reason=info.get("reason"))
-        agent.notice(
-            [], f"cold restart of every rank, as another node's agent decided ({info.get('reason')})"
-        )
+        agent.set_layout(info.nodes or first_layout(agent.nnodes, agent.nproc))
+        agent.record("cold_restart_followed", gen=current, reason=info.reason)
+        agent.notice([], f"cold restart of every rank, as another node's agent decided ({info.reason})")
         for rank in agent.ranks:
             agent.start_worker(rank)
 
-    def _follow_resize(self, info: dict[str, Any]) -> None:
-        if info["kind"] not in ("shrink", "grow"):
+    def _follow_resize(self, info: Generation) -> None:
+        if info.kind not in ("shrink", "grow"):
             return  # a hand-over to a spare of another node: nothing changes here
+        assert info.ranks is not None and info.nodes is not None  # every shrink and grow carries both
         agent = self.agent
-        self._renumber({int(old): new for old, new in info["ranks"].items()})
-        self._set_layout({int(node): ranks for node, ranks in info["nodes"].items()})
+        self._renumber(info.ranks)
+        self._set_layout(info.nodes)
         self.newcomers = set()
-        agent.record(f"{info['kind']}_followed", gen=agent.gen, world_after=agent.world_size)
+        agent.record(f"{info.kind}_followed", gen=agent.gen, world_after=agent.world_size)
 
     def cold_layout(self) -> Layout:
         """The layout of a cold restart: every node still in the job with ``--nproc`` ranks, numbered anew."""
@@ -295,7 +301,3 @@ class Resizer:
         if len(layout) < len(self.agent.layout):
             self._round_nodes = 0
         self.agent.set_layout(layout)
-
-
-def _spare_id(agent: WarmAgent, slot: _Slot) -> str:
-    return f"{agent.node_rank}-{slot.spare}"

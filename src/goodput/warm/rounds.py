@@ -20,11 +20,9 @@ from typing import Any
 
 from goodput.errors import ConfigError
 from goodput.launch.launcher import LaunchConfig, rdzv_conf
-from goodput.warm.protocol import ROUNDS_KEY
+from goodput.warm.store import WarmStore
 
 __all__ = ["Round", "next_round", "node_counts", "rendezvous"]
-
-_FIRST = "goodput/first"  # in a round's store: "1" when the round started the job
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +62,10 @@ def rendezvous(launch: LaunchConfig) -> Any:
     return get_rendezvous_handler(params)
 
 
-def next_round(handler: Any, store: Any) -> Round:
+def next_round(handler: Any, store: WarmStore) -> Round:
     """Join the rendezvous's next round (blocks until it completes); ``store`` is the job's store."""
     info = handler.next_rendezvous()
+    round_store = WarmStore(info.store)
     if info.rank == 0:
-        info.store.set(_FIRST, "1" if int(store.add(ROUNDS_KEY, 1)) == 1 else "0")
-    first = info.store.get(_FIRST).decode() == "1"
-    return Round(rank=info.rank, nodes=info.world_size, first=first)
+        round_store.mark_first_round(store.count_round() == 1)
+    return Round(rank=info.rank, nodes=info.world_size, first=round_store.first_round())

@@ -17,10 +17,16 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR, WARM_MIN_WORLD
+from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR
 from goodput.errors import ConfigError
 from goodput.launch.launcher import LaunchConfig
-from goodput.warm import protocol
+from goodput.warm.protocol import (
+    WARM_MIN_WORLD,
+    WARM_PG_TIMEOUT,
+    WARM_PREFIX,
+    WARM_REFORM_TIMEOUT,
+    WARM_STORE,
+)
 from goodput.warm.record import record_folder, remove_folder
 
 if TYPE_CHECKING:
@@ -122,11 +128,8 @@ def worker_env(agent: WarmAgent, **extra: str) -> dict[str, str]:
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=agent.address.rsplit(":", 1)[1],
         **{FAULTS.name: launch.faults, CRASH_LOOP.name: str(launch.crash_loop)},
-        **{protocol.STORE_ENV: agent.address, protocol.PREFIX_ENV: agent.prefix},
-        **{
-            protocol.PG_TIMEOUT_ENV: str(warm.pg_timeout),
-            protocol.REFORM_TIMEOUT_ENV: str(warm.reform_timeout),
-        },
+        **{WARM_STORE.name: agent.address, WARM_PREFIX.name: agent.prefix},
+        **{WARM_PG_TIMEOUT.name: str(warm.pg_timeout), WARM_REFORM_TIMEOUT.name: str(warm.reform_timeout)},
     )
     if agent.resize.on:  # the loader checks its global batch against every world size from this one up
         env[WARM_MIN_WORLD.name] = str(warm.min_world)

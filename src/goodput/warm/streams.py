@@ -19,6 +19,7 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from goodput.warm.protocol import Generation
 from goodput.warm.record import RecordFiles
 
 __all__ = ["chosen", "exchange", "offered", "pack", "resized_record", "unpack"]
@@ -28,7 +29,7 @@ _ENTRY = struct.Struct("<qqI")  # old rank, step, length
 Offer = Mapping[int, tuple[int, bytes]]  # old rank -> (the record's step, the record)
 
 
-def resized_record(info: Mapping[str, Any], rank: int, folder: str, step: int, group: Any) -> bytes | None:
+def resized_record(info: Generation, rank: int, folder: str, step: int, group: Any) -> bytes | None:
     """New ``rank``'s RNG record after the shrink or grow ``info`` (the generation's info) describes: old rank
     ``rank``'s record of ``step``; None for a rank the old world did not have, or whose record no node holds (it
     is seeded as a new rank). A collective over ``group``: every rank of the generation calls it.
@@ -40,8 +41,9 @@ def resized_record(info: Mapping[str, Any], rank: int, folder: str, step: int, g
         step: the step the group recovered.
         group: a gloo group of the generation (None: the default group).
     """
-    before, world = int(info["world_before"]), int(info["world_size"])
-    local = next(held for held in info["nodes"].values() if rank in held)
+    before, world, nodes = info.world_before, info.world_size, info.nodes
+    assert before is not None and world is not None and nodes is not None  # a resized generation's
+    local = next(held for held in nodes.values() if rank in held)
     wanted = range(min(before, world)) if rank == min(local) else range(0)  # one offer per node
     offers = exchange(offered(folder, wanted, step), world, group)
     return chosen(offers, rank, step) if rank < before else None

@@ -18,15 +18,14 @@ guard acts.
 
 from __future__ import annotations
 
-import datetime
 import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from goodput.warm.protocol import next_key
+from goodput.warm.store import WarmStore
 
-__all__ = ["EndWatch", "connect_store", "install_optimizer_guard"]
+__all__ = ["EndWatch", "install_optimizer_guard"]
 
 POLL_SECONDS = 0.1
 
@@ -46,10 +45,9 @@ class EndWatch:
 
     def _watch(self) -> None:
         try:
-            store = connect_store(self._address, self._prefix)
-            key = next_key(self.gen)
+            store = WarmStore.connect(self._address, self._prefix)
             while not self._stop.wait(POLL_SECONDS):
-                if store.check([key]):
+                if store.ended(self.gen):
                     break
             else:
                 return
@@ -66,18 +64,6 @@ class EndWatch:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
-
-
-def connect_store(address: str, prefix: str) -> Any:
-    """A new client connection to the agent's TCP store at ``address`` ("host:port"), in ``prefix``'s namespace
-    (several nodes share the rendezvous's store)."""
-    import torch.distributed as dist
-
-    host, port = address.rsplit(":", 1)
-    base = dist.TCPStore(
-        host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
-    )
-    return dist.PrefixStore(prefix, base) if prefix else base
 
 
 def abort_communicators() -> None:

@@ -1,12 +1,13 @@
 """Warm restarts, the worker's side: survivors keep their process, a hot spare takes the dead rank's place.
 
 Under ``goodput launch --restart warm`` (see ``goodput.warm.agent``) every worker and spare talks to the
-agent's TCP store, which outlives every worker. The protocol, in store keys:
+agent's TCP store, which outlives every worker. The protocol, in store keys (each read and written through
+``goodput.warm.store.WarmStore``; the payloads are ``goodput.warm.protocol``'s dataclasses):
 
-* ``gen/<g>/info``      JSON written by the agent before generation ``g`` forms: ``kind`` ("cold": every
+* ``gen/<g>/info``      the ``Generation`` the agent writes before generation ``g`` forms: ``kind`` ("cold": every
   process is new and restores from the newest checkpoint; "warm": survivors and a replacement recover live),
   the failed ranks and the agent's detection and hand-over times.
-* ``gen/<g>/next``      JSON ``{"gen": g2}``: generation ``g`` has ended; its survivors join ``g2``. Each rank
+* ``gen/<g>/next``      the ``Successor`` ``g2``: generation ``g`` has ended; its survivors join ``g2``. Each rank
   watches for it in a thread (:mod:`goodput.warm.watch`): from then on no optimizer step applies, and on
   NCCL the communicators are aborted, so a collective blocked on the dead peer returns at once.
 * ``pg/<g>/...``        the store namespace of generation ``g``'s process group (a fresh prefix per
@@ -46,9 +47,6 @@ from typing import Any
 
 from goodput.launch.folder import PEER_FAILURE_MARKERS
 from goodput.warm.protocol import (
-    GEN_ENV,
-    ROLE_ENV,
-    SHARDED_KEY,
     WARM_GEN,
     WARM_PG_TIMEOUT,
     WARM_PREFIX,
@@ -56,22 +54,14 @@ from goodput.warm.protocol import (
     WARM_ROLE,
     WARM_SPARE_ID,
     WARM_STORE,
-    arrived_key,
-    everyone_key,
-    group_prefix,
-    info_key,
-    next_key,
-    recovered_key,
-    spare_assign_key,
-    spare_ready_key,
-    stepped_key,
+    Generation,
 )
 from goodput.warm.record import RecordFiles, record_folder
-from goodput.warm.watch import EndWatch, connect_store, install_optimizer_guard
+from goodput.warm.store import WarmStore
+from goodput.warm.watch import EndWatch, install_optimizer_guard
 
 __all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
 
-_LIVE = ("warm", "shrink", "grow")  # the generations that recover from the survivors' replicas
 _POLL_SECONDS = 0.05
 
 
@@ -113,7 +103,7 @@ class WarmWorker:
 
     def __init__(self) -> None:
         prefix = WARM_PREFIX.get()  # several nodes share the rendezvous's store
-        self.store: Any = connect_store(WARM_STORE.get(), prefix)
+        self.store = WarmStore.connect(WARM_STORE.get(), prefix)
         self.pg_timeout = float(WARM_PG_TIMEOUT.get())
         self.reform_timeout = float(WARM_REFORM_TIMEOUT.get())
         self.spare_wait: float | None = None  # seconds this process waited as a spare
@@ -123,7 +113,7 @@ class WarmWorker:
         self.gen = int(WARM_GEN.get())
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
-        self.info: dict[str, Any] = {}
+        self.info: Generation | None = None  # the generation's, once joined
         self._rng_records = RecordFiles(record_folder(WARM_STORE.get(), prefix), self.rank)
         self._stepped = False
         self._sharded_told = False
@@ -144,23 +134,20 @@ class WarmWorker:
     def _wait_for_rank(self) -> None:
         """Block as a hot spare until the agent assigns a rank and generation (then export them)."""
         spare = WARM_SPARE_ID.get()
-        self.store.set(spare_ready_key(spare), str(os.getpid()))
+        self.store.announce_spare(spare, os.getpid())
         start = time.monotonic()
-        key = spare_assign_key(spare)
-        self.store.wait([key], datetime.timedelta(days=7))
+        assign = self.store.wait_for_assignment(spare)
         self.spare_wait = time.monotonic() - start
         self.began = time.time()
-        assign = json.loads(self.store.get(key))
         os.environ.update(
-            RANK=str(assign["rank"]),
-            LOCAL_RANK=str(assign["local_rank"]),
-            WORLD_SIZE=str(assign["world_size"]),
-            LOCAL_WORLD_SIZE=str(assign["local_world_size"]),
-            GROUP_RANK=str(assign.get("group_rank", 0)),
-            TORCHELASTIC_RESTART_COUNT=str(assign.get("restart_count", 0)),
+            RANK=str(assign.rank),
+            LOCAL_RANK=str(assign.local_rank),
+            WORLD_SIZE=str(assign.world_size),
+            LOCAL_WORLD_SIZE=str(assign.local_world_size),
+            GROUP_RANK=str(assign.group_rank),
+            TORCHELASTIC_RESTART_COUNT=str(assign.restart_count),
+            **{WARM_GEN.name: str(assign.gen), WARM_ROLE.name: "worker"},
         )
-        os.environ[GEN_ENV] = str(assign["gen"])
-        os.environ[ROLE_ENV] = "worker"
 
     def join(self, backend: str | None = None, *, survivor: bool = False) -> None:
         """Form generation ``self.gen``'s process group in its own store namespace.
@@ -175,7 +162,7 @@ class WarmWorker:
 
         if backend is not None:
             self._backend = backend
-        self.info = json.loads(self.store.get(info_key(self.gen)))
+        self.info = self.store.generation(self.gen)
         if survivor:
             self._renumber()
         self._wait_for_all()
@@ -185,7 +172,7 @@ class WarmWorker:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(
             backend,
-            store=dist.PrefixStore(group_prefix(self.gen), self.store),
+            store=self.store.group_store(self.gen),
             rank=self.rank,
             world_size=self.world_size,
             timeout=datetime.timedelta(seconds=self.pg_timeout),
@@ -200,16 +187,13 @@ class WarmWorker:
         cover a slow start (new processes of a cold generation import torch first: up to 10 minutes)."""
         import torch.distributed as dist
 
-        arrived = int(self.store.add(arrived_key(self.gen), 1))
-        everyone, ended = everyone_key(self.gen), next_key(self.gen)
-        if arrived == self.world_size:
-            self.store.set(everyone, "1")
+        self.store.arrive(self.gen, self.world_size)
         limit = self.reform_timeout if self.live_recovery else max(600.0, self.reform_timeout)
         deadline = time.monotonic() + limit
         # Polled, not one blocking wait: a rank that dies before it arrives makes the agent end the generation
         # (a shrink), and the ranks that did arrive leave at once instead of after the whole limit.
-        while not self.store.check([everyone]):
-            if self.store.check([ended]):
+        while not self.store.everyone_arrived(self.gen):
+            if self.store.ended(self.gen):
                 raise dist.DistError(f"goodput: generation {self.gen} ended before it formed (a rank failed)")
             if time.monotonic() > deadline:
                 raise dist.DistStoreError(f"goodput: generation {self.gen} did not form within {limit:g}s")
@@ -217,13 +201,14 @@ class WarmWorker:
 
     def _renumber(self) -> None:
         """Take this survivor's place in a shrunk or grown generation (the agent's ``ranks``: old -> new)."""
-        ranks = self.info.get("ranks")
-        if ranks is None:
+        info = self.info
+        if info is None or info.ranks is None:
             return
-        self.rank = int(ranks[str(self.rank)])
-        self.world_size = int(self.info["world_size"])
+        assert info.world_size is not None and info.nodes is not None  # a resized generation carries both
+        self.rank = info.ranks[self.rank]
+        self.world_size = info.world_size
         # this node's ranks after the renumbering (across every node: goodput.warm.nodes)
-        local = next(held for held in self.info["nodes"].values() if self.rank in held)
+        local = next(held for held in info.nodes.values() if self.rank in held)
         os.environ.update(
             RANK=str(self.rank),
             LOCAL_RANK=str(local.index(self.rank)),
@@ -236,12 +221,12 @@ class WarmWorker:
     def live_recovery(self) -> bool:
         """Whether this generation was formed by a warm restart, a shrink or a grow (recover from the survivors,
         not a checkpoint)."""
-        return self.info.get("kind") in _LIVE
+        return self.info is not None and self.info.live
 
     @property
     def resized(self) -> bool:
         """Whether this generation changed the world size (a shrink or a grow)."""
-        return self.info.get("kind") in ("shrink", "grow")
+        return self.info is not None and self.info.kind in ("shrink", "grow")
 
     @property
     def ending(self) -> bool:
@@ -254,7 +239,7 @@ class WarmWorker:
         self._keep_position(step, loader)
         self._rng_records.write(step, self._rng.capture())
         if not self._stepped:
-            self.store.set(stepped_key(self.rank), str(step))
+            self.store.mark_stepped(self.rank, step)
             self._stepped = True
 
     def position_restored(self, step: int, loader: Any, *, from_checkpoint: bool) -> None:
@@ -274,7 +259,7 @@ class WarmWorker:
         """Tell the agent, once, when this rank's model is sharded (FSDP/DTensor): no survivor would hold a
         replica to go on with, so the job must not shrink (a failure takes today's path instead)."""
         if not self._sharded_told and not state.holds_full_replica():
-            self.store.set(SHARDED_KEY, str(self.rank))
+            self.store.mark_sharded(self.rank)
             self._sharded_told = True
 
     def _keep_position(self, step: int, loader: Any) -> None:
@@ -298,8 +283,8 @@ class WarmWorker:
             return None
         return Snapshot(step=step, parts=state.live_state_dict(loader=self._last_loader))
 
-    def leave(self) -> dict[str, Any]:
-        """Tear down the failed group and wait for the agent to name the next generation; join it.
+    def leave(self) -> int:
+        """Tear down the failed group and wait for the agent to name the next generation; join it (its number).
 
         Raises:
             TimeoutError: when no next generation is published within the re-form timeout (the agent then
@@ -317,15 +302,10 @@ class WarmWorker:
             else:
                 dist.destroy_process_group()
         self._ctl = None
-        key = next_key(self.gen)
-        try:
-            self.store.wait([key], datetime.timedelta(seconds=self.reform_timeout))
-        except Exception as err:  # the store's timeout error type differs between versions
-            raise TimeoutError(
-                f"no warm restart of generation {self.gen} within {self.reform_timeout}s"
-            ) from err
-        nxt = json.loads(self.store.get(key))
-        self.gen = int(nxt["gen"])
+        nxt = self.store.wait_for_successor(self.gen, self.reform_timeout)
+        if nxt is None:
+            raise TimeoutError(f"no warm restart of generation {self.gen} within {self.reform_timeout}s")
+        self.gen = nxt
         self.join(survivor=True)
         return nxt
 
@@ -388,6 +368,7 @@ class WarmWorker:
         from goodput.checkpoint.rng import restore_rng_record, seed_new_rank
         from goodput.warm.streams import resized_record
 
+        assert self.info is not None  # joined
         record = resized_record(self.info, self.rank, self._rng_records.folder, step, self._ctl)
         if record is not None:
             self._pending_rng = functools.partial(restore_rng_record, record)
@@ -407,19 +388,21 @@ class WarmWorker:
 
     def recovered(self) -> None:
         """Tell the agent this rank finished its warm recovery."""
-        self.store.add(recovered_key(self.gen), 1)
+        self.store.recovered(self.gen)
 
-    def parts(self, restore_seconds: float, next_info: dict[str, Any] | None) -> dict[str, Any]:
-        """The restart's timeline for the ledger (seconds), as far as this rank saw it."""
+    def parts(self, restore_seconds: float, survivor: bool) -> dict[str, Any]:
+        """The restart's timeline for the ledger (seconds), as far as this rank saw it (a ``survivor`` of the
+        failed generation, else its replacement)."""
         info = self.info
-        detected = float(info.get("detected_wall", self.joined_wall))
-        handover = float(info.get("handover_wall", detected))
+        assert info is not None  # joined
+        detected = info.detected_wall if info.detected_wall is not None else self.joined_wall
+        handover = info.handover_wall if info.handover_wall is not None else detected
         failed = min(detected, self._failed_wall or detected)
-        role = "survivor" if next_info is not None else "replacement"
+        role = "survivor" if survivor else "replacement"
         return {
             "generation": self.gen,
-            "kind": info.get("kind", "warm"),
-            "failed_ranks": info.get("failed", []),
+            "kind": info.kind,
+            "failed_ranks": info.failed,
             "role": role,
             "detection_seconds": round(max(0.0, detected - failed), 6),
             "handover_seconds": round(max(0.0, handover - detected), 6),
