@@ -14,7 +14,7 @@ import sys
 import pytest
 
 import goodput.bench
-from goodput.launch.launcher import EXIT_CRASH_LOOP
+from goodput.job.codes import EXIT_CRASH_LOOP
 from goodput.launch.output import TracebackFilter, describe_exit
 from tests.helpers.launching import WORKER, launch_lines
 

@@ -45,7 +45,7 @@ from goodput.errors import (
     StateMismatch,
     StragglerStop,
 )
-from goodput.launch.launcher import EXIT_FATAL, EXIT_NUMERIC, EXIT_STRAGGLER
+from goodput.job.codes import EXIT_FATAL, EXIT_NUMERIC, EXIT_STRAGGLER, EXIT_USAGE
 from goodput.ledger.ledger import LAUNCH_ID_ENV  # the ledger records the id in each attempt_start
 
 __all__ = [
@@ -82,7 +82,6 @@ LOGS_DIR = "logs"
 NOTICES_FILE = "notices.log"
 NUMERIC_NOTICES_FILE = "numeric.log"
 
-EXIT_USAGE = 2  # a user's mistake, as on the command line
 # The stops with an exit code (and a launch marker) of their own; every other error a restart cannot fix is FATAL.
 _STOP_CODES: dict[type[BaseException], int] = {NumericFault: EXIT_NUMERIC, StragglerStop: EXIT_STRAGGLER}
 _STOP_FILES: dict[type[BaseException], str] = {NumericFault: NUMERIC_FILE, StragglerStop: STRAGGLER_FILE}

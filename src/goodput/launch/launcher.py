@@ -36,28 +36,11 @@ import sys
 from goodput.errors import ConfigError
 
 __all__ = [
-    "EXIT_CRASH_LOOP",
-    "EXIT_FATAL",
-    "EXIT_NUMERIC",
-    "EXIT_PREEMPTED",
-    "EXIT_STRAGGLER",
     "LaunchConfig",
     "launch_job",
     "rdzv_conf",
     "torchrun_command",
 ]
-
-EXIT_CRASH_LOOP = 3
-# sysexits.h codes a scheduler can act on: EX_TEMPFAIL (requeue: the job was preempted after a durable save)
-# and EX_CONFIG (do not retry: a restart cannot fix a configuration or state-mismatch error).
-EXIT_PREEMPTED = 75
-EXIT_FATAL = 78
-# EX_DATAERR: a numeric fault (NaN/Inf, loss spike, corrupted replica) survived rollback and skip, or came too
-# often (goodput.run.numeric). Not requeued: the same data or the same hardware would fail again.
-EXIT_NUMERIC = 65
-# EX_UNAVAILABLE: a rank stayed slow and the straggler detector was asked to stop (goodput.run.stragglers).
-# Not requeued as it is: reschedule the job away from the slow host.
-EXIT_STRAGGLER = 69
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -188,7 +171,7 @@ def rdzv_conf(timeout: float) -> str:
 
 
 def launch_job(config: LaunchConfig) -> int:
-    """Run torchrun for ``config``; returns its exit status, or one of the EXIT_* codes (see the module).
+    """Run torchrun for ``config``; returns its exit status, or one of the EXIT_* codes (``goodput.job.codes``).
 
     Raises:
         ConfigError: before anything starts, for a script or run folder that cannot work (see

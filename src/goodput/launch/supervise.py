@@ -35,6 +35,7 @@ from typing import IO, Any
 
 from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RESERVED_WORLD, RUN_DIR
 from goodput._lifetime import end_with_parent, preload_libc
+from goodput.job.codes import EXIT_CRASH_LOOP, EXIT_FATAL, EXIT_NUMERIC, EXIT_PREEMPTED, EXIT_STRAGGLER
 from goodput.launch.folder import (
     FATAL_FILE,
     LAUNCH_DIR_ENV,
@@ -47,15 +48,7 @@ from goodput.launch.folder import (
     last_error,
     read_marker,
 )
-from goodput.launch.launcher import (
-    EXIT_CRASH_LOOP,
-    EXIT_FATAL,
-    EXIT_NUMERIC,
-    EXIT_PREEMPTED,
-    EXIT_STRAGGLER,
-    LaunchConfig,
-    torchrun_command,
-)
+from goodput.launch.launcher import LaunchConfig, torchrun_command
 from goodput.launch.output import AGENT_LOG, TORCHRUN_LOG, Terminal
 from goodput.launch.rendezvous import AGENT_ERROR_FILE, ERROR_FILE_ENV, rendezvous_lost
 from goodput.run.crashloop import CRASH_LOOP_FILE

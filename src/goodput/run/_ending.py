@@ -99,7 +99,7 @@ def report_preempted(run: Run, result: Any, why: str) -> str | None:
 
 def exit_preempted(run: Run, url: str | None, why: str) -> NoReturn:
     """Tell the launcher (or the user, without one) where the preempted run saved, and end the process."""
-    from goodput.launch.launcher import EXIT_PREEMPTED
+    from goodput.job.codes import EXIT_PREEMPTED
 
     if run.info.rank == 0:
         info = {"step": run.step, "url": url, "run_dir": run.run_dir, "signal": why}

@@ -34,7 +34,7 @@ class LossStop(RunHook):
     def on_step(self, run: Run, step: int, loss: float | None) -> bool:
         if loss is None or math.isfinite(loss):
             return False
-        from goodput.launch.launcher import EXIT_NUMERIC
+        from goodput.job.codes import EXIT_NUMERIC
 
         rank = run.info.rank
         line = (
