@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from goodput.job.codes import EXIT_PREEMPTED
-from goodput.launch.folder import PIDS_DIR
+from goodput.job.folder import PIDS_DIR
 from goodput.launch.rendezvous import AGENT_ERROR_FILE, rendezvous_lost
 from goodput.testing import free_port
 

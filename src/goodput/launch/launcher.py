@@ -9,7 +9,7 @@ goodput adds these around torchrun and re-implements none of it:
   ``--nnodes``/``--node-rank``/``--rdzv-endpoint``/``--rdzv-id`` through to torchrun's c10d rendezvous, with
   ``--rdzv-timeout`` as its timeouts; a node whose rendezvous lost a node for good ends with ``EXIT_PREEMPTED``
   (see ``goodput.launch.rendezvous``);
-* a launch folder (see ``goodput.launch.folder``) where workers report a crash loop, an error a restart cannot
+* a launch folder (see ``goodput.job.folder``) where workers report a crash loop, an error a restart cannot
   fix (``ConfigError``, ``StateMismatch``, ``FingerprintMismatch``, ``NoValidCheckpoint``) and a preemption save; the launcher stops
   torchrun at once instead of burning the restart budget, prints one line (quoting the failing rank's last
   error, read from torch's per-worker error files) and exits with ``EXIT_CRASH_LOOP`` or ``EXIT_FATAL``;

@@ -22,7 +22,7 @@ import json
 import os
 
 from goodput.job.codes import EXIT_PREEMPTED
-from goodput.launch.folder import PIDS_DIR
+from goodput.job.folder import PIDS_DIR
 
 __all__ = ["AGENT_ERROR_FILE", "ERROR_FILE_ENV", "rendezvous_lost"]
 

@@ -2,7 +2,7 @@
 
 ``Supervisor.run`` starts torchrun (or, under ``--restart warm``, the warm-restart agent of
 ``goodput.warm.agent``, which takes torchrun's place) in a session of its own and polls it (every 0.1 s) until it
-exits, acting on what the workers report in the launch folder (see ``goodput.launch.folder``) and on signals:
+exits, acting on what the workers report in the launch folder (see ``goodput.job.folder``) and on signals:
 
 * ``CRASH_LOOP`` or ``FATAL``: end the job at once, print the verdict and the failing rank's last error, and
   return ``EXIT_CRASH_LOOP`` or ``EXIT_FATAL``;
@@ -36,7 +36,7 @@ from typing import IO, Any
 from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RESERVED_WORLD, RUN_DIR
 from goodput._lifetime import end_with_parent, preload_libc
 from goodput.job.codes import EXIT_CRASH_LOOP, EXIT_FATAL, EXIT_NUMERIC, EXIT_PREEMPTED, EXIT_STRAGGLER
-from goodput.launch.folder import (
+from goodput.job.folder import (
     FATAL_FILE,
     LAUNCH_DIR_ENV,
     LAUNCH_ID_ENV,

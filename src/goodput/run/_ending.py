@@ -17,7 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from goodput.faults import install_faults
-from goodput.launch.folder import PREEMPTED_FILE, launch_dir, write_marker
+from goodput.job.folder import PREEMPTED_FILE, launch_dir, write_marker
 
 if TYPE_CHECKING:
     from goodput.run._batches import BatchLoop

@@ -18,7 +18,7 @@ import math
 from typing import TYPE_CHECKING
 
 from goodput.errors import NumericFault
-from goodput.launch.folder import report_failure
+from goodput.job.folder import report_failure
 from goodput.run._numeric_ops import json_number
 from goodput.run.hooks import RunHook
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from goodput._env import CRASH_LOOP
 from goodput.faults import Fault
-from goodput.launch.folder import listen_for_failure
+from goodput.job.folder import listen_for_failure
 from goodput.ledger.exporters import MetricsExporter
 from goodput.run._cachestats import CacheStatsRecorder
 from goodput.run._loss_stop import LossStop

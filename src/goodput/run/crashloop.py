@@ -25,7 +25,7 @@ import time
 from typing import Any, NoReturn
 
 from goodput.errors import CrashLoop
-from goodput.launch.folder import launch_dir, launch_id
+from goodput.job.folder import launch_dir, launch_id
 
 __all__ = ["CrashLoopDetector", "attempt_records", "record_failure"]
 

@@ -18,8 +18,12 @@ small files there, and the launcher, which watches the folder while torchrun run
     numeric.log       one line per numeric event the guard handled (rank 0), for the terminal even when the job
                       then stopped
 
-The launch id (``$GOODPUT_LAUNCH_ID``) names the launch in crash-loop records, so attempts of earlier launches
-do not count against this one.
+The launch id (``$GOODPUT_LAUNCH_ID``) names the launch in crash-loop records and the ledger, so attempts of
+earlier launches do not count against this one.
+
+The workers' side writes (``install_error_report``, ``report_failure``, ``write_marker``), the launcher's side
+reads (``read_marker``, ``last_error``); both tell a peer's reaction from a rank's own error the same way
+(``is_peer_failure``, ``is_peer_failure_line``).
 """
 
 from __future__ import annotations
@@ -46,7 +50,6 @@ from goodput.errors import (
     StragglerStop,
 )
 from goodput.job.codes import EXIT_FATAL, EXIT_NUMERIC, EXIT_STRAGGLER, EXIT_USAGE
-from goodput.ledger.ledger import LAUNCH_ID_ENV  # the ledger records the id in each attempt_start
 
 __all__ = [
     "FATAL_ERRORS",
@@ -60,6 +63,7 @@ __all__ = [
     "PREEMPTED_FILE",
     "STRAGGLER_FILE",
     "install_error_report",
+    "is_peer_failure",
     "is_peer_failure_line",
     "last_error",
     "launch_dir",
@@ -73,6 +77,7 @@ __all__ = [
 ]
 
 LAUNCH_DIR_ENV = LAUNCH_DIR.name
+LAUNCH_ID_ENV = LAUNCH_ID.name  # the ledger records the id in each attempt_start
 FATAL_FILE = "FATAL"
 NUMERIC_FILE = "NUMERIC"
 STRAGGLER_FILE = "STRAGGLER"
@@ -214,7 +219,7 @@ def report_failure(rank: int, err: BaseException, *, line: str | None = None) ->
     if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
         peer = False
         with contextlib.suppress(Exception):
-            peer = _is_peer_failure(err)
+            peer = is_peer_failure(err)
             callstack = "".join(traceback.format_exception(kind, err, err.__traceback__))
             _record_error_file(line, callstack, rank, peer=peer)
         if _failure_listener is not None:
@@ -234,16 +239,10 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _is_peer_failure(err: BaseException) -> bool:
-    from goodput.warm.worker import is_peer_failure  # torch: in a worker only, never in the launcher
-
-    return is_peer_failure(err)
-
-
 def _reacts_to_fatal(err: BaseException) -> bool:
     """Whether ``err`` is a peer's reaction to a rank that stopped the launch with an error no restart fixes."""
     folder = launch_dir()
-    return folder is not None and read_marker(folder, FATAL_FILE) is not None and _is_peer_failure(err)
+    return folder is not None and read_marker(folder, FATAL_FILE) is not None and is_peer_failure(err)
 
 
 def _record_error_file(message: str, callstack: str, rank: int, *, peer: bool) -> None:
@@ -308,3 +307,29 @@ def is_peer_failure_line(line: str) -> bool:
     if kind.startswith("Dist") and kind.endswith("Error"):  # torch.distributed's DistBackendError, ...
         return True
     return kind == "RuntimeError" and any(marker in line for marker in PEER_FAILURE_MARKERS)
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """Whether ``err`` (or its cause) looks like a collective failing because another rank failed.
+
+    Such an error leaves this process healthy: it may restart warm. Anything else is this rank's own failure,
+    and the process exits so the agent replaces it.
+    """
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return False
+        if _is_dist_error(seen):
+            return True
+        if isinstance(seen, RuntimeError) and any(m in str(seen) for m in PEER_FAILURE_MARKERS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _is_dist_error(err: BaseException) -> bool:
+    """Whether ``err`` is torch.distributed's ``DistError``: only a process that imported torch.distributed can
+    hold one, so this module need not import torch (the launcher never does)."""
+    dist = sys.modules.get("torch.distributed")
+    kind = getattr(dist, "DistError", None)
+    return isinstance(kind, type) and isinstance(err, kind)
