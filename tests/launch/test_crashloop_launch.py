@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from goodput.job.codes import EXIT_CRASH_LOOP
-from goodput.run.crashloop import attempt_records
+from goodput.job.crashloop import attempt_records
 from tests.helpers.launching import WORKER, launch_lines, processes_with
 
 

@@ -21,7 +21,7 @@ from goodput import (
     TrainingState,
 )
 from goodput.job.codes import EXIT_FATAL
-from goodput.run.crashloop import attempt_records
+from goodput.job.crashloop import attempt_records
 from goodput.testing import S3Server
 from tests.helpers.paths import script
 

@@ -204,7 +204,7 @@ def install_error_report(rank: int) -> None:
 
 def listen_for_failure(listener: Callable[[str, bool], None] | None) -> None:
     """Also tell ``listener(line, peer)`` the one line of the error that ends this process, and whether it is a
-    peer's reaction (the run's crash-loop record: ``goodput.run.crashloop``); None: nobody."""
+    peer's reaction (the run's crash-loop record: ``goodput.job.crashloop``); None: nobody."""
     global _failure_listener
     _failure_listener = listener
 

@@ -36,6 +36,7 @@ import signal
 import sys
 from typing import IO
 
+from goodput.job.crashloop import CRASH_LOOP_FILE
 from goodput.job.folder import (
     FATAL_FILE,
     LOGS_DIR,
@@ -45,7 +46,6 @@ from goodput.job.folder import (
     PIDS_DIR,
     read_marker,
 )
-from goodput.run.crashloop import CRASH_LOOP_FILE
 
 __all__ = ["AGENT_LOG", "TORCHRUN_LOG", "Terminal", "TracebackFilter", "describe_exit"]
 

@@ -36,6 +36,7 @@ from typing import IO, Any
 from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RESERVED_WORLD, RUN_DIR
 from goodput._lifetime import end_with_parent, preload_libc
 from goodput.job.codes import EXIT_CRASH_LOOP, EXIT_FATAL, EXIT_NUMERIC, EXIT_PREEMPTED, EXIT_STRAGGLER
+from goodput.job.crashloop import CRASH_LOOP_FILE
 from goodput.job.folder import (
     FATAL_FILE,
     LAUNCH_DIR_ENV,
@@ -51,7 +52,6 @@ from goodput.job.folder import (
 from goodput.launch.launcher import LaunchConfig, torchrun_command
 from goodput.launch.output import AGENT_LOG, TORCHRUN_LOG, Terminal
 from goodput.launch.rendezvous import AGENT_ERROR_FILE, ERROR_FILE_ENV, rendezvous_lost
-from goodput.run.crashloop import CRASH_LOOP_FILE
 from goodput.run.signals import (
     LAUNCHER_PID_ENV,
     PREEMPT_SIGNAL_ENV,
