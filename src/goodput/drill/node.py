@@ -26,7 +26,7 @@ from goodput.drill.process import durable_before, last_attempt, recorded, restor
 from goodput.drill.runs import LaunchSpec, finish, outcome_text, processes_of, result, start_launch
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
 from goodput.job.codes import EXIT_PREEMPTED
-from goodput.run.signals import descendants
+from goodput.job.signals import descendants
 
 __all__ = [
     "NODE",

@@ -15,7 +15,7 @@ goodput adds these around torchrun and re-implements none of it:
   error, read from torch's per-worker error files) and exits with ``EXIT_CRASH_LOOP`` or ``EXIT_FATAL``;
 * a quiet terminal (``goodput.launch.output``): the workers' prints, one line per failure and the final line;
   the full logs in the launch folder (``verbose`` for everything on the terminal);
-* preemption (``goodput.run.signals``): the first SIGTERM, SIGINT or ``--preempt-signal`` makes every rank
+* preemption (``goodput.run.signals``, ``goodput.job.signals``): the first SIGTERM, SIGINT or ``--preempt-signal`` makes every rank
   finish its step and the job save once within ``--grace`` seconds, then exit with ``EXIT_PREEMPTED``; a
   second one stops everything at once. Whatever happens, no process of the job outlives the launcher.
 
@@ -106,7 +106,7 @@ class LaunchConfig:
             raise ConfigError(f"--run-dir {self.run_dir!r} is a file; pass a folder")
         if self.grace <= 0:
             raise ConfigError(f"--grace must be > 0 seconds, got {self.grace}")
-        from goodput.run.signals import parse_signal
+        from goodput.job.signals import parse_signal
 
         parse_signal(self.preempt_signal)
         if self.faults:

@@ -49,16 +49,16 @@ from goodput.job.folder import (
     last_error,
     read_marker,
 )
-from goodput.launch.launcher import LaunchConfig, torchrun_command
-from goodput.launch.output import AGENT_LOG, TORCHRUN_LOG, Terminal
-from goodput.launch.rendezvous import AGENT_ERROR_FILE, ERROR_FILE_ENV, rendezvous_lost
-from goodput.run.signals import (
+from goodput.job.signals import (
     LAUNCHER_PID_ENV,
     PREEMPT_SIGNAL_ENV,
     become_subreaper,
     descendants,
     parse_signal,
 )
+from goodput.launch.launcher import LaunchConfig, torchrun_command
+from goodput.launch.output import AGENT_LOG, TORCHRUN_LOG, Terminal
+from goodput.launch.rendezvous import AGENT_ERROR_FILE, ERROR_FILE_ENV, rendezvous_lost
 
 __all__ = ["Supervisor"]
 
