@@ -35,6 +35,7 @@ import os
 import sys
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -54,6 +55,7 @@ from goodput.job.codes import EXIT_FATAL, EXIT_NUMERIC, EXIT_STRAGGLER, EXIT_USA
 __all__ = [
     "FATAL_ERRORS",
     "FATAL_FILE",
+    "LAUNCHES_DIR",
     "LAUNCH_DIR_ENV",
     "LAUNCH_ID_ENV",
     "NOTICES_FILE",
@@ -69,6 +71,7 @@ __all__ = [
     "launch_dir",
     "launch_id",
     "listen_for_failure",
+    "new_launch_id",
     "read_marker",
     "register_pid",
     "report_failure",
@@ -76,6 +79,7 @@ __all__ = [
     "write_notice",
 ]
 
+LAUNCHES_DIR = "launches"  # <run_dir>/launches/<launch id>/: every launch of a run, in its history
 LAUNCH_DIR_ENV = LAUNCH_DIR.name
 LAUNCH_ID_ENV = LAUNCH_ID.name  # the ledger records the id in each attempt_start
 FATAL_FILE = "FATAL"
@@ -126,6 +130,12 @@ def launch_dir() -> str | None:
 def launch_id() -> str:
     """This launch's id: goodput launch's, else torchrun's run id (a fresh one per ``--standalone`` start)."""
     return LAUNCH_ID.get() or os.environ.get("TORCHELASTIC_RUN_ID", "")
+
+
+def new_launch_id() -> str:
+    """A new launch's id, which names its folder: the UTC time it began and a random tail, so that a run's
+    launches sort by time."""
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
 
 
 def write_marker(name: str, content: str | dict[str, Any], *, exclusive: bool = False) -> bool:

@@ -29,7 +29,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
@@ -41,12 +40,14 @@ from goodput.job.folder import (
     FATAL_FILE,
     LAUNCH_DIR_ENV,
     LAUNCH_ID_ENV,
+    LAUNCHES_DIR,
     LOGS_DIR,
     NUMERIC_FILE,
     PIDS_DIR,
     PREEMPTED_FILE,
     STRAGGLER_FILE,
     last_error,
+    new_launch_id,
     read_marker,
 )
 from goodput.job.signals import (
@@ -145,11 +146,11 @@ class Supervisor:
     # ---- set-up ---------------------------------------------------------------------------------------------
     def _make_folder(self) -> bool:
         """The launch folder: in the run's history with --run-dir, else a temporary one. True if temporary."""
-        launch = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+        launch = new_launch_id()
         if self.config.run_dir is None:
             self.folder = tempfile.mkdtemp(prefix=f"goodput-launch-{launch}-")
             return True
-        self.folder = os.path.abspath(os.path.join(self.config.run_dir, "launches", launch))
+        self.folder = os.path.abspath(os.path.join(self.config.run_dir, LAUNCHES_DIR, launch))
         os.makedirs(self.folder)
         return False
 
