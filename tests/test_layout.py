@@ -118,6 +118,94 @@ def test_the_command_line_up_to_a_launch_never_imports_torch(tmp_path: Path) -> 
     assert done.stdout.splitlines()[-1] == "exit 2 torch imported: False", done.stdout + done.stderr
 
 
+# The parts of a job: the launcher (launch/), the warm agent and the worker's side of a hand-over (warm/), the
+# worker (run/), what the last two save (checkpoint/), and the contract between them all (job/).
+_JOB_PARTS = ("launch", "warm", "run", "checkpoint", "job")
+
+
+def test_the_contract_imports_neither_side() -> None:
+    """goodput.job holds what the launcher and the workers agree on; it reads only the environment table, the
+    errors and the lifetime helper, so either side imports it without the other."""
+    leaves = {"job", "_env", "errors", "_lifetime"}
+    bad = [
+        f"{m} imports {t}"
+        for m, ts in _imports().items()
+        if _part(m) == "job"
+        for t in ts
+        if _part(t) not in leaves
+    ]
+    assert bad == []
+
+
+def test_the_launcher_and_the_worker_meet_in_the_contract() -> None:
+    """One direction: the worker (run/) may import the warm hand-over (warm/), and the warm agent may import the
+    launcher (launch/); the launcher imports neither, and the worker never imports the launcher."""
+    assert _violations({"run"}, {"launch"}) == []
+    assert _violations({"launch"}, {"run", "warm"}) == []
+    assert _violations({"warm"}, {"run"}) == []
+
+
+def test_the_contract_never_imports_torch() -> None:
+    """Every module of goodput.job imports without torch (checked in a fresh interpreter): the launcher reads
+    the same files and codes as the workers, and must start in a second."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import goodput.job as part\n"
+        "names = [m.name for m in pkgutil.iter_modules(part.__path__, 'goodput.job.')]\n"
+        "for name in names:\n"
+        "    importlib.import_module(name)\n"
+        "print(len(names), sorted(k for k in sys.modules if k == 'torch' or k.startswith('torch.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    count, torch_modules = out.strip().split(" ", 1)
+    assert int(count) >= 4 and torch_modules == "[]", out
+
+
+def _cycle(edges: set[tuple[str, str]]) -> list[str]:
+    """One cycle of the directed graph ``edges`` (its nodes in order, the first repeated at the end), or []."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return []
+        for nxt in sorted(graph.get(node, ())):
+            found = visit(nxt, [*path, node])
+            if found:
+                return found
+        done.add(node)
+        return []
+
+    for start in sorted(graph):
+        found = visit(start, [])
+        if found:
+            return found
+    return []
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    """Guards the test below: a circle of three is found, a chain is not."""
+    assert _cycle({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == ["a", "b", "c", "a"]
+    assert _cycle({("a", "b"), ("b", "c"), ("a", "c")}) == []
+
+
+def test_no_import_cycle_among_the_parts_of_a_job() -> None:
+    """No circle of imports among launch/, warm/, run/, checkpoint/ and job/. Every import counts, inside
+    functions and under TYPE_CHECKING too: a lazy import avoids a circle at import time, not in the design."""
+    edges = {
+        (_part(m), _part(t))
+        for m, ts in _imports().items()
+        for t in ts
+        if _part(m) in _JOB_PARTS and _part(t) in _JOB_PARTS and _part(m) != _part(t)
+    }
+    assert ("run", "checkpoint") in edges and ("warm", "checkpoint") in edges  # the walk sees imports
+    assert _cycle(edges) == []
+
+
 def test_warm_reaches_checkpoint_only_through_training_state() -> None:
     """The warm hand-over speaks TrainingState's live form; its one other need is the RNG module."""
     allowed = {"goodput.checkpoint.state", "goodput.checkpoint.rng"}

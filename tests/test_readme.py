@@ -397,7 +397,7 @@ def test_the_warm_restart_example_survives_a_kill_and_a_train_without_the_run_is
     """The README's warm example under `goodput launch --restart warm`: a SIGKILLed rank is replaced warm and the
     run ends with its last step saved. The same script with `def train():` stops at once with exit 78 and one
     line naming the fix (before: every attempt raised a TypeError, a crash loop)."""
-    from goodput.launch.launcher import EXIT_FATAL
+    from goodput.job.codes import EXIT_FATAL
 
     run_dir = tmp_path / "warm"
     done = _launch_warm(run_dir, _warm_script(tmp_path, "train.py", {}), "--faults", "kill@step=6,rank=1")

@@ -14,7 +14,7 @@ import pytest
 
 from goodput.checkpoint import MemoryTier
 from goodput.cli.launch import register
-from goodput.launch.launcher import EXIT_CRASH_LOOP, EXIT_FATAL, EXIT_NUMERIC, EXIT_PREEMPTED
+from goodput.job.codes import EXIT_CRASH_LOOP, EXIT_FATAL, EXIT_NUMERIC, EXIT_PREEMPTED
 
 RECIPES = Path(__file__).resolve().parents[1] / "docs" / "recipes"
 SLURM = RECIPES / "slurm"

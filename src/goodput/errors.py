@@ -25,7 +25,7 @@ The tree::
 A ``ConfigError`` (``AccessRefused`` included) reaching the command line prints one line and exits with code 2;
 inside a run under ``goodput launch`` it stops the job at once with ``EXIT_FATAL`` (78), as do the other errors
 a restart cannot fix (``StateMismatch``, ``FingerprintMismatch``, ``NoValidCheckpoint``; see
-``goodput.launch.folder``).
+``goodput.job.folder``).
 """
 
 from __future__ import annotations

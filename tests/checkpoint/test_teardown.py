@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from goodput.launch.launcher import EXIT_FATAL
+from goodput.job.codes import EXIT_FATAL
 from goodput.testing import free_port
 from goodput.testing.dist import run_ranks
 from tests.helpers import teardown_ranks as _teardown_ranks

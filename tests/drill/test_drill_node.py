@@ -14,7 +14,7 @@ from goodput.drill.node import TwoNodeJob, free_port, lose_node, restored_steps,
 from goodput.drill.process import said
 from goodput.drill.runs import finish, processes_of
 from goodput.drill.scenario import Reference, registered
-from goodput.launch.launcher import EXIT_PREEMPTED
+from goodput.job.codes import EXIT_PREEMPTED
 from tests.helpers import drill
 
 pytestmark = pytest.mark.slow

@@ -81,7 +81,7 @@ def test_a_numeric_scenario_s_problem_quotes_the_run_s_own_reason(tmp_path: Path
     at step 0 stops the run (exit 65), and a spike inside the warm-up is not caught; the drill's row says
     the run's own reasons, not "the fault was not caught"."""
     from goodput.drill.numeric import _problems
-    from goodput.launch.launcher import EXIT_NUMERIC
+    from goodput.job.codes import EXIT_NUMERIC
 
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "goodput", "launch", "--nproc", "2", "--run-dir", str(run_dir)]

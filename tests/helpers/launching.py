@@ -11,7 +11,7 @@ import time
 
 from goodput.checkpoint import list_checkpoints
 from goodput.drill.runs import processes_of
-from goodput.launch.launcher import EXIT_PREEMPTED
+from goodput.job.codes import EXIT_PREEMPTED
 from tests.helpers import paths
 
 SCRIPTS = str(paths.SCRIPTS)

@@ -62,7 +62,7 @@ def save_then_refused_restore(rank: int, world: int, root: str) -> dict[str, Any
 
 def main(root: str) -> int:
     """One rank of the real job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment)."""
-    from goodput.launch.launcher import EXIT_FATAL
+    from goodput.job.codes import EXIT_FATAL
 
     dist.init_process_group("gloo")
     result = save_then_refused_restore(dist.get_rank(), dist.get_world_size(), root)

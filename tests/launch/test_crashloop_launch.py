@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from goodput.launch.launcher import EXIT_CRASH_LOOP
-from goodput.run.crashloop import attempt_records
+from goodput.job.codes import EXIT_CRASH_LOOP
+from goodput.job.crashloop import attempt_records
 from tests.helpers.launching import WORKER, launch_lines, processes_with
 
 

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from goodput.errors import ConfigError
-from goodput.launch.launcher import EXIT_CRASH_LOOP, EXIT_FATAL, LaunchConfig, torchrun_command
+from goodput.job.codes import EXIT_CRASH_LOOP, EXIT_FATAL
+from goodput.job.crashloop import attempt_records
+from goodput.launch.launcher import LaunchConfig, torchrun_command
 from goodput.ledger import read_events
-from goodput.run.crashloop import attempt_records
 from tests.helpers.launching import WORKER
 from tests.helpers.paths import script
 

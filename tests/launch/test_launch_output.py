@@ -14,7 +14,7 @@ import sys
 import pytest
 
 import goodput.bench
-from goodput.launch.launcher import EXIT_CRASH_LOOP
+from goodput.job.codes import EXIT_CRASH_LOOP
 from goodput.launch.output import TracebackFilter, describe_exit
 from tests.helpers.launching import WORKER, launch_lines
 
@@ -164,7 +164,7 @@ def test_warm_failures_are_one_line_each_and_the_logs_keep_the_rest(tmp_path: os
 
 def test_a_pid_marker_still_being_written_is_not_a_rank(tmp_path: pathlib.Path) -> None:
     """A rank writes its pid marker as rank-N.PID.tmp, then renames it: the terminal must skip the .tmp."""
-    from goodput.launch.folder import PIDS_DIR
+    from goodput.job.folder import PIDS_DIR
     from goodput.launch.output import Terminal
 
     pids = tmp_path / PIDS_DIR

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from goodput.launch.folder import LOGS_DIR, is_peer_failure_line, last_error
+from goodput.job.folder import LOGS_DIR, is_peer_failure_line, last_error
 from tests.helpers.paths import script
 
 SCRIPT = script("user_storage_train.py")
@@ -134,7 +134,7 @@ def test_peer_failure_lines() -> None:
 
 
 def _raise_in_a_worker(tmp_path: Path, error: str) -> subprocess.CompletedProcess[str]:
-    code = f"from goodput.launch.folder import install_error_report; install_error_report(1); raise {error}"
+    code = f"from goodput.job.folder import install_error_report; install_error_report(1); raise {error}"
     env = {
         **os.environ,
         "GOODPUT_LAUNCH_DIR": str(tmp_path),

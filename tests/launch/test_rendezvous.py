@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from goodput.launch.folder import PIDS_DIR
-from goodput.launch.launcher import EXIT_PREEMPTED
+from goodput.job.codes import EXIT_PREEMPTED
+from goodput.job.folder import PIDS_DIR
 from goodput.launch.rendezvous import AGENT_ERROR_FILE, rendezvous_lost
 from goodput.testing import free_port
 

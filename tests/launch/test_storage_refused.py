@@ -20,8 +20,8 @@ from goodput import (
     StorageError,
     TrainingState,
 )
-from goodput.launch.launcher import EXIT_FATAL
-from goodput.run.crashloop import attempt_records
+from goodput.job.codes import EXIT_FATAL
+from goodput.job.crashloop import attempt_records
 from goodput.testing import S3Server
 from tests.helpers.paths import script
 

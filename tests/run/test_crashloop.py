@@ -7,7 +7,7 @@ import os
 import pytest
 
 from goodput.errors import CrashLoop
-from goodput.run.crashloop import CRASH_LOOP_FILE, CrashLoopDetector, record_failure
+from goodput.job.crashloop import CRASH_LOOP_FILE, CrashLoopDetector, record_failure
 
 
 def _attempt(run_dir: str, n: int, restored: int | None, reached: int | None) -> CrashLoopDetector:

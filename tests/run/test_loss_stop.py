@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 import goodput as gp
 from goodput.checkpoint.layout import CheckpointLayout
 from goodput.errors import NumericFault
-from goodput.launch.launcher import EXIT_NUMERIC
+from goodput.job.codes import EXIT_NUMERIC
 from goodput.ledger.ledger import read_events
 from tests.helpers.launching import terminal_lines
 from tests.helpers.paths import script

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from goodput.data.order import EpochOrder
-from goodput.launch.launcher import EXIT_NUMERIC
+from goodput.job.codes import EXIT_NUMERIC
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import read_events
 from goodput.run.numeric import read_skips

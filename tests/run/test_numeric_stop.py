@@ -13,7 +13,7 @@ import torch
 
 import goodput as gp
 from goodput.errors import NumericFault
-from goodput.launch.launcher import EXIT_NUMERIC
+from goodput.job.codes import EXIT_NUMERIC
 from goodput.ledger.ledger import read_events
 from tests.helpers.paths import script
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from goodput.checkpoint import list_checkpoints
-from goodput.launch.launcher import EXIT_PREEMPTED
+from goodput.job.codes import EXIT_PREEMPTED
 from goodput.ledger import load_report, read_events
 from goodput.run.signals import PreemptionWatch
 from tests.helpers.launching import (

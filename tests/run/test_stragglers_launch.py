@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
-from goodput.launch.launcher import EXIT_STRAGGLER
+from goodput.job.codes import EXIT_STRAGGLER
 from goodput.ledger.ledger import read_events
 from goodput.ledger.report import load_report
 

@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from goodput.errors import ConfigError
-from goodput.run.watchdog import EXIT_HANG, Watchdog
+from goodput.job.codes import EXIT_HANG
+from goodput.run.watchdog import Watchdog
 from goodput.testing import S3Server
 from goodput.testing.faultproxy import FaultProxy
 

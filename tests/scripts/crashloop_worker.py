@@ -5,7 +5,7 @@ goodput launch --nproc 1 --max-restarts 8 --crash-loop 2 --run-dir DIR -- tests/
 
 import os
 
-from goodput.run.crashloop import CrashLoopDetector
+from goodput.job.crashloop import CrashLoopDetector
 
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 detector = CrashLoopDetector(

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from goodput.drill.runs import processes_of
-from goodput.run.signals import descendants
+from goodput.job.signals import descendants
 from tests.helpers.paths import script
 
 SCRIPT = script("verify_user_train.py")

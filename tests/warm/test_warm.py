@@ -247,7 +247,7 @@ def test_peer_failures_are_told_from_a_ranks_own_errors() -> None:
     import torch.distributed as dist
 
     from goodput.faults import InjectedFault
-    from goodput.warm.worker import is_peer_failure
+    from goodput.job.folder import is_peer_failure
 
     gloo = RuntimeError("[pair.cc:537] Read error [127.0.0.1]:1: Connection reset by peer.")
     assert is_peer_failure(gloo)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import goodput.bench
-from goodput.launch.launcher import EXIT_CRASH_LOOP, EXIT_FATAL
+from goodput.job.codes import EXIT_CRASH_LOOP, EXIT_FATAL
 from goodput.ledger import read_events
 from goodput.warm.record import record_folder
 from tests.helpers.launching import (

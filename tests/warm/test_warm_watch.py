@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from goodput.job.folder import is_peer_failure
 from goodput.testing import free_port
 from goodput.warm.watch import EndWatch, install_optimizer_guard
-from goodput.warm.worker import is_peer_failure
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from goodput.errors import ConfigError, Stopped
+from goodput.job.codes import EXIT_USAGE
 
 __all__ = ["main"]
 
@@ -30,8 +31,6 @@ _COMMANDS = (
     "verify-rollback",
     "drill",
 )
-
-EXIT_USAGE = 2
 
 
 class _Parser(argparse.ArgumentParser):

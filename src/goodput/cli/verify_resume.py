@@ -252,7 +252,7 @@ def _restarts(run_dir: str) -> str:
     """How the interrupted run restarted: "N restarts", or "N restarts (W warm, C cold)" under the warm agent."""
     import json
 
-    from goodput.run.crashloop import attempt_records
+    from goodput.job.crashloop import attempt_records
     from goodput.warm.agent import AGENT_LOG
 
     log = os.path.join(run_dir, AGENT_LOG)

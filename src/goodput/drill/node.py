@@ -25,8 +25,8 @@ import time
 from goodput.drill.process import durable_before, last_attempt, recorded, restored_steps, said, signal_step
 from goodput.drill.runs import LaunchSpec, finish, outcome_text, processes_of, result, start_launch
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
-from goodput.launch.launcher import EXIT_PREEMPTED
-from goodput.run.signals import descendants
+from goodput.job.codes import EXIT_PREEMPTED
+from goodput.job.signals import descendants
 
 __all__ = [
     "NODE",

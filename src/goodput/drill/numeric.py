@@ -15,7 +15,7 @@ from typing import Any
 
 from goodput.drill.runs import OUTPUT_LOG, LaunchSpec, result, run_launch
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
-from goodput.launch.launcher import EXIT_FATAL
+from goodput.job.codes import EXIT_FATAL
 from goodput.run._numeric_ops import NO_REPLICAS
 from goodput.verify.rollback import rise_before
 

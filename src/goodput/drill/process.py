@@ -25,7 +25,7 @@ from goodput.drill.runs import (
     start_launch,
 )
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
-from goodput.launch.launcher import EXIT_PREEMPTED
+from goodput.job.codes import EXIT_PREEMPTED
 from goodput.run.watchdog import PHASE_FACTOR
 from goodput.verify.records import read_records
 from goodput.verify.script import kill_plan

@@ -16,6 +16,7 @@ import time
 from goodput.drill.process import launch_until_step, restored_steps, signal_step
 from goodput.drill.runs import LaunchSpec, finish, outcome_text, processes_of, result, run_launch
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
+from goodput.job.folder import LAUNCHES_DIR
 from goodput.warm.record import record_folder
 
 __all__ = ["AGENT", "LAUNCHER"]
@@ -48,7 +49,7 @@ def _left_after(run_dir: str) -> list[int]:
 
 def _ram_folders(run_dir: str) -> list[str]:
     """The warm record folders of every launch of the run that still exist."""
-    launches = glob.glob(os.path.join(run_dir, "launches", "*"))
+    launches = glob.glob(os.path.join(run_dir, LAUNCHES_DIR, "*"))
     folders = [record_folder("", "", launch=os.path.basename(launch)) for launch in launches]
     return [folder for folder in folders if os.path.exists(folder)]
 

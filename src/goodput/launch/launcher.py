@@ -9,13 +9,13 @@ goodput adds these around torchrun and re-implements none of it:
   ``--nnodes``/``--node-rank``/``--rdzv-endpoint``/``--rdzv-id`` through to torchrun's c10d rendezvous, with
   ``--rdzv-timeout`` as its timeouts; a node whose rendezvous lost a node for good ends with ``EXIT_PREEMPTED``
   (see ``goodput.launch.rendezvous``);
-* a launch folder (see ``goodput.launch.folder``) where workers report a crash loop, an error a restart cannot
+* a launch folder (see ``goodput.job.folder``) where workers report a crash loop, an error a restart cannot
   fix (``ConfigError``, ``StateMismatch``, ``FingerprintMismatch``, ``NoValidCheckpoint``) and a preemption save; the launcher stops
   torchrun at once instead of burning the restart budget, prints one line (quoting the failing rank's last
   error, read from torch's per-worker error files) and exits with ``EXIT_CRASH_LOOP`` or ``EXIT_FATAL``;
 * a quiet terminal (``goodput.launch.output``): the workers' prints, one line per failure and the final line;
   the full logs in the launch folder (``verbose`` for everything on the terminal);
-* preemption (``goodput.run.signals``): the first SIGTERM, SIGINT or ``--preempt-signal`` makes every rank
+* preemption (``goodput.run.signals``, ``goodput.job.signals``): the first SIGTERM, SIGINT or ``--preempt-signal`` makes every rank
   finish its step and the job save once within ``--grace`` seconds, then exit with ``EXIT_PREEMPTED``; a
   second one stops everything at once. Whatever happens, no process of the job outlives the launcher.
 
@@ -36,28 +36,11 @@ import sys
 from goodput.errors import ConfigError
 
 __all__ = [
-    "EXIT_CRASH_LOOP",
-    "EXIT_FATAL",
-    "EXIT_NUMERIC",
-    "EXIT_PREEMPTED",
-    "EXIT_STRAGGLER",
     "LaunchConfig",
     "launch_job",
     "rdzv_conf",
     "torchrun_command",
 ]
-
-EXIT_CRASH_LOOP = 3
-# sysexits.h codes a scheduler can act on: EX_TEMPFAIL (requeue: the job was preempted after a durable save)
-# and EX_CONFIG (do not retry: a restart cannot fix a configuration or state-mismatch error).
-EXIT_PREEMPTED = 75
-EXIT_FATAL = 78
-# EX_DATAERR: a numeric fault (NaN/Inf, loss spike, corrupted replica) survived rollback and skip, or came too
-# often (goodput.run.numeric). Not requeued: the same data or the same hardware would fail again.
-EXIT_NUMERIC = 65
-# EX_UNAVAILABLE: a rank stayed slow and the straggler detector was asked to stop (goodput.run.stragglers).
-# Not requeued as it is: reschedule the job away from the slow host.
-EXIT_STRAGGLER = 69
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -123,7 +106,7 @@ class LaunchConfig:
             raise ConfigError(f"--run-dir {self.run_dir!r} is a file; pass a folder")
         if self.grace <= 0:
             raise ConfigError(f"--grace must be > 0 seconds, got {self.grace}")
-        from goodput.run.signals import parse_signal
+        from goodput.job.signals import parse_signal
 
         parse_signal(self.preempt_signal)
         if self.faults:
@@ -188,7 +171,7 @@ def rdzv_conf(timeout: float) -> str:
 
 
 def launch_job(config: LaunchConfig) -> int:
-    """Run torchrun for ``config``; returns its exit status, or one of the EXIT_* codes (see the module).
+    """Run torchrun for ``config``; returns its exit status, or one of the EXIT_* codes (``goodput.job.codes``).
 
     Raises:
         ConfigError: before anything starts, for a script or run folder that cannot work (see

@@ -22,7 +22,7 @@ prints it and redirects nothing.
 
 For cold restarts the failure lines come from torchrun's log (its ``failed (exitcode: ...)`` record) and the
 workers' error files; the warm agent, which decides itself, writes its own lines to the launch folder's
-``notices.log`` (``goodput.launch.folder.write_notice``); the numeric guard's rank 0 writes one line per event to
+``notices.log`` (``goodput.job.folder.write_notice``); the numeric guard's rank 0 writes one line per event to
 ``numeric.log``, shown even when the job then stops (the verdict line comes last).
 """
 
@@ -36,7 +36,8 @@ import signal
 import sys
 from typing import IO
 
-from goodput.launch.folder import (
+from goodput.job.crashloop import CRASH_LOOP_FILE
+from goodput.job.folder import (
     FATAL_FILE,
     LOGS_DIR,
     NOTICES_FILE,
@@ -45,7 +46,6 @@ from goodput.launch.folder import (
     PIDS_DIR,
     read_marker,
 )
-from goodput.run.crashloop import CRASH_LOOP_FILE
 
 __all__ = ["AGENT_LOG", "TORCHRUN_LOG", "Terminal", "TracebackFilter", "describe_exit"]
 

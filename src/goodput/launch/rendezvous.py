@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 import os
 
-from goodput.launch.folder import PIDS_DIR
-from goodput.launch.launcher import EXIT_PREEMPTED
+from goodput.job.codes import EXIT_PREEMPTED
+from goodput.job.folder import PIDS_DIR
 
 __all__ = ["AGENT_ERROR_FILE", "ERROR_FILE_ENV", "rendezvous_lost"]
 

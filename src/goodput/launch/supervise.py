@@ -2,7 +2,7 @@
 
 ``Supervisor.run`` starts torchrun (or, under ``--restart warm``, the warm-restart agent of
 ``goodput.warm.agent``, which takes torchrun's place) in a session of its own and polls it (every 0.1 s) until it
-exits, acting on what the workers report in the launch folder (see ``goodput.launch.folder``) and on signals:
+exits, acting on what the workers report in the launch folder (see ``goodput.job.folder``) and on signals:
 
 * ``CRASH_LOOP`` or ``FATAL``: end the job at once, print the verdict and the failing rank's last error, and
   return ``EXIT_CRASH_LOOP`` or ``EXIT_FATAL``;
@@ -29,43 +29,37 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
 from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RESERVED_WORLD, RUN_DIR
 from goodput._lifetime import end_with_parent, preload_libc
-from goodput.launch.folder import (
+from goodput.job.codes import EXIT_CRASH_LOOP, EXIT_FATAL, EXIT_NUMERIC, EXIT_PREEMPTED, EXIT_STRAGGLER
+from goodput.job.crashloop import CRASH_LOOP_FILE
+from goodput.job.folder import (
     FATAL_FILE,
     LAUNCH_DIR_ENV,
     LAUNCH_ID_ENV,
+    LAUNCHES_DIR,
     LOGS_DIR,
     NUMERIC_FILE,
     PIDS_DIR,
     PREEMPTED_FILE,
     STRAGGLER_FILE,
     last_error,
+    new_launch_id,
     read_marker,
 )
-from goodput.launch.launcher import (
-    EXIT_CRASH_LOOP,
-    EXIT_FATAL,
-    EXIT_NUMERIC,
-    EXIT_PREEMPTED,
-    EXIT_STRAGGLER,
-    LaunchConfig,
-    torchrun_command,
-)
-from goodput.launch.output import AGENT_LOG, TORCHRUN_LOG, Terminal
-from goodput.launch.rendezvous import AGENT_ERROR_FILE, ERROR_FILE_ENV, rendezvous_lost
-from goodput.run.crashloop import CRASH_LOOP_FILE
-from goodput.run.signals import (
+from goodput.job.signals import (
     LAUNCHER_PID_ENV,
     PREEMPT_SIGNAL_ENV,
     become_subreaper,
     descendants,
     parse_signal,
 )
+from goodput.launch.launcher import LaunchConfig, torchrun_command
+from goodput.launch.output import AGENT_LOG, TORCHRUN_LOG, Terminal
+from goodput.launch.rendezvous import AGENT_ERROR_FILE, ERROR_FILE_ENV, rendezvous_lost
 
 __all__ = ["Supervisor"]
 
@@ -152,11 +146,11 @@ class Supervisor:
     # ---- set-up ---------------------------------------------------------------------------------------------
     def _make_folder(self) -> bool:
         """The launch folder: in the run's history with --run-dir, else a temporary one. True if temporary."""
-        launch = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+        launch = new_launch_id()
         if self.config.run_dir is None:
             self.folder = tempfile.mkdtemp(prefix=f"goodput-launch-{launch}-")
             return True
-        self.folder = os.path.abspath(os.path.join(self.config.run_dir, "launches", launch))
+        self.folder = os.path.abspath(os.path.join(self.config.run_dir, LAUNCHES_DIR, launch))
         os.makedirs(self.folder)
         return False
 

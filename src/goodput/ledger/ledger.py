@@ -108,8 +108,6 @@ __all__ = ["Ledger", "LedgerConfig", "LedgerFile", "ledger_files", "read_events"
 _RESERVED = frozenset({"event", "wall", "mono", "attempt", "rank"})
 _ENCODER = json.JSONEncoder(allow_nan=False)
 _CACHE_COUNTERS = ("hits", "misses", "bytes_downloaded", "wait_seconds")
-# goodput launch exports its launch id here (one per launch; goodput.launch.folder reads the same name).
-LAUNCH_ID_ENV = LAUNCH_ID.name
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,8 @@
 """The worker side of a run: ``Run`` and what watches it inside the user's process (signals, watchdog,
-progress, crash-loop detection, the numeric guard).
+progress, the numeric guard).
 
-The launcher lives in ``goodput.launch``, warm restarts in ``goodput.warm``, verify-resume in
+The launcher lives in ``goodput.launch``, warm restarts in ``goodput.warm``, what the launcher and the workers
+agree on (exit codes, the launch folder, crash-loop records) in ``goodput.job``, verify-resume in
 ``goodput.verify``. ``Run`` is imported on first use, so importing this package does not import torch.
 """
 

@@ -17,7 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from goodput.faults import install_faults
-from goodput.launch.folder import PREEMPTED_FILE, launch_dir, write_marker
+from goodput.job.folder import PREEMPTED_FILE, launch_dir, write_marker
 
 if TYPE_CHECKING:
     from goodput.run._batches import BatchLoop
@@ -99,7 +99,7 @@ def report_preempted(run: Run, result: Any, why: str) -> str | None:
 
 def exit_preempted(run: Run, url: str | None, why: str) -> NoReturn:
     """Tell the launcher (or the user, without one) where the preempted run saved, and end the process."""
-    from goodput.launch.launcher import EXIT_PREEMPTED
+    from goodput.job.codes import EXIT_PREEMPTED
 
     if run.info.rank == 0:
         info = {"step": run.step, "url": url, "run_dir": run.run_dir, "signal": why}

@@ -18,7 +18,7 @@ import math
 from typing import TYPE_CHECKING
 
 from goodput.errors import NumericFault
-from goodput.launch.folder import report_failure
+from goodput.job.folder import report_failure
 from goodput.run._numeric_ops import json_number
 from goodput.run.hooks import RunHook
 
@@ -34,7 +34,7 @@ class LossStop(RunHook):
     def on_step(self, run: Run, step: int, loss: float | None) -> bool:
         if loss is None or math.isfinite(loss):
             return False
-        from goodput.launch.launcher import EXIT_NUMERIC
+        from goodput.job.codes import EXIT_NUMERIC
 
         rank = run.info.rank
         line = (

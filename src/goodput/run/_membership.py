@@ -15,9 +15,10 @@ import os
 from collections.abc import Callable
 
 from goodput.distributed import DistInfo, dist_info, init_distributed
-from goodput.launch.folder import register_pid
+from goodput.job.folder import register_pid
+from goodput.job.signals import end_with_launcher
 from goodput.run._attempt import agreed_attempt
-from goodput.run.signals import PreemptionWatch, end_with_launcher
+from goodput.run.signals import PreemptionWatch
 from goodput.warm.worker import WarmWorker, warm_enabled
 
 __all__ = ["Membership", "single_process_group"]

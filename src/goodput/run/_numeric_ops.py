@@ -117,7 +117,7 @@ def announce(run: Any, line: str) -> None:
     the terminal of ``goodput launch`` (a notice), else on stderr. Its detail is in the ledger."""
     if run.info.rank != 0:
         return
-    from goodput.launch.folder import NUMERIC_NOTICES_FILE, launch_dir, write_notice
+    from goodput.job.folder import NUMERIC_NOTICES_FILE, launch_dir, write_notice
 
     if launch_dir() is not None:
         write_notice(line, name=NUMERIC_NOTICES_FILE)

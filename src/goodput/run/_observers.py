@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from goodput._env import CRASH_LOOP
 from goodput.faults import Fault
-from goodput.launch.folder import listen_for_failure
+from goodput.job.crashloop import CrashLoopDetector, record_failure
+from goodput.job.folder import listen_for_failure
 from goodput.ledger.exporters import MetricsExporter
 from goodput.run._cachestats import CacheStatsRecorder
 from goodput.run._loss_stop import LossStop
 from goodput.run._nodeloss import NodeLossDrill
-from goodput.run.crashloop import CrashLoopDetector, record_failure
 from goodput.run.hooks import RunHook
 from goodput.run.numeric import NumericConfig, NumericGuard
 from goodput.run.progress import Progress

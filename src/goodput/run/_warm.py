@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from goodput.data._global_batch import regroup
 from goodput.data.loader import ResumableLoader
 from goodput.faults import fault_point
-from goodput.launch.folder import FATAL_ERRORS, report_failure
+from goodput.job.folder import FATAL_ERRORS, report_failure
 from goodput.run.hooks import RunHook
 from goodput.warm.worker import WarmWorker
 

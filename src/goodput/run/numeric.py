@@ -427,7 +427,7 @@ class NumericGuard(RunHook):
             )
 
     def _stop(self, seen: str, why: str) -> None:
-        from goodput.launch.launcher import EXIT_NUMERIC
+        from goodput.job.codes import EXIT_NUMERIC
 
         run = self._run
         assert run is not None

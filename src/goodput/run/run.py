@@ -26,7 +26,7 @@ from typing import Any
 from goodput._env import FAULTS, STOP_AFTER
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
 from goodput.errors import ConfigError, SaveFailed
-from goodput.launch.folder import install_error_report
+from goodput.job.folder import install_error_report, is_peer_failure
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
 from goodput.run import _runhooks as edges
@@ -41,7 +41,6 @@ from goodput.run.numeric import NumericConfig
 from goodput.run.stragglers import StragglerConfig
 from goodput.run.watchdog import HANG_TIMEOUT
 from goodput.warm.boot import release as release_gc
-from goodput.warm.worker import is_peer_failure
 
 __all__ = ["Run"]
 

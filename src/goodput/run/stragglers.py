@@ -296,7 +296,7 @@ def attach_stragglers(
             f"{config.windows} windows of {config.every} steps)"
         )
         if config.stop:
-            from goodput.launch.launcher import EXIT_STRAGGLER
+            from goodput.job.codes import EXIT_STRAGGLER
 
             run.ledger.flush()
             raise StragglerStop(

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable, Iterator
 
 from goodput.errors import ConfigError
+from goodput.job.codes import EXIT_HANG
 
-__all__ = ["EXIT_HANG", "HANG_TIMEOUT", "PHASE_FACTOR", "Watchdog"]
+__all__ = ["HANG_TIMEOUT", "PHASE_FACTOR", "Watchdog"]
 
-EXIT_HANG = 43
 HANG_TIMEOUT = 300.0  # Run's default: seconds without a step before a rank counts as hung
 PHASE_FACTOR = 4  # the default limit inside a phase (checkpoint save or restore), in timeouts
 

@@ -10,8 +10,8 @@ import json
 import signal
 import sys
 
+from goodput.job.signals import parse_signal
 from goodput.launch.launcher import LaunchConfig
-from goodput.run.signals import parse_signal
 from goodput.warm.agent import WarmAgent, WarmConfig
 from goodput.warm.boot import hold, release
 

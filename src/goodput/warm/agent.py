@@ -42,7 +42,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from goodput.launch.folder import LOGS_DIR, launch_dir, write_notice
+from goodput.job.folder import LOGS_DIR, launch_dir, write_notice
 from goodput.launch.launcher import LaunchConfig
 from goodput.launch.output import describe_exit
 from goodput.warm.idle import can_return, make_idle, make_normal

@@ -46,7 +46,7 @@ def release() -> None:
 def main(argv: list[str]) -> None:
     """Run the script ``argv[0]`` with arguments ``argv[1:]`` as ``__main__``, the collector held back."""
     hold()
-    from goodput.run.signals import end_with_launcher  # no torch here
+    from goodput.job.signals import end_with_launcher  # no torch here
 
     end_with_launcher()  # under goodput launch: a SIGKILLed launcher takes torchrun, and torchrun this worker
     sys.argv = list(argv)

@@ -45,7 +45,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from goodput.launch.folder import PEER_FAILURE_MARKERS
 from goodput.warm.protocol import (
     WARM_GEN,
     WARM_PG_TIMEOUT,
@@ -60,7 +59,7 @@ from goodput.warm.record import RecordFiles, record_folder
 from goodput.warm.store import WarmStore
 from goodput.warm.watch import EndWatch, install_optimizer_guard
 
-__all__ = ["WarmWorker", "is_peer_failure", "warm_enabled"]
+__all__ = ["WarmWorker", "warm_enabled"]
 
 _POLL_SECONDS = 0.05
 
@@ -68,26 +67,6 @@ _POLL_SECONDS = 0.05
 def warm_enabled() -> bool:
     """True in a worker or spare started by the warm-restart agent."""
     return bool(WARM_STORE.get())
-
-
-def is_peer_failure(err: BaseException) -> bool:
-    """Whether ``err`` (or its cause) looks like a collective failing because another rank failed.
-
-    Such an error leaves this process healthy: it may restart warm. Anything else is this rank's own failure,
-    and the process exits so the agent replaces it.
-    """
-    import torch.distributed as dist
-
-    seen: BaseException | None = err
-    for _ in range(8):
-        if seen is None:
-            return False
-        if isinstance(seen, dist.DistError):
-            return True
-        if isinstance(seen, RuntimeError) and any(m in str(seen) for m in PEER_FAILURE_MARKERS):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 @dataclass

@@ -18,8 +18,12 @@ small files there, and the launcher, which watches the folder while torchrun run
     numeric.log       one line per numeric event the guard handled (rank 0), for the terminal even when the job
                       then stopped
 
-The launch id (``$GOODPUT_LAUNCH_ID``) names the launch in crash-loop records, so attempts of earlier launches
-do not count against this one.
+The launch id (``$GOODPUT_LAUNCH_ID``) names the launch in crash-loop records and the ledger, so attempts of
+earlier launches do not count against this one.
+
+The workers' side writes (``install_error_report``, ``report_failure``, ``write_marker``), the launcher's side
+reads (``read_marker``, ``last_error``); both tell a peer's reaction from a rank's own error the same way
+(``is_peer_failure``, ``is_peer_failure_line``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import os
 import sys
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -45,12 +50,12 @@ from goodput.errors import (
     StateMismatch,
     StragglerStop,
 )
-from goodput.launch.launcher import EXIT_FATAL, EXIT_NUMERIC, EXIT_STRAGGLER
-from goodput.ledger.ledger import LAUNCH_ID_ENV  # the ledger records the id in each attempt_start
+from goodput.job.codes import EXIT_FATAL, EXIT_NUMERIC, EXIT_STRAGGLER, EXIT_USAGE
 
 __all__ = [
     "FATAL_ERRORS",
     "FATAL_FILE",
+    "LAUNCHES_DIR",
     "LAUNCH_DIR_ENV",
     "LAUNCH_ID_ENV",
     "NOTICES_FILE",
@@ -60,11 +65,13 @@ __all__ = [
     "PREEMPTED_FILE",
     "STRAGGLER_FILE",
     "install_error_report",
+    "is_peer_failure",
     "is_peer_failure_line",
     "last_error",
     "launch_dir",
     "launch_id",
     "listen_for_failure",
+    "new_launch_id",
     "read_marker",
     "register_pid",
     "report_failure",
@@ -72,7 +79,9 @@ __all__ = [
     "write_notice",
 ]
 
+LAUNCHES_DIR = "launches"  # <run_dir>/launches/<launch id>/: every launch of a run, in its history
 LAUNCH_DIR_ENV = LAUNCH_DIR.name
+LAUNCH_ID_ENV = LAUNCH_ID.name  # the ledger records the id in each attempt_start
 FATAL_FILE = "FATAL"
 NUMERIC_FILE = "NUMERIC"
 STRAGGLER_FILE = "STRAGGLER"
@@ -82,7 +91,6 @@ LOGS_DIR = "logs"
 NOTICES_FILE = "notices.log"
 NUMERIC_NOTICES_FILE = "numeric.log"
 
-EXIT_USAGE = 2  # a user's mistake, as on the command line
 # The stops with an exit code (and a launch marker) of their own; every other error a restart cannot fix is FATAL.
 _STOP_CODES: dict[type[BaseException], int] = {NumericFault: EXIT_NUMERIC, StragglerStop: EXIT_STRAGGLER}
 _STOP_FILES: dict[type[BaseException], str] = {NumericFault: NUMERIC_FILE, StragglerStop: STRAGGLER_FILE}
@@ -122,6 +130,12 @@ def launch_dir() -> str | None:
 def launch_id() -> str:
     """This launch's id: goodput launch's, else torchrun's run id (a fresh one per ``--standalone`` start)."""
     return LAUNCH_ID.get() or os.environ.get("TORCHELASTIC_RUN_ID", "")
+
+
+def new_launch_id() -> str:
+    """A new launch's id, which names its folder: the UTC time it began and a random tail, so that a run's
+    launches sort by time."""
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
 
 
 def write_marker(name: str, content: str | dict[str, Any], *, exclusive: bool = False) -> bool:
@@ -200,7 +214,7 @@ def install_error_report(rank: int) -> None:
 
 def listen_for_failure(listener: Callable[[str, bool], None] | None) -> None:
     """Also tell ``listener(line, peer)`` the one line of the error that ends this process, and whether it is a
-    peer's reaction (the run's crash-loop record: ``goodput.run.crashloop``); None: nobody."""
+    peer's reaction (the run's crash-loop record: ``goodput.job.crashloop``); None: nobody."""
     global _failure_listener
     _failure_listener = listener
 
@@ -215,7 +229,7 @@ def report_failure(rank: int, err: BaseException, *, line: str | None = None) ->
     if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
         peer = False
         with contextlib.suppress(Exception):
-            peer = _is_peer_failure(err)
+            peer = is_peer_failure(err)
             callstack = "".join(traceback.format_exception(kind, err, err.__traceback__))
             _record_error_file(line, callstack, rank, peer=peer)
         if _failure_listener is not None:
@@ -235,16 +249,10 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _is_peer_failure(err: BaseException) -> bool:
-    from goodput.warm.worker import is_peer_failure  # torch: in a worker only, never in the launcher
-
-    return is_peer_failure(err)
-
-
 def _reacts_to_fatal(err: BaseException) -> bool:
     """Whether ``err`` is a peer's reaction to a rank that stopped the launch with an error no restart fixes."""
     folder = launch_dir()
-    return folder is not None and read_marker(folder, FATAL_FILE) is not None and _is_peer_failure(err)
+    return folder is not None and read_marker(folder, FATAL_FILE) is not None and is_peer_failure(err)
 
 
 def _record_error_file(message: str, callstack: str, rank: int, *, peer: bool) -> None:
@@ -309,3 +317,29 @@ def is_peer_failure_line(line: str) -> bool:
     if kind.startswith("Dist") and kind.endswith("Error"):  # torch.distributed's DistBackendError, ...
         return True
     return kind == "RuntimeError" and any(marker in line for marker in PEER_FAILURE_MARKERS)
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """Whether ``err`` (or its cause) looks like a collective failing because another rank failed.
+
+    Such an error leaves this process healthy: it may restart warm. Anything else is this rank's own failure,
+    and the process exits so the agent replaces it.
+    """
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return False
+        if _is_dist_error(seen):
+            return True
+        if isinstance(seen, RuntimeError) and any(m in str(seen) for m in PEER_FAILURE_MARKERS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _is_dist_error(err: BaseException) -> bool:
+    """Whether ``err`` is torch.distributed's ``DistError``: only a process that imported torch.distributed can
+    hold one, so this module need not import torch (the launcher never does)."""
+    dist = sys.modules.get("torch.distributed")
+    kind = getattr(dist, "DistError", None)
+    return isinstance(kind, type) and isinstance(err, kind)

@@ -25,9 +25,9 @@ import time
 from typing import Any, NoReturn
 
 from goodput.errors import CrashLoop
-from goodput.launch.folder import launch_dir, launch_id
+from goodput.job.folder import launch_dir, launch_id
 
-__all__ = ["CrashLoopDetector", "attempt_records", "record_failure"]
+__all__ = ["CRASH_LOOP_FILE", "CrashLoopDetector", "attempt_records", "record_failure"]
 
 CRASH_LOOP_FILE = "CRASH_LOOP"
 _FAILED = ".failed.json"  # attempt-<n>.rank-<r>.failed.json: the error that ended rank r's attempt n
