@@ -75,6 +75,33 @@ def test_the_held_out_loss_is_the_final_model_s_loss_on_the_corpus_s_last_sample
     )  # a --reference folder from before the split
 
 
+def test_where_torchtitan_cannot_be_installed_the_contender_is_skipped_with_one_line(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from goodput.bench._peers_table import print_table
+    from goodput.bench._peers_titan_launch import titan_site
+
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # no package index: as on a machine offline
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    with pytest.raises(RuntimeError) as err:
+        titan_site(str(tmp_path / "torchtitan"))
+    reason = str(err.value)
+    assert reason.startswith("torchtitan 0.3.0 could not be installed: pip install exited 1: ")
+    assert (
+        "\n" not in reason and os.listdir(tmp_path) == []
+    )  # nothing half-installed left to be taken for done
+    result = {
+        "steps": 20,
+        "baseline_every": 1,
+        "skipped": {"titan": reason},
+        "rows": [],
+        "ratios": {},
+        "goals": {},
+    }
+    print_table(result)
+    assert f"titan: skipped: {reason}" in capsys.readouterr().out.splitlines()
+
+
 def _kill_rank0_after(run_dir: str, steps: int, proc: subprocess.Popen) -> int:
     """SIGKILL the process holding rank 0 once it has logged ``steps`` steps; its pid."""
     log = os.path.join(run_dir, "samples", "rank-0.jsonl")
