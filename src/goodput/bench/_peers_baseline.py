@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,14 +35,15 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from goodput.data import ShardedDataset
 from goodput.demo.model import ModelConfig, TinyLM
-from goodput.demo.train import collate, decode
+from goodput.demo.train import collate, decode, next_byte_loss, save_final_model
 from goodput.ledger import Ledger
 
 _BLOB = 1 << 16  # bytes of JSON kept per non-tensor state (DCP loads into tensors of the saved shape)
 
 
-def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def demo_args(argv: list[str] | None = None, doc: str | None = __doc__) -> argparse.Namespace:
+    """The options of a contender's script, the same in each (``doc``: the script's own docstring)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="the demo's shard folder")
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--every", type=int, default=40, help="checkpoint every N steps (0: never)")
@@ -79,17 +81,28 @@ def demo_job(args: argparse.Namespace) -> tuple[TinyLM, torch.optim.Optimizer, A
     torch.manual_seed(args.seed)
     inner = TinyLM(ModelConfig(dropout=0.1))
     optimizer = torch.optim.AdamW(inner.parameters(), lr=args.lr, weight_decay=0.01)
-    warmup = max(1, args.steps // 10)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / args.steps)
-    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, demo_lr_lambda(args.steps))
     return inner, optimizer, scheduler
 
 
-def demo_loader(dataset: Any, sampler: Any, args: argparse.Namespace) -> StatefulDataLoader:
-    """torchdata's StatefulDataLoader over the demo's shards in ``sampler``'s order."""
-    return StatefulDataLoader(
+def demo_lr_lambda(steps: int) -> Callable[[int], float]:
+    """The demo's LR factor at a step: a linear warmup over a tenth of the run, then a linear decay to 0.1."""
+    warmup = max(1, steps // 10)
+    return lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / steps)
+
+
+def demo_loader(
+    dataset: Any,
+    sampler: Any,
+    args: argparse.Namespace,
+    loader_class: Any = StatefulDataLoader,
+    **kwargs: Any,
+) -> Any:
+    """torchdata's StatefulDataLoader (or ``loader_class``, a subclass) over the demo's shards in ``sampler``'s
+    order."""
+    return loader_class(
         dataset,
+        **kwargs,
         batch_size=args.batch_size,
         sampler=sampler,
         num_workers=args.workers,
@@ -100,7 +113,7 @@ def demo_loader(dataset: Any, sampler: Any, args: argparse.Namespace) -> Statefu
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _args(argv)
+    args = demo_args(argv)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     run_dir = os.environ["GOODPUT_RUN_DIR"]
@@ -110,6 +123,25 @@ def main(argv: list[str] | None = None) -> None:
     ckpt_group = dist.new_group(backend="gloo")  # async saves' collectives apart from training's
     inner, optimizer, scheduler = demo_job(args)
     model = torch.nn.parallel.DistributedDataParallel(inner)
+    sampler, loader = demo_data(args, StatefulDataLoader)
+    root = os.path.join(run_dir, "checkpoints")
+    step = _restore(root, model, optimizer, scheduler, loader, rank, ledger)
+    ledger.init_done()
+    saver = _AsyncSaver(root, ckpt_group, ledger)
+
+    def after_step(step: int) -> None:
+        saver.poll()
+        if args.every and step % args.every == 0 and step < args.steps:
+            saver.save(step, _state(model, optimizer, scheduler, loader, step, rank))
+
+    train(args, model, (optimizer, scheduler), (sampler, loader), step, ledger, after_step)
+    saver.wait()
+    finish(run_dir, inner, ledger)
+
+
+def demo_data(args: argparse.Namespace, loader_class: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """The demo's shards in order, split over the ranks by ``DistributedSampler(shuffle=False)``, and a
+    ``loader_class`` (torchdata's StatefulDataLoader or a subclass, given ``kwargs`` too) over them."""
     dataset = ShardedDataset(args.data, decode=decode)
     sampler: torch.utils.data.distributed.DistributedSampler[Any] = (
         torch.utils.data.distributed.DistributedSampler(
@@ -118,24 +150,31 @@ def main(argv: list[str] | None = None) -> None:
             drop_last=True,
         )
     )
-    loader = demo_loader(dataset, sampler, args)
-    root = os.path.join(run_dir, "checkpoints")
-    step = _restore(root, model, optimizer, scheduler, loader, rank, ledger)
-    ledger.init_done()
+    return sampler, demo_loader(dataset, sampler, args, loader_class, **kwargs)
+
+
+def train(
+    args: argparse.Namespace,
+    model: Any,
+    schedule: tuple[Any, Any],
+    data: tuple[Any, Any],
+    step: int,
+    ledger: Any,
+    after_step: Callable[[int], None],
+) -> None:
+    """The loop, from ``step`` to ``--steps``: each step logged (the bench's records), trained, then handed to
+    ``after_step`` (the checkpointing)."""
+    (optimizer, scheduler), (sampler, loader) = schedule, data
+    run_dir, rank = os.environ["GOODPUT_RUN_DIR"], dist.get_rank()
     per_epoch = len(loader)
     sampler.set_epoch(step // per_epoch)
-    saver = _AsyncSaver(root, ckpt_group, ledger)
     os.makedirs(os.path.join(run_dir, "samples"), exist_ok=True)
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     with open(os.path.join(run_dir, "samples", f"rank-{rank}.jsonl"), "a", buffering=1) as log:
         while step < args.steps:
             for indices, batch in loader:
                 ledger.step_start(step + 1)
-                tokens = torch.from_numpy(batch)
-                logits = model(tokens[:, :-1])
-                loss = torch.nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
-                )
+                loss = next_byte_loss(model, torch.from_numpy(batch))
                 # logged before the gradients leave this rank, as the demo does (goodput/demo/train.py)
                 log.write(json.dumps({"step": step + 1, "samples": indices, "attempt": restarts}) + "\n")
                 loss.backward()
@@ -144,14 +183,17 @@ def main(argv: list[str] | None = None) -> None:
                 scheduler.step()
                 step += 1
                 ledger.step_end(step, loss=float(loss.detach()))
-                saver.poll()
-                if args.every and step % args.every == 0 and step < args.steps:
-                    saver.save(step, _state(model, optimizer, scheduler, loader, step, rank))
+                after_step(step)
                 if step >= args.steps:
                     break
             else:
                 sampler.set_epoch(step // per_epoch)
-    saver.wait()
+
+
+def finish(run_dir: str, inner: torch.nn.Module, ledger: Any) -> None:
+    """Rank 0 keeps the final model (the bench's held-out loss); the ledger and the process group close."""
+    if dist.get_rank() == 0:
+        save_final_model(run_dir, inner)
     ledger.close()
     dist.destroy_process_group()
 

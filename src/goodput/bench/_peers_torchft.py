@@ -37,7 +37,7 @@ from torchft.checkpointing.pg_transport import PGTransport
 
 from goodput.bench._peers_baseline import demo_job, demo_loader
 from goodput.data import ShardedDataset
-from goodput.demo.train import decode
+from goodput.demo.train import decode, next_byte_loss, save_final_model
 from goodput.ledger import Ledger
 
 
@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     os.makedirs(os.path.join(run_dir, "samples"), exist_ok=True)
     with open(os.path.join(run_dir, "samples", f"rank-{group}.jsonl"), "a", buffering=1) as log:
         _train(args, model, optimizer, scheduler, manager, loader, sampler, ledger, log, folder)
+    if group == 0:  # the groups end on the same model: one keeps it (the bench's held-out loss)
+        save_final_model(run_dir, inner)
     ledger.close()
     manager.shutdown()
 
@@ -129,11 +131,7 @@ def _train(
             step = manager.current_step()
             ledger.step_start(step + 1)
             optimizer.zero_grad()  # starts the quorum
-            tokens = torch.from_numpy(batch)
-            logits = model(tokens[:, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
-            )
+            loss = next_byte_loss(model, torch.from_numpy(batch))
             loss.backward()
             participating = manager.is_participating()
             optimizer.step()  # applied only if every participant commits

@@ -3,6 +3,7 @@
     goodput bench peers [--steps 800] [--schedules 20s,40s,120s,none] [--quick] [--json]
     goodput bench peers --schedules 40s --reference <a kept run's peers-<time> folder> [--json]
     goodput bench peers --schedules none --repeat 3 [--contenders baseline,warm] [--json]
+    goodput bench peers --quick --contenders baseline,titan,warm [--json]
 
 One job (the demo's model and data, 2 ranks on CPU), run to ``--steps`` steps by each contender under each
 failure schedule. A schedule is drawn once from ``--seed`` (SIGKILLs of a random rank, exponential gaps with the
@@ -12,6 +13,10 @@ Contenders:
 - ``baseline``: what a careful user builds from PyTorch alone, as torchtitan does (``bench/_peers_baseline.py``):
   torchrun restarts, DCP ``async_save`` every K steps, per-rank ``StatefulDataLoader`` state. K scales
   torchtitan's defaults (a checkpoint every 500 of 10,000 training steps, 5% of the run) to this job: N / 20.
+- ``titan``: the same job checkpointed by torchtitan 0.3.0's own code (``bench/_peers_titan.py``): its
+  ``CheckpointManager`` in ``async_mode="async"`` every N / 20 steps, its optimizer and LR-scheduler containers
+  and its data loader. torchtitan is installed on first use into a cache folder (``~/.cache/goodput``); where
+  it cannot be, the contender is skipped with one line saying why.
 - ``cold``: goodput's durable tier (``dcp_async``, ``every="auto"``), restarts by torchrun.
 - ``memory``: the same with the memory tier.
 - ``warm``: the default demo: memory tier, warm restarts with two hot spares.
@@ -28,7 +33,8 @@ For each run: wall time from launch to exit, over the same contender's fault-fre
 under the same schedule; goodput from the run's ledger (``goodput report``'s accounting; the baseline writes the
 ledger through a thin wrapper); and samples trained twice or never, from the step records
 (``bench/_peers_count.py``: the lineage the final model learned from, against the fault-free order).
-``lost_per_failure`` is what each failure cost: the run's wall time minus the same contender's fault-free wall
+``heldout_loss`` is the final model's loss on the corpus's last 1,024 samples, which no contender's data holds
+(``bench/_peers_heldout.py``): what the recovery cost in model quality. ``lost_per_failure`` is what each failure cost: the run's wall time minus the same contender's fault-free wall
 time, over the failures it received; it is the figure that carries to a cluster, where the cost of a restart
 is minutes rather than this machine's seconds.
 
@@ -61,11 +67,14 @@ from typing import Any
 
 from goodput.bench._peers_count import against_torchft, exactness, lineage, read_records
 from goodput.bench._peers_faults import Killer, draw_schedule
+from goodput.bench._peers_heldout import heldout_loss, write_split
+from goodput.bench._peers_table import print_table
+from goodput.bench._peers_titan_launch import titan_site
 from goodput.bench._peers_torchft_launch import lighthouse, peer_available, torchft_group
 
 __all__ = ["CONTENDERS", "add_arguments", "run"]
 
-CONTENDERS = ("baseline", "cold", "memory", "warm", "shrink", "torchft", "nvrx")
+CONTENDERS = ("baseline", "titan", "cold", "memory", "warm", "shrink", "torchft", "nvrx")
 _PEERS = {
     "torchft": "torchft",
     "nvrx": "nvidia_resiliency_ext",
@@ -74,6 +83,7 @@ _NVRX_LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
 _GOODPUT = ("cold", "memory", "warm", "shrink")  # the contenders goodput launch runs
 _HERE = os.path.dirname(__file__)
 _BASELINE = os.path.join(_HERE, "_peers_baseline.py")
+_TITAN = os.path.join(_HERE, "_peers_titan.py")
 _DEMO = os.path.join(os.path.dirname(_HERE), "demo", "train.py")
 _BATCH = 16  # per rank: the demo's and the baseline's default
 _RESTART = {  # how goodput launch answers a failure, per contender
@@ -106,7 +116,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--contenders",
         default=None,
-        help="which to run (default: all; torchft and nvrx only where the peers extra is installed)",
+        help="which to run (default: all; torchft and nvrx only where the peers extra is installed; titan "
+        "installs torchtitan 0.3.0 into ~/.cache/goodput on first use and is skipped where it cannot)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the failure schedules (default 0)")
     parser.add_argument(
@@ -145,14 +156,14 @@ def _schedules(text: str) -> list[tuple[str, float | None]]:
 
 
 def _command(contender: str, data: str, run_dir: str, steps: int, mtbf: float | None) -> list[str]:
-    if contender in ("baseline", "bare", "nvrx"):
+    if contender in ("baseline", "titan", "bare", "nvrx"):
         every = 0 if contender == "bare" else max(1, steps // 20)
         launcher = _NVRX_LAUNCHER if contender == "nvrx" else "torch.distributed.run"
         cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node=2"]
         return [
             *cmd,
             "--max-restarts=50",
-            _BASELINE,
+            _TITAN if contender == "titan" else _BASELINE,
             f"--data={data}",
             f"--steps={steps}",
             f"--every={every}",
@@ -177,11 +188,14 @@ def _command(contender: str, data: str, run_dir: str, steps: int, mtbf: float | 
 
 
 def _launch(
-    contender: str, data: str, run_dir: str, steps: int, mtbf: float | None, seed: int
+    contender: str, data: str, run_dir: str, steps: int, mtbf: float | None, seed: int, path: str = ""
 ) -> dict[str, Any]:
-    """One run under the schedule: wall seconds, the failures applied, goodput, and the step records."""
+    """One run under the schedule: wall seconds, the failures applied, goodput, and the step records; ``path``
+    goes first on the run's PYTHONPATH (the titan contender's torchtitan)."""
     os.makedirs(run_dir)
     env = dict(os.environ, GOODPUT_RUN_DIR=os.path.abspath(run_dir), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
     schedule = draw_schedule(mtbf, seed=seed, world_size=2, horizon=3600.0)
     with open(os.path.join(run_dir, "launch.log"), "w") as log, contextlib.ExitStack() as stack:
         start = time.monotonic()
@@ -259,6 +273,13 @@ def run(args: argparse.Namespace) -> int:
             f"--contenders: choose from {', '.join(CONTENDERS)}, baseline included; got {unknown}"
         )
     schedules = _schedules(args.schedules)
+    args.titan_path, args.skipped = "", {}
+    if "titan" in contenders:
+        try:
+            args.titan_path = titan_site()
+        except RuntimeError as err:  # the other contenders still run
+            contenders.remove("titan")
+            args.skipped["titan"] = str(err)
     with contextlib.ExitStack() as stack:
         if args.keep:
             work = os.path.join(args.keep, f"peers-{int(time.time())}")
@@ -268,25 +289,22 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        _print(result)
+        print_table(result)
     return 0
 
 
 def _measure(
     work: str, contenders: list[str], schedules: list[tuple[str, float | None]], args: Any
 ) -> dict[str, Any]:
-    from goodput.demo.prepare import write_corpus
-
     os.makedirs(work, exist_ok=True)
     rows: list[dict[str, Any]] = []
     records: dict[tuple[str, str], Any] = {}
     if args.reference:
-        data = os.path.join(args.reference, "data")
+        data, heldout = os.path.join(args.reference, "data"), os.path.join(args.reference, "heldout")
         rows, records = _reference(args.reference, contenders, args.steps)
         schedules = [s for s in schedules if s[1] is not None]
     else:
-        data = os.path.join(work, "data")
-        write_corpus(data)
+        data, heldout = write_split(work)
     for name, mtbf in reversed(schedules):  # "none" first: the references of the exactness counts
         for round_ in range(args.repeat if mtbf is None else 1):
             for contender in contenders + (["bare"] if mtbf is None and not args.quick else []):
@@ -294,10 +312,12 @@ def _measure(
                 row.update({"round": round_} if round_ else {})
                 run_dir = os.path.join(work, f"{contender}-{name}" + (f"-{round_}" if round_ else ""))
                 try:
-                    row.update(_launch(contender, data, run_dir, args.steps, mtbf, args.seed))
+                    path = args.titan_path if contender == "titan" else ""
+                    row.update(_launch(contender, data, run_dir, args.steps, mtbf, args.seed, path))
                 except (RuntimeError, subprocess.TimeoutExpired) as err:  # the other runs still count
                     rows.append({**row, "error": str(err)})
                     continue
+                row["heldout_loss"] = heldout_loss(run_dir, heldout)
                 trained: Any = read_records(run_dir)
                 if not round_:
                     records[contender, name] = trained
@@ -314,6 +334,7 @@ def _measure(
         "seed": args.seed,
         "reference": args.reference,
         "schedules": {n: draw_schedule(_mtbf(n), seed=args.seed, world_size=2, horizon=600.0) for n in names},
+        "skipped": args.skipped,
         "rows": rows,
         "ratios": _summary(rows),
         "goals": _GOALS,
@@ -408,29 +429,3 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             r["samples_twice"] + r["samples_never"] for r in rows if r["contender"] == "baseline"
         ),
     }
-
-
-def _print(result: dict[str, Any]) -> None:
-    print(f"{result['steps']} steps, 2 ranks; baseline checkpoints every {result['baseline_every']} steps")
-    print(
-        f"{'schedule':>8} {'contender':>9} {'wall s':>8} {'/free':>6} {'/base':>6} {'goodput':>8} "
-        f"{'kills':>5} {'lost/f':>6} {'twice':>5} {'never':>5} {'redone':>6}"
-    )
-    for r in result["rows"]:
-        if "note" in r or "error" in r or "samples_twice" not in r:
-            print(f"{_name(r):>8} {r['contender']:>9}  {r.get('note') or r.get('error', 'no reference')}")
-            continue
-        gp = "-" if r["goodput"] is None else f"{100 * r['goodput']:.1f}%"
-        lost = "-" if r.get("lost_per_failure") is None else f"{r['lost_per_failure']:.2f}"
-        print(
-            f"{_name(r):>8} {r['contender']:>9} {r['wall_seconds']:8.1f} {r['over_fault_free'] or 0:6.2f} "
-            f"{r['over_baseline'] or 0:6.2f} {gp:>8} {len(r['kills']):5d} {lost:>6} {r['samples_twice']:5d} "
-            f"{r['samples_never']:5d} {r['steps_redone']:6d}"
-        )
-    for key, value in result["ratios"].items():
-        print(f"  {key} = {value} (goal {_GOALS.get(key, 'none: what its users get')})")
-
-
-def _name(row: dict[str, Any]) -> str:
-    """The schedule's name, with the round after the first (``none#2``)."""
-    return f"{row['schedule']}#{row['round'] + 1}" if row.get("round") else str(row["schedule"])

@@ -15,10 +15,10 @@ CONTEXT = 64
 SAMPLE_BYTES = CONTEXT + 1  # inputs and the next-byte targets
 
 
-def _records(limit: int) -> Iterator[bytes]:
+def _records(limit: int, keep: slice) -> Iterator[bytes]:
     windows = samples(corpus_bytes(limit), SAMPLE_BYTES)
-    for index, window in enumerate(windows):
-        yield struct.pack("<I", index) + window.tobytes()
+    for index in range(len(windows))[keep]:
+        yield struct.pack("<I", index) + windows[index].tobytes()
 
 
 def write_corpus(
@@ -27,7 +27,12 @@ def write_corpus(
     limit: int = 2 * 2**20,
     shard_bytes: int = 256 * 2**10,
     storage_options: Mapping[str, Any] | None = None,
+    keep: slice = slice(None),
 ) -> int:
-    """Write ``limit`` bytes of the corpus as ``(id, window)`` samples in shards at ``url``; returns the count."""
-    index = write_shards(_records(limit), url, shard_bytes=shard_bytes, storage_options=storage_options)
+    """Write ``limit`` bytes of the corpus as ``(id, window)`` samples in shards at ``url``; returns the count.
+
+    ``keep`` selects the samples written (``slice(None, -K)``: all but the last K); each keeps the id it has in
+    the whole corpus, so two parts written apart never share an id.
+    """
+    index = write_shards(_records(limit, keep), url, shard_bytes=shard_bytes, storage_options=storage_options)
     return sum(int(s["samples"]) for s in index["shards"])

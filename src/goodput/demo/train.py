@@ -12,7 +12,8 @@ forward pass and before the backward pass shares the rank's gradients: a rank ki
 leave its peers to complete the step (a warm restart adopts it), and the log must still hold its samples; a
 step logged by a rank that died earlier is redone under a newer attempt, whose records replace it. Rank 0
 writes ``<run_dir>/final.json`` with hashes of the final model and optimizer state, so two runs can be
-compared bit for bit.
+compared bit for bit, and the final model's weights (``<run_dir>/final-model.pt``), so it can be evaluated
+(``goodput bench peers`` computes its loss on held-out samples).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from goodput.run.stragglers import StragglerConfig
 from goodput.verify.demo import batch_epoch
 
 INDEX = struct.Struct("<I")
+FINAL_MODEL = "final-model.pt"  # in the run folder: the final model's state dict, written by rank 0
 
 
 def decode(sample: bytes) -> tuple[int, torch.Tensor]:
@@ -181,7 +183,7 @@ def _train(run: Run, args: argparse.Namespace, dataset: Any, run_dir: str, kept:
     with open(log_path, "a", buffering=1) as samples_log:
         for indices, batch in run.batches(loader):
             tokens = torch.from_numpy(batch)
-            loss = _loss(model, tokens)
+            loss = next_byte_loss(model, tokens)
             draws = [hashlib.sha256(tokens.numpy().tobytes()).hexdigest()[:16], float(loss.detach()).hex()]
             record = {
                 "step": run.step + 1, "samples": indices, "attempt": attempt, "epoch": batch_epoch(loader),
@@ -202,6 +204,14 @@ def _train(run: Run, args: argparse.Namespace, dataset: Any, run_dir: str, kept:
         }
         with open(os.path.join(run_dir, "final.json"), "w") as f:
             json.dump(final, f)
+        save_final_model(run_dir, inner)
+
+
+def save_final_model(run_dir: str, model: torch.nn.Module) -> None:
+    """The final model's state dict at ``<run_dir>/final-model.pt``, renamed into place once written whole."""
+    path = os.path.join(run_dir, FINAL_MODEL)
+    torch.save(model.state_dict(), path + ".tmp")
+    os.replace(path + ".tmp", path)
 
 
 def _loader(args: argparse.Namespace, dataset: Any, kept: dict[str, Any]) -> ResumableLoader:
@@ -245,7 +255,8 @@ def _memory_tier(every: str, folder: str, *, keep: int) -> MemoryTier | None:
     return MemoryTier(every=int(every) if every.isdigit() else every, folder=folder, keep=keep)
 
 
-def _loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+def next_byte_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of each next byte of a batch of windows (batch, window) given the bytes before."""
     logits = model(tokens[:, :-1])
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
