@@ -234,6 +234,27 @@ def test_each_failure_s_cost_is_compared_with_torchft_s_under_the_same_schedule(
     assert summary["no_faults_warm_over_torchft"] == round(40 / 42, 3)
 
 
+def test_the_slowest_row_over_the_baseline_is_goodput_s_own() -> None:
+    """The goal "slowest over the baseline <= 1" is goodput's: a slower peer's row (torchtitan's own
+    checkpointer, torchft) does not stand for it."""
+    from goodput.bench.peers import _ratios, _summary
+
+    walls = {"baseline": 50.0, "warm": 45.0, "shrink": 48.0, "titan": 60.0, "torchft": 55.0}
+    rows = [
+        {
+            "schedule": "40s",
+            "contender": c,
+            "wall_seconds": w,
+            "samples_twice": 0,
+            "samples_never": 0,
+            "kills": [],
+        }
+        for c, w in walls.items()
+    ]
+    _ratios(rows)
+    assert _summary(rows)["slowest_over_baseline"] == round(48.0 / 50.0, 3)
+
+
 def test_the_real_peers_need_the_peers_extra_only_when_asked_for(monkeypatch) -> None:
     from goodput.bench import peers
     from goodput.errors import ConfigError

@@ -415,7 +415,9 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "shrink_over_baseline_at_40s": next(
             (r["over_baseline"] for r in timed if r["contender"] == "shrink" and r["schedule"] == "40s"), None
         ),
-        "slowest_over_baseline": max((r["over_baseline"] for r in timed), default=None),
+        "slowest_over_baseline": max(  # goodput's slowest row: the peers' rows are theirs
+            (r["over_baseline"] for r in timed if r["contender"] in _GOODPUT), default=None
+        ),
         "no_faults_warm_over_bare": over_bare.get("warm"),
         "no_faults_over_bare": over_bare,
         "no_faults_warm_over_bare_by_round": [
