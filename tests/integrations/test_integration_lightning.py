@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -181,3 +182,42 @@ def test_a_lightning_fit_resumed_after_a_failed_save_and_after_its_end_numbers_s
     assert [b["step"] for b in batches] == [*range(1, 8), *range(5, 15)]
     for b in batches:
         assert (b["epoch"], b["batch_idx"]) == divmod(b["step"] - 1, 6), b
+
+
+def _batches(run_dir: str) -> list[dict[str, Any]]:
+    with open(os.path.join(run_dir, "batches.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bar", ["tqdm", "rich"])
+def test_a_lightning_progress_bar_resumed_mid_epoch_reads_as_an_uninterrupted_one(
+    tmp_path: os.PathLike[str], bar: str
+) -> None:
+    """A user's fit with a progress bar and ``max_steps=10`` (6 batches an epoch, so ``max_steps`` cuts epoch 1
+    to 4) is SIGKILLed in step 9 and resumed from step 8, mid-epoch 1, where Lightning runs no epoch-start hook
+    (its bars take their length and "Epoch N" there): at every step the resumed bar reads as an uninterrupted
+    fit's, not "Training 3/None" or "3/2"."""
+    if bar == "rich":
+        pytest.importorskip("rich")
+
+    def fit(run_dir: str, faults: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "GOODPUT_FAULTS"}
+        env.update({"GOODPUT_RUN_DIR": run_dir, **({"GOODPUT_FAULTS": faults} if faults else {})})
+        cmd = [sys.executable, script("lightning_resume.py"), "10", bar]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+    reference_dir, run_dir = os.path.join(tmp_path, "uninterrupted"), os.path.join(tmp_path, "interrupted")
+    proc = fit(reference_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference = {b["step"]: b for b in _batches(reference_dir)}
+    killed = fit(run_dir, faults="kill@step=9")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    before = len(_batches(run_dir))
+    proc = fit(run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = _batches(run_dir)[before:]
+    assert [b["step"] for b in resumed] == [9, 10]  # from the checkpoint of step 8 to max_steps
+    assert reference[9]["batch_idx"] > 0 and reference[9]["bar"]  # a mid-epoch resume, a bar that shows
+    for line in resumed:
+        assert line == reference[line["step"]]

@@ -1,10 +1,11 @@
 """A single-process Lightning fit through goodput that logs how Lightning numbers each step, for resume tests.
 
-    GOODPUT_RUN_DIR=RUN python tests/scripts/lightning_resume.py MAX_STEPS
+    GOODPUT_RUN_DIR=RUN python tests/scripts/lightning_resume.py MAX_STEPS [tqdm|rich]
 
 24 samples in batches of 4: 6 batches an epoch, a checkpoint every 4 steps. Each trained batch appends
 ``{"step", "epoch", "batch_idx"}`` (Lightning's global step after it, ``current_epoch``, the batch's index in
-the epoch: what its progress bar shows) to ``RUN/batches.jsonl``.
+the epoch) to ``RUN/batches.jsonl``; with a progress bar named, also ``"bar"``: its description and
+``done/total`` after the batch, as the user sees them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar, TQDMProgressBar
 
 import goodput as gp
 from goodput.integrations.lightning import GoodputCallback, GoodputDDPStrategy
@@ -39,13 +41,28 @@ class Numbering(pl.Callback):
 
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         line = {"step": trainer.global_step, "epoch": trainer.current_epoch, "batch_idx": batch_idx}
+        if trainer.progress_bar_callback is not None:
+            line["bar"] = _shown(trainer.progress_bar_callback)
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")
+
+
+def _shown(bar: ProgressBar) -> str:
+    """The training bar's description and ``done/total`` (None: unknown) as the user sees them."""
+    if isinstance(bar, RichProgressBar):
+        assert bar.progress is not None
+        task = next(t for t in bar.progress.tasks if t.id == bar.train_progress_bar_id)
+        return f"{task.description.strip()} {int(task.completed)}/{task.total}"
+    assert isinstance(bar, TQDMProgressBar)
+    tqdm = bar.train_progress_bar
+    return f"{tqdm.desc} {tqdm.n}/{tqdm.total}"
 
 
 def main() -> None:
     run_dir = os.environ["GOODPUT_RUN_DIR"]
     pl.seed_everything(0, verbose=False)
+    bars = {"tqdm": TQDMProgressBar, "rich": RichProgressBar}
+    bar = [bars[sys.argv[2]]()] if len(sys.argv) > 2 else []
     data = torch.randn(24, 4, generator=torch.Generator().manual_seed(0))
     goodput_cb = GoodputCallback(
         checkpoint=gp.CheckpointConfig(root=os.path.join(run_dir, "ckpt"), strategy="torch_save", every=4),
@@ -55,11 +72,11 @@ def main() -> None:
         accelerator="cpu",
         devices=1,
         strategy=GoodputDDPStrategy(checkpoint_io=goodput_cb.checkpoint_io, process_group_backend="gloo"),
-        callbacks=[goodput_cb, Numbering(os.path.join(run_dir, "batches.jsonl"))],
+        callbacks=[goodput_cb, *bar, Numbering(os.path.join(run_dir, "batches.jsonl"))],
         max_steps=int(sys.argv[1]),
         use_distributed_sampler=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
+        enable_progress_bar=bool(bar),
         enable_model_summary=False,
         logger=False,
     )

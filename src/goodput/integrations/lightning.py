@@ -23,6 +23,8 @@
 * Exactly-once data: Lightning fetches one batch ahead, so the loader's live position is one batch past the
   step being saved. ``goodput_cb.loader`` wraps the :class:`~goodput.data.ResumableLoader` and remembers the
   position after each delivered batch; a checkpoint of step ``s`` holds the position right after batch ``s``.
+* After a mid-epoch resume the progress bar reads as in an uninterrupted fit: Lightning runs no epoch-start
+  hook for that epoch, and the callback gives the bar that hook (see ``goodput.integrations._progress_bar``).
 
 Lightning is imported when this module is; ``import goodput`` never imports it.
 """
@@ -46,6 +48,7 @@ from goodput.errors import CheckpointError, ConfigError, SaveFailed
 from goodput.faults import FaultPlan, install_faults
 from goodput.integrations._faults import export as _export
 from goodput.integrations._faults import install_plan
+from goodput.integrations._progress_bar import show_epoch_start
 from goodput.integrations._tracked import TrackedLoader
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
@@ -215,6 +218,7 @@ class GoodputCallback(pl.Callback):
         self._faults: FaultPlan | None = None
         self._last_saved: int | None = None
         self._max_steps = -1
+        self._epoch_started = False  # whether this fit ran an epoch-start hook (a mid-epoch resume runs none)
         self._exporters = list(exporters)
         # What verify-resume compares (only under GOODPUT_RECORDS): see goodput.run.records.
         self._records = StepRecorder.from_env(run_dir, rank=self.ledger.rank, attempt=self.ledger.attempt)
@@ -254,12 +258,21 @@ class GoodputCallback(pl.Callback):
         manager = self.checkpoint_io.manager  # built now when no restore did it
         step = int(trainer.global_step)
         self._step[0], self._last_saved, self._max_steps = step, step, int(trainer.max_steps)
+        self._epoch_started = False
         self.ledger.state_registered(["model", "optimizer", "data", "rng", "step", "lightning"])
         self.ledger.on_event(
             "checkpoint_config", strategy=manager.config.strategy, **_interval(manager.config)
         )
         self.ledger.init_done()
         self.ledger.step_start(step + 1)
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._epoch_started = True
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if not self._epoch_started:  # resumed mid-epoch: the progress bar has not seen the epoch start
+            self._epoch_started = True
+            show_epoch_start(trainer, pl_module)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
