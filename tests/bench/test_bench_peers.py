@@ -93,14 +93,15 @@ def _args(argv: list[str]) -> argparse.Namespace:
 @pytest.mark.slow
 def test_a_short_run_applies_one_schedule_to_every_contender(capsys, tmp_path) -> None:
     # seed 253769 of a 40 s mean: failures of rank 0 and rank 1 about 4.7 s and 9.7 s after the launch, then none
-    # for 270 s, past the end of 60 steps: two failures each, early enough that a fast machine has not finished
-    # (a quiet 2-core machine trains 40 steps within 13 s of the launch) and a slow one is past its imports or
-    # restarting (a failure due while a rank has no process lands once it has one; two attempts without a step
-    # are not a crash loop), not a run restarted until the schedule relents (the full bench runs seed 0)
+    # for 270 s, past the end of the run: early enough that a run restarted after the first failure is still
+    # training at the second, and a slow machine is past its imports or restarting (a failure due while a rank
+    # has no process lands once it has one; two attempts without a step are not a crash loop), not a run
+    # restarted until the schedule relents (the full bench runs seed 0). The fewest steps the bench allows
+    # (--steps >= 20) would end a fast machine's run before the first failure; 40 keep it training past both.
     argv = [
         "--quick",
         "--steps",
-        "60",
+        "40",
         "--schedules",
         "40s",
         "--seed",

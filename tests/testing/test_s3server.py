@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import glob
+import os
+import socket
+from pathlib import Path
+
 import fsspec
 import pytest
 
@@ -47,3 +52,22 @@ def test_the_fault_proxy_delays_a_stalled_request_and_then_answers_it_whole(
         proxy.stop()
     reads = [(r.method, r.status, r.fault) for r in proxy.records() if r.path.endswith("c.bin")]
     assert reads == [("HEAD", 200, "stall"), ("GET", 200, "stall")], reads  # delayed, answered whole, once
+
+
+@pytest.mark.parametrize("given_folder", [False, True])
+def test_a_stopped_server_leaves_no_listener_no_socket_file_and_only_the_data_it_was_given(
+    tmp_path: Path, given_folder: bool
+) -> None:
+    """A server that removes its data is ended at once; one given a folder stops gracefully and keeps it. Either
+    way the unix socket files weed makes in /tmp for its ports go with it."""
+    folder = tmp_path / "s3"
+    folder.mkdir()
+    server = S3Server(bucket="stopped", data_dir=str(folder) if given_folder else None)
+    server.start()
+    sockets = f"/tmp/seaweedfs-*-{server.s3_port}.sock"
+    assert glob.glob(sockets), "weed made no socket file for its S3 port"
+    server.stop()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", server.s3_port), timeout=5).close()
+    assert glob.glob(sockets) == []
+    assert os.path.isdir(os.path.join(server.data_dir, "store")) == given_folder

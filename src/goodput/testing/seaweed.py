@@ -7,6 +7,8 @@ removed on stop.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
 import secrets
@@ -26,6 +28,9 @@ __all__ = ["S3Server", "free_port"]
 
 # weed derives each gRPC port as the HTTP port + 10000; keep both inside the valid range.
 _GRPC_OFFSET = 10000
+# weed listens on a unix socket per port beside each TCP one, named seaweedfs-<part>-<port>.sock in /tmp whatever
+# TMPDIR says, and leaves some behind however it ends
+_SOCKETS = "/tmp"
 
 
 def free_port(*, grpc_offset: bool = False) -> int:
@@ -188,16 +193,27 @@ class S3Server:
         self._proc = None
 
     def stop(self) -> None:
-        """Stop the server and remove its data."""
-        if self._proc is not None and self._proc.poll() is None:
+        """Stop the server and remove its data (a folder it was given is kept, so it is stopped gracefully)."""
+        if self._own_dir:
+            self.kill()  # the data is removed next: nothing to flush, no shutdown to wait for
+        elif self._proc is not None and self._proc.poll() is None:
             os.killpg(self._proc.pid, signal.SIGTERM)
             try:
                 self._proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
         self._proc = None
+        self._remove_sockets()
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _remove_sockets(self) -> None:
+        """Remove the unix sockets weed left for this server's ports (the admin part's fixed port is shared)."""
+        ports = {self.s3_port, *self._ports.values()}
+        for port in ports | {p + _GRPC_OFFSET for p in ports}:
+            for path in glob.glob(os.path.join(_SOCKETS, f"seaweedfs-*-{port}.sock")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
 
     def __enter__(self) -> S3Server:
         return self.start()
