@@ -196,9 +196,9 @@ def observe_failures(manager: CheckpointManager, run_dir: str, *, attempt: int, 
     """Feed what earlier attempts of this run learned to the ``auto`` intervals: the failure rate they observed
     and the save costs their intervals were planned with (rank 0 decides time-based saves for every rank)."""
     tiers = [
-        (policy, tier)
-        for policy, tier in ((manager.policy, None), (manager.memory_policy, "memory"))
-        if isinstance(policy, AutoInterval)
+        (tier.cadence.policy, tier.name)
+        for tier in manager.tiers
+        if isinstance(tier.cadence.policy, AutoInterval)
     ]
     if attempt == 0 or rank != 0 or not tiers:
         return
