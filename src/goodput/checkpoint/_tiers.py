@@ -15,7 +15,7 @@ from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.durable import DurableCheckpointer
 from goodput.checkpoint.layout import CheckpointLayout
 from goodput.checkpoint.memory.setup import TierContext, open_memory_tier
-from goodput.checkpoint.policy import SavePolicy, tier_policy
+from goodput.checkpoint.policy import SavePolicy, interval_events, tier_policy
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.tier import CheckpointTier, RecordTier
 
@@ -30,13 +30,7 @@ def _durable_policy(config: CheckpointConfig, world_size: int, emit: Emit) -> Sa
         config.every_steps,
         config.every_seconds,
         world_size=world_size,
-        on_change=lambda interval, why, stall, persist: emit(
-            "checkpoint_interval",
-            interval_seconds=interval,
-            reason=why,
-            stall_seconds=stall,
-            persist_seconds=persist,
-        ),
+        on_change=interval_events(emit),
     )
 
 

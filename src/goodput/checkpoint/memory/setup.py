@@ -20,7 +20,7 @@ from goodput.checkpoint.layout import CheckpointLayout
 from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer
 from goodput.checkpoint.memory.listing import run_identity
 from goodput.checkpoint.memory.replica import Topology
-from goodput.checkpoint.policy import AutoInterval, SavePolicy, tier_policy
+from goodput.checkpoint.policy import AutoInterval, SavePolicy, interval_events, tier_policy
 from goodput.checkpoint.state import TrainingState
 from goodput.errors import StorageError
 from goodput.planning.twolevel import durable_share
@@ -78,20 +78,12 @@ def _run_token(layout: CheckpointLayout) -> tuple[str, str]:
 def _policy(ctx: TierContext) -> SavePolicy:
     tier = ctx.config.memory
     assert tier is not None
-    emit = ctx.emit
     return tier_policy(
         ctx.config,
         tier.every_steps,
         tier.every_seconds,
         world_size=ctx.world_size,
-        on_change=lambda interval, why, stall, persist: emit(
-            "checkpoint_interval",
-            interval_seconds=interval,
-            reason=why,
-            stall_seconds=stall,
-            persist_seconds=persist,
-            tier="memory",
-        ),
+        on_change=interval_events(ctx.emit, tier="memory"),
     )
 
 
