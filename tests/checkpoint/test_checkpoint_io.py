@@ -82,7 +82,8 @@ def test_restores_are_bitwise_after_staging_buffer_reuse(tmp_path: Path) -> None
         manager.save(step)
         _train(model, opt)  # the state moves on while the write runs
         manager.wait()
-    strategy: Any = manager.durable.strategy
+    durable: Any = manager.tier("durable")
+    strategy = durable.strategy
     assert strategy.stager.nbytes == sum(t.numel() * t.element_size() for t in snapshots[4])
     manager.close()
     for step in (4, 3, 2, 1):

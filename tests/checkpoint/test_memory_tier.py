@@ -70,13 +70,10 @@ def _train(manager: CheckpointManager, parts: tuple[Any, ...], steps: range) -> 
         opt.zero_grad()
         sched.step()
         counter.position += 4
-        durable = manager.should_save(step)
-        if manager.should_save_memory(step):
-            manager.save_memory(step)
-        if durable:
-            manager.save(step)
-    assert manager.memory is not None
-    manager.memory.wait()
+        manager.maybe_save(step)
+    memory = manager.tier("memory")
+    assert memory is not None
+    memory.wait()
     manager.wait()
 
 
@@ -135,7 +132,8 @@ def test_a_durable_save_of_a_memory_saved_step_writes_the_memory_tier_s_copy(tmp
     _train(first, parts, range(1, 5))
     expected = _snapshot(parts)
     _train(first, parts, range(5, 6))  # restages the buffer while step 4's write may still run
-    assert first.durable.strategy.stager.nbytes == 0  # dcp_async never staged a copy of its own
+    durable: Any = first.tier("durable")
+    assert durable.strategy.stager.nbytes == 0  # dcp_async never staged a copy of its own
     first.close(finished=False)
     fresh = _parts(seed=1)
     config = CheckpointConfig(root=str(tmp_path / "ck"), every=2)  # the durable tier alone
@@ -280,13 +278,10 @@ def test_a_full_tmpfs_warns_and_the_durable_tier_still_saves(
         for step in range(1, 5):
             model(torch.randn(2, 256)).sum().backward()
             opt.step()
-            durable = manager.should_save(step)
-            if manager.should_save_memory(step):
-                manager.save_memory(step)
-            if durable:
-                manager.save(step)
-        assert manager.memory is not None
-        manager.memory.wait()
+            manager.maybe_save(step)
+        memory = manager.tier("memory")
+        assert memory is not None
+        memory.wait()
         manager.wait()
     failed = [f for name, f in events if name == "memory_failed"]
     assert failed and "is full (No space left on device)" in failed[0]["error"]

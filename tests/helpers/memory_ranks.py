@@ -22,13 +22,11 @@ def peer_fallback(rank: int, world: int, root: str, shm: str, damage: str) -> di
     manager.restore_latest()
     for step in range(1, 4):
         job.step()
-        manager.should_save(step)
-        if manager.should_save_memory(step):
-            manager.save_memory(step)
-    assert manager.memory is not None
-    manager.memory.wait()
+        manager.maybe_save(step)
+    memory: Any = manager.tier("memory")
+    memory.wait()
     expected = job.snapshot()
-    node_dir = manager.memory.store.node_dir
+    node_dir = memory.store.node_dir
     manager.close(finished=False)
     dist.barrier()
     if rank == 1:

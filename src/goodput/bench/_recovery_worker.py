@@ -131,14 +131,14 @@ def _costs(cfg: dict[str, Any], state: TrainingState) -> dict[str, Any]:
     events = _Events()
     manager = CheckpointManager(_config(cfg, root, tier, every=10**9), state, on_event=events)
     manager.restore_latest()
+    memory: Any = manager.tier("memory")
     stalls = []
     sampler = _MemorySampler()
     for step in range(1, cfg["saves"] + 1):
         with torch.no_grad():
             next(iter(state.model.parameters())).add_(1e-3)  # type: ignore[union-attr]
-        stalls.append(manager.save_memory(step))
-        assert manager.memory is not None
-        manager.memory.wait()
+        stalls.append(memory.save(step))
+        memory.wait()
     grown = sampler.stop()
     saved_step = cfg["saves"]
     start = time.perf_counter()
@@ -165,8 +165,9 @@ def _costs(cfg: dict[str, Any], state: TrainingState) -> dict[str, Any]:
         if _fingerprint(state) != expected:
             raise RuntimeError(f"the {tier_name} restore did not bring back the saved state")
         restores[tier_name].append(float(restored["seconds"]))
-        if tier_name == "memory" and again.memory is not None:
-            parts.append(dict(again.memory.last_parts))
+        restored_from: Any = again.tier(tier_name)
+        if tier_name == "memory" and restored_from is not None:
+            parts.append(dict(restored_from.last_parts))
         again.close(finished=last)
     return {
         "memory_stall_s": statistics.median(stalls[1:]),  # the first save allocates the staging buffer
@@ -198,11 +199,7 @@ def _loop(cfg: dict[str, Any], state: TrainingState, name: str, memory: bool) ->
         with torch.no_grad():
             next(iter(state.model.parameters())).add_(1e-6)  # type: ignore[union-attr]
         step_ends.append(time.monotonic() - begin)
-        durable = manager.should_save(step)
-        if manager.should_save_memory(step):
-            manager.save_memory(step)
-        if durable:
-            manager.save(step)
+        manager.maybe_save(step)
     manager.close(finished=True)
     commits = [
         (t - begin, int(f["step"])) for t, n, f in events.rows if n in ("memory_saved", "checkpoint_durable")

@@ -1,7 +1,7 @@
 """Checkpoints: the complete training state, three save strategies over DCP, atomic commit, retention, restore.
 
 ``CheckpointManager(CheckpointConfig(root=..., strategy=...), TrainingState(model=..., ...))`` is the entry point;
-the other names are its parts.
+the other names are its parts (``CheckpointTier``: the protocol a tier of one's own implements).
 """
 
 from __future__ import annotations
@@ -17,16 +17,20 @@ from goodput.checkpoint.policy import AutoInterval, EveryInterval, EverySteps, S
 from goodput.checkpoint.rng import capture_rng, rank_seed, restore_rng, seed_new_rank
 from goodput.checkpoint.state import LoaderState, TrainingState, check_shapes, tensor_shapes
 from goodput.checkpoint.strategy import STRATEGIES, SaveContext, SaveStrategy, make_strategy
+from goodput.checkpoint.tier import Cadence, CheckpointTier, Damage
 
 __all__ = [
     "ALLOW_FRESH_START_ENV",
     "MANIFEST_NAME",
     "STRATEGIES",
     "AutoInterval",
+    "Cadence",
     "CheckpointConfig",
     "CheckpointInfo",
     "CheckpointLayout",
     "CheckpointManager",
+    "CheckpointTier",
+    "Damage",
     "EveryInterval",
     "EverySteps",
     "FileEntry",

@@ -1,7 +1,8 @@
 """The durable tier's restore path: list the committed checkpoints, verify one, load it into the live state on
 every rank, and time the restore's parts (find, verify, read, load, position) for the ledger.
 
-One part of the durable tier (``durable.py``); what to do when no tier loads a step is :func:`none_loaded`.
+One part of the durable tier (``durable.py``); what the manager does with the checkpoints every tier passed over
+is :func:`warn_damage` and, when no tier loads a step, :func:`none_loaded`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from goodput.checkpoint.layout import CheckpointLayout
 from goodput.checkpoint.manifest import CheckpointInfo, Manifest
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.strategy import SaveContext, make_strategy
+from goodput.checkpoint.tier import Damage
 from goodput.errors import CheckpointCorrupt, NoValidCheckpoint, StateMismatch, StorageError
 
-__all__ = ["DurableReader", "none_loaded"]
+__all__ = ["DurableReader", "none_loaded", "warn_damage"]
 
 log = logging.getLogger("goodput.checkpoint.manager")  # the manager's logger: one name for its messages
 
@@ -78,11 +80,6 @@ class DurableReader:
                 except Exception as err:  # a later save of that step must not find it committed: say so
                     log.warning("rollback: could not delete %s: %s", url, err)
         self.coll.bcast(None)
-
-    def warn_skipped(self, skipped: list[tuple[int, str]]) -> None:
-        """Name each checkpoint passed over on the way to the one restored (rank 0 speaks for every rank)."""
-        for step, reason in sorted(skipped, reverse=True) if self.coll.rank == 0 else []:
-            log.warning("skipping checkpoint step %d: %s", step, reason)
 
     def try_load(self, step: int, url: str) -> str | None:
         """Verify and load ``step`` on every rank; None when loaded, else why not (the same on every rank)."""
@@ -143,28 +140,35 @@ class DurableReader:
         return manifest
 
 
-def none_loaded(
-    config: CheckpointConfig,
-    reader: DurableReader,
-    skipped: list[tuple[int, str]],
-    memory: list[tuple[int, str]],
-) -> None:
+def warn_damage(damages: list[tuple[str, Damage]], rank: int) -> None:
+    """Name each checkpoint passed over on the way to the one restored that its tier did not name itself
+    (rank 0 speaks for every rank)."""
+    for _name, damage in damages if rank == 0 else []:
+        for step, reason in [] if damage.logged else damage.skipped:
+            log.warning("skipping checkpoint step %d: %s", step, reason)
+
+
+def none_loaded(config: CheckpointConfig, root: str, damages: list[tuple[str, Damage]], *, rank: int) -> None:
     """No tier loaded a step: stop when committed checkpoints failed (unless a fresh start is allowed).
 
-    ``skipped``: the durable checkpoints that failed, ``memory``: the memory-tier parts that did. Starting from
-    step 0 would throw their training away without a word, and write new step folders beside the damaged ones;
-    every restart would find the same damage, so this is not worth retrying.
+    ``root``: where the run's record lives. ``damages``: each tier's name and what it could not load, the run's
+    record (the durable tier) first.
+    Starting from step 0 would throw their training away without a word, and write new step folders beside the
+    damaged ones; every restart would find the same damage, so this is not worth retrying.
     """
-    failures = sorted(skipped, reverse=True) + sorted(memory, reverse=True)
+    failures = [
+        (step, reason, "" if i == 0 else f"{name}-tier ")
+        for i, (name, damage) in enumerate(damages)
+        for step, reason in damage.skipped
+    ]
     if not failures:
         return  # nothing was ever committed: the run starts from the beginning
-    count = len({step for step, _ in skipped}) + len({step for step, _ in memory})
-    step, reason = failures[0]
-    where = "memory-tier " if not skipped else ""
+    count = sum(len({step for step, _ in damage.skipped}) for _, damage in damages)
+    step, reason, where = failures[0]
     which = (
-        f"the only committed checkpoint under {reader.layout.root} could not be loaded"
+        f"the only committed checkpoint under {root} could not be loaded"
         if count == 1
-        else f"none of the {count} committed checkpoints under {reader.layout.root} could be loaded"
+        else f"none of the {count} committed checkpoints under {root} could be loaded"
     )
     what = f"{which} (newest failure: {where}step {step}: {reason.splitlines()[0] if reason else '?'})"
     if not config.fresh_start_allowed():
@@ -172,8 +176,8 @@ def none_loaded(
             f"{what}; to train from step 0 beside them, relaunch with goodput launch --allow-fresh-start"
             f" (or {ALLOW_FRESH_START_ENV}=1, or CheckpointConfig(allow_fresh_start=True))"
         )
-    reader.warn_skipped(skipped)
-    if reader.coll.rank == 0:
+    warn_damage(damages, rank)
+    if rank == 0:
         log.warning("%s; starting from step 0, as allow_fresh_start permits", what)
 
 

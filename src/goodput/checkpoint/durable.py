@@ -20,21 +20,23 @@ from typing import Any, Protocol
 from torch.distributed.checkpoint import CheckpointException
 
 import goodput
+from goodput._storage_errors import refusals_named
 from goodput.checkpoint._collectives import Collectives
 from goodput.checkpoint._contention import BackgroundCpu
 from goodput.checkpoint._restoring import DurableReader
-from goodput.checkpoint._retention import Retention
+from goodput.checkpoint._retention import Retention, to_purge
 from goodput.checkpoint._saving import FAILURES, SaveResult, describe, raiser
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import CheckpointLayout
-from goodput.checkpoint.manifest import FileEntry, Manifest
+from goodput.checkpoint.manifest import CheckpointInfo, FileEntry, Manifest
 from goodput.checkpoint.policy import SavePolicy
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.strategy import Completion, SaveContext, make_strategy
+from goodput.checkpoint.tier import Cadence, Damage
 from goodput.errors import CheckpointError, SaveFailed
 from goodput.faults import fault_point
 
-__all__ = ["DurableRestore", "DurableTier", "StagedSource"]
+__all__ = ["DurableCheckpointer", "DurableRestore", "StagedSource"]
 
 log = logging.getLogger("goodput.checkpoint.manager")  # the manager's logger: one name for its messages
 
@@ -59,15 +61,16 @@ class DurableRestore:
     source: str = "durable"
 
 
-class DurableTier:
-    """Step folders under ``config.root``, written by ``config.strategy``.
+class DurableCheckpointer:
+    """The durable tier (a ``RecordTier``): step folders under ``config.root``, written by ``config.strategy``.
 
     Args:
         config: the root, strategy, checksums and retention.
         state: the training state.
         layout: the root's folders and manifests.
         coll: the manager's groups.
-        policy: the durable save policy (told what each save cost).
+        policy: the durable save policy (told what each save cost); a time-based save due while the previous
+            one is in flight waits for the step after it (see ``CheckpointManager``).
         token: this job's token (the lease of its step folders).
         emit: the manager's event hook.
         clock: monotonic seconds.
@@ -89,6 +92,7 @@ class DurableTier:
     ) -> None:
         self.config, self.state, self.layout, self.coll = config, state, layout, coll
         self.policy, self.token, self._emit, self._clock = policy, token, emit, clock
+        self.cadence = Cadence(policy, defers=True)
         self._algorithm = config.checksum_algorithm(layout.local)
         self.ctx = SaveContext(
             layout,
@@ -100,8 +104,8 @@ class DurableTier:
         self.strategy = make_strategy(config.strategy, self.ctx)
         self.reader = DurableReader(config, state, layout, coll, self.ctx, clock)
         self.retention = Retention(config, layout, lambda step: max(self.committed, default=step))
-        self.staged: StagedSource | None = None  # set by the manager when a memory tier stages saves
-        self.committed: set[int] = set()
+        self.staged: StagedSource | None = None  # set when a memory tier stages saves (``_tiers.py``)
+        self.committed: list[int] = []  # newest first
         self.failed: set[int] = set()  # steps whose committed checkpoint failed to restore (saved over)
         self.skipped: list[
             tuple[int, str]
@@ -112,6 +116,26 @@ class DurableTier:
         self._inflight: Future[SaveResult] | None = None
         self._waited = 0.0  # how long the save being made waited for the one in flight (part of its stall)
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-ckpt")
+
+    @property
+    def root(self) -> str:
+        """The checkpoint root, as the layout spells it."""
+        return self.layout.root
+
+    def prepare(self) -> None:
+        """Rank 0, before any training: remove crashed saves' folders and, under a remote root, write and remove
+        a probe object. Credentials the store refuses (none, wrong ones, read-only) stop the job here with one
+        line (``AccessRefused``, fatal: no restarted attempt can fix them), not at every attempt or first save."""
+        config, layout = self.config, self.layout
+        with refusals_named(config.root, config.storage_options, verb="write checkpoints to"):
+            layout.clean_partials(stale_after=config.seconds("partial_grace"))
+            if not layout.local:
+                probe = layout.join(f".goodput-probe-{self.token}")
+                layout.fs.pipe_file(probe, b"")
+                layout.fs.rm_file(probe)
+
+    def _add(self, step: int) -> None:
+        self.committed = sorted({*self.committed, step}, reverse=True)
 
     # ---- saving ---------------------------------------------------------------------------------------------
     def charge(self, step: int, seconds: float) -> None:
@@ -153,7 +177,7 @@ class DurableTier:
             return self._save_staged(step, start)
         folder, error, exists = self._begin(step, self.coll.ctl)
         if exists:  # committed by an earlier run that this manager did not restore: never overwrite it
-            self.committed.add(step)
+            self._add(step)
             self._stall_end(step, self._clock() - start)
             return SaveResult(
                 step, self.config.strategy, self._clock() - start, 0.0, folder, None, skipped=True
@@ -233,7 +257,7 @@ class DurableTier:
     def _begin_and_finish(self, step: int, completion: Completion, start: float, stall: float) -> SaveResult:
         folder, error, exists = self._begin(step, self.coll.io)
         if exists:  # committed by an earlier run that this manager did not restore: never overwrite it
-            self.committed.add(step)
+            self._add(step)
             return SaveResult(step, self.config.strategy, stall, 0.0, folder, None, skipped=True)
         return self._finish(step, folder, raiser(OSError(error)) if error else completion, start, stall)
 
@@ -274,7 +298,7 @@ class DurableTier:
             log.warning("%s", failed)  # once, here, whoever catches it (``Run`` trains on)
             raise failed
         url, size = outcome[1]
-        self.committed.add(step)
+        self._add(step)
         charged = self._charged  # a memory save made only for this one: part of its cost (see should_save)
         cost = stall + (charged[1] if charged is not None and charged[0] == step else 0.0)
         # the write's CPU time, where it is taken from training (see checkpoint/_contention.py)
@@ -357,12 +381,12 @@ class DurableTier:
             candidates = [(step, url) for step, url in candidates if step <= at_most]
             skipped = [(step, why) for step, why in skipped if step <= at_most]  # the abandoned timeline's
         self.candidates, self.skipped = candidates, skipped
-        self.committed = {step for step, _ in candidates}
+        self.committed = [step for step, _ in candidates]
         self.failed = {step for step, _ in skipped}  # failed to load: saved over, not skipped (``_begin``)
         self.reader.parts = {"find": self._clock() - started}
         return candidates[0][0] if candidates else None
 
-    def restore(self, *, at_least: int | None = None, at_most: int | None = None) -> DurableRestore | None:
+    def restore(self, *, at_least: int | None = None) -> DurableRestore | None:
         """Load the newest valid checkpoint ``find`` listed (no older than ``at_least``); a damaged one is passed
         over (named in a warning) and saved over when training reaches its step again."""
         for step, url in self.candidates:
@@ -371,16 +395,27 @@ class DurableTier:
             failure = self.reader.try_load(step, url)
             if failure is not None:
                 self.skipped.append((step, failure))
-                self.committed.discard(step)  # a damaged step is saved over when training reaches it again
+                self.committed.remove(step)  # a damaged step is saved over when training reaches it again
                 self.failed.add(step)
                 continue
-            self.reader.warn_skipped(self.skipped)
             self._emit(
                 "restore_parts", step=step, **{f"{k}_seconds": v for k, v in self.reader.parts.items()}
             )
             fault_point("restore", step)  # loaded, not yet in use
             return DurableRestore(step)
         return None
+
+    def damage(self) -> Damage:
+        """The checkpoints the listing found corrupt and those the last restore could not load."""
+        return Damage(sorted(self.skipped, reverse=True))
+
+    def pin(self, step: int) -> None:
+        """Keep the newest checkpoint at or before ``step`` until a later pin (see ``_retention``)."""
+        self.retention.pinned = step
+
+    def to_purge(self, rows: list[CheckpointInfo]) -> list[CheckpointInfo]:
+        """Which of ``rows`` retention removes (see ``_retention.to_purge``)."""
+        return to_purge(self.config, rows, pinned=self.retention.pinned)
 
     # ---- lifetime -------------------------------------------------------------------------------------------
     def close(self, *, finished: bool = True) -> None:
@@ -389,6 +424,10 @@ class DurableTier:
         self._finisher.shutdown(wait=True)
         self.strategy.close()
 
-    def drop_group(self) -> None:
+    def own_groups(self) -> list[Any]:
+        """None: the tier's groups are the manager's."""
+        return []
+
+    def drop_groups(self) -> None:
         """Forget the background group (the manager releases it)."""
         self.ctx.group = None

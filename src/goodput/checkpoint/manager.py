@@ -1,45 +1,37 @@
 """``CheckpointManager``: when each tier saves, one save in flight, and restore of the newest valid step.
 
-Every rank makes the same calls in the same order (``should_save``, ``save``, ``restore_latest``, ``close``).
-The manager holds a list of tiers behind one protocol (``tier.py``): the memory tier when configured
-(``memory/``), then the durable tier (``durable.py``: strategy, layout, retention). It decides when each saves
-and asks the fastest first at restore; the tiers run their collectives on two gloo groups of the manager's own
-(``_collectives.py``), made from the training group's ranks.
+Every rank makes the same calls in the same order (``maybe_save``, ``save``, ``restore_latest``, ``close``).
+The manager holds a list of tiers behind one protocol (``tier.py``), fastest first: those the config asks for
+(``_tiers.py``: the memory tier when configured, then the durable tier, the run's record) after any a caller
+adds. It decides from each tier's cadence when it saves and asks the fastest first at restore; the tiers run
+their collectives on two gloo groups of the manager's own (``_collectives.py``), made from the training group's
+ranks, and on groups of their own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from goodput._storage_errors import refusals_named
 from goodput.checkpoint._collectives import Collectives
 from goodput.checkpoint._groups import release_groups
-from goodput.checkpoint._restoring import none_loaded
-from goodput.checkpoint._retention import to_purge
+from goodput.checkpoint._restoring import none_loaded, warn_damage
 from goodput.checkpoint._saving import SaveResult, quiet_single_process
+from goodput.checkpoint._tiers import open_tiers
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.durable import DurableTier
-from goodput.checkpoint.layout import CheckpointLayout
 from goodput.checkpoint.manifest import CheckpointInfo
-from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer
-from goodput.checkpoint.memory.setup import TierContext, open_memory_tier
-from goodput.checkpoint.policy import (
-    EveryInterval,
-    SavePolicy,
-    StepSchedule,
-    tier_policy,
-)
+from goodput.checkpoint.policy import EveryInterval, SavePolicy, StepSchedule
 from goodput.checkpoint.state import TrainingState
-from goodput.checkpoint.tier import CheckpointTier, Restored
+from goodput.checkpoint.tier import CheckpointTier, Damage, Restored
 from goodput.errors import CheckpointCorrupt, CheckpointError, SaveFailed
 
 __all__ = ["CheckpointManager", "SaveResult"]
@@ -47,14 +39,20 @@ __all__ = ["CheckpointManager", "SaveResult"]
 log = logging.getLogger(__name__)
 
 Listener = Callable[..., None]
+Guard = Callable[[], AbstractContextManager[None]]
 
 
 @dataclass
-class _Cadence:
-    """A tier's save policy, and across ranks under a time-based policy, the schedule rank 0 decides it by."""
+class _Timing:
+    """A tier, and across ranks under a time-based policy, the schedule rank 0 decides its saves by."""
 
-    policy: SavePolicy
+    tier: CheckpointTier
     schedule: StepSchedule | None
+    deferred: int | None = None  # the first step a deferred save waited at for the one in flight
+
+    @property
+    def policy(self) -> SavePolicy:
+        return self.tier.cadence.policy
 
 
 class CheckpointManager:
@@ -67,6 +65,7 @@ class CheckpointManager:
         on_event: called as ``on_event(name, **fields)`` for ``checkpoint_stall`` (phase start/end),
             ``checkpoint_durable`` and ``checkpoint_failed``.
         clock: monotonic seconds (injectable for tests of the policy).
+        tiers: more tiers (``CheckpointTier``), fastest first, kept before those the config asks for.
     """
 
     def __init__(
@@ -77,123 +76,65 @@ class CheckpointManager:
         process_group: Any = None,
         on_event: Listener | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tiers: Sequence[CheckpointTier] = (),
     ) -> None:
         self.config = config
         self.state = state
         self._clock = clock
         self._listeners: list[Listener] = [on_event] if on_event is not None else []
-        self._layout = CheckpointLayout(config.required_root(), config.storage_options)
         self._coll = Collectives(process_group)
         self.rank, self.world_size = self._coll.rank, self._coll.world_size
-        policy = self._make_policy()
+        faster, self._record = open_tiers(config, state, self._coll, emit=self._emit, clock=clock)
+        self.tiers: list[CheckpointTier] = [*tiers, *faster, self._record]
         # time-based policies across ranks: rank 0 turns the interval into step numbers (one broadcast per save)
-        distributed = self._coll.distributed
-        self._cadence = _Cadence(
-            policy, StepSchedule(policy) if distributed and isinstance(policy, EveryInterval) else None
-        )
-        token = self._coll.bcast(uuid.uuid4().hex[:12] if self.rank == 0 else None)
-        self.durable = DurableTier(
-            config, state, self._layout, self._coll, policy=policy, token=token, emit=self._emit, clock=clock
-        )
+        self._timings = [_Timing(tier, self._schedule(tier)) for tier in self.tiers]
         self._last_step: int | None = None  # the newest step given to maybe_save/save, for close()'s check
         self._closed = False
-        if self.rank == 0:
-            self._check_root(token)
-        self.memory: MemoryCheckpointer | None = None
-        self._memory_group: Any = None
-        self._memory_cadence: _Cadence | None = None
-        self._memory_due = False
-        self._memory_forced: int | None = None  # a step the memory tier saves only because the durable does
-        self._deferred: int | None = None  # the first step a time-based save waited at for the one in flight
-        if config.memory is not None:
-            self.memory, memory_policy, self._memory_group = open_memory_tier(
-                TierContext(
-                    config=config,
-                    state=state,
-                    layout=self._layout,
-                    rank=self.rank,
-                    world_size=self.world_size,
-                    ranks=self._coll.ranks,
-                    distributed=distributed,
-                    bcast=self._coll.bcast,
-                    all_gather=self._coll.all_gather,
-                    emit=self._emit,
-                    clock=self._clock,
-                    durable_policy=policy,
-                )
-            )
-            schedule = (
-                StepSchedule(memory_policy, nearest=True)
-                if distributed and isinstance(memory_policy, EveryInterval)
-                else None
-            )
-            self._memory_cadence = _Cadence(memory_policy, schedule)
-            self.durable.staged = self.memory
-        self.tiers: list[CheckpointTier] = [t for t in (self.memory, self.durable) if t is not None]
         self._coll.barrier()
 
     # ---- plumbing -------------------------------------------------------------------------------------------
-    def _check_root(self, token: str) -> None:
-        """Rank 0, before any training: remove crashed saves' folders and, under a remote root, write and remove
-        a probe object. Credentials the store refuses (none, wrong ones, read-only) stop the job here with one
-        line (``AccessRefused``, fatal: no restarted attempt can fix them), not at every attempt or first save."""
-        config = self.config
-        with refusals_named(config.root, config.storage_options, verb="write checkpoints to"):
-            self._layout.clean_partials(stale_after=config.seconds("partial_grace"))
-            if not self._layout.local:
-                probe = self._layout.join(f".goodput-probe-{token}")
-                self._layout.fs.pipe_file(probe, b"")
-                self._layout.fs.rm_file(probe)
+    def _schedule(self, tier: CheckpointTier) -> StepSchedule | None:
+        policy = tier.cadence.policy
+        if not self._coll.distributed or not isinstance(policy, EveryInterval):
+            return None
+        return StepSchedule(policy, nearest=tier.cadence.nearest)
 
-    def _make_policy(self) -> SavePolicy:
-        cfg = self.config
-        return tier_policy(
-            cfg,
-            cfg.every_steps,
-            cfg.every_seconds,
-            world_size=self.world_size,
-            on_change=lambda interval, why, stall, persist: self._emit(
-                "checkpoint_interval",
-                interval_seconds=interval,
-                reason=why,
-                stall_seconds=stall,
-                persist_seconds=persist,
-            ),
-        )
+    def tier(self, name: str) -> CheckpointTier | None:
+        """The tier called ``name`` (None when there is none)."""
+        return next((tier for tier in self.tiers if tier.name == name), None)
 
     @property
     def decisions(self) -> int:
-        """How many times the ranks asked rank 0 whether to save (time-based policies across ranks)."""
-        schedule = self._cadence.schedule
+        """How many times the ranks asked rank 0 whether the run's record saves (time-based policies)."""
+        schedule = self._timings[-1].schedule
         return schedule.decisions if schedule is not None else 0
 
     @property
     def policy(self) -> SavePolicy:
-        """The save policy in use (``AutoInterval.observe_mtbf`` feeds it observed failures)."""
-        return self._cadence.policy
+        """The run's record's save policy (``AutoInterval.observe_mtbf`` feeds it observed failures)."""
+        return self._record.cadence.policy
 
     @property
-    def memory_policy(self) -> SavePolicy | None:
-        """The memory tier's save policy (None without a memory tier)."""
-        return self._memory_cadence.policy if self._memory_cadence is not None else None
+    def committed(self) -> list[int]:
+        """The steps the run's record holds committed, newest first."""
+        return self._record.committed
 
     @property
     def results(self) -> list[SaveResult]:
-        """Every durable save this manager committed, oldest first."""
-        return self.durable.results
+        """Every save of the run's record this manager committed, oldest first."""
+        return self._record.results
 
     def to_purge(self, rows: list[CheckpointInfo]) -> list[CheckpointInfo]:
         """Which committed checkpoints retention removes: all but the newest ``keep_last`` and the
         ``keep_every`` multiples and the pinned one. The newest committed one is never among them."""
-        return to_purge(self.config, rows, pinned=self.durable.retention.pinned)
+        return self._record.to_purge(rows)
 
     def pin(self, step: int) -> None:
         """Keep, in every tier, the newest checkpoint at or before ``step`` until a later pin, however many newer
         saves retention would keep instead: a rollback to it must still find it (the numeric guard pins its
         last check where every replica agreed)."""
-        self.durable.retention.pinned = step
-        if self.memory is not None:
-            self.memory.store.pin(step)
+        for tier in self.tiers:
+            tier.pin(step)
 
     def add_listener(self, listener: Listener) -> None:
         """Also call ``listener(name, **fields)`` on every checkpoint event."""
@@ -208,27 +149,33 @@ class CheckpointManager:
 
     # ---- saving ---------------------------------------------------------------------------------------------
     def should_save(self, step: int, now: float | None = None) -> bool:
-        """Whether the policy wants ``step`` saved; every rank gets the same answer.
+        """Whether the run's record (the durable tier) saves ``step``; every rank gets the same answer.
+
+        Asks every tier's cadence once for ``step`` (``maybe_save`` does this and saves the tiers due).
+        """
+        return self._due(step, now)[0][-1]
+
+    def _due(self, step: int, now: float | None) -> tuple[list[bool], dict[int, int]]:
+        """Which tiers save ``step``, and for a tier saving only because a slower one does, that slower one.
 
         Step-based policies need no communication. Time-based ones (across ranks) ask rank 0 only at decision
         steps: at each, rank 0 answers and names the next decision step from its measured step time, so there is
-        about one broadcast per save, not one per step. The memory tier, when configured, is decided the same
-        way by a schedule of its own, and also saves whenever the durable tier does (the durable save then
-        writes the memory tier's staged copy; that memory save's stall counts as the durable save's cost in
-        the ``auto`` planner, which would otherwise see a durable save as nearly free and save too often).
+        about one broadcast per save, not one per step. A tier also saves whenever a slower one does (the slower
+        one then writes the faster one's staged copy); that save's stall counts as the slower save's cost in
+        the ``auto`` planner, which would otherwise see such a save as nearly free and save too often.
         """
         now = self._clock() if now is None else now
-        due = self._decide(self._cadence, step, now)
-        if self._memory_cadence is not None:
-            memory = self._decide(self._memory_cadence, step, now)
-            self._memory_due = memory or due
-            self._memory_forced = step if due and not memory else None
-        return due
+        own = [False] * len(self._timings)
+        for i in reversed(range(len(self._timings))):  # slowest first: the order every rank decides in
+            own[i] = self._decide(self._timings[i], step, now)
+        due = [any(own[i:]) for i in range(len(own))]
+        forced = {i: own.index(True, i) for i in range(len(own)) if due[i] and not own[i]}
+        return due, forced
 
-    def _decide(self, cadence: _Cadence, step: int, now: float) -> bool:
-        schedule = cadence.schedule
+    def _decide(self, timing: _Timing, step: int, now: float) -> bool:
+        schedule = timing.schedule
         if schedule is None:
-            return bool(cadence.policy.due(step, now)) and not self._busy(cadence, step)
+            return bool(timing.policy.due(step, now)) and not self._busy(timing, step)
         ctl = self._coll.ctl
         due = False
         if schedule.in_flight is not None and schedule.in_flight[0] <= step:
@@ -241,50 +188,65 @@ class CheckpointManager:
             step
         ):  # a decision step: rank 0 decides the next step, sent in the background
             decision = schedule.decide(step + 1, now) if self.rank == 0 else (False, 0)
-            if decision[0] and self._busy(cadence, step + 1):
+            if decision[0] and self._busy(timing, step + 1):
                 decision = (False, step + 1)  # ask again at the next step
             answer = torch.tensor([int(decision[0]), decision[1]], dtype=torch.int64)
             work = dist.broadcast(answer, src=dist.get_global_rank(ctl, 0), group=ctl, async_op=True)
             schedule.in_flight = (step + 1, work, answer)
         return due
 
-    def _busy(self, cadence: _Cadence, step: int) -> bool:
-        """Whether a time-based durable save must wait because the previous one is still in flight.
+    def _busy(self, timing: _Timing, step: int) -> bool:
+        """Whether a time-based save of a tier that ``defers`` must wait because its previous one is in flight.
 
-        Saving then would block training until the previous save is durable (one save in flight at most), so
+        Saving then would block training until the previous save is done (one save in flight at most), so
         saves would queue behind a slow store; instead the save waits for the step after the previous one is
-        durable, and the interval in effect widens to the time a save takes (``auto`` also plans for it once
+        done, and the interval in effect widens to the time a save takes (``auto`` also plans for it once
         the slow save is measured). Step-based policies keep their exact steps and wait instead.
         """
-        busy = cadence is self._cadence and isinstance(cadence.policy, EveryInterval) and self.durable.busy()
-        if busy and self._deferred is None:
+        tier = timing.tier
+        busy = tier.cadence.defers and isinstance(timing.policy, EveryInterval) and tier.busy()
+        if busy and timing.deferred is None:
             log.info(
-                "a save is due at step %d while the previous one is still in flight: saving after it", step
+                "a %s save is due at step %d while the previous one is still in flight: saving after it",
+                tier.name,
+                step,
             )
-        self._deferred = step if busy else None
+        timing.deferred = step if busy else None
         return busy
 
-    def should_save_memory(self, step: int) -> bool:
-        """Whether the memory tier saves ``step`` (decided by the last ``should_save`` call, for that step)."""
-        return self.memory is not None and self._memory_due and step not in self.memory.committed[:1]
+    def maybe_save(
+        self, step: int, now: float | None = None, *, guard: Guard | None = None
+    ) -> SaveResult | None:
+        """Training finished ``step``: save it to every tier whose cadence says so, fastest first.
 
-    def save_memory(self, step: int) -> float:
-        """Save ``step`` to the memory tier (blocks only for the staging copy); returns the blocked seconds."""
+        ``guard``: each save runs inside ``guard()`` (``goodput.Run``: a phase its watchdog allows longer than
+        a step). Returns the run's record's ``save`` result when it saved, else None.
+
+        Raises:
+            SaveFailed: as ``save`` (the faster tiers saved ``step`` first).
+        """
         self._check_open()
-        assert self.memory is not None and self._memory_cadence is not None, "no memory tier configured"
-        self._memory_cadence.policy.saved(step, self._clock())
-        stall = self.memory.save(step)
-        if self._memory_forced == step:  # saved only because the durable tier saves this step
-            self.durable.charge(step, stall)
-        return stall
-
-    def maybe_save(self, step: int, now: float | None = None) -> SaveResult | None:
-        """``save(step)`` when ``should_save(step, now)`` says so; None otherwise."""
         self._last_step = step
-        return self.save(step) if self.should_save(step, now) else None
+        due, forced = self._due(step, now)
+        result = None
+        for i, tier_due in enumerate(due):
+            if tier_due:
+                with guard() if guard is not None else contextlib.nullcontext():
+                    if i == len(due) - 1:
+                        result = self.save(step)
+                    else:
+                        self._save_faster(i, step, forced.get(i))
+        return result
+
+    def _save_faster(self, i: int, step: int, forced_by: int | None) -> None:
+        began = self._clock()
+        self.tiers[i].save(step)
+        if forced_by is not None:  # saved only because a slower tier saves this step
+            self.tiers[forced_by].charge(step, self._clock() - began)
 
     def save(self, step: int) -> SaveResult:
-        """Save the state as ``step``; blocks only for the strategy's blocking part (``dcp_async``: staging).
+        """Save the state as ``step`` to the run's record; blocks only for the strategy's blocking part
+        (``dcp_async``: staging).
 
         Waits first for a previous save still in flight (at most one; the wait counts as this save's stall).
         A step already committed is skipped.
@@ -297,7 +259,7 @@ class CheckpointManager:
         self._check_open()
         self._last_step = step
         quiet_single_process()
-        return self.durable.save(step)
+        return self._record.save(step)
 
     def wait(self) -> SaveResult | None:
         """Block until the save in flight (if any) is durable; returns its result.
@@ -305,7 +267,7 @@ class CheckpointManager:
         Raises:
             SaveFailed: when that save failed.
         """
-        return self.durable.wait()
+        return self._record.wait()
 
     # ---- restoring ------------------------------------------------------------------------------------------
     def restore_latest(self, *, at_most: int | None = None) -> int | None:
@@ -314,11 +276,11 @@ class CheckpointManager:
         A checkpoint that fails verification or loading is skipped with a warning naming the file, and the
         next older one is tried. Committed checkpoints of which none loads stop the run (below), unless
         ``config.fresh_start_allowed()``; folders of saves that never committed are no checkpoints at all.
-        The tiers are asked fastest first; a faster one restores only a step at least as new as the newest
-        durable one.
+        Every tier lists what it holds; they are asked fastest first, and a faster one restores only a step at
+        least as new as the newest a slower one lists.
 
         ``at_most``: a rollback in place (``goodput.run.numeric``) loads no step newer than this one, and
-        discards every newer checkpoint of both tiers: they belong to the timeline being abandoned (after a
+        discards every newer checkpoint of every tier: they belong to the timeline being abandoned (after a
         corrupted replica, they may hold its corruption), and the redone steps save those steps again.
 
         Raises:
@@ -328,39 +290,40 @@ class CheckpointManager:
         """
         self._check_open()
         quiet_single_process()
-        self.wait()
-        floor = self.durable.find(at_most=at_most)
-        start = self._clock()
         for tier in self.tiers:
-            found = tier.restore(at_least=None if tier is self.durable else floor, at_most=at_most)
+            tier.wait()
+        start = self._clock()
+        newest = [tier.find(at_most=at_most) for tier in reversed(self.tiers)][::-1]  # the record lists first
+        for i, tier in enumerate(self.tiers):
+            floor = max((step for step in newest[i + 1 :] if step is not None), default=None)
+            found = tier.restore(at_least=floor)
             if found is not None:
-                if tier is self.durable:
+                warn_damage(self._damages(), self.rank)
+                if tier is self._record:  # close() warns when the last step is not among the record's
                     self._last_step = found.step
-                else:
-                    self.durable.reader.warn_skipped(self.durable.skipped)
                 return self._restored(found, start)
-        none_loaded(
-            self.config,
-            self.durable.reader,
-            self.durable.skipped,
-            self.memory.failures if self.memory is not None else [],
-        )
-        if self.memory is not None and self.memory.overwritten:
+        damages = self._damages()
+        none_loaded(self.config, self._record.root, damages, rank=self.rank)
+        overwritten = [name for name, damage in damages if damage.overwritten]
+        if overwritten:
             raise CheckpointCorrupt(
-                "a damaged memory-tier part was read into the live state and no other checkpoint could be"
-                " loaded over it; restart the job (the damaged part is discarded: it starts from the beginning)"
+                f"a damaged {overwritten[0]}-tier part was read into the live state and no other checkpoint could"
+                " be loaded over it; restart the job (the damaged part is discarded: it starts from the beginning)"
             )
         return None
+
+    def _damages(self) -> list[tuple[str, Damage]]:
+        """Each tier's name and what it could not load, the run's record first."""
+        return [(tier.name, tier.damage()) for tier in reversed(self.tiers)]
 
     def _restored(self, found: Restored, start: float) -> int:
         step = found.step
         self.state.step = step
-        for cadence in (self._cadence, self._memory_cadence):
-            if cadence is not None:
-                cadence.policy.saved(step, self._clock())
-        for cadence in (self._cadence, self._memory_cadence):
-            if cadence is not None and cadence.schedule is not None:
-                cadence.schedule.reset()
+        for timing in self._timings:
+            timing.policy.saved(step, self._clock())
+        for timing in self._timings:
+            if timing.schedule is not None:
+                timing.schedule.reset()
         seconds = self._clock() - start
         self._emit("checkpoint_restored", step=step, tier=found.tier, source=found.source, seconds=seconds)
         return step
@@ -388,13 +351,13 @@ class CheckpointManager:
         if self._closed:
             return
         try:
-            previous = self.durable.settle()  # a failure there is raised after the final save, not instead
+            previous = self._record.settle()  # a failure there is raised after the final save, not instead
             if step is not None:
                 self.save(step)
             self.wait()
             if isinstance(previous, SaveFailed):
                 raise previous
-            committed = self.durable.committed
+            committed = self.committed
             if warn and step is None and self._last_step is not None and self._last_step not in committed:
                 newest = max(committed, default=None)
                 log.warning(
@@ -413,8 +376,8 @@ class CheckpointManager:
     def _settle_schedules(self) -> bool:
         """Wait briefly for each schedule's decision in flight; False when one never arrived."""
         settled = True
-        for cadence in (self._cadence, self._memory_cadence):
-            schedule = cadence.schedule if cadence is not None else None
+        for timing in self._timings:
+            schedule = timing.schedule
             if schedule is not None and schedule.in_flight is not None:
                 # every rank sent it at the same step; a dead peer's cannot arrive: do not wait long
                 try:
@@ -425,20 +388,19 @@ class CheckpointManager:
         return settled
 
     def _release_groups(self, *, join: bool) -> None:
-        """Destroy the manager's groups; with ``join`` (no collective of ours left running on them) also drop
-        every reference to them, so their gloo threads end here and not during the interpreter's exit, where a
-        thread finishing the last collective aborts the process (see ``_groups``)."""
+        """Destroy the manager's and the tiers' groups; with ``join`` (no collective of ours left running on
+        them) also drop every reference to them, so their gloo threads end here and not during the interpreter's
+        exit, where a thread finishing the last collective aborts the process (see ``_groups``)."""
         coll = self._coll
-        groups = [g for g in (coll.ctl, coll.io, self._memory_group) if g is not None]
+        groups = [g for g in (coll.ctl, coll.io) if g is not None]
+        groups += [g for tier in self.tiers for g in tier.own_groups()]
         if not join:  # a join would wait for the stuck collective: unregister only
             for group in groups:
                 dist.destroy_process_group(group)
             return
         coll.take_groups()
-        self._memory_group = None
-        self.durable.drop_group()
-        if self.memory is not None:
-            self.memory.drop_group()
+        for tier in self.tiers:
+            tier.drop_groups()
         release_groups(groups)
 
     def __enter__(self) -> CheckpointManager:

@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from goodput.checkpoint.config import CheckpointConfig
 
-__all__ = ["AutoInterval", "EveryInterval", "EverySteps", "SavePolicy", "StepSchedule", "tier_policy"]
+__all__ = [
+    "AutoInterval",
+    "EveryInterval",
+    "EverySteps",
+    "SavePolicy",
+    "StepSchedule",
+    "interval_events",
+    "tier_policy",
+]
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +272,19 @@ class StepSchedule:
         self.in_flight = None
         self._mark = None
         self._per_step = None
+
+
+def interval_events(emit: Callable[..., None], **fields: Any) -> Callable[[float, str, float, float], None]:
+    """An ``on_change`` for :func:`tier_policy`: each new interval becomes a ``checkpoint_interval`` event (with
+    ``fields``, such as the tier's name)."""
+    return lambda interval, why, stall, persist: emit(
+        "checkpoint_interval",
+        interval_seconds=interval,
+        reason=why,
+        stall_seconds=stall,
+        persist_seconds=persist,
+        **fields,
+    )
 
 
 def tier_policy(

@@ -159,7 +159,7 @@ class GoodputCheckpointIO(CheckpointIO):
         manager, self._manager = self._manager, None
         with contextlib.suppress(SaveFailed):  # the fit's own error is the one to report
             manager.close(finished=False, warn=False)
-        newest = max(manager.durable.committed, default=None)
+        newest = max(manager.committed, default=None)
         if newest != step:
             log.warning(
                 "fit failed after step %d, which no checkpoint holds (newest: %s); "

@@ -8,7 +8,7 @@ tier (its local rank 0 does, between two barriers so that no rank of the job rea
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from goodput.faults import lost_node_file
 from goodput.run.hooks import RunHook
@@ -30,7 +30,7 @@ class NodeLossDrill(RunHook):
         lost = os.path.exists(request)
         if dist.is_initialized():
             dist.barrier()
-        memory = run.manager.memory
+        memory: Any = run.manager.tier("memory")
         if lost and memory is not None and run.info.local_rank == 0:
             memory.store.wipe_node()
             os.remove(request)

@@ -195,10 +195,11 @@ def restored_step(run: Run, state: TrainingState, manager: CheckpointManager) ->
 def observe_failures(manager: CheckpointManager, run_dir: str, *, attempt: int, rank: int) -> None:
     """Feed what earlier attempts of this run learned to the ``auto`` intervals: the failure rate they observed
     and the save costs their intervals were planned with (rank 0 decides time-based saves for every rank)."""
+    record = manager.tiers[-1]  # the durable tier: its events name no tier
     tiers = [
-        (policy, tier)
-        for policy, tier in ((manager.policy, None), (manager.memory_policy, "memory"))
-        if isinstance(policy, AutoInterval)
+        (tier.cadence.policy, None if tier is record else tier.name)
+        for tier in manager.tiers
+        if isinstance(tier.cadence.policy, AutoInterval)
     ]
     if attempt == 0 or rank != 0 or not tiers:
         return

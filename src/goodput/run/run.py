@@ -221,13 +221,9 @@ class Run:
         if STOP_AFTER.get() == str(self.step):  # verify-resume's reference: one part of a world-size schedule
             self.close()
             raise SystemExit(0)
-        durable = manager.should_save(self.step)
-        if manager.should_save_memory(self.step):
-            with self.phase("checkpoint_save"):
-                manager.save_memory(self.step)
-        if durable:
-            with contextlib.suppress(SaveFailed):  # logged and in the ledger: train on, save again later
-                self.save()
+        with contextlib.suppress(SaveFailed):  # logged and in the ledger: train on, save again later
+            if manager.maybe_save(step, guard=lambda: self.phase("checkpoint_save")) is not None:
+                self._end.last_saved = step
 
     def section(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Time a named part of the step for the straggler detector (a no-op when it is off)."""

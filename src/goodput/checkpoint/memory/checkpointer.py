@@ -30,13 +30,15 @@ import torch.distributed as dist
 from goodput.checkpoint._contention import BackgroundCpu
 from goodput.checkpoint.memory.format import CHECKSUM, Staging, decode_part, load_part, write_part
 from goodput.checkpoint.memory.read import read_part_into
-from goodput.checkpoint.memory.replica import ReplicaLink
+from goodput.checkpoint.memory.replica import ReplicaLink, Topology
 from goodput.checkpoint.memory.store import MemoryStore, MemoryTier, PartIncomplete
+from goodput.checkpoint.policy import SavePolicy
 from goodput.checkpoint.state import TrainingState
+from goodput.checkpoint.tier import Cadence, Damage
 from goodput.errors import CheckpointCorrupt, StateMismatch
 from goodput.faults import fault_point
 
-__all__ = ["MemoryCheckpointer", "MemoryRestore", "Topology"]
+__all__ = ["MemoryCheckpointer", "MemoryRestore"]
 
 log = logging.getLogger(__name__)
 
@@ -53,29 +55,6 @@ class MemoryRestore:
     source: str
 
 
-@dataclass(frozen=True)
-class Topology:
-    """Which node each rank is on: ``nodes[r]`` and ``local[r]`` for every rank r."""
-
-    nodes: list[int]
-    local: list[int]
-
-    @property
-    def node_count(self) -> int:
-        return len(set(self.nodes))
-
-    def buddy(self, rank: int, shift: int) -> int | None:
-        """The rank with the same local index on the node ``shift`` places after ``rank``'s (ring by node)."""
-        order = sorted(set(self.nodes))
-        if len(order) < 2:
-            return None
-        target = order[(order.index(self.nodes[rank]) + shift) % len(order)]
-        for r, (n, lr) in enumerate(zip(self.nodes, self.local, strict=True)):
-            if n == target and lr == self.local[rank]:
-                return r
-        return None
-
-
 class MemoryCheckpointer:
     """The memory tier of one rank (a ``CheckpointTier``).
 
@@ -88,6 +67,7 @@ class MemoryCheckpointer:
         group: a gloo group of the tier's own (None: one process).
         emit: the manager's event hook.
         clock: monotonic seconds.
+        policy: the tier's save policy (told what each save cost).
     """
 
     name = "memory"
@@ -104,7 +84,7 @@ class MemoryCheckpointer:
         group: Any,
         emit: Emit,
         clock: Callable[[], float],
-        on_measured: Callable[[float, float], None] | None = None,
+        policy: SavePolicy,
     ) -> None:
         self.tier = tier
         self.state = state
@@ -116,7 +96,10 @@ class MemoryCheckpointer:
             send_to=topology.buddy(rank, 1) if tier.replicas else None,
             receive_from=topology.buddy(rank, -1) if tier.replicas else None,
         )
-        self._emit, self._clock, self._on_measured = emit, clock, on_measured
+        self._emit, self._clock = emit, clock
+        self.cadence = Cadence(policy, nearest=True)  # its interval is a few steps: round to the nearest
+        self._charged: tuple[int, float] = (-1, 0.0)  # (step, seconds) a faster tier spent for this save
+        self._inventories: list[dict[str, Any]] = []  # every rank's parts, as the last ``find`` gathered them
         self._staging = Staging()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-memory")
         self._inflight: Future[None] | None = None
@@ -137,8 +120,11 @@ class MemoryCheckpointer:
         """Stage the state of ``step`` and write it in the background; returns the seconds training blocked.
 
         A previous save still being written is waited for first, and that wait counts as stall (the planner
-        must see it: it means saves come faster than they can be written).
+        must see it: it means saves come faster than they can be written). The step just restored is not saved.
         """
+        if self.committed[:1] == [step]:
+            return 0.0
+        self.cadence.policy.saved(step, self._clock())
         self._emit("checkpoint_stall", phase="start", step=step, tier="memory")
         start = self._clock()
         self.wait()
@@ -194,8 +180,9 @@ class MemoryCheckpointer:
             log.warning("memory tier: saving works again from step %d", step)
         self._failing = False
         self.committed = self.store.committed_after(step, self.committed)
-        if self._on_measured is not None:  # the write's CPU time counts where training competes for it
-            self._on_measured(stall + cpu.charged(), persist)
+        charged = self._charged[1] if self._charged[0] == step else 0.0
+        # the write's CPU time counts where training competes for it
+        self.cadence.policy.measured(stall + charged + cpu.charged(), persist)
         self.store.retain(self.committed, self.rank)
         if self.link.receive_from is not None:
             self.store.retain(self.committed, self.link.receive_from, replica=True)
@@ -226,6 +213,14 @@ class MemoryCheckpointer:
                 " larger, lower keep, or set memory=None"
             )
         return f"{type(err).__name__}: {err}"
+
+    def charge(self, step: int, seconds: float) -> None:
+        """Count ``seconds`` of a faster tier's stall as part of saving ``step`` (the policy's cost of a save)."""
+        self._charged = (step, seconds)
+
+    def busy(self) -> bool:
+        """Whether a save is in flight and not finished yet."""
+        return self._inflight is not None and not self._inflight.done()
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is written, replicated and agreed."""
@@ -269,29 +264,37 @@ class MemoryCheckpointer:
             return False
         return True
 
-    def restore(self, *, at_least: int | None = None, at_most: int | None = None) -> MemoryRestore | None:
-        """Load the newest step (not older than ``at_least``) every rank can load from the memory tier.
+    def find(self, *, at_most: int | None = None) -> int | None:
+        """Agree with every rank on the parts each can serve; returns the newest step every rank's part exists
+        for somewhere (None: none). Parts without a marker (never completed) or of another world size are no
+        checkpoints of this run and are not listed.
 
         ``at_most``: a rollback's ceiling: parts of newer steps that this rank holds (its own, and the replicas
         its node holds) are discarded first, as the abandoned timeline's.
-
-                Returns None when there is none (the caller falls back to the durable tier); ``failures`` then lists the
-        marked parts found damaged while loading (the same on every rank). Parts without a marker (never
-        completed) or of another world size are no checkpoints of this run and are not listed.
-
-        Raises:
-            StateMismatch: the newest agreed step does not fit this run's model or optimizer.
         """
         self.wait()
         begin = self._clock()
         if at_most is not None:
             self._discard_newer(at_most)
-        inventories = self._all_gather(self.inventory())
-        bad: set[tuple[int, int, int]] = set()  # (rank, step, holder) found damaged
-        floor = -1 if at_least is None else at_least
+        self._inventories = self._all_gather(self.inventory())
         self.overwritten = False
         self.failures = []
         self.last_parts = {"agree": self._clock() - begin, "load": 0.0, "check": 0.0}
+        choice = _agree(self._inventories, self.world_size, set(), -1)
+        return choice[0] if choice is not None else None
+
+    def restore(self, *, at_least: int | None = None) -> MemoryRestore | None:
+        """Load the newest step ``find`` agreed on (not older than ``at_least``) that every rank loads.
+
+        Returns None when there is none (the next tier is asked); ``failures`` then lists the marked parts found
+        damaged while loading (the same on every rank).
+
+        Raises:
+            StateMismatch: the newest agreed step does not fit this run's model or optimizer.
+        """
+        inventories = self._inventories
+        bad: set[tuple[int, int, int]] = set()  # (rank, step, holder) found damaged
+        floor = -1 if at_least is None else at_least
         while (choice := _agree(inventories, self.world_size, bad, floor)) is not None:
             step, holders = choice
             # One pass (read into the live tensors, check the hash at the end) when another checkpoint can be
@@ -382,6 +385,14 @@ class MemoryCheckpointer:
             return ("damaged", f"{type(err).__name__}: {err}")
         return ("ok", "")
 
+    def damage(self) -> Damage:
+        """The parts the last restore found damaged (each named in the log as found)."""
+        return Damage(sorted(self.failures, reverse=True), logged=True, overwritten=self.overwritten)
+
+    def pin(self, step: int) -> None:
+        """Keep the newest committed step at or before ``step`` (see ``MemoryStore.pin``)."""
+        self.store.pin(step)
+
     # ---- lifetime -------------------------------------------------------------------------------------------
     def _all_gather(self, mine: Any) -> list[Any]:
         if self.group is None:
@@ -397,8 +408,12 @@ class MemoryCheckpointer:
         if finished and self.topology.local[self.rank] == 0:
             self.store.remove_run()
 
-    def drop_group(self) -> None:
-        """Forget the tier's group (its owner releases it)."""
+    def own_groups(self) -> list[Any]:
+        """The tier's own gloo group (the manager releases it)."""
+        return [self.group] if self.group is not None else []
+
+    def drop_groups(self) -> None:
+        """Forget the tier's group (the manager releases it)."""
         self.group = self.link.group = None
 
 

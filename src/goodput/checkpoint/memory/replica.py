@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,7 +21,30 @@ from goodput.checkpoint.memory.store import MemoryStore
 from goodput.errors import CheckpointCorrupt
 from goodput.faults import fault_point
 
-__all__ = ["ReplicaLink"]
+__all__ = ["ReplicaLink", "Topology"]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Which node each rank is on: ``nodes[r]`` and ``local[r]`` for every rank r."""
+
+    nodes: list[int]
+    local: list[int]
+
+    @property
+    def node_count(self) -> int:
+        return len(set(self.nodes))
+
+    def buddy(self, rank: int, shift: int) -> int | None:
+        """The rank with the same local index on the node ``shift`` places after ``rank``'s (ring by node)."""
+        order = sorted(set(self.nodes))
+        if len(order) < 2:
+            return None
+        target = order[(order.index(self.nodes[rank]) + shift) % len(order)]
+        for r, (n, lr) in enumerate(zip(self.nodes, self.local, strict=True)):
+            if n == target and lr == self.local[rank]:
+                return r
+        return None
 
 
 def _bytes_tensor(data: bytes | bytearray) -> torch.Tensor:

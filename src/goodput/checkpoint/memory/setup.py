@@ -1,7 +1,7 @@
 """Opening the memory tier for a :class:`CheckpointManager`: its group, run identity, topology and policy.
 
-Kept apart from ``manager.py`` so the manager only asks for a ready tier, passing what the tier needs in a
-:class:`TierContext`. Every rank calls :func:`open_memory_tier` at the same point of the manager's start-up
+Kept apart from the manager so it only gets a ready tier (``_tiers.py`` passes what the tier needs in a
+:class:`TierContext`). Every rank calls :func:`open_memory_tier` at the same point of the manager's start-up
 (it runs collectives on the manager's control group).
 """
 
@@ -17,9 +17,10 @@ import torch.distributed as dist
 
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import CheckpointLayout
-from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer, Topology
+from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer
 from goodput.checkpoint.memory.listing import run_identity
-from goodput.checkpoint.policy import AutoInterval, SavePolicy, tier_policy
+from goodput.checkpoint.memory.replica import Topology
+from goodput.checkpoint.policy import AutoInterval, SavePolicy, interval_events, tier_policy
 from goodput.checkpoint.state import TrainingState
 from goodput.errors import StorageError
 from goodput.planning.twolevel import durable_share
@@ -77,25 +78,17 @@ def _run_token(layout: CheckpointLayout) -> tuple[str, str]:
 def _policy(ctx: TierContext) -> SavePolicy:
     tier = ctx.config.memory
     assert tier is not None
-    emit = ctx.emit
     return tier_policy(
         ctx.config,
         tier.every_steps,
         tier.every_seconds,
         world_size=ctx.world_size,
-        on_change=lambda interval, why, stall, persist: emit(
-            "checkpoint_interval",
-            interval_seconds=interval,
-            reason=why,
-            stall_seconds=stall,
-            persist_seconds=persist,
-            tier="memory",
-        ),
+        on_change=interval_events(ctx.emit, tier="memory"),
     )
 
 
-def open_memory_tier(ctx: TierContext) -> tuple[MemoryCheckpointer, SavePolicy, Any]:
-    """The memory tier, its save policy and its gloo group, with this node's folder ready.
+def open_memory_tier(ctx: TierContext) -> MemoryCheckpointer:
+    """The memory tier, with its save policy, its own gloo group and this node's folder ready.
 
     Raises:
         StorageError: the run's identity cannot be read or written under the durable root.
@@ -126,8 +119,8 @@ def open_memory_tier(ctx: TierContext) -> tuple[MemoryCheckpointer, SavePolicy, 
         group=group,
         emit=ctx.emit,
         clock=ctx.clock,
-        on_measured=policy.measured,
+        policy=policy,
     )
     if topology.local[ctx.rank] == 0:
         memory.store.prepare()
-    return memory, policy, group
+    return memory
