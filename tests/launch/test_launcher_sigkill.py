@@ -6,6 +6,7 @@ DataLoader workers notice a dead parent by themselves only after about 5 s)."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -113,3 +114,25 @@ def test_a_sigkilled_warm_launcher_takes_the_agent_workers_data_workers_and_spar
     finally:  # leave the machine clean even when the test fails
         for folder in left:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _template_processes(run_dir: str) -> int:
+    """The job's processes started as the spare template: the template and the spares it forked."""
+    found = 0
+    for pid in processes_with(run_dir):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+            found += b"goodput.warm.template" in f.read().split(b"\0")
+    return found
+
+
+@pytest.mark.slow
+def test_a_sigkilled_warm_launcher_takes_the_spare_template_and_its_forked_spares_with_it(
+    tmp_path: Path,
+) -> None:
+    run_dir = str(tmp_path / "run")
+    proc = start_launch(
+        "--restart", "warm", "--nproc", "2", "--spares", "2", "--run-dir", run_dir, "--",
+        WARM_SCRIPT, "--steps", "2000", "--step-seconds", "0.05",
+    )  # fmt: skip
+    _wait_until(lambda: _template_processes(run_dir) >= 3, proc, "a template with two forked spares")
+    _killed_leaves_nothing(proc, run_dir)

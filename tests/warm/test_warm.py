@@ -127,6 +127,24 @@ def test_sigkill_of_one_rank_restarts_warm(tmp_path: os.PathLike[str], baseline:
 
 
 @pytest.mark.slow
+def test_spares_forked_from_the_template_take_two_killed_ranks_and_the_run_ends_bitwise(
+    tmp_path: os.PathLike[str], baseline: str
+) -> None:
+    """The second kill is handed to a spare the template forked after the first hand-over."""
+    run_dir = str(tmp_path)
+    faults = "kill@step=20,rank=1; kill@step=35,rank=0"
+    _launch(run_dir, faults, script_args=("--step-seconds", "0.05"))
+    events = _agent(run_dir)
+    assert [e["event"] for e in events] == ["warm_restart", "warm_restart_done"] * 2, events
+    handed = [e["handed"][0] for e in events if e["event"] == "warm_restart"]
+    assert [(h["rank"], h["forked"]) for h in handed] == [(1, True), (0, True)]
+    samples, pids = _trained(run_dir)
+    assert pids[1][1] == handed[0]["pid"] and pids[0][1] == handed[1]["pid"]
+    assert samples == _trained(baseline)[0]
+    assert _final(run_dir) == _final(baseline)
+
+
+@pytest.mark.slow
 def test_a_rank_killed_inside_its_step_restarts_warm_with_every_sample_once(
     tmp_path: os.PathLike[str], baseline: str
 ) -> None:

@@ -17,6 +17,7 @@ _SCENARIOS: tuple[str, ...] = (
     "peers",
     "recovery",
     "restart",
+    "spares",
     "stragglers",
 )
 

@@ -5,9 +5,10 @@ torchrun's elastic agent (``LocalElasticAgent._invoke_run``) answers any worker'
 pays for new Python processes, ``import torch``, model construction and a checkpoint restore on every rank.
 This agent keeps torch.distributed.elastic's parts and changes that one decision:
 
-* workers and hot spares are started with elastic's ``start_processes`` (one process context per slot, so one
-  slot can be replaced while the others run), and coordinate through a c10d ``TCPStore`` the agent hosts for
-  the job's whole life (the keys are in ``goodput.warm.protocol``);
+* workers are started with elastic's ``start_processes`` (one process context per slot, so one slot can be
+  replaced while the others run), hot spares are forked from a process that has imported what a spare imports
+  (``goodput.warm.forked``), and all coordinate through a c10d ``TCPStore`` the agent hosts for the job's
+  whole life (the keys are in ``goodput.warm.protocol``);
 * on a worker's failure (non-zero exit, signal, or the hang watchdog's exit) the agent hands the dead rank to
   a spare that has already imported torch and the script's imports, publishes the next generation, and
   starts a new spare in the background; the survivors, whose collectives failed, leave the failed step in
@@ -37,14 +38,14 @@ import datetime
 import json
 import os
 import signal
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from goodput.job.folder import LOGS_DIR, launch_dir, write_notice
+from goodput.job.folder import write_notice
 from goodput.launch.launcher import LaunchConfig
 from goodput.launch.output import describe_exit
+from goodput.warm.forked import ForkedProcess, SpareForks, reap_adopted, spawn
 from goodput.warm.idle import can_return, make_idle, make_normal
 from goodput.warm.nodes import NodeBeats, first_layout, wait_for_nodes
 from goodput.warm.protocol import WARM_GEN, WARM_ROLE, WARM_SPARE_ID, Assignment, Generation
@@ -126,6 +127,7 @@ class WarmAgent:
         self._started = time.monotonic()
         self._spares_started = warm.first_spare_delay <= 0 or self.joiner
         self.resize = Resizer(self)
+        self.forks = SpareForks(launch, self.record)  # the node's spare template (goodput.warm.forked)
 
     def set_layout(self, layout: dict[int, list[int]]) -> None:
         """Take ``layout`` (node -> global ranks) as the current generation's: this node's ranks, the world."""
@@ -135,20 +137,7 @@ class WarmAgent:
 
     # ---- processes ---------------------------------------------------------------------------------------
     def _spawn(self, name: str, env: dict[str, str]) -> _Slot:
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
-
-        # torch's error file of each process goes to the launch folder, where the launcher quotes the last one;
-        # so do its stdout and stderr, which the launcher follows, unless --verbose (goodput.launch.output).
-        folder = launch_dir()
-        logs = os.path.join(folder, LOGS_DIR, name) if folder else os.devnull
-        redirects = Std.NONE if self.launch.verbose or folder is None else Std.ALL
-        ctx = start_processes(
-            name=name,
-            entrypoint=sys.executable,
-            args={0: ("-u", *boot_args(self.launch.script))},
-            envs={0: env},
-            logs_specs=DefaultLogsSpecs(log_dir=logs, redirects=redirects),
-        )
+        ctx = spawn(self.launch, name, env, boot_args(self.launch.script))
         return _Slot(ctx=ctx, pid=ctx.pids()[0])
 
     def start_worker(self, rank: int) -> None:
@@ -168,9 +157,10 @@ class WarmAgent:
         spare = self._next_spare
         self._next_spare += 1
         env = worker_env(self, **{WARM_ROLE.name: "spare", WARM_SPARE_ID.name: self.spare_id(spare)})
-        slot = self._spawn(f"spare{spare}", env)
-        if self._idle_spares:
-            make_idle(slot.pid)  # its imports use only CPU time the ranks leave (goodput.warm.idle)
+        forked = self.forks.fork(f"spare{spare}", env)  # its short rest of a start at the normal policy
+        slot = _Slot(ctx=forked, pid=forked.pid) if forked else self._spawn(f"spare{spare}", env)
+        if self._idle_spares:  # a spawned one's imports use only CPU time the ranks leave (goodput.warm.idle)
+            (make_normal if forked else make_idle)(slot.pid)
         slot.spare = spare
         self.spares.append(slot)
 
@@ -189,8 +179,15 @@ class WarmAgent:
             else:
                 self.record("spare_died", spare=slot.spare, pid=slot.pid)
         self.spares = alive
-        while len(self.spares) < self.resize.wanted_spares():
+        reap_adopted([slot.pid for slot in [*self.workers.values(), *self.spares]] + [self.forks.pid() or 0])
+        wanted = self.resize.wanted_spares()
+        if len(self.spares) >= wanted or not self.forks.settled(self._spare_env, self._idle_spares):
+            return  # none to make, or the template still imports: its forks will be ready sooner
+        while len(self.spares) < wanted:
             self.start_spare()
+
+    def _spare_env(self) -> dict[str, str]:
+        return worker_env(self, **{WARM_ROLE.name: "spare"})
 
     def _spares_due(self) -> bool:
         """Whether to start spares yet: once every worker of this node has finished a step (``stepped/<rank>``),
@@ -225,6 +222,7 @@ class WarmAgent:
             if self.beats is not None:
                 self.beats.stop()
             self.stop(list(self.workers.values()) + self.spares)
+            self.forks.close()
             remove_folder(record_folder(self.address, self.prefix))
         if status == 0 and self.prefix:
             wait_for_nodes(self.store, self.resize.nodes_in_job())
@@ -392,9 +390,12 @@ class WarmAgent:
         assigned = self.store.assign_spare(spare_id, assign)
         assert assigned, f"spare {spare_id} was assigned twice"  # each spare is taken off the list once
         self.workers[rank] = spare
-        return {"rank": rank, "spare": spare.spare, "pid": spare.pid, "ready": ready}
+        forked = isinstance(spare.ctx, ForkedProcess)
+        return {"rank": rank, "spare": spare.spare, "pid": spare.pid, "ready": ready, "forked": forked}
 
     def _take_spare(self) -> _Slot | None:
+        if not self.spares and self.forks.finish(self.warm.reform_timeout):  # its first spares were due
+            self.start_spare()
         while self.spares:
             slot = self.spares.pop(0)
             if slot.ctx.wait(0) is None:
