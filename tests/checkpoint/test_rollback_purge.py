@@ -51,3 +51,30 @@ def test_a_rollback_during_a_purge_removes_each_folder_once(
         r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or "could not" in r.getMessage()
     ]
     assert problems == []
+
+
+def test_the_last_commit_of_a_run_is_purged_after_even_while_a_purge_runs(tmp_path: Path) -> None:
+    """A commit that lands while a purge is removing folders (it listed the root before that commit) is
+    purged after too: the run's last commit has no later one whose purge would see it."""
+    root = str(tmp_path / "ckpt")
+    model = torch.nn.Linear(8, 8)
+    first = CheckpointManager(
+        CheckpointConfig(root=root, strategy="torch_save", keep_last=10), TrainingState(model=model)
+    )
+    for step in (1, 2, 3, 4):
+        first.save(step)
+    first.close()
+
+    manager = CheckpointManager(
+        CheckpointConfig(root=root, strategy="torch_save", keep_last=2), TrainingState(model=model)
+    )
+    plan = parse_faults("slow@phase=checkpoint_purge,seconds=2")  # once: the first folder the purge removes
+    install_faults(FaultPlan(plan, marker_dir=str(tmp_path / "faults")))
+    try:
+        assert manager.restore_latest() == 4
+        manager.save(5)  # its purge lists 1-5 and is held at its first removal (of 3, 2 and 1)
+        manager.save(6)  # commits meanwhile: step 4 falls out of keep_last=2
+        manager.close()
+    finally:
+        install_faults(None)
+    assert sorted(os.listdir(root)) == ["step-5", "step-6"]

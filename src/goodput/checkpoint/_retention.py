@@ -40,13 +40,17 @@ class Retention:
         self.pinned: int | None = None  # keep the newest committed checkpoint at or before this step
 
     def schedule(self) -> None:
-        """Start a purge unless one is running (that one sees this commit next time)."""
-        if self._purge is not None and not self._purge.done():
+        """Queue a purge after this commit, unless one queued and not yet started will list it. A purge already
+        running may have listed the root before this commit: the last commit of a run has no later one to purge
+        after it, so another purge follows the running one."""
+        queued = self._purge
+        if queued is not None and not queued.running() and not queued.done():
             return
         self._purge = self._purger.submit(self._run_purge)
 
     def wait(self) -> None:
-        """Wait for the purge in flight (if any): the folders it removes are gone when this returns."""
+        """Wait for the purges in flight (the last one queued ends last): the folders they remove are gone when
+        this returns."""
         if self._purge is not None:
             self._purge.result()
 
