@@ -23,19 +23,7 @@ def test_a_rollback_during_a_purge_removes_each_folder_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = str(tmp_path / "ckpt")
-    model = torch.nn.Linear(8, 8)
-    first = CheckpointManager(
-        CheckpointConfig(root=root, strategy="torch_save", keep_last=10), TrainingState(model=model)
-    )
-    for step in (1, 2, 3, 4):
-        first.save(step)
-    first.close()
-
-    manager = CheckpointManager(
-        CheckpointConfig(root=root, strategy="torch_save", keep_last=2), TrainingState(model=model)
-    )
-    plan = parse_faults("slow@phase=checkpoint_purge,seconds=2")  # once: the first folder the purge removes
-    install_faults(FaultPlan(plan, marker_dir=str(tmp_path / "faults")))
+    manager = _four_saved_then_keep_two(root, tmp_path)
     try:
         assert manager.restore_latest() == 4
         manager.pin(1)  # the rollback target: retention keeps it
@@ -57,19 +45,7 @@ def test_the_last_commit_of_a_run_is_purged_after_even_while_a_purge_runs(tmp_pa
     """A commit that lands while a purge is removing folders (it listed the root before that commit) is
     purged after too: the run's last commit has no later one whose purge would see it."""
     root = str(tmp_path / "ckpt")
-    model = torch.nn.Linear(8, 8)
-    first = CheckpointManager(
-        CheckpointConfig(root=root, strategy="torch_save", keep_last=10), TrainingState(model=model)
-    )
-    for step in (1, 2, 3, 4):
-        first.save(step)
-    first.close()
-
-    manager = CheckpointManager(
-        CheckpointConfig(root=root, strategy="torch_save", keep_last=2), TrainingState(model=model)
-    )
-    plan = parse_faults("slow@phase=checkpoint_purge,seconds=2")  # once: the first folder the purge removes
-    install_faults(FaultPlan(plan, marker_dir=str(tmp_path / "faults")))
+    manager = _four_saved_then_keep_two(root, tmp_path)
     try:
         assert manager.restore_latest() == 4
         manager.save(5)  # its purge lists 1-5 and is held at its first removal (of 3, 2 and 1)
@@ -78,3 +54,21 @@ def test_the_last_commit_of_a_run_is_purged_after_even_while_a_purge_runs(tmp_pa
     finally:
         install_faults(None)
     assert sorted(os.listdir(root)) == ["step-5", "step-6"]
+
+
+def _four_saved_then_keep_two(root: str, tmp_path: Path) -> CheckpointManager:
+    """Steps 1-4 committed under ``root``; a manager that keeps the last 2, whose first purge removal is held
+    2 s (a ``slow`` fault at its fault point, as a slow store would hold it). The caller uninstalls the fault."""
+    model = torch.nn.Linear(8, 8)
+    first = CheckpointManager(
+        CheckpointConfig(root=root, strategy="torch_save", keep_last=10), TrainingState(model=model)
+    )
+    for step in (1, 2, 3, 4):
+        first.save(step)
+    first.close()
+    manager = CheckpointManager(
+        CheckpointConfig(root=root, strategy="torch_save", keep_last=2), TrainingState(model=model)
+    )
+    plan = parse_faults("slow@phase=checkpoint_purge,seconds=2")  # once: the first folder the purge removes
+    install_faults(FaultPlan(plan, marker_dir=str(tmp_path / "faults")))
+    return manager
