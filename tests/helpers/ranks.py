@@ -1,6 +1,8 @@
-"""Module-level rank functions for tests (spawned processes must be able to import them)."""
+"""Module-level rank functions for tests (the ranks run in processes of their own, which must be able to import them)."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -16,3 +18,8 @@ def fail_on_rank_one(rank: int, world: int) -> int:
     if rank == 1:
         raise ValueError("rank one was told to fail")
     return rank
+
+
+def process_rank(rank: int, world: int, name: str) -> tuple[int, int, str | None]:
+    """This rank's process id, its parent's, and the environment variable ``name`` as the rank sees it."""
+    return os.getpid(), os.getppid(), os.environ.get(name)

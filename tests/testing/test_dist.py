@@ -1,6 +1,9 @@
-"""run_ranks really starts a gloo group: an all-reduce sums over processes, and a failing rank surfaces."""
+"""run_ranks really starts a gloo group: an all-reduce sums over processes, a failing rank surfaces, and each
+rank is a fresh process that sees the caller's environment."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -15,3 +18,20 @@ def test_allreduce_over_two_processes() -> None:
 def test_failing_rank_reports_its_traceback() -> None:
     with pytest.raises(RuntimeError, match="rank one was told to fail"):
         run_ranks(_ranks.fail_on_rank_one, 2)
+
+
+def test_each_rank_is_a_fresh_process_forked_from_one_that_imported_torch_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ranks of every call are new processes whose parent is one server kept for the session (it paid
+    torch's imports once), and each sees the caller's environment as it is at the call, not as it was when that
+    server started."""
+    first = run_ranks(_ranks.process_rank, 2, "GOODPUT_TEST_RANKS_MARK")
+    monkeypatch.setenv("GOODPUT_TEST_RANKS_MARK", "set after the first call")
+    second = run_ranks(_ranks.process_rank, 2, "GOODPUT_TEST_RANKS_MARK")
+    pids = [pid for pid, _, _ in first + second]
+    assert len(set(pids)) == 4 and os.getpid() not in pids
+    parents = {parent for _, parent, _ in first + second}
+    assert len(parents) == 1 and os.getpid() not in parents, parents
+    assert [mark for _, _, mark in first] == [None, None]
+    assert [mark for _, _, mark in second] == ["set after the first call"] * 2

@@ -1,8 +1,12 @@
 """Real multi-process gloo groups on CPU for tests: spawn N ranks, run a function in each, collect results.
 
-Each rank is a real OS process (torch.multiprocessing, spawn start method) joined to a gloo process group on
-a fresh 127.0.0.1 port; the results are returned in rank order. A rank that raises fails the whole call with
-its traceback; every process is joined before returning.
+Each rank is a real OS process joined to a gloo process group on a fresh 127.0.0.1 port; the results are returned
+in rank order. A rank that raises fails the whole call with its traceback; every process is joined before
+returning.
+
+The ranks are forked from a multiprocessing forkserver that imported torch once (``_PRELOAD``): a fresh process
+per rank, as with the spawn start method, without each one paying torch's imports again. The forkserver's
+environment is the one it started with, so each rank takes the caller's current environment as it starts.
 """
 
 from __future__ import annotations
@@ -17,15 +21,27 @@ from typing import Any
 
 __all__ = ["run_ranks"]
 
+# Imported once by the forkserver, which every rank is forked from; torch only: a module that reads the
+# environment as it is imported would otherwise keep the forkserver's.
+_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint"]
+
 
 def _entry(
-    rank: int, fn: Callable[..., Any], world: int, port: int, out_dir: str, args: tuple[Any, ...]
+    rank: int,
+    fn: Callable[..., Any],
+    world: int,
+    port: int,
+    out_dir: str,
+    args: tuple[Any, ...],
+    environ: dict[str, str],
 ) -> None:
     import faulthandler
 
     import torch.distributed as dist
 
     faulthandler.enable(all_threads=True)  # a rank killed by a signal (an abort in C++) prints its stacks
+    os.environ.clear()  # the caller's environment now, not the one the forkserver started with
+    os.environ.update(environ)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -66,13 +82,14 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
 
     from goodput.testing.seaweed import free_port
 
+    mp.get_context("forkserver").set_forkserver_preload(_PRELOAD)  # read when the forkserver starts
     with tempfile.TemporaryDirectory(prefix="goodput-ranks-") as out_dir:
         ctx = mp.start_processes(
             _entry,
-            args=(fn, world_size, free_port(), out_dir, args),
+            args=(fn, world_size, free_port(), out_dir, args, dict(os.environ)),
             nprocs=world_size,
             join=False,
-            start_method="spawn",
+            start_method="forkserver",
         )
         try:
             while not ctx.join(timeout=timeout):
