@@ -114,7 +114,7 @@ def test_a_job_that_shrank_keeps_the_plan_of_the_ranks_it_reserved(monkeypatch: 
     """After a shrink in place to 1 of 2 reserved ranks, a fault for rank 1 is not refused (it fires once the
     job grows back); a rank beyond the reservation still is."""
     from goodput._env import RESERVED_WORLD
-    from goodput.run._runhooks import checked_plan
+    from goodput.run._setup import checked_plan
 
     monkeypatch.setenv(RESERVED_WORLD.name, "2")
     assert len(checked_plan("nan@step=36,rank=1", 1, 100, numeric_on=True)) == 1

@@ -15,7 +15,8 @@ from goodput.bench._ledger_synth import synthesize
 from goodput.bench._sizes import parse_sizes, scale_table
 from goodput.cli import main
 from goodput.errors import ConfigError
-from goodput.ledger import build_report, load_report, read_events
+from goodput.ledger import read_events
+from goodput.ledger.report import build_report, load_report
 
 
 def test_state_sizes_parse_smallest_first() -> None:

@@ -13,15 +13,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from goodput.checkpoint import (
-    ALLOW_FRESH_START_ENV,
-    MANIFEST_NAME,
-    CheckpointConfig,
-    CheckpointManager,
-    TrainingState,
-    list_checkpoints,
-)
+from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState, list_checkpoints
+from goodput.checkpoint.config import ALLOW_FRESH_START_ENV
 from goodput.checkpoint.dcp import SafeLoadPlanner, safe_unpickle_metadata
+from goodput.checkpoint.layout import MANIFEST_NAME
 from goodput.errors import CheckpointCorrupt, NoValidCheckpoint, StateMismatch
 
 

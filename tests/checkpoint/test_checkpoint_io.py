@@ -11,13 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from goodput.checkpoint import (
-    MANIFEST_NAME,
-    CheckpointConfig,
-    CheckpointLayout,
-    CheckpointManager,
-    TrainingState,
-)
+from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
+from goodput.checkpoint.layout import MANIFEST_NAME, CheckpointLayout
 from goodput.checkpoint.staging import Stager
 from goodput.cli import main
 from goodput.errors import NoValidCheckpoint

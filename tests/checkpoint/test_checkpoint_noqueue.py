@@ -16,7 +16,8 @@ import torch
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
 from goodput.checkpoint.policy import AutoInterval
 from goodput.faults import FaultPlan, install_faults, parse_faults
-from goodput.ledger import Ledger, account, read_events
+from goodput.ledger import Ledger, read_events
+from goodput.ledger.accounting import account
 
 
 @pytest.fixture

@@ -8,14 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from goodput.checkpoint import (
-    AutoInterval,
-    CheckpointConfig,
-    CheckpointManager,
-    EveryInterval,
-    EverySteps,
-    TrainingState,
-)
+from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
+from goodput.checkpoint.policy import EveryInterval, EverySteps
 from goodput.errors import ConfigError
 from goodput.planning import optimal_interval
 

@@ -9,13 +9,8 @@ import fsspec
 import pytest
 import torch
 
-from goodput.checkpoint import (
-    MANIFEST_NAME,
-    CheckpointConfig,
-    CheckpointManager,
-    TrainingState,
-    list_checkpoints,
-)
+from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState, list_checkpoints
+from goodput.checkpoint.layout import MANIFEST_NAME
 from goodput.testing import S3Server, run_ranks
 from tests.checkpoint.test_checkpoint_roundtrip import check_roundtrip
 from tests.helpers import ckpt_ranks as _ckpt_ranks

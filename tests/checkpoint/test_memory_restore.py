@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from goodput.checkpoint import EveryInterval
-from goodput.checkpoint.policy import StepSchedule
+from goodput.checkpoint.policy import EveryInterval, StepSchedule
 from goodput.errors import CheckpointCorrupt, NoValidCheckpoint, StateMismatch
 from tests.checkpoint.test_memory_tier import _equal, _kw, _manager, _parts, _snapshot, _train
 

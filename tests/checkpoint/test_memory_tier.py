@@ -319,7 +319,7 @@ def test_ls_lists_the_memory_tier_of_the_run(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_restores_are_tallied_by_tier_with_the_steps_each_failure_lost() -> None:
-    from goodput.ledger import restores_by_tier
+    from goodput.ledger.tiers import restores_by_tier
 
     events = [
         {"event": "step_end", "attempt": 0, "step": 7},
@@ -349,7 +349,7 @@ def test_a_damaged_or_lost_own_copy_is_taken_from_the_peer_replica(tmp_path: Pat
 
 
 def test_memory_stalls_count_as_stall_time_but_not_as_durable_saves() -> None:
-    from goodput.ledger import account
+    from goodput.ledger.accounting import account
     from tests.helpers.ledgers import Attempt
 
     a = Attempt(0, process_start=0.0, start=0.0)

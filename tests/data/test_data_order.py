@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput.data import EpochOrder, rank_batch_count, rank_batch_range, sample_seed, sample_seeds
+from goodput.data import sample_seed
+from goodput.data.order import EpochOrder, rank_batch_count, rank_batch_range, sample_seeds
 
 
 @settings(max_examples=150, deadline=None)

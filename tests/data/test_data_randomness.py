@@ -13,7 +13,7 @@ import torch
 
 import goodput as gp
 from goodput import ConfigError, ResumableLoader
-from goodput.data import loader_seed
+from goodput.data.randomness import loader_seed
 from tests.helpers import data as _data
 
 

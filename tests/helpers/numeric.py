@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from goodput.run._numeric_rules import FLAG_LOSS, encode_row, verdict
 from goodput.run.numeric import NumericConfig
+from goodput.run.numeric.rules import FLAG_LOSS, encode_row, verdict
 
 
 def replay_alarms(losses: list[float], start: int, config: NumericConfig) -> list[int]:

@@ -235,7 +235,7 @@ def test_a_run_folder_that_is_a_file_is_one_line(tmp_path: os.PathLike[str]) -> 
 def test_run_refuses_a_folder_other_than_the_launchers(
     tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from goodput.run._runhooks import resolve_run_dir
+    from goodput.run._setup import resolve_run_dir
 
     monkeypatch.setenv("GOODPUT_RUN_DIR", os.path.join(tmp_path, "drill"))
     assert resolve_run_dir(os.path.join(tmp_path, "drill", ".")) == os.path.join(tmp_path, "drill", ".")

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from goodput.ledger import Ledger, LedgerConfig, load_report
+from goodput.ledger import Ledger, LedgerConfig
 from goodput.ledger.files import read_ledger
 from goodput.ledger.index import index_path, read_index
+from goodput.ledger.report import load_report
 from tests.helpers.ledgers import record_steps
 
 _KILLED = """

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from goodput.ledger import Ledger, LedgerConfig, build_report, load_report, read_events
+from goodput.ledger import Ledger, LedgerConfig, read_events
 from goodput.ledger.files import read_ledger
+from goodput.ledger.report import build_report, load_report
 from goodput.ledger.steps import HEADER, RECORD, steps_path
 from tests.helpers.ledgers import record_steps
 

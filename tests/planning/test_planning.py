@@ -12,15 +12,13 @@ from hypothesis import strategies as st
 from goodput import ConfigError, PlanInputs, goodput_daly, optimal_interval, simulate_goodput, young_interval
 from goodput.planning import (
     daily_waste,
-    daly_expected_time,
     daly_interval,
-    failure_probability,
     goodput_first_order,
     lost_work_per_failure,
-    mtbf_from_rate,
     mtbf_seconds,
     waste_per_failure,
 )
+from goodput.planning.model import daly_expected_time, failure_probability, mtbf_from_rate
 
 HOUR = 3600.0
 DAY = 86400.0

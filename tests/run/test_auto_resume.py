@@ -17,7 +17,7 @@ import goodput as gp
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.planning import optimal_interval
-from goodput.run._runhooks import interval_mtbf
+from goodput.run._setup import interval_mtbf
 
 
 def _attempt(run_dir: str, until: int) -> list[int]:

@@ -14,7 +14,8 @@ import os
 import numpy as np
 import pytest
 
-from goodput.data import EpochOrder, ShardedDataset
+from goodput.data import ShardedDataset
+from goodput.data.order import EpochOrder
 from goodput.demo.train import parse_args
 from goodput.demo.verify_train import prepare_data, train
 from goodput.ledger import read_events

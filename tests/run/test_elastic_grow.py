@@ -21,7 +21,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from goodput.data import EpochOrder, ShardedDataset
+from goodput.data import ShardedDataset
+from goodput.data.order import EpochOrder
 from goodput.demo.main import TRAIN_SCRIPT
 from goodput.demo.train import parse_args
 from goodput.demo.verify_train import prepare_data

@@ -15,7 +15,8 @@ import torch
 from goodput.data.sampler import ResumableSampler
 from goodput.errors import ConfigError
 from goodput.faults import FaultPlan, parse_faults
-from goodput.run._numeric_rules import (
+from goodput.run.numeric import NumericConfig
+from goodput.run.numeric.rules import (
     FLAG_FINGERPRINT,
     FLAG_GRAD_BAD,
     FLAG_LOSS,
@@ -26,7 +27,6 @@ from goodput.run._numeric_rules import (
     spike_threshold,
     verdict,
 )
-from goodput.run.numeric import NumericConfig
 from tests.helpers.numeric import replay_alarms
 
 

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from goodput.run._numeric_rules import spike_rise
 from goodput.run.numeric import NumericConfig
+from goodput.run.numeric.rules import spike_rise
 from tests.helpers.numeric import replay_alarms
 from tests.helpers.paths import FIXTURES
 

@@ -1,4 +1,4 @@
-"""The numeric guard's words riding DDP's first gradient bucket (goodput.run._numeric_carry): every rank reads
+"""The numeric guard's words riding DDP's first gradient bucket (goodput.run.numeric.carry): every rank reads
 every rank's word bit for bit, the gradients are DDP's own to the bit (also where they are views of DDP's buckets,
 whose storage the word grows), a word that found no backward to ride is all-gathered instead, and a NaN in any
 bucket of one rank reaches every rank's gradient total, on 2 real gloo ranks."""
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from goodput.run._comm_hook import add_tap
-from goodput.run._numeric_carry import decode, encode
-from goodput.run._numeric_grads import BucketCheck
-from goodput.run._numeric_rules import FLAG_LOSS, FLAG_LOSS_BAD, decode_row, encode_row
+from goodput.run.numeric.carry import decode, encode
+from goodput.run.numeric.grads import BucketCheck
+from goodput.run.numeric.rules import FLAG_LOSS, FLAG_LOSS_BAD, decode_row, encode_row
 from goodput.testing.dist import run_ranks
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from goodput.checkpoint import list_checkpoints
 from goodput.job.codes import EXIT_PREEMPTED
-from goodput.ledger import load_report, read_events
+from goodput.ledger import read_events
+from goodput.ledger.report import load_report
 from goodput.run.signals import PreemptionWatch
 from tests.helpers.launching import (
     SCRIPTS,

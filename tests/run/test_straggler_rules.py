@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from goodput.run._straggler_rules import RankWindow, StragglerConfig, StragglerRules
+from goodput.run.stragglers.rules import RankWindow, StragglerConfig, StragglerRules
 
 
 def _windows(owns: list[float], *, data: list[float] | None = None, steps: int = 5) -> list[RankWindow]:

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from goodput.run._numeric_grads import BucketCheck
+from goodput.run.numeric.grads import BucketCheck
 from goodput.run.stragglers import StragglerConfig, StragglerMonitor
 from goodput.testing.dist import run_ranks
 
@@ -40,7 +40,7 @@ def test_the_numeric_guard_and_the_detector_share_ddps_one_hook() -> None:
 
 
 def _exchange_rank(rank: int, world: int) -> list[list[list[float]]]:
-    from goodput.run.stragglers import Exchange
+    from goodput.run.stragglers.monitor import Exchange
 
     exchange = Exchange(3, rank, world)
     seen = []

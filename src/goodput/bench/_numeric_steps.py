@@ -3,7 +3,7 @@ way (after) against the way it had before (before), in alternating blocks of ste
 
 * Agreement, before: each step's word all-gathered on the guard's own gloo group, started at the step's end
   and read at the next (the main thread's issue and wait). After: the word rides the next step's first
-  gradient bucket (``run/_numeric_carry``): the extra time of that bucket's hook (the bucket's averaged copy
+  gradient bucket (``run/numeric/carry.py``): the extra time of that bucket's hook (the bucket's averaged copy
   with the word after it, against DDP's own in-place division when no word rides) plus boarding and reading
   the word.
 * DDP gradient check, before: a callback per bucket on the collective's thread summing the reduced bucket,
@@ -63,9 +63,9 @@ def in_step_costs(
     import torch.distributed as dist
 
     from goodput.run._comm_hook import add_tap
-    from goodput.run._numeric_exchange import start_gather
-    from goodput.run._numeric_grads import BucketCheck
-    from goodput.run._numeric_rules import encode_row
+    from goodput.run.numeric.exchange import start_gather
+    from goodput.run.numeric.grads import BucketCheck
+    from goodput.run.numeric.rules import encode_row
 
     timers = _Timers()
     add_tap(

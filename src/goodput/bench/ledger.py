@@ -201,7 +201,7 @@ def _time_report(
     """(report seconds, the ledger's counts, synthesis seconds, report seconds without the indexes: None for
     the older format, which has none) for one synthesized ledger, removed after unless kept."""
     from goodput.bench._ledger_synth import synthesize
-    from goodput.ledger import load_report
+    from goodput.ledger.report import load_report
 
     name = (
         f"steps-{steps}.attempts-{args.report_attempts}.ranks-{args.report_ranks}.every-{args.report_every}"
@@ -246,8 +246,8 @@ def _time_report(
 def _against_every_file(folder: str, report: Any) -> float:
     """Seconds to report the same ledger without its indexes (hard links to every other file: a ledger written
     before them), which reads every rank's files; fails unless the two reports are equal."""
-    from goodput.ledger import load_report
     from goodput.ledger.index import INDEX_SUFFIX
+    from goodput.ledger.report import load_report
 
     bare = folder.rstrip(os.sep) + ".without-index"
     shutil.rmtree(bare, ignore_errors=True)

@@ -48,8 +48,8 @@ def _rank(rank: int, world: int, steps: int, check_every: int) -> dict[str, floa
 
     from goodput.bench._numeric_steps import in_step_costs
     from goodput.demo.model import ModelConfig, TinyLM
-    from goodput.run._numeric_ops import gradient_sum
-    from goodput.run._numeric_rules import fingerprint, spike_threshold
+    from goodput.run.numeric.ops import gradient_sum
+    from goodput.run.numeric.rules import fingerprint, spike_threshold
 
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for each worker
     torch.manual_seed(0)

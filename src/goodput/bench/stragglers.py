@@ -92,8 +92,7 @@ def _overhead() -> dict[str, float]:
     extra work per bucket (two clock reads and a chained future), the window's exchange amortised."""
     import torch
 
-    from goodput.run._straggler_rules import StragglerConfig
-    from goodput.run.stragglers import StragglerMonitor
+    from goodput.run.stragglers import StragglerConfig, StragglerMonitor
 
     config = StragglerConfig()
     monitor = StragglerMonitor(
@@ -124,8 +123,8 @@ def _gather_rank(rank: int, world: int) -> tuple[float, float]:
     import torch
     import torch.distributed as dist
 
-    from goodput.run._straggler_rules import StragglerConfig
-    from goodput.run.stragglers import Exchange
+    from goodput.run.stragglers import StragglerConfig
+    from goodput.run.stragglers.monitor import Exchange
 
     grads = torch.zeros(1024)
     exchange = Exchange(9, rank, world)  # made once per group, as the detector does

@@ -7,11 +7,14 @@ The manager makes one :class:`Collectives` and hands it to each tier, so no tier
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
 __all__ = ["Collectives"]
+
+T = TypeVar("T")
 
 
 class Collectives:
@@ -41,6 +44,21 @@ class Collectives:
         box = [value]
         dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
         return box[0]
+
+    def rank0_decides(
+        self, attempt: Callable[[], T], failed: Callable[[Exception], T], group: Any = None
+    ) -> T:
+        """Rank 0 runs ``attempt`` and every rank returns its result (``group``: as for :meth:`bcast`).
+
+        An exception on rank 0 becomes ``failed(err)``: every rank waits for rank 0's word, so it always sends one.
+        """
+        result: Any = None
+        if self.rank == 0:
+            try:
+                result = attempt()
+            except Exception as err:
+                result = failed(err)
+        return self.bcast(result, group)
 
     def all_gather(self, mine: Any) -> list[Any]:
         """Every rank's value, in rank order, on every rank (control group)."""

@@ -55,15 +55,15 @@ class DurableReader:
         Raises:
             StorageError: the root cannot be listed.
         """
-        listing: tuple[list[tuple[int, str]], list[tuple[int, str]], str] = ([], [], "")
-        if self.coll.rank == 0:
-            try:
-                rows = self.layout.scan()
-                committed = [(r.step, r.url) for r in rows if r.status == "committed"]
-                listing = (committed, [(r.step, r.reason) for r in rows if r.status == "corrupt"], "")
-            except Exception as err:  # every rank waits for rank 0's word: always send one
-                listing = ([], [], f"{type(err).__name__}: {err}")
-        candidates, skipped, error = self.coll.bcast(listing)
+
+        def scan() -> tuple[list[tuple[int, str]], list[tuple[int, str]], str]:
+            rows = self.layout.scan()
+            committed = [(r.step, r.url) for r in rows if r.status == "committed"]
+            return committed, [(r.step, r.reason) for r in rows if r.status == "corrupt"], ""
+
+        candidates, skipped, error = self.coll.rank0_decides(
+            scan, lambda err: ([], [], f"{type(err).__name__}: {err}")
+        )
         if error:
             raise StorageError(f"cannot list the checkpoints under {self.layout.root}: {error}")
         return candidates, skipped
@@ -83,16 +83,18 @@ class DurableReader:
 
     def try_load(self, step: int, url: str) -> str | None:
         """Verify and load ``step`` on every rank; None when loaded, else why not (the same on every rank)."""
-        verdict: tuple[str, Any] = ("ok", None)
         started = self.clock()
-        if self.coll.rank == 0:
+
+        def verify() -> tuple[str, Any]:
             try:
-                verdict = ("ok", self._verify(url))
+                return "ok", self._verify(url)
             except CheckpointCorrupt as err:
-                verdict = ("corrupt", str(err))
-            except Exception as err:  # storage trouble, not a bad checkpoint: stop rather than fall back
-                verdict = ("unreachable", f"{type(err).__name__}: {err}")
-        verdict = self.coll.bcast(verdict)
+                return "corrupt", str(err)
+
+        # storage trouble, not a bad checkpoint: stop rather than fall back
+        verdict: tuple[str, Any] = self.coll.rank0_decides(
+            verify, lambda err: ("unreachable", f"{type(err).__name__}: {err}")
+        )
         if verdict[0] == "unreachable":
             raise StorageError(f"cannot verify {url}: {verdict[1]}")
         if verdict[0] != "ok":

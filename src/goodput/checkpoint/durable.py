@@ -218,18 +218,17 @@ class DurableCheckpointer:
     def _begin(self, step: int, group: Any) -> tuple[str, str, bool]:
         """Rank 0 creates the step folder with its lease (or finds the step committed); every rank learns
         (folder, error, already committed)."""
-        begun: tuple[str, str, bool] = ("", "", False)
-        if self.coll.rank == 0:
-            try:
-                # a committed step that failed to restore (a fresh start was allowed) is saved over
-                if step not in self.failed and self.layout.is_committed(step):
-                    begun = (self.layout.final_dir(step), "", True)
-                else:
-                    begun = (self.layout.begin(step, self.token), "", False)
-            except Exception as err:  # every rank waits for rank 0's word: always send one
-                begun = ("", f"creating the step folder: {type(err).__name__}: {err}", False)
-        folder, error, exists = self.coll.bcast(begun, group)
-        return folder, error, exists
+
+        def begin() -> tuple[str, str, bool]:
+            # a committed step that failed to restore (a fresh start was allowed) is saved over
+            if step not in self.failed and self.layout.is_committed(step):
+                return self.layout.final_dir(step), "", True
+            return self.layout.begin(step, self.token), "", False
+
+        def failed(err: Exception) -> tuple[str, str, bool]:
+            return "", f"creating the step folder: {type(err).__name__}: {err}", False
+
+        return self.coll.rank0_decides(begin, failed, group)
 
     def _save_staged(self, step: int, start: float) -> SaveResult:
         """An asynchronous save whose strategy only stages now and writes when its completion runs: the step
@@ -279,13 +278,11 @@ class DurableCheckpointer:
         except FAILURES as err:
             mine = ("error", f"rank {self.coll.rank}: {describe(err)}")
         parts = self.coll.gather_io(mine)
-        outcome: tuple[str, Any] = ("error", "")
-        if self.coll.rank == 0:
-            try:
-                outcome = self._commit(step, folder, parts)
-            except Exception as err:  # every rank waits for rank 0's word: always send one
-                outcome = ("error", f"commit: {type(err).__name__}: {err}")
-        outcome = self.coll.bcast(outcome, self.coll.io)
+        outcome: tuple[str, Any] = self.coll.rank0_decides(
+            lambda: self._commit(step, folder, parts),
+            lambda err: ("error", f"commit: {type(err).__name__}: {err}"),
+            self.coll.io,
+        )
         persist = self._clock() - start
         if stall is None:  # a synchronous save blocked training until now
             stall = persist

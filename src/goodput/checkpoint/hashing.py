@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from goodput.checkpoint._wrapped_fs import WrappedFileSystem
 from goodput.checkpoint.manifest import FileEntry, check_digest, new_hasher
 from goodput.checkpoint.objectstore import fetch_object
 from goodput.errors import CheckpointCorrupt
@@ -84,26 +85,18 @@ class _HashingWriter(io.RawIOBase):
         self.raw.close()
 
 
-class HashingFileSystem:
+class HashingFileSystem(WrappedFileSystem):
     """A DCP ``FileSystem`` that records ``"<algorithm>:<hex>"`` of every file written through it."""
 
     def __init__(self, inner: Any, algorithm: str) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.algorithm = algorithm
         self.digests: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
     @contextlib.contextmanager
-    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+    def _stream(self, path: Any, mode: str) -> Iterator[Any]:
         with self._inner.create_stream(path, mode) as stream:
-            if "w" not in mode:
-                yield stream
-                return
             writer = _HashingWriter(stream, self.algorithm)
             yield writer
         with self._lock:
@@ -155,7 +148,7 @@ class _BufferReader(io.RawIOBase):
         super().close()
 
 
-class VerifyingFileSystem:
+class VerifyingFileSystem(WrappedFileSystem):
     """A DCP ``FileSystem`` whose reads of the files in ``expected`` are checked against their checksums.
 
     ``create_stream`` reads a file whole, checked or not: mapped when local, fetched with concurrent ranged GETs
@@ -169,6 +162,8 @@ class VerifyingFileSystem:
             None for the default one), for who checks which file.
     """
 
+    handles = "r"
+
     def __init__(
         self,
         inner: Any,
@@ -179,7 +174,7 @@ class VerifyingFileSystem:
         world_size: int = 1,
         group: Any = None,
     ) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._expected = dict(expected)
         self._local = local
         self.rank, self.world_size, self.group = rank, world_size, group
@@ -243,19 +238,10 @@ class VerifyingFileSystem:
             self.read_bytes += got
         return ranges
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
     @contextlib.contextmanager
-    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+    def _stream(self, path: Any, mode: str) -> Iterator[Any]:
         entry = self._expected.get(_name(path))
         expected = entry.expected() if entry is not None else None
-        if "r" not in mode:
-            with self._inner.create_stream(path, mode) as stream:
-                yield stream
-            return
         start = time.perf_counter()
         with contextlib.ExitStack() as stack:
             hasher = new_hasher(expected[0]) if expected is not None else None

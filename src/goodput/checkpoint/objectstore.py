@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from goodput.checkpoint._part_upload import PartUpload, streams_parts
+from goodput.checkpoint._wrapped_fs import WrappedFileSystem
 from goodput.errors import CheckpointCorrupt
 
 __all__ = ["ConcurrentObjectFileSystem", "fetch_object", "read_object"]
@@ -101,7 +102,7 @@ class _UploadOnClose(io.BytesIO):
         raise io.UnsupportedOperation("an object being uploaded has no file descriptor")
 
 
-class ConcurrentObjectFileSystem:
+class ConcurrentObjectFileSystem(WrappedFileSystem):
     """DCP's fsspec ``FileSystem`` with concurrent multipart uploads for every file written through it.
 
     Args:
@@ -111,21 +112,12 @@ class ConcurrentObjectFileSystem:
     """
 
     def __init__(self, inner: Any, *, chunksize: int = PART_BYTES, concurrency: int = CONCURRENCY) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.chunksize = chunksize
         self.concurrency = concurrency
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
     @contextlib.contextmanager
-    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
-        if "w" not in mode:
-            with self._inner.create_stream(path, mode) as stream:
-                yield stream
-            return
+    def _stream(self, path: Any, mode: str) -> Iterator[Any]:
         if streams_parts(self._inner.fs):  # s3fs: parts go out while DCP is still writing the file
             upload = PartUpload(
                 self._inner.fs, str(path), chunksize=self.chunksize, concurrency=self.concurrency

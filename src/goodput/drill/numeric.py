@@ -16,7 +16,7 @@ from typing import Any
 from goodput.drill.runs import OUTPUT_LOG, LaunchSpec, result, run_launch
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
 from goodput.job.codes import EXIT_FATAL
-from goodput.run._numeric_ops import NO_REPLICAS
+from goodput.run.numeric import NO_REPLICAS
 from goodput.verify.rollback import rise_before
 
 __all__ = ["BITFLIP", "NAN", "SLOW", "SPIKE"]

@@ -3,7 +3,7 @@
     exporter = PrometheusExporter(port=9464)          # run folder: $GOODPUT_RUN_DIR or run_dir=
     run = gp.Run("runs/exp1", exporters=[exporter])   # or Progress(..., exporters=[exporter])
 
-A :class:`~goodput.ledger.MetricsExporter`: :class:`~goodput.run.progress.Progress` feeds it each step's
+A :class:`~goodput.ledger.exporters.MetricsExporter`: :class:`~goodput.run.progress.Progress` feeds it each step's
 ``goodput`` and ``fetch_seconds``; everything that needs the whole run (badput seconds by category, restarts,
 the last durable checkpoint) is accounted from the run's ledger, the same source as ``goodput report``, at most
 once every ``refresh_seconds`` and on the scrape's thread, never on the training loop's.

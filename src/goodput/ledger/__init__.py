@@ -7,45 +7,12 @@ The ledger learns of checkpoints and restarts only through events: nothing here 
 ``checkpoint``.
 """
 
-from goodput.ledger.accounting import (
-    CATEGORIES,
-    Accounting,
-    AttemptSummary,
-    SaveRecord,
-    Segment,
-    StepStats,
-    account,
-    goodput_over_time,
-)
-from goodput.ledger.exporters import MetricsExporter, MLflowExporter, TensorBoardExporter, available_exporters
 from goodput.ledger.ledger import Ledger, LedgerConfig, LedgerFile, ledger_files, read_events
-from goodput.ledger.report import Advice, MeasuredModel, Prediction, Report, build_report, load_report
-from goodput.ledger.tiers import live_recovered_share, restores_by_tier
 
 __all__ = [
-    "CATEGORIES",
-    "Accounting",
-    "Advice",
-    "AttemptSummary",
     "Ledger",
     "LedgerConfig",
     "LedgerFile",
-    "MLflowExporter",
-    "MeasuredModel",
-    "MetricsExporter",
-    "Prediction",
-    "Report",
-    "SaveRecord",
-    "Segment",
-    "StepStats",
-    "TensorBoardExporter",
-    "account",
-    "available_exporters",
-    "build_report",
-    "goodput_over_time",
     "ledger_files",
-    "live_recovered_share",
-    "load_report",
     "read_events",
-    "restores_by_tier",
 ]

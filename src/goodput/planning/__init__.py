@@ -9,51 +9,30 @@ them. Nothing here does I/O, reads a clock or touches torch: inputs in, numbers 
 from goodput.planning.model import (
     PlanInputs,
     daily_waste,
-    daly_expected_time,
     daly_interval,
-    failure_probability,
     goodput_daly,
     goodput_first_order,
     lost_work_per_failure,
-    mtbf_from_rate,
     mtbf_seconds,
     optimal_interval,
     waste_per_failure,
     young_interval,
 )
-from goodput.planning.shrink import ShrinkGoodput, goodput_shrink
-from goodput.planning.simulation import SimulationResult, simulate_goodput
-from goodput.planning.twolevel import (
-    TwoLevelPlan,
-    durable_share,
-    goodput_covered,
-    goodput_two_level,
-    plan_two_level,
-    simulate_two_level,
-)
+from goodput.planning.shrink import goodput_shrink
+from goodput.planning.twolevel import durable_share, goodput_covered
 
 __all__ = [
     "PlanInputs",
-    "ShrinkGoodput",
-    "SimulationResult",
-    "TwoLevelPlan",
     "daily_waste",
-    "daly_expected_time",
     "daly_interval",
     "durable_share",
-    "failure_probability",
     "goodput_covered",
     "goodput_daly",
     "goodput_first_order",
     "goodput_shrink",
-    "goodput_two_level",
     "lost_work_per_failure",
-    "mtbf_from_rate",
     "mtbf_seconds",
     "optimal_interval",
-    "plan_two_level",
-    "simulate_goodput",
-    "simulate_two_level",
     "waste_per_failure",
     "young_interval",
 ]

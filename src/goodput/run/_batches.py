@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from goodput.errors import DataError
-from goodput.run._runhooks import batch_source
+from goodput.data.loader import ResumableLoader
+from goodput.data.prefetch import DevicePrefetcher
+from goodput.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from goodput.run.run import Run
 
-__all__ = ["BatchLoop"]
+__all__ = ["BatchLoop", "batch_source"]
 
 
 class BatchLoop:
@@ -84,3 +85,21 @@ class BatchLoop:
         close = getattr(iterator, "close", None)
         if callable(close):
             close()
+
+
+def batch_source(loader: Any, ahead: bool | None, *, checkpointed: bool) -> Any:
+    """What ``Run.batches`` iterates: ``loader``, or a thread receiving its batches ahead (see ``batches``).
+
+    Raises:
+        ConfigError: ``ahead=True`` with a loader other than a ``ResumableLoader`` whose position a checkpoint
+            holds (``checkpointed``).
+    """
+    if ahead and not isinstance(loader, ResumableLoader) and checkpointed:
+        raise ConfigError(
+            f"batches(ahead=True) with a {type(loader).__name__} whose position the checkpoint holds: its "
+            "state_dict() would count the batch received ahead as consumed, so a resume would skip it; use "
+            "goodput.ResumableLoader (ahead counts only the batches the loop got) or ahead=False"
+        )
+    if ahead or (ahead is None and isinstance(loader, ResumableLoader) and loader.config.num_workers > 0):
+        return DevicePrefetcher(loader, "cpu")
+    return loader

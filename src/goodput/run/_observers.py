@@ -8,8 +8,9 @@ them all the same way and none of them knows about the others.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from goodput._env import CRASH_LOOP
 from goodput.faults import Fault
@@ -17,21 +18,21 @@ from goodput.job.crashloop import CrashLoopDetector, record_failure
 from goodput.job.folder import listen_for_failure
 from goodput.ledger.exporters import MetricsExporter
 from goodput.run._cachestats import CacheStatsRecorder
-from goodput.run._loss_stop import LossStop
 from goodput.run._nodeloss import NodeLossDrill
+from goodput.run._warm import WarmHook
 from goodput.run.hooks import RunHook
-from goodput.run.numeric import NumericConfig, NumericGuard
+from goodput.run.numeric import LossStop, NumericConfig, NumericGuard
 from goodput.run.progress import Progress
 from goodput.run.records import StepRecorder
-from goodput.run.stragglers import StragglerConfig, StragglerHook, StragglerMonitor, attach_stragglers
+from goodput.run.stragglers import StragglerConfig, StragglerHook, attach_stragglers
 from goodput.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from goodput.checkpoint.state import TrainingState
     from goodput.run.run import Run
+    from goodput.warm.worker import WarmWorker
 
 __all__ = [
-    "BuiltinHooks",
     "CacheStatsHook",
     "CrashLoopHook",
     "ProgressHook",
@@ -41,17 +42,10 @@ __all__ = [
 ]
 
 
-class BuiltinHooks(NamedTuple):
-    """A new run's hooks, and the two that ``Run`` also asks directly (for ``phase`` and ``section``)."""
-
-    hooks: list[RunHook]
-    watchdog: Watchdog | None
-    stragglers: StragglerMonitor | None
-
-
 def builtin_hooks(
     run: Run,
     *,
+    worker: WarmWorker | None,
     plan: list[Fault],
     crash_loop: int | None,
     progress: bool,
@@ -59,10 +53,10 @@ def builtin_hooks(
     numeric: NumericConfig | None,
     hang_timeout: float | None,
     stragglers: StragglerConfig | None,
-) -> BuiltinHooks:
+) -> list[RunHook]:
     """A new run's hooks, in the order they are called: the watchdog's first (made once no crash loop refused
     the attempt; a finished step is a heartbeat before any hook works on it), the step records next, then the
-    warm hand-over, the node-loss drill, the crash-loop record, the progress line and the cache counters, the
+    warm hand-over (under ``--restart warm``: ``worker``), the node-loss drill, the crash-loop record, the progress line and the cache counters, the
     numeric guard (a peer's failure inside its all-gather leaves this rank where the next step's collective
     would, after every observer recorded the step) or, without it, the stop at a non-finite loss, and last the straggler detector. ``on_close`` goes in the
     reverse order."""
@@ -78,8 +72,8 @@ def builtin_hooks(
     )
     if recorder is not None:
         hooks.append(RecordsHook(recorder))
-    if run.warm_hook is not None:
-        hooks.append(run.warm_hook)
+    if worker is not None:
+        hooks.append(WarmHook(worker))
     if any(f.action == "nodeloss" for f in plan):
         hooks.append(NodeLossDrill())
     if crash is not None:
@@ -95,10 +89,10 @@ def builtin_hooks(
     watchdog = WatchdogHook(run, hang_timeout) if hang_timeout else None
     if watchdog is not None:
         hooks.insert(0, watchdog)
-    monitor = attach_stragglers(run, stragglers, exporters=exporters)
+    monitor = attach_stragglers(run, stragglers, warm=worker is not None, exporters=exporters)
     if monitor is not None:
         hooks.append(StragglerHook(monitor))
-    return BuiltinHooks(hooks, watchdog.watchdog if watchdog is not None else None, monitor)
+    return hooks
 
 
 def _record_failure(run: Run, line: str, peer: bool) -> None:
@@ -123,6 +117,10 @@ class WatchdogHook(RunHook):
 
     def on_close(self, run: Run, status: str) -> None:
         self.watchdog.close()
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """A stretch the watchdog allows longer than a step (see ``Run.phase``)."""
+        return self.watchdog.phase(name)
 
 
 class CrashLoopHook(RunHook):

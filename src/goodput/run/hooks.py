@@ -32,13 +32,14 @@ Moments, in the order a run meets them:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from goodput.checkpoint.state import TrainingState
     from goodput.run.run import Run
 
-__all__ = ["RunHook"]
+__all__ = ["RunHook", "find_hook"]
 
 
 class RunHook:
@@ -86,3 +87,13 @@ class RunHook:
 
     def on_close(self, run: Run, status: str) -> None:
         """The run ends with ``status`` (ok, interrupted, failed): release what this hook holds."""
+
+
+H = TypeVar("H", bound=RunHook)
+
+
+def find_hook(hooks: Iterable[RunHook], kind: type[H]) -> H | None:
+    """The first of ``hooks`` that is a ``kind`` (None: the run has none): how ``Run`` and the other hooks reach
+    the one part of a run they talk to (the watchdog's phases, the straggler detector's sections, the warm
+    hand-over)."""
+    return next((hook for hook in hooks if isinstance(hook, kind)), None)

@@ -147,7 +147,7 @@ class StepRecorder:
 def rng_digests() -> dict[str, str]:
     """A short digest of each random generator's state (python, numpy, torch, and cuda when in use).
 
-    The same generators :func:`goodput.checkpoint.capture_rng` saves, hashed from their raw state (cheap
+    The same generators :func:`goodput.checkpoint.rng.capture_rng` saves, hashed from their raw state (cheap
     enough for every step).
     """
     import random

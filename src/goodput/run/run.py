@@ -10,7 +10,7 @@
 
 Run owns the order of a step: it writes the ledger, restores the newest valid checkpoint, times each batch's
 fetch, fires injected faults, stops on preemption and saves when the policy says so. Its parts: joining and
-leaving the job (``_membership``), the edges of a run (``_runhooks``), the batch loop (``_batches``), its end
+leaving the job (``_membership``), the edges of a run (``_setup``), the batch loop (``_batches``), its end
 (``_ending``: close, preemption stop), and a hook in ``run.hooks`` for what watches or adjusts a run
 (``_observers``, ``numeric``, ``stragglers``, ``_warm``).
 """
@@ -29,16 +29,16 @@ from goodput.errors import ConfigError, SaveFailed
 from goodput.job.folder import install_error_report, is_peer_failure
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
-from goodput.run import _runhooks as edges
+from goodput.run import _setup as edges
 from goodput.run._batches import BatchLoop
 from goodput.run._ddp_buckets import fix_layout
 from goodput.run._ending import RunEnd
 from goodput.run._membership import Membership
-from goodput.run._observers import builtin_hooks
+from goodput.run._observers import WatchdogHook, builtin_hooks
 from goodput.run._warm import WarmHook, exit_failed
-from goodput.run.hooks import RunHook
+from goodput.run.hooks import RunHook, find_hook
 from goodput.run.numeric import NumericConfig
-from goodput.run.stragglers import StragglerConfig
+from goodput.run.stragglers import StragglerConfig, StragglerHook
 from goodput.run.watchdog import HANG_TIMEOUT
 from goodput.warm.boot import release as release_gc
 
@@ -100,21 +100,20 @@ class Run:
         self.step = 0
         self._job = Membership(run_dir, backend, step_of=lambda: self.step)
         self.info = self._job.info
-        self.warm_hook = WarmHook(self._job.worker) if self._job.worker is not None else None
         self.ledger = Ledger(run_dir, rank=self.info.rank, attempt=self._job.attempt, began=self._job.began)
         self.attempt = self.ledger.attempt
         guard = edges.checked_numeric(numeric)
         text = faults if faults is not None else FAULTS.get()
         self._plan = edges.checked_plan(text, self.info.world_size, total_steps, numeric_on=guard is not None)
-        self.faults = edges.arm_faults(self, self._plan)
         self.config = edges.checkpoint_config(checkpoint, run_dir)
         self._manager: CheckpointManager | None = None
         self.loader: Any = None  # the loader ``batches`` reads
         self.fetch_seconds = 0.0  # the last step's wait for its batch
         self._loop = BatchLoop()  # the iteration state of ``batches``
         self._end = RunEnd(self._loop, self._job)  # closed yet, the last step saved
-        self.hooks, self.watchdog, self._stragglers = builtin_hooks(
+        self.hooks = builtin_hooks(
             self,
+            worker=self._job.worker,
             plan=self._plan,
             crash_loop=crash_loop,
             progress=progress,
@@ -123,6 +122,7 @@ class Run:
             hang_timeout=hang_timeout,
             stragglers=stragglers,
         )
+        self.faults = edges.arm_faults(self, self._plan)  # under warm restarts, the generation draws them
 
     def add_hook(self, hook: RunHook) -> None:
         """Append ``hook`` to ``run.hooks`` (called after the built-in ones at every moment; see ``RunHook``)."""
@@ -161,8 +161,9 @@ class Run:
         self.ledger.restore_start()
         with self.phase("restore"):  # the manager's first look at the store is part of restoring, too
             self._manager = edges.open_manager(self, state)
-            if self._stragglers is not None:  # its DDP comm hook goes on before any other part's
-                self._stragglers.attach(model)
+            stragglers = find_hook(self.hooks, StragglerHook)
+            if stragglers is not None:  # its DDP comm hook goes on before any other part's
+                stragglers.monitor.attach(model)
             fix_layout(model)  # every attempt sums its gradients in one layout from its first step
             edges.arm_optimizer_faults(self, optimizer)
             self.loader = loader
@@ -227,7 +228,8 @@ class Run:
 
     def section(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Time a named part of the step for the straggler detector (a no-op when it is off)."""
-        return self._stragglers.section(name) if self._stragglers is not None else contextlib.nullcontext()
+        stragglers = find_hook(self.hooks, StragglerHook)
+        return stragglers.monitor.section(name) if stragglers is not None else contextlib.nullcontext()
 
     def save(self) -> None:
         """Save the current step now (blocking only for the strategy's blocking part)."""
@@ -270,11 +272,12 @@ class Run:
                 return train_fn(self)
             except Exception as err:
                 self._loop.stop()
-                if self.warm_hook is None:
+                warm = find_hook(self.hooks, WarmHook)
+                if warm is None:
                     raise
                 if not is_peer_failure(err):
                     exit_failed(self, err)
-                self.warm_hook.rejoin(self, err, self._job)  # this process and its state go on
+                warm.rejoin(self, err, self._job)  # this process and its state go on
                 self._manager = None  # bound to the dead group; a save in flight there is abandoned
                 self._end.closed = False
                 self.faults = edges.arm_faults(self, self._plan)
@@ -303,4 +306,5 @@ class Run:
 
     def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         """A stretch the watchdog allows longer than a step (``restore``, ``checkpoint_save``)."""
-        return self.watchdog.phase(name) if self.watchdog is not None else contextlib.nullcontext()
+        watchdog = find_hook(self.hooks, WatchdogHook)
+        return watchdog.phase(name) if watchdog is not None else contextlib.nullcontext()

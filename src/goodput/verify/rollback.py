@@ -178,7 +178,7 @@ class _numeric_on:
 
 def _seed_skips(faulted: str, skipping: str) -> None:
     """The skipping run starts with the faulted run's skip list (``numeric/skips.json``)."""
-    from goodput.run._numeric_ops import SKIPS_FILE
+    from goodput.run.numeric import SKIPS_FILE
 
     source = os.path.join(faulted, SKIPS_FILE)
     if os.path.exists(source):

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from goodput.checkpoint._collectives import Collectives
 from goodput.checkpoint.config import CheckpointConfig
 from goodput.checkpoint.layout import CheckpointLayout
 from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer
@@ -34,20 +35,15 @@ RUN_ID_FILE = "memory-tier-id"
 class TierContext:
     """What the memory tier needs from its manager, passed explicitly (the manager's own members stay its own).
 
-    ``bcast(value)`` sends rank 0's value to every rank and ``all_gather(value)`` returns every rank's, both on
-    the manager's control group; ``emit(name, **fields)`` reports a checkpoint event; ``durable_policy`` is the
-    durable tier's save policy, whose planned failure share the memory tier narrows.
+    ``coll`` holds the manager's groups and the collectives the tier runs on them; ``emit(name, **fields)``
+    reports a checkpoint event; ``durable_policy`` is the durable tier's save policy, whose planned failure
+    share the memory tier narrows.
     """
 
     config: CheckpointConfig
     state: TrainingState
     layout: CheckpointLayout
-    rank: int
-    world_size: int
-    ranks: list[int] | None
-    distributed: bool
-    bcast: Callable[[Any], Any]
-    all_gather: Callable[[Any], list[Any]]
+    coll: Collectives
     emit: Callable[..., None]
     clock: Callable[[], float]
     durable_policy: SavePolicy
@@ -59,20 +55,17 @@ def node_of_this_process() -> tuple[int, int]:
 
 
 def _run_token(layout: CheckpointLayout) -> tuple[str, str]:
-    """This run's token, kept in the durable root (created by the first attempt): (token, error)."""
+    """This run's token, kept in the durable root (created by the first attempt), and no error."""
     path = layout.join(RUN_ID_FILE)
     try:
-        try:
-            return layout.read_text(path).strip(), ""
-        except FileNotFoundError:
-            pass
-        if layout.local:
-            os.makedirs(layout.root, exist_ok=True)
-        token = uuid.uuid4().hex[:12]
-        layout.write_text(path, token)
-        return token, ""
-    except Exception as err:  # every rank waits for rank 0's word: always send one
-        return "", f"{type(err).__name__}: {err}"
+        return layout.read_text(path).strip(), ""
+    except FileNotFoundError:
+        pass
+    if layout.local:
+        os.makedirs(layout.root, exist_ok=True)
+    token = uuid.uuid4().hex[:12]
+    layout.write_text(path, token)
+    return token, ""
 
 
 def _policy(ctx: TierContext) -> SavePolicy:
@@ -82,7 +75,7 @@ def _policy(ctx: TierContext) -> SavePolicy:
         ctx.config,
         tier.every_steps,
         tier.every_seconds,
-        world_size=ctx.world_size,
+        world_size=ctx.coll.world_size,
         on_change=interval_events(ctx.emit, tier="memory"),
     )
 
@@ -95,11 +88,14 @@ def open_memory_tier(ctx: TierContext) -> MemoryCheckpointer:
     """
     tier = ctx.config.memory
     assert tier is not None
-    group: Any = dist.new_group(ranks=ctx.ranks, backend="gloo") if ctx.distributed else None
-    token, error = ctx.bcast(_run_token(ctx.layout) if ctx.rank == 0 else None)
+    coll = ctx.coll
+    group: Any = dist.new_group(ranks=coll.ranks, backend="gloo") if coll.distributed else None
+    token, error = coll.rank0_decides(
+        lambda: _run_token(ctx.layout), lambda err: ("", f"{type(err).__name__}: {err}")
+    )
     if error:
         raise StorageError(f"cannot keep the run identity {ctx.layout.join(RUN_ID_FILE)}: {error}")
-    places = ctx.all_gather(node_of_this_process())
+    places = coll.all_gather(node_of_this_process())
     topology = Topology([int(p[0]) for p in places], [int(p[1]) for p in places])
     policy = _policy(ctx)
     share = durable_share(tier.node_loss_share, replicated=bool(tier.replicas) and topology.node_count > 1)
@@ -114,13 +110,13 @@ def open_memory_tier(ctx: TierContext) -> MemoryCheckpointer:
         ctx.state,
         run_id=run_identity(ctx.layout.root, token),
         topology=topology,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
+        rank=coll.rank,
+        world_size=coll.world_size,
         group=group,
         emit=ctx.emit,
         clock=ctx.clock,
         policy=policy,
     )
-    if topology.local[ctx.rank] == 0:
+    if topology.local[coll.rank] == 0:
         memory.store.prepare()
     return memory

@@ -1,7 +1,7 @@
 """The straggler detector's worker side: each rank's own time per step, exchanged once a window.
 
 Per step a rank's time splits into its batch wait (the loader's ``fetch_seconds``), its own compute, and its
-wait for the other ranks, timed by the hooks its model's parallelism offers (:mod:`goodput.run._straggler_waits`:
+wait for the other ranks, timed by the hooks its model's parallelism offers (:mod:`goodput.run.stragglers.waits`:
 DDP's communication hook, FSDP2's custom collectives). Compute is the rest of the step. Any loop can time named
 parts with ``with run.section("name"):``; for a model neither DDP nor FSDP2 the sections' sum is the rank's
 compute (nothing else tells its own work from its waits).
@@ -9,7 +9,7 @@ compute (nothing else tells its own work from its waits).
 Once every ``StragglerConfig.every`` steps each rank starts an exchange of one small row of medians (and its
 lowest compute) without waiting for it, and reads it at the end of the next step: by then the step's own
 collectives (DDP's all-reduce, FSDP2's reduce-scatter), issued after it on the same group, have completed, so
-reading it does not block and no collective is added to the step's critical path. :mod:`goodput.run._straggler_rules` scores the figures the same
+reading it does not block and no collective is added to the step's critical path. :mod:`goodput.run.stragglers.rules` scores the figures the same
 on every rank, so every rank knows the verdict without another message. Rank 0 records each window in the
 ledger (``straggler_window``) and feeds the scores to the run's exporters; every rank acts on an alarm
 (``straggler_alarm``): stop the job (``StragglerConfig.stop``) or, under warm restarts, let the slow rank exit
@@ -24,11 +24,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError, GoodputError, StragglerStop
-from goodput.run._straggler_rules import RankWindow, StragglerConfig, StragglerRules, WindowVerdict
 from goodput.run.hooks import RunHook
+from goodput.run.stragglers.rules import RankWindow, StragglerConfig, StragglerRules, WindowVerdict
 
 if TYPE_CHECKING:
-    from goodput.run._straggler_waits import WaitClock
+    from goodput.run.stragglers.waits import WaitClock
 
 __all__ = ["StragglerConfig", "StragglerMonitor", "StragglerReplaced"]
 
@@ -146,7 +146,7 @@ class StragglerMonitor:
     def attach(self, model: Any) -> bool:
         """Time the waits of a DDP or FSDP2 model; False (sections only) for any other model, or a DDP model
         with a communication hook of its own already."""
-        from goodput.run._straggler_waits import attach_clock
+        from goodput.run.stragglers.waits import attach_clock
 
         self._rows.clear()
         self._pending = None  # a new generation's group: the old one's exchange is not read
@@ -269,16 +269,17 @@ def _hosts(world_size: int) -> list[str]:
 
 
 def attach_stragglers(
-    run: Any, config: StragglerConfig | None, *, exporters: Sequence[Any] = ()
+    run: Any, config: StragglerConfig | None, *, warm: bool, exporters: Sequence[Any] = ()
 ) -> StragglerMonitor | None:
-    """The detector for ``run`` (None when ``config`` is None), recording to its ledger and exporters.
+    """The detector for ``run`` (None when ``config`` is None), recording to its ledger and exporters
+    (``warm``: the run has hot spares, under ``--restart warm``).
 
     Raises:
         ConfigError: ``replace=True`` without warm restarts (no spare to take the slow rank's place).
     """
     if config is None:
         return None
-    if config.replace and run.warm_hook is None:
+    if config.replace and not warm:
         raise ConfigError(
             "StragglerConfig(replace=True) needs hot spares: launch with goodput launch --restart warm "
             "(or use stop=True to end the job on a straggler)"

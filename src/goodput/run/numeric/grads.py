@@ -22,7 +22,7 @@ import weakref
 from typing import Any
 
 from goodput.run._comm_hook import add_tap, set_rider
-from goodput.run._numeric_carry import Carrier
+from goodput.run.numeric.carry import Carrier
 
 __all__ = ["BucketCheck"]
 
@@ -33,7 +33,7 @@ _REGISTERED: weakref.WeakKeyDictionary[Any, BucketCheck] = weakref.WeakKeyDictio
 
 class BucketCheck:
     """A tap of DDP's communication hook: keeps each bucket's all-reduce until :meth:`take` sums the reduced
-    buckets of the step. It also carries the guard's agreement (``carrier``, see ``_numeric_carry``).
+    buckets of the step. It also carries the guard's agreement (``carrier``, see ``carry``).
 
     ``poison``: set by a drill's ``nan@...,into=grad`` fault on its rank; the next bucket is made non-finite
     before its all-reduce, as a rank whose backward produced a NaN would send it.

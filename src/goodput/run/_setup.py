@@ -1,5 +1,6 @@
-"""What ``Run`` does at the edges of a run: where its folder is, its options checked, its checkpoint manager
-opened and restored, a run already complete (how it ends: ``_ending``).
+"""How a ``Run`` is set up: where its folder is, its options checked, its faults armed, its checkpoint manager
+opened (its ``auto`` intervals fed what earlier attempts learned) and restored, a run already complete (how it
+ends: ``_ending``; its batch loop: ``_batches``).
 
 Kept apart from ``run.py`` so that the hot file only calls them.
 
@@ -29,8 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 from goodput._env import CHECKPOINT_ROOT, NUMERIC, RUN_DIR
 from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
-from goodput.data.loader import ResumableLoader
-from goodput.data.prefetch import DevicePrefetcher
 from goodput.errors import ConfigError
 from goodput.faults import (
     NUMERIC_ACTIONS,
@@ -45,6 +44,8 @@ from goodput.ledger.accounting import Accounting, account
 from goodput.ledger.ledger import Ledger, read_events
 from goodput.ledger.live import reserved_world
 from goodput.ledger.tiers import live_recovered_share
+from goodput.run._warm import WarmHook
+from goodput.run.hooks import find_hook
 from goodput.run.numeric import NumericConfig
 
 if TYPE_CHECKING:
@@ -54,7 +55,6 @@ __all__ = [
     "already_complete",
     "arm_faults",
     "arm_optimizer_faults",
-    "batch_source",
     "check_train_fn",
     "checked_numeric",
     "checked_plan",
@@ -124,24 +124,6 @@ def checked_plan(text: str, world_size: int, total_steps: int | None, *, numeric
             "pass numeric=True to drill it"
         )
     return plan
-
-
-def batch_source(loader: Any, ahead: bool | None, *, checkpointed: bool) -> Any:
-    """What ``Run.batches`` iterates: ``loader``, or a thread receiving its batches ahead (see ``batches``).
-
-    Raises:
-        ConfigError: ``ahead=True`` with a loader other than a ``ResumableLoader`` whose position a checkpoint
-            holds (``checkpointed``).
-    """
-    if ahead and not isinstance(loader, ResumableLoader) and checkpointed:
-        raise ConfigError(
-            f"batches(ahead=True) with a {type(loader).__name__} whose position the checkpoint holds: its "
-            "state_dict() would count the batch received ahead as consumed, so a resume would skip it; use "
-            "goodput.ResumableLoader (ahead counts only the batches the loop got) or ahead=False"
-        )
-    if ahead or (ahead is None and isinstance(loader, ResumableLoader) and loader.config.num_workers > 0):
-        return DevicePrefetcher(loader, "cpu")
-    return loader
 
 
 def record_state(ledger: Ledger, state: TrainingState, config: CheckpointConfig) -> None:
@@ -282,11 +264,12 @@ def arm_faults(run: Run, faults: list[Fault]) -> FaultPlan:
         if fault.action in ("kill", "hang", "nodeloss"):
             run.ledger.flush()  # the process is about to die or stop: keep the record
 
+    warm = find_hook(run.hooks, WarmHook)
     plan = FaultPlan(
         faults,
         rank=run.info.rank,
         world_size=run.info.world_size,
-        attempt=run.warm_hook.worker.gen if run.warm_hook is not None else run.attempt,
+        attempt=warm.worker.gen if warm is not None else run.attempt,
         marker_dir=os.path.join(run.run_dir, "faults"),
         on_fire=fired,
     )

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from goodput.errors import NumericFault
 from goodput.job.folder import report_failure
-from goodput.run._numeric_ops import json_number
 from goodput.run.hooks import RunHook
+from goodput.run.numeric.ops import json_number
 
 if TYPE_CHECKING:
     from goodput.run.run import Run

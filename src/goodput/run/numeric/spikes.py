@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from goodput.run._numeric_rules import spike_rise, spike_threshold
+from goodput.run.numeric.rules import spike_rise, spike_threshold
 
 if TYPE_CHECKING:
-    from goodput.run.numeric import NumericConfig
+    from goodput.run.numeric.guard import NumericConfig
 
 __all__ = ["SpikeWatch"]
 

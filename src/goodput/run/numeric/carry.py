@@ -1,6 +1,6 @@
 """The numeric guard's agreement riding DDP's gradient all-reduce: no collective of its own.
 
-Each rank's word for step N (four int64, :func:`~goodput.run._numeric_rules.encode_row`) travels with the first
+Each rank's word for step N (four int64, :func:`~goodput.run.numeric.rules.encode_row`) travels with the first
 gradient bucket of step N+1's backward (:func:`~goodput.run._comm_hook.set_rider`), read at step N+1's
 ``step_done``: the same step the all-gather on the guard's own group was read, without a collective of its
 own on the step's path. Every rank owns a band of elements of
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from goodput.run._numeric_exchange import start_gather
-from goodput.run._numeric_rules import ROW_WORDS
+from goodput.run.numeric.exchange import start_gather
+from goodput.run.numeric.rules import ROW_WORDS
 
 __all__ = ["Carried", "Carrier"]
 

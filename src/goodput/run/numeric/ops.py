@@ -1,5 +1,5 @@
 """The numeric guard's operations on tensors, process groups and files, apart from its decisions
-(``goodput.run.numeric``) and its pure rules (``goodput.run._numeric_rules``): the gradient check, the
+(``goodput.run.numeric``) and its pure rules (``goodput.run.numeric.rules``): the gradient check, the
 all-gather of each rank's word, the skip list of the run folder, and the drill's corruptions.
 """
 
@@ -201,7 +201,7 @@ def flip_bit(model: Any, bit: int) -> None:
     """Flip bit ``bit`` of the first element of the first parameter, in place (a ``bitflip`` fault)."""
     import torch
 
-    from goodput.run._numeric_rules import _INT_OF_SIZE
+    from goodput.run.numeric.rules import _INT_OF_SIZE
 
     param = next(iter(model.parameters()))
     with torch.no_grad():

@@ -8,10 +8,10 @@ A hook of :class:`~goodput.run.run.Run` (off by default), attached by ``run.rest
   before the optimizer step: the same on every rank); a NaN/Inf one is dropped, so it never reaches the
   parameters. ``step_done`` checks the loss, applies the spike rule to the ranks' mean loss (recent level + k x noise
   of a recent window, after a warm-up) and, every ``check_every`` steps, fingerprints the parameters
-  (:func:`~goodput.run._numeric_rules.fingerprint`). Every rank's word reaches every rank while the next step
+  (:func:`~goodput.run.numeric.rules.fingerprint`). Every rank's word reaches every rank while the next step
   computes and every rank draws the same verdict from it, one step late: with DDP it rides the next step's
-  first gradient bucket (:mod:`~goodput.run._numeric_carry`: no collective of its own), otherwise it is
-  all-gathered on the guard's own group (:mod:`~goodput.run._numeric_exchange`). 3+ replicas name a differing
+  first gradient bucket (:mod:`~goodput.run.numeric.carry`: no collective of its own), otherwise it is
+  all-gathered on the guard's own group (:mod:`~goodput.run.numeric.exchange`). 3+ replicas name a differing
   fingerprint by majority; with 2 both roll back and the redo of the check step names the rank whose own
   fingerprint changed (needs deterministic training).
 * **Respond**, a bounded ladder, every rung in the ledger: roll back in place to the newest checkpoint before
@@ -37,14 +37,15 @@ from typing import TYPE_CHECKING, Any
 
 from goodput.errors import ConfigError, NumericFault
 from goodput.ledger.live import reserved_world
-from goodput.run._numeric_carry import Carried
-from goodput.run._numeric_exchange import Exchange, new_group, start_gather
-from goodput.run._numeric_grads import BucketCheck
-from goodput.run._numeric_ops import (
+from goodput.run._warm import WarmHook
+from goodput.run.hooks import RunHook, find_hook
+from goodput.run.numeric.carry import Carried
+from goodput.run.numeric.exchange import Exchange, new_group, start_gather
+from goodput.run.numeric.grads import BucketCheck
+from goodput.run.numeric.ops import (
     Episode,
     announce,
     apply_skips,
-    gather_rows,
     gradient_sum,
     inject_faults,
     json_number,
@@ -55,7 +56,7 @@ from goodput.run._numeric_ops import (
     replicated,
     skip_window,
 )
-from goodput.run._numeric_rules import (
+from goodput.run.numeric.rules import (
     FLAG_FINGERPRINT,
     FLAG_GRAD_BAD,
     FLAG_LOSS,
@@ -66,14 +67,13 @@ from goodput.run._numeric_rules import (
     fingerprint,
     verdict,
 )
-from goodput.run._numeric_spikes import SpikeWatch
-from goodput.run.hooks import RunHook
+from goodput.run.numeric.spikes import SpikeWatch
 
 if TYPE_CHECKING:
     from goodput.checkpoint.state import TrainingState
     from goodput.run.run import Run
 
-__all__ = ["NumericConfig", "NumericGuard", "gather_rows", "gradient_sum", "read_skips"]
+__all__ = ["NumericConfig", "NumericGuard"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -415,7 +415,9 @@ class NumericGuard(RunHook):
         assert run is not None
         self._named[rank] = self._named.get(rank, 0) + 1
         run.ledger.event("sdc_named", named_rank=rank, step=step, times=self._named[rank], why=why)
-        if run.warm_hook is not None:  # --restart warm: a hot spare takes the rank, with a clean record
+        if (
+            find_hook(run.hooks, WarmHook) is not None
+        ):  # --restart warm: a hot spare takes the rank, with a clean record
             del self._named[rank]
             self._handover = rank
             run.ledger.event("sdc_handover", named_rank=rank, step=step, why=f"{why}: handed to a hot spare")
