@@ -387,6 +387,8 @@ class WarmWorker:
             "detection_seconds": round(max(0.0, detected - failed), 6),
             "handover_seconds": round(max(0.0, handover - detected), 6),
             "reform_seconds": round(max(0.0, self.joined_wall - handover), 6),
+            # a survivor's wait in its failed collective after the agent saw the failure (gloo cannot abort one)
+            "left_seconds": round(max(0.0, (self._failed_wall or detected) - detected), 6),
             "restore_seconds": round(restore_seconds, 6),
             "spare_wait_seconds": self.spare_wait if role == "replacement" else None,
             "store_ops": operations_since(self._ops_before),
