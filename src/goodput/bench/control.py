@@ -153,7 +153,7 @@ def measure(n: int, mode: str, run_dir: str, launched: dict[str, Any]) -> dict[s
             part["store_ops"] = part["worker_store_ops"] + (agent_ops or 0)
             part["store_ops_per_rank"] = part["store_ops"] / n
         if kind == "warm":
-            handed = next((e["handed"][0] for e in agent if e["event"] == "warm_restart"), {})
+            handed: dict[str, Any] = next((e["handed"][0] for e in agent if e["event"] == "warm_restart"), {})
             part["spare_ready"] = bool(handed.get("ready") and handed.get("forked"))
         result[kind] = part
     return result
