@@ -153,3 +153,48 @@ def test_every_operation_is_counted_as_a_read_a_write_or_a_wait(server: tuple[st
     before = operations()
     assert store.wait_for_successor(1, timeout=5) == 2  # a wait, then a read
     assert delta(before) == (1, 0, 1)
+
+
+def _ops() -> int:
+    return sum(operations().values())
+
+
+def test_a_rank_waiting_for_its_group_to_form_costs_the_store_a_few_operations_however_long_it_waits(
+    server: tuple[str, dist.TCPStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 arrives and waits while rank 1 takes a second (its imports, or a survivor's collective timeout):
+    it blocks on the store instead of reading it every few milliseconds, so a re-form's store load grows with
+    the ranks, not with the ranks times the slowest one's delay."""
+    from goodput.warm.worker import WarmWorker
+
+    address, _ = server
+    env = {"GOODPUT_WARM_STORE": address, "GOODPUT_WARM_PREFIX": "", "GOODPUT_WARM_GEN": "11"}
+    for name, value in {**env, "GOODPUT_WARM_ROLE": "worker", "RANK": "0", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    worker = WarmWorker()
+    late = threading.Timer(1.0, WarmStore.connect(address, "").arrive, args=(11, 2))
+    before = _ops()
+    late.start()
+    try:
+        worker._wait_for_all()
+    finally:
+        late.join()
+    # the waiter's arrival, wait and check; the late rank's add and two sets: nothing per moment waited
+    assert _ops() - before <= 7, _ops() - before
+    assert worker.store.everyone_arrived(11)
+
+
+def test_a_generation_the_agent_ends_before_it_formed_wakes_its_waiting_ranks(
+    server: tuple[str, dist.TCPStore],
+) -> None:
+    address, _ = server
+    waiting, agent = WarmStore.connect(address, ""), WarmStore.connect(address, "")
+    waiting.arrive(12, world_size=3)  # one of three: a rank died before it arrived
+    assert waiting.wait_settled(12, timeout=0.2) is None  # neither formed nor ended yet
+    ended = threading.Timer(0.5, agent.end_generation, args=(12, 13))
+    ended.start()
+    try:
+        assert waiting.wait_settled(12, timeout=30) is False
+    finally:
+        ended.join()
+    assert not agent.end_generation(12, 14)  # ended once

@@ -10,6 +10,7 @@ __all__ = ["register"]
 # Each name is a module goodput.bench.<name> with add_arguments(parser) and run(args) -> int.
 _SCENARIOS: tuple[str, ...] = (
     "checkpoint",
+    "control",
     "data",
     "cache",
     "ledger",

@@ -50,7 +50,11 @@ Event schema (one JSON object per line)::
     attempt_end              status ("ok", "failed", "interrupted"; "exited" when the process ended without
                              closing the ledger: a failure if another attempt follows)
     warm_restart             generation, role ("survivor"/"replacement"), failed_ranks, restored_step, and the
-                             parts in seconds: detection, handover, reform, restore, spare_wait (see run/warm.py)
+                             parts in seconds: detection, handover, reform, restore, spare_wait, left (the
+                             agent's detection to this rank's leaving its failed group) (see run/warm.py);
+                             store_ops: this process's warm-store operations for the recovery (reads,
+                             writes, waits; a survivor's since it left the failed group, a spare's since it
+                             started)
     warm_first_step          step, seconds (restore end to the first step after a warm restart)
     shrink                   generation, step (the first step at the new size), world_before, world_after,
                              failed_ranks, seconds (failure detected to training resumed), batch_rule: the

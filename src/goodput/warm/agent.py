@@ -312,7 +312,7 @@ class WarmAgent:
         gen = self.pending[0]
         if self.store.recovered_count(gen) < self.world_size:
             return False
-        self.record("warm_restart_done", gen=gen)
+        self.record("warm_restart_done", gen=gen, store_ops=operations())
         self.pending = None
         self.resize.newcomers = set()  # a grow that recovered holds no newcomer: its ranks end as any other
         return True

@@ -59,6 +59,7 @@ __all__ = [
     "info_key",
     "next_key",
     "recovered_key",
+    "settled_key",
     "spare_assign_key",
     "spare_ready_key",
     "stepped_key",
@@ -195,6 +196,12 @@ def arrived_key(gen: int) -> str:
 def everyone_key(gen: int) -> str:
     """Set by the last rank of ``gen`` to arrive."""
     return f"gen/{gen}/everyone"
+
+
+def settled_key(gen: int) -> str:
+    """Set when generation ``gen`` is settled: its last rank arrived, or the agent ended it before. One key
+    each rank can block on for both, so a rank waiting for its group costs the store no polling."""
+    return f"gen/{gen}/settled"
 
 
 def group_prefix(gen: int) -> str:

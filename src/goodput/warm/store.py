@@ -19,7 +19,7 @@ from typing import Any
 from goodput.warm import protocol
 from goodput.warm.protocol import Assignment, Generation, Successor
 
-__all__ = ["WarmStore", "operations"]
+__all__ = ["WarmStore", "operations", "operations_since"]
 
 _counts = {"reads": 0, "writes": 0, "waits": 0}  # this process's store operations, every WarmStore's
 _counts_lock = threading.Lock()  # the node beat and the end watch count from threads of their own
@@ -30,6 +30,12 @@ def operations() -> dict[str, int]:
     """This process's store operations so far: ``reads``, ``writes`` and ``waits``."""
     with _counts_lock:
         return dict(_counts)
+
+
+def operations_since(before: dict[str, int]) -> dict[str, int]:
+    """This process's store operations since ``before`` (an earlier ``operations()``)."""
+    now = operations()
+    return {kind: now[kind] - before.get(kind, 0) for kind in now}
 
 
 def _count(kind: str) -> None:
@@ -106,7 +112,10 @@ class WarmStore:
         have ended it first)."""
         key = protocol.next_key(gen)
         held = self._set_once(key, protocol.encode(Successor(gen=successor)))
-        return protocol.decode(Successor, held, key).gen == successor
+        won = protocol.decode(Successor, held, key).gen == successor
+        if won:  # ranks still waiting for it to form wake up and leave
+            self._set(protocol.settled_key(gen), "ended")
+        return won
 
     def ended(self, gen: int) -> bool:
         """Whether generation ``gen`` has ended."""
@@ -127,10 +136,20 @@ class WarmStore:
         """Count this rank into generation ``gen``; the last of ``world_size`` says everyone arrived."""
         if self._add(protocol.arrived_key(gen), 1) == world_size:
             self._set(protocol.everyone_key(gen), "1")
+            self._set(protocol.settled_key(gen), "formed")
 
     def everyone_arrived(self, gen: int) -> bool:
         """Whether every rank of generation ``gen`` has arrived."""
         return self._check([protocol.everyone_key(gen)])
+
+    def wait_settled(self, gen: int, timeout: float) -> bool | None:
+        """Block until generation ``gen`` is settled: True when every rank arrived, False when it ended first,
+        None when neither happened within ``timeout`` seconds. A few operations however long it waits."""
+        try:
+            self._wait(protocol.settled_key(gen), datetime.timedelta(seconds=timeout))
+        except Exception:  # the store's timeout error type differs between torch versions
+            return None
+        return self.everyone_arrived(gen)
 
     def group_store(self, gen: int) -> Any:
         """The store namespace of generation ``gen``'s process group (``init_process_group(store=...)``)."""

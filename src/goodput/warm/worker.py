@@ -12,6 +12,8 @@ agent's TCP store, which outlives every worker. The protocol, in store keys (eac
   NCCL the communicators are aborted, so a collective blocked on the dead peer returns at once.
 * ``pg/<g>/...``        the store namespace of generation ``g``'s process group (a fresh prefix per
   generation, so nobody reads a dead peer's address).
+* ``gen/<g>/settled``   set by the last rank to arrive in ``g`` (``gen/<g>/everyone`` beside it) or, when ``g``
+  ends before it formed, by the agent: each rank blocks on this one key until its group can form or never will.
 * ``gen/<g>/recovered`` a counter each rank bumps when it has recovered: the agent's sign the warm restart
   worked (else, after a timeout, it restarts the whole group cold).
 * ``spare/<k>/ready``, ``spare/<k>/assign``: a spare announces itself, then waits inside ``Run()`` (torch and the
@@ -56,12 +58,10 @@ from goodput.warm.protocol import (
     Generation,
 )
 from goodput.warm.record import RecordFiles, record_folder
-from goodput.warm.store import WarmStore
+from goodput.warm.store import WarmStore, operations, operations_since
 from goodput.warm.watch import EndWatch, install_optimizer_guard
 
 __all__ = ["WarmWorker", "warm_enabled"]
-
-_POLL_SECONDS = 0.05
 
 
 def warm_enabled() -> bool:
@@ -81,6 +81,7 @@ class WarmWorker:
     """This process's place in a warm-restartable job: its store, generation and process group."""
 
     def __init__(self) -> None:
+        self._ops_before = operations()  # a recovery's store operations count from here (a spare's: its life)
         prefix = WARM_PREFIX.get()  # several nodes share the rendezvous's store
         self.store = WarmStore.connect(WARM_STORE.get(), prefix)
         self.pg_timeout = float(WARM_PG_TIMEOUT.get())
@@ -168,15 +169,14 @@ class WarmWorker:
 
         self.store.arrive(self.gen, self.world_size)
         limit = self.reform_timeout if self.live_recovery else max(600.0, self.reform_timeout)
-        deadline = time.monotonic() + limit
-        # Polled, not one blocking wait: a rank that dies before it arrives makes the agent end the generation
-        # (a shrink), and the ranks that did arrive leave at once instead of after the whole limit.
-        while not self.store.everyone_arrived(self.gen):
-            if self.store.ended(self.gen):
-                raise dist.DistError(f"goodput: generation {self.gen} ended before it formed (a rank failed)")
-            if time.monotonic() > deadline:
-                raise dist.DistStoreError(f"goodput: generation {self.gen} did not form within {limit:g}s")
-            time.sleep(_POLL_SECONDS)
+        # One blocking wait, on the key the last rank to arrive sets and the agent sets too when it ends the
+        # generation (a rank that dies before it arrives: a shrink): the ranks that did arrive then leave at
+        # once, and a waiting rank costs the store a few operations however long the others take.
+        formed = self.store.wait_settled(self.gen, limit)
+        if formed is False:
+            raise dist.DistError(f"goodput: generation {self.gen} ended before it formed (a rank failed)")
+        if formed is None:
+            raise dist.DistStoreError(f"goodput: generation {self.gen} did not form within {limit:g}s")
 
     def _renumber(self) -> None:
         """Take this survivor's place in a shrunk or grown generation (the agent's ``ranks``: old -> new)."""
@@ -272,6 +272,7 @@ class WarmWorker:
         import torch.distributed as dist
 
         self._failed_wall = time.time()
+        self._ops_before = operations()
         self.stop_watch()
         if dist.is_initialized():
             if "nccl" in str(dist.get_backend()):
@@ -386,6 +387,9 @@ class WarmWorker:
             "detection_seconds": round(max(0.0, detected - failed), 6),
             "handover_seconds": round(max(0.0, handover - detected), 6),
             "reform_seconds": round(max(0.0, self.joined_wall - handover), 6),
+            # a survivor's wait in its failed collective after the agent saw the failure (gloo cannot abort one)
+            "left_seconds": round(max(0.0, (self._failed_wall or detected) - detected), 6),
             "restore_seconds": round(restore_seconds, 6),
             "spare_wait_seconds": self.spare_wait if role == "replacement" else None,
+            "store_ops": operations_since(self._ops_before),
         }

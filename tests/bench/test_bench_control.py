@@ -1,0 +1,57 @@
+"""`goodput bench control`: at two world sizes, every figure the table prints comes out of the runs' own
+records, with the relations a hand-over, a shrink and a grow must show (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from goodput.cli import main
+
+
+def test_a_bad_rank_list_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "control", "--ranks", "1,4"]) == 2
+    assert main(["bench", "control", "--ranks", "two"]) == 2
+    assert main(["bench", "control", "--modes", "warm,cold"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("--ranks") == 2 and "--modes" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_each_world_size_gets_a_hand_over_a_shrink_and_a_grow_with_their_store_operations(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = [
+        "bench",
+        "control",
+        "--ranks",
+        "3,2",
+        "--kill-at",
+        "30",
+        "--after",
+        "250",
+        "--step-seconds",
+        "0.02",
+    ]
+    assert main([*args, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ranks"] == [2, 3] and set(result["by_ranks"]) == {"2", "3"}
+    for n in (2, 3):
+        row = result["by_ranks"][str(n)]
+        assert all(run["cold_restarts"] == 0 for run in row["runs"].values()), row["runs"]
+        assert all(
+            run["start_to_first_step_seconds"] > run["last_join_to_first_step_seconds"] > 0
+            for run in row["runs"].values()
+        )
+        # every rank of the new group recorded the recovery: N after a hand-over or a grow, N-1 after a shrink
+        assert (row["warm"]["ranks"], row["shrink"]["ranks"], row["grow"]["ranks"]) == (n, n - 1, n)
+        for kind in ("warm", "shrink", "grow"):
+            part = row[kind]
+            assert part["worker_store_ops"] > 0 and part["agent_store_ops"] > 0, (kind, part)
+            assert part["store_ops"] == part["worker_store_ops"] + part["agent_store_ops"]
+            assert part["store_ops_per_rank"] == pytest.approx(part["store_ops"] / n)
+            assert part["to_next_step_seconds"] > 0 and part["max_reform_seconds"] >= part["reform_seconds"]
+    ratios = result["ratios"]
+    assert set(ratios["warm_store_ops_per_failure_per_rank"]) == {"2", "3"}
+    assert ratios["warm_at_3_over_at_2"] > 0
