@@ -174,13 +174,14 @@ def test_a_payload_that_would_run_code_can_be_neither_encoded_nor_decoded(tmp_pa
     assert not marker.exists()
 
 
-def _ranks_hand_over(rank: int, world: int) -> list[bool]:
+def _ranks_hand_over(rank: int, world: int) -> list[bool | str]:
     """Rank 0 broadcasts a full state, then sends one to rank 1 twice through a reused inbox; every receiver
-    compares with the same state built locally."""
+    compares with the same state built locally. Then rank 0 broadcasts a state the codec cannot express: every
+    rank raises (none waits for it)."""
     expected = _full_state(seed=0)
     got = broadcast_state(expected if rank == 0 else _full_state(seed=1) and None, 0)
     _assert_same(got, expected)
-    results = [True]
+    results: list[bool | str] = [True]
     inbox = Inbox()
     for seed in (2, 3):
         if rank == 0:
@@ -188,9 +189,16 @@ def _ranks_hand_over(rank: int, world: int) -> list[bool]:
         elif rank == 1:
             _assert_same(decode(receive(0, None, inbox)), _full_state(seed))
             results.append(True)
+    try:
+        broadcast_state({"model": {"w": torch.ones(2)}, "odd": {1, 2}} if rank == 0 else None, 0)
+    except TypeError as err:
+        results.append(str(err))
     return results
 
 
 @pytest.mark.slow
 def test_a_state_broadcast_and_sent_between_processes_arrives_bit_for_bit() -> None:
-    assert run_ranks(_ranks_hand_over, 3) == [[True], [True, True, True], [True]]
+    results = run_ranks(_ranks_hand_over, 3)
+    assert [r[:-1] for r in results] == [[True], [True, True, True], [True]]
+    refused = "the state of rank 0 cannot be sent: a training state cannot hold a set"
+    assert all(str(r[-1]).startswith(refused) for r in results), results

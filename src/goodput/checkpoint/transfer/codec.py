@@ -414,7 +414,7 @@ def decode(message: bytes | bytearray | memoryview | Message) -> dict[str, Any]:
     """
     if isinstance(message, Message):
         header, _ = parse_part(memoryview(message.head))
-        data = memoryview(message.data.numpy()).cast("B")
+        data = message.data.numpy().data
     else:
         header, data = parse_part(open_message(message)[0])
     if len(data) != header.data_bytes:

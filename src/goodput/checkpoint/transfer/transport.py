@@ -84,7 +84,7 @@ def receive(src: int, group: Any = None, inbox: Inbox | None = None) -> memoryvi
     blob, views = _landing(envelope, inbox)
     for view in views:
         dist.recv(view, peer, group=group)
-    return memoryview(blob.numpy()).cast("B")
+    return blob.numpy().data
 
 
 def broadcast(message: Message | None, src: int, group: Any = None) -> memoryview | Message:
@@ -100,7 +100,7 @@ def broadcast(message: Message | None, src: int, group: Any = None) -> memoryvie
     blob, views = _landing(envelope, None)
     for view in views:
         dist.broadcast(view, root, group=group)
-    return memoryview(blob.numpy()).cast("B")
+    return blob.numpy().data
 
 
 def broadcast_state(state: Mapping[str, Any] | None, src: int, group: Any = None) -> dict[str, Any]:
@@ -109,6 +109,16 @@ def broadcast_state(state: Mapping[str, Any] | None, src: int, group: Any = None
 
     Raises:
         CheckpointCorrupt: the bytes changed on the way (every receiver checks them before it decodes).
-        TypeError: on ``src``, a state the codec cannot express.
+        TypeError: on every rank, when ``src``'s state holds a value the codec cannot express (``src`` still
+            broadcasts, saying so, so that no rank waits for a state that never comes).
     """
-    return decode(broadcast(encode(state) if state is not None else None, src, group))
+    message = None
+    if state is not None:
+        try:
+            message = encode({"state": state})
+        except TypeError as err:
+            message = encode({"refused": str(err)})
+    received = decode(broadcast(message, src, group))
+    if "refused" in received:
+        raise TypeError(f"the state of rank {src} cannot be sent: {received['refused']}")
+    return dict(received["state"])
