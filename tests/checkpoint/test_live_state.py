@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import os
-import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,9 @@ import pytest
 import torch
 
 from goodput.checkpoint import TrainingState
-from goodput.checkpoint.state import decode_live, encode_live
+from goodput.checkpoint.transfer import decode, encode
 from goodput.data import ResumableLoader
+from goodput.errors import CheckpointCorrupt
 
 
 def _objects(seed: int) -> TrainingState:
@@ -50,11 +50,11 @@ def test_a_survivor_s_live_state_continues_exactly_in_a_new_process_s_objects() 
     survivor.extras["tokens"] = 123
     survivor.samples_seen = 20
     position = survivor.loader.state_dict()
-    payload = encode_live(survivor.live_state_dict(loader=position))
+    payload = encode(survivor.live_state_dict(loader=position)).to_bytes()
     expected = _train(survivor, 4, batches)
 
     fresh = _objects(seed=1)  # other weights: everything must come from the hand-over
-    fresh.load_live_state_dict(decode_live(payload))
+    fresh.load_live_state_dict(decode(payload))
     assert fresh.extras == {"tokens": 123} and fresh.samples_seen == 20
     assert _train(fresh, 4, iter(fresh.loader)) == expected  # type: ignore[call-overload]
     assert survivor.holds_full_replica()
@@ -77,6 +77,6 @@ def test_a_hand_over_that_would_run_code_is_refused_and_runs_none(tmp_path: Path
     sd["extra"] = _Planted(str(marker))
     buf = io.BytesIO()
     torch.save(sd, buf)  # what a sender other than goodput's could put on the wire
-    with pytest.raises(pickle.UnpicklingError):
-        decode_live(buf.getvalue())
+    with pytest.raises(CheckpointCorrupt):
+        decode(buf.getvalue())
     assert not marker.exists()

@@ -18,7 +18,6 @@ this run does not have are not read.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Collection, Mapping
 from typing import Any, Protocol
@@ -277,24 +276,6 @@ class TrainingState(Stateful):
 
 
 _LIVE_PARTS = ("model", "optimizer", "scheduler", "scaler")
-
-
-def encode_live(sd: Mapping[str, Any]) -> bytes:
-    """A live state dict (:meth:`TrainingState.live_state_dict`) as bytes, to send to another process."""
-    buf = io.BytesIO()
-    torch.save(dict(sd), buf)
-    return buf.getvalue()
-
-
-def decode_live(data: bytes) -> dict[str, Any]:
-    """The live state dict :func:`encode_live` made, its tensors on the CPU (``load_live_state_dict`` copies
-    them into place, whatever device the sender's lived on).
-
-    Loading runs no code from the sender: tensors, containers and plain values only (``weights_only``);
-    anything else is refused with ``pickle.UnpicklingError``.
-    """
-    loaded: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    return loaded
 
 
 def _holds_tensors(sd: Any) -> bool:

@@ -30,7 +30,8 @@ model, optimizer, scheduler, scaler, loader position and step to every rank, whi
 objects the re-entered training function built. With DDP every rank contributed its gradients to any step one
 survivor completed, so adopting it loses no work: at most the failed step is redone. The state travels in
 ``TrainingState``'s live form (``live_state_dict``: the parts' own state dicts, counters and extras, and the
-loader position of the last completed step). Every rank then restores its RNG from its record
+loader position of the last completed step), broadcast through :mod:`goodput.checkpoint.transfer` (checksummed,
+no pickle: loading it runs no code from the sender). Every rank then restores its RNG from its record
 (:mod:`goodput.warm.record`); after a shrink or a grow, from the record of the old rank with its new number,
 as a cold resume on the new world would (:mod:`goodput.warm.streams`). Sharded models (FSDP/DTensor parameters)
 hold no full replica, so they fall back to the newest checkpoint.
@@ -313,16 +314,10 @@ class WarmWorker:
         if best <= 0:
             return None
         source = values.index(best)
-        from goodput.checkpoint.state import decode_live, encode_live
+        from goodput.checkpoint.transfer import broadcast_state
 
-        payload = encode_live(snapshot.parts) if self.rank == source and snapshot is not None else b""
-        size = torch.tensor([len(payload)], dtype=torch.int64)
-        dist.broadcast(size, src=source, group=self._ctl)
-        buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else None
-        if buf is None:
-            buf = torch.empty(int(size.item()), dtype=torch.uint8)
-        dist.broadcast(buf, src=source, group=self._ctl)
-        live = decode_live(buf.numpy().tobytes())
+        parts = snapshot.parts if self.rank == source and snapshot is not None else None
+        live = broadcast_state(parts, source, self._ctl)
         state.load_live_state_dict(live)
         if self.resized:
             self._resized_rng(best, state, json.loads(live.get("loader") or "null"))

@@ -156,13 +156,15 @@ class MemoryCheckpointer:
 
     def _finish(self, step: int, header: Any, start: float, stall: float) -> None:
         cpu = BackgroundCpu()
-        ok, error = True, ""
+        ok, error, digest = True, "", None
         try:
-            self._write_own(step, header)
+            digest = self._write_own(step, header)
         except OSError as err:
             ok, error = False, self._describe_write_error(err)
         try:
-            self.link.exchange(step, header, self._staging.buffer, self.store, world=self.world_size)
+            self.link.exchange(
+                step, header, self._staging.buffer, self.store, world=self.world_size, digest=digest
+            )
         except (OSError, RuntimeError, CheckpointCorrupt) as err:
             log.warning("memory tier: replicating step %d failed: %s", step, err)
         everyone = self._all_gather((ok, error))
@@ -190,7 +192,8 @@ class MemoryCheckpointer:
             "memory_saved", step=step, stall_seconds=stall, persist_seconds=persist, bytes=header.data_bytes
         )
 
-    def _write_own(self, step: int, header: Any) -> None:
+    def _write_own(self, step: int, header: Any) -> str:
+        """Write and mark this rank's part of ``step``; returns its checksum."""
         folder = self.store.begin(step)
         marker = os.path.join(folder, f"rank-{self.rank}.json")
         if os.path.exists(marker):
@@ -205,6 +208,7 @@ class MemoryCheckpointer:
             raise
         fault_point("memory_write", step)  # written, not marked
         self.store.mark(step, self.rank, self.world_size, size, digest)
+        return digest
 
     def _describe_write_error(self, err: OSError) -> str:
         if err.errno == errno.ENOSPC:

@@ -12,7 +12,7 @@ part's identity (run, step, rank), its size, and every tensor's dtype and shape 
 part of another run or of another model never touches the live state. Only a byte changed inside the tensor
 data is found after the tensors were written: the caller then treats the part as damaged and loads another
 checkpoint over it (see ``MemoryCheckpointer.restore``), or, when there is none to fall back to, uses
-:func:`goodput.checkpoint.memory.format.decode_part` (check first, then copy) instead of this function.
+:func:`goodput.checkpoint.transfer.codec.decode_part` (check first, then copy) instead of this function.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import xxhash
 
-from goodput.checkpoint.memory.format import _LEN, MAGIC, PartHeader, _dtype, _local
+from goodput.checkpoint.transfer.codec import _LEN, MAGIC, PartHeader, _dtype, _local, decode_leaf
 from goodput.errors import CheckpointCorrupt, StateMismatch
 
 __all__ = ["read_part_into"]
@@ -92,8 +92,6 @@ class _Plan:
     def build(self, node: Any, current: Any, path: str) -> Any:
         """The loaded state dict's structure (live tensors where this run has them); fills ``pieces``."""
         kind, value = next(iter(node.items()))
-        if kind == "V":
-            return value
         if kind in ("L", "U"):
             same = isinstance(current, list | tuple) and len(current) == len(value)
             cur = current if same else [None] * len(value)
@@ -106,7 +104,7 @@ class _Plan:
             return {k: self.build(v, cur_map.get(k), f"{path}.{k}" if path else str(k)) for k, v in value}
         if kind == "T":
             return self._tensor(int(value), current, path)
-        raise CheckpointCorrupt(f"unknown node {kind!r} in a memory-tier part")
+        return decode_leaf(kind, value)
 
     def _tensor(self, index: int, current: Any, path: str) -> torch.Tensor:
         dtype_name, shape, offset, nbytes = self.header.tensors[index]

@@ -4,20 +4,21 @@ Nodes form a ring by node number: each rank sends its part to the rank with the 
 node and receives the part of the rank on the previous node, which it keeps under ``replicas/`` of its own
 node's folder. The exchange runs in the memory tier's background thread after this rank's own part is written,
 so training never waits for it. At restore, a part that only a peer holds is sent to its rank the same way.
+Parts travel as the transfer codec's messages (:mod:`goodput.checkpoint.transfer`): a replica whose bytes
+changed on the way is refused before it is written or loaded.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from goodput.checkpoint.memory.format import checksum
 from goodput.checkpoint.memory.store import MemoryStore
+from goodput.checkpoint.transfer import Inbox, Message, decode, encode, open_message, receive, send
+from goodput.checkpoint.transfer.codec import CHECKSUM
 from goodput.errors import CheckpointCorrupt
 from goodput.faults import fault_point
 
@@ -47,10 +48,6 @@ class Topology:
         return None
 
 
-def _bytes_tensor(data: bytes | bytearray) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data) if isinstance(data, bytes) else data, dtype=torch.uint8)
-
-
 class ReplicaLink:
     """Point-to-point transfers of parts between this rank and its buddies.
 
@@ -64,53 +61,45 @@ class ReplicaLink:
         self.group = group
         self.send_to = send_to if group is not None else None
         self.receive_from = receive_from if group is not None else None
-        self._inbox = torch.empty(0, dtype=torch.uint8)
-
-    def _global(self, rank: int) -> int:
-        return int(dist.get_global_rank(self.group, rank))
+        self._inbox = Inbox()
 
     # ---- at every save ----------------------------------------------------------------------------------------
     def exchange(
-        self, step: int, header: Any, buffer: torch.Tensor, store: MemoryStore, *, world: int
+        self,
+        step: int,
+        header: Any,
+        buffer: torch.Tensor,
+        store: MemoryStore,
+        *,
+        world: int,
+        digest: str | None = None,
     ) -> None:
-        """Send this rank's staged part to ``send_to`` and keep the part received from ``receive_from``."""
-        pending = []
+        """Send this rank's staged part to ``send_to`` and keep the part received from ``receive_from``.
+
+        ``digest``: the part's checksum when its write computed it (else the send computes it).
+        """
+        sending = None
         if self.send_to is not None:
-            head = _bytes_tensor(header.to_bytes())
-            sizes = torch.tensor([head.numel(), header.data_bytes], dtype=torch.int64)
-            dst = self._global(self.send_to)
-            pending.append(dist.isend(sizes, dst, group=self.group))
-            pending.append(dist.isend(head, dst, group=self.group))
-            if header.data_bytes:
-                pending.append(dist.isend(buffer[: header.data_bytes], dst, group=self.group))
+            message = Message.seal(header.to_bytes(), buffer[: header.data_bytes], digest)
+            sending = send(message, self.send_to, self.group)
         if self.receive_from is not None:
             self._receive_replica(step, store, world=world)
-        for work in pending:
-            if work is not None:
-                work.wait()
+        if sending is not None:
+            sending.wait()
 
     def _receive_replica(self, step: int, store: MemoryStore, *, world: int) -> None:
-        src = self._global(self.receive_from)  # type: ignore[arg-type]
-        sizes = torch.empty(2, dtype=torch.int64)
-        dist.recv(sizes, src, group=self.group)
-        head_len, data_len = (int(v) for v in sizes)
-        if self._inbox.numel() < head_len + data_len:
-            self._inbox = torch.empty(head_len + data_len, dtype=torch.uint8)
-        dist.recv(self._inbox[:head_len], src, group=self.group)
-        if data_len:
-            dist.recv(self._inbox[head_len : head_len + data_len], src, group=self.group)
-        blob = self._inbox[: head_len + data_len].numpy()
         rank = self.receive_from
         assert rank is not None
+        part, digest = open_message(receive(rank, self.group, self._inbox))
         store.begin(step, replica=True)
         path = store.part_path(step, rank, replica=True)
         stale = path[: -len(".part")] + ".json"
         if os.path.exists(stale):
             os.remove(stale)  # an earlier attempt's replica of this step: never let its marker vouch for this
         with open(path, "wb") as f:
-            f.write(blob.data)
+            f.write(part)
         fault_point("memory_replicate", step)  # the replica is written, not marked
-        store.mark(step, rank, world, int(blob.size), checksum(blob.data), replica=True)
+        store.mark(step, rank, world, len(part), digest, replica=True)
 
     # ---- at restore -------------------------------------------------------------------------------------------
     def send_part(self, store: MemoryStore, step: int, rank: int, *, world: int, dst: int) -> None:
@@ -119,38 +108,20 @@ class ReplicaLink:
             meta: dict[str, Any] = store.marker(step, rank, world, replica=True)
             blob = store.read(step, rank, replica=True)
         except (CheckpointCorrupt, OSError) as err:
-            meta, blob = {"error": f"the peer's replica is unreadable: {err}"}, memoryview(b"")
-        self._send_blob(json.dumps(meta).encode(), dst)
-        self._send_blob(blob, dst)
+            send(encode({"error": f"the peer's replica is unreadable: {err}"}), dst, self.group).wait()
+            return
+        send(encode(meta), dst, self.group).wait()
+        part = torch.frombuffer(blob, dtype=torch.uint8) if len(blob) else torch.empty(0, dtype=torch.uint8)
+        send(Message.seal(b"", part, str(meta[CHECKSUM])), dst, self.group).wait()
 
-    def receive_part(self, *, src: int) -> tuple[dict[str, Any], bytearray]:
+    def receive_part(self, *, src: int) -> tuple[dict[str, Any], memoryview]:
         """The marker and bytes of a part a peer sends (see :meth:`send_part`).
 
         Raises:
-            CheckpointCorrupt: the peer could not read its replica.
+            CheckpointCorrupt: the peer could not read its replica, or its bytes changed on the way.
         """
-        meta = json.loads(bytes(self._receive_blob(src)))
-        blob = self._receive_blob(src)
+        meta = decode(receive(src, self.group))
         if "error" in meta:
             raise CheckpointCorrupt(meta["error"])
-        return meta, blob
-
-    def _send_blob(self, blob: bytes | memoryview, dst: int) -> None:
-        peer = self._global(dst)
-        dist.send(torch.tensor([len(blob)], dtype=torch.int64), peer, group=self.group)
-        if len(blob):
-            data = (
-                torch.frombuffer(blob, dtype=torch.uint8)
-                if isinstance(blob, memoryview)
-                else _bytes_tensor(blob)
-            )
-            dist.send(data, peer, group=self.group)
-
-    def _receive_blob(self, src: int) -> bytearray:
-        peer = self._global(src)
-        size = torch.empty(1, dtype=torch.int64)
-        dist.recv(size, peer, group=self.group)
-        blob = bytearray(int(size.item()))
-        if blob:
-            dist.recv(torch.frombuffer(blob, dtype=torch.uint8), peer, group=self.group)
-        return blob
+        part, _ = open_message(receive(src, self.group))
+        return meta, part
