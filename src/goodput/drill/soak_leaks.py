@@ -23,6 +23,9 @@ __all__ = ["RSS_GROWTH", "Sample", "Sampler", "leaks", "peaks"]
 
 RSS_GROWTH = 0.05  # resident memory may grow this much after the warm-up
 _METRICS = ("rss_mib", "fds", "threads", "children")
+_RSS_NOISE_MIB = (
+    1.0  # a rise of resident memory within this is no growth (a page table, a cache line of heap)
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +61,8 @@ def leaks(series: Sequence[Sample], *, warmup: float, now: float) -> list[str]:
         b = max(getattr(s, metric) for s in base)
         low, high = min(getattr(s, metric) for s in middle), max(getattr(s, metric) for s in middle)
         r = min(getattr(s, metric) for s in recent)
-        if not (low > b and r > high):
+        slack = _RSS_NOISE_MIB if metric == "rss_mib" else 0
+        if not (low > b + slack and r > high + slack):
             continue  # flat, or one rise (a spare that took a rank, a pool started late): no leak
         if metric != "rss_mib":
             found.append(f"{who}: {metric} kept growing: {b} after its warm-up, {low}, then {r}")
@@ -136,16 +140,14 @@ def _folder_mib(path: str) -> float:
 
 
 class Sampler(threading.Thread):
-    """Reads the job's processes and the node every ``every`` seconds until :meth:`stop`; calls
-    ``on_leak(line)`` (once) when a process's readings leak (:func:`leaks`)."""
+    """Reads the job's processes and the node every ``every`` seconds until :meth:`stop`; ``leaked`` holds the
+    first leak found (:func:`leaks`), for the soak to stop the job at once."""
 
     def __init__(
-        self, run_dir: str, script: str, *, clock: Callable[[], float], warmup: float, every: float = 1.0,
-        on_leak: Callable[[str], None],
+        self, run_dir: str, script: str, *, clock: Callable[[], float], warmup: float, every: float = 1.0
     ) -> None:  # fmt: skip
         super().__init__(name="goodput-soak-sampler", daemon=True)
         self.run_dir, self.script, self.clock, self.warmup, self.every = run_dir, script, clock, warmup, every
-        self.on_leak = on_leak
         self.series: dict[int, list[Sample]] = {}
         self.node: list[
             tuple[float, int, float, int]
@@ -189,7 +191,6 @@ class Sampler(threading.Thread):
             series.append(Sample(now, pid, role, read[0], read[1], read[2], children.get(pid, 0)))
             found = leaks(series, warmup=self.warmup, now=now)
             if found and not self.leaked:
-                self.leaked = found[0]
-                self.on_leak(found[0])
+                self.leaked = "; ".join(found)
         shm = len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
         self.node.append((now, shm, _folder_mib(self.run_dir), len(os.listdir(tempfile.gettempdir()))))
