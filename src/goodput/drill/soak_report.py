@@ -149,7 +149,7 @@ def print_tables(outcome: Outcome, plan: SoakPlan) -> None:
         "recover s mean/max",
         "work lost s total/max",
     )
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             r.kind,
             str(r.scheduled),
