@@ -26,6 +26,13 @@ def _drill(*args: str) -> subprocess.CompletedProcess[str]:
         (("--", "no_such_train.py"), "'no_such_train.py' does not exist"),
         (("--nproc", "0"), "need --nproc >= 1"),
         (("--nnodes", "3"), "--nnodes 1 or 2"),
+        (("--soak",), "--soak needs a DURATION"),
+        (("--soak", "5", "--mtbf", "10s"), "--soak '5' needs a number and a unit"),
+        (("--soak", "2m", "--scenarios", "rank"), "--soak runs one job on one node"),
+        (
+            ("--soak", "--replay", "no-such-replay.json"),
+            "--replay no-such-replay.json: not a soak replay file",
+        ),
     ],
 )
 def test_a_user_error_is_one_line_and_exit_2(args: tuple[str, ...], says: str) -> None:

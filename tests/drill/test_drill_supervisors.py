@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from goodput.drill.scenario import Reference, registered
-from goodput.drill.supervisors import _ram_folders
+from goodput.drill.supervisors import ram_folders
 from tests.helpers import drill
 
 pytestmark = pytest.mark.slow
@@ -22,4 +22,4 @@ def test_a_sigkilled_supervisor_leaves_nothing_and_the_relaunch_resumes_exactly(
     assert result.met, result
     assert result.exactly_once and result.identical
     assert "first launch" in result.injected and "completed" not in result.injected.split(":")[-1], result
-    assert _ram_folders(str(tmp_path / "run")) == []
+    assert ram_folders(str(tmp_path / "run")) == []

@@ -27,6 +27,7 @@ exit status: 0 every scenario met its outcome, 1 one did not (or the uninterrupt
 
 def register(sub: Any) -> None:
     from goodput.drill.scenario import registered
+    from goodput.drill.soak_plan import REPLAY_FILE
 
     names = ", ".join(registered())
     parser = sub.add_parser(
@@ -44,6 +45,20 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--wide", action="store_true", help="the table with every column on one line per scenario"
     )
+    parser.add_argument(
+        "--soak", nargs="?", const="", default=None, metavar="DURATION",
+        help="instead of the scenarios: one job under warm restarts for DURATION (2m, 1h) with faults of mixed "
+        "kinds at random; checks nothing lost, nothing leaked (docs/drill.md, Soak)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--mtbf", default="30s", help="with --soak: the mean time between faults (default 30s)"
+    )
+    parser.add_argument(
+        "--replay",
+        default=None,
+        metavar="FILE",
+        help=f"with --soak: run the schedule of a {REPLAY_FILE} again",
+    )
     add_work_dir_and_script(parser, runs="the runs (an empty folder)")
     parser.set_defaults(handler=_run)
 
@@ -55,6 +70,8 @@ def _run(args: argparse.Namespace) -> int:
     from goodput.verify.session import in_work_folder
 
     script = script_of(args)
+    if args.soak is not None or args.replay is not None:
+        return _soak(args, script)
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()] if args.scenarios else None
 
     def say(line: str) -> None:
@@ -67,3 +84,32 @@ def _run(args: argparse.Namespace) -> int:
         )  # fmt: skip
 
     return in_work_folder(run, args.work_dir, prefix="goodput-drill-", keep=args.keep, say=say)
+
+
+def _soak(args: argparse.Namespace, script: list[str]) -> int:
+    import sys
+
+    from goodput.drill.soak import soak
+    from goodput.errors import ConfigError
+    from goodput.units import parse_duration
+    from goodput.verify.session import in_work_folder
+
+    if args.scenarios or args.json or args.wide or args.nnodes != 1:
+        raise ConfigError(
+            "--soak runs one job on one node: leave out --scenarios, --json, --wide and --nnodes"
+        )
+    if not args.soak and args.replay is None:
+        raise ConfigError("--soak needs a DURATION (e.g. --soak 5m), or --replay FILE")
+    duration = parse_duration(args.soak, what="--soak") if args.soak else None
+    mtbf = parse_duration(args.mtbf, what="--mtbf")
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    def run(work: str) -> int:
+        return soak(
+            script, duration=duration, mtbf=mtbf, seed=args.seed, nproc=args.nproc, work_dir=work,
+            replay=args.replay, say=say,
+        )  # fmt: skip
+
+    return in_work_folder(run, args.work_dir, prefix="goodput-soak-", keep=args.keep, say=say)

@@ -47,6 +47,9 @@ def _args() -> argparse.Namespace:
         "--hang-timeout", type=float, default=10.0, help="seconds without a step: hung (default 10)"
     )
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank (default 0)")
+    p.add_argument(
+        "--spike-k", type=float, default=6.0, help="the spike rule's sigmas (default 6, NumericConfig's)"
+    )
     return p.parse_args()
 
 
@@ -55,7 +58,9 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     run_dir = os.environ["GOODPUT_RUN_DIR"]
-    numeric = gp.NumericConfig(spike_warmup=min(20, args.steps // 3), check_every=args.every)
+    numeric = gp.NumericConfig(
+        spike_warmup=min(20, args.steps // 3), check_every=args.every, spike_k=args.spike_k
+    )
     run = gp.Run(
         checkpoint=gp.CheckpointConfig(
             root=os.path.join(run_dir, "checkpoints"), strategy=args.strategy, every=args.every, keep_last=2

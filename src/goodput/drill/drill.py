@@ -20,7 +20,15 @@ from goodput.errors import ConfigError
 from goodput.run.watchdog import HANG_TIMEOUT
 from goodput.verify.records import RunRecords, read_records
 
-__all__ = ["DEMO_HANG_TIMEOUT", "DEMO_SCRIPT", "TABLE_WIDTH", "drill", "format_table", "reference_run"]
+__all__ = [
+    "DEMO_HANG_TIMEOUT",
+    "DEMO_SCRIPT",
+    "TABLE_WIDTH",
+    "aligned",
+    "drill",
+    "format_table",
+    "reference_run",
+]
 
 DEMO_SCRIPT = os.path.join(os.path.dirname(__file__), "demo_train.py")
 DEMO_HANG_TIMEOUT = 10.0  # the built-in script's default --hang-timeout: a short one, for the hang scenario
@@ -204,9 +212,9 @@ def format_table(results: dict[str, ScenarioResult], *, wide: bool = False) -> s
     """
     rows = [_row(name, r) for name, r in results.items()]
     if wide:
-        return _aligned(_HEADER, rows)
+        return aligned(_HEADER, rows)
     short = [i for i, name in enumerate(_HEADER) if name not in _LONG or name == "identical"]
-    lines = _aligned(tuple(_HEADER[i] for i in short), [_short_row(row, short) for row in rows]).splitlines()
+    lines = aligned(tuple(_HEADER[i] for i in short), [_short_row(row, short) for row in rows]).splitlines()
     out = lines[:2]
     for row, line in zip(rows, lines[2:], strict=True):
         out.append(line)
@@ -229,7 +237,7 @@ def _short_row(row: tuple[str, ...], columns: list[int]) -> tuple[str, ...]:
     return tuple(cells)
 
 
-def _aligned(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def aligned(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     """A header, a rule and the rows, each column as wide as its widest cell."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = [

@@ -19,7 +19,7 @@ from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, regis
 from goodput.job.folder import LAUNCHES_DIR
 from goodput.warm.record import record_folder
 
-__all__ = ["AGENT", "LAUNCHER"]
+__all__ = ["AGENT", "LAUNCHER", "left_after", "ram_folders"]
 
 _GONE_WITHIN = 5.0  # seconds after a kill by which no process of the job may be left
 
@@ -37,7 +37,7 @@ def _agent_pid(run_dir: str) -> int | None:
     return None
 
 
-def _left_after(run_dir: str) -> list[int]:
+def left_after(run_dir: str) -> list[int]:
     """The job's processes still alive once they have had ``_GONE_WITHIN`` seconds to end (polled)."""
     deadline = time.monotonic() + _GONE_WITHIN
     while (left := processes_of(run_dir)) and time.monotonic() < deadline:
@@ -47,7 +47,7 @@ def _left_after(run_dir: str) -> list[int]:
     return left
 
 
-def _ram_folders(run_dir: str) -> list[str]:
+def ram_folders(run_dir: str) -> list[str]:
     """The warm record folders of every launch of the run that still exist."""
     launches = glob.glob(os.path.join(run_dir, LAUNCHES_DIR, "*"))
     folders = [record_folder("", "", launch=os.path.basename(launch)) for launch in launches]
@@ -68,11 +68,11 @@ def _kill_and_relaunch(context: DrillContext, victim: str) -> ScenarioResult:
         os.kill(pid, signal.SIGKILL)
     if victim == "launcher" and pid is not None:
         proc.wait()  # its job is what must end now
-        left = _left_after(run_dir)
+        left = left_after(run_dir)
         first = finish(proc, started)
     else:
         first = finish(proc, started)
-        left = _left_after(run_dir)
+        left = left_after(run_dir)
     if left:
         problems.append(
             f"{len(left)} process(es) of the job outlived the killed {victim} by {_GONE_WITHIN:.0f}s"
@@ -81,7 +81,7 @@ def _kill_and_relaunch(context: DrillContext, victim: str) -> ScenarioResult:
     done = run_launch(context, run_dir, spec)
     if left := processes_of(run_dir):
         problems.append(f"{len(left)} process(es) left after the relaunch ended")
-    if folders := _ram_folders(run_dir):
+    if folders := ram_folders(run_dir):
         problems.append(f"RAM folders left: {', '.join(folders)}")
     if reached and not restored_steps(run_dir):
         problems.append("the relaunch restored no checkpoint: it trained from step 0 again")

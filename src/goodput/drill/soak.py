@@ -1,0 +1,272 @@
+"""``goodput drill --soak DURATION``: one long job under warm restarts, faults of every mixable kind arriving at
+random, and at the end: nothing lost, nothing twice, nothing leaked, and the ledger's account per fault kind.
+
+The script runs once briefly uninterrupted to measure its step time (the built-in one for 60 steps, a user's
+script as it is); the schedule is drawn from it (:mod:`goodput.drill.soak_plan`), the built-in script is sized
+to train for DURATION (a user's script trains its own length, the schedule spread over it). The job then runs
+under ``goodput launch --restart warm`` with the schedule's fault plan; the soak sends each preemption's SIGTERM
+itself once the job has trained past its step, and runs the same command again after it, as a scheduler would.
+A thread samples the job's processes and the node meanwhile (:mod:`goodput.drill.soak_leaks`). A violation
+stops the soak at once and writes :data:`~goodput.drill.soak_plan.REPLAY_FILE` in the current folder, which
+``goodput drill --soak --replay FILE`` runs again with the same schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+
+from goodput.drill.drill import DEMO_SCRIPT, reference_run
+from goodput.drill.runs import LaunchSpec, start_launch
+from goodput.drill.scenario import DrillContext, Reference
+from goodput.drill.soak_plan import REPLAY_FILE, SoakFault, SoakPlan, draw_schedule, fault_plan, read_replay
+from goodput.drill.soak_report import Outcome, judge_run, print_tables
+from goodput.errors import ConfigError
+from goodput.job.codes import EXIT_PREEMPTED
+from goodput.verify.records import RunRecords
+
+__all__ = ["CALIBRATION_STEPS", "SAMPLES_FILE", "soak"]
+
+SAMPLES_FILE = "soak-samples.jsonl"  # in the work folder: every reading of the sampler
+CALIBRATION_STEPS = 60  # the built-in script's steps in the run that measures its step time
+# The built-in script's loss (the mean squared error of 16 samples, with dropout) has tails that pass six sigmas
+# every few thousand steps: a long run of it at the spike rule's default raises rollbacks nobody injected, three
+# within 1000 steps stop it (exit 65). The soak runs it at twelve, where a 50x spike is still caught at once.
+DEMO_SPIKE_K = "12"
+_POLL = (
+    0.2  # seconds between the soak's looks at the job (markers, attempts, the step a preemption waits for)
+)
+
+
+def soak(
+    script: Sequence[str],
+    *,
+    duration: float | None,
+    mtbf: float,
+    seed: int,
+    nproc: int,
+    work_dir: str,
+    replay: str | None = None,
+    say: Callable[[str], None] = print,
+) -> int:
+    """Soak ``script`` (the built-in demo when empty) for ``duration`` seconds with a fault every ``mtbf``
+    seconds on average (or the schedule of the ``replay`` file); 0 when every check held, 1 on a violation (the
+    replay file written in the current folder).
+
+    Raises:
+        ConfigError: a missing script or replay file, a non-empty work folder, a duration or mtbf out of range.
+    """
+    if os.path.isdir(work_dir) and os.listdir(work_dir):
+        raise ConfigError(f"{work_dir} is not empty (an earlier drill?): choose an empty --work-dir")
+    os.makedirs(work_dir, exist_ok=True)
+    if replay is not None:
+        plan, script = _replayed(replay, script)
+    else:
+        if duration is None or duration <= 0 or mtbf <= 0:
+            raise ConfigError(f"need --soak DURATION > 0 and --mtbf > 0, got {duration} and {mtbf}")
+        script = tuple(script) or (DEMO_SCRIPT,)
+        drawn = _draw(script, duration=duration, mtbf=mtbf, seed=seed, nproc=nproc, work=work_dir, say=say)
+        if drawn is None:
+            return 1
+        plan, script = drawn
+    if script[0].endswith(".py") and not os.path.isfile(script[0]):
+        raise ConfigError(f"the training script {script[0]!r} does not exist")
+    say(
+        f"soak: {' '.join(script)}, {nproc} ranks, --restart warm, {plan.steps} steps (about {plan.seconds:.0f}s "
+        f"of training at {plan.step_seconds * 1000:.1f} ms a step), {len(plan.schedule)} faults (seed "
+        f"{plan.seed}, mtbf {plan.mtbf:g}s), in {work_dir}"
+    )
+    for n, fault in enumerate(plan.schedule, 1):
+        say(f"  {n}. {fault.text()}")
+    outcome = _run(plan, script, nproc=nproc, work=work_dir, say=say)
+    print_tables(outcome, plan)
+    if not outcome.violations:
+        return 0
+    path = os.path.abspath(REPLAY_FILE)
+    with open(path, "w") as f:
+        json.dump({**plan.to_json(outcome.violations[0]), "script": list(script)}, f, indent=2)
+    for line in outcome.violations:
+        say(f"soak: VIOLATION: {line}")
+    say(f"soak: the schedule is in {path}: 'goodput drill --soak --replay {REPLAY_FILE}' runs it again")
+    return 1
+
+
+def _replayed(path: str, script: Sequence[str]) -> tuple[SoakPlan, tuple[str, ...]]:
+    plan = read_replay(path)
+    if script:
+        return plan, tuple(script)
+    with open(path) as f:
+        recorded = json.load(f).get("script") or [DEMO_SCRIPT]
+    return plan, tuple(str(a) for a in recorded)
+
+
+def _draw(
+    script: tuple[str, ...], *, duration: float, mtbf: float, seed: int, nproc: int, work: str,
+    say: Callable[[str], None],
+) -> tuple[SoakPlan, tuple[str, ...]] | None:  # fmt: skip
+    """Measure the script's step time in a short uninterrupted run and draw the schedule from it."""
+    demo = script[0] == DEMO_SCRIPT
+    if demo:
+        script = (*script, "--spike-k", DEMO_SPIKE_K)
+    measured = (*script, "--steps", str(CALIBRATION_STEPS)) if demo else script
+    say(f"soak: measuring the step time: {' '.join(measured)} once, uninterrupted ...")
+    reference = reference_run(measured, nproc=nproc, nnodes=1, seed=seed, work=work, say=say)
+    if reference is None:
+        return None
+    step_seconds, first = _measured(reference)
+    steps = max(int(duration / step_seconds), first + 3) if demo else reference.steps
+    if not demo and steps * step_seconds < duration:
+        say(
+            f"soak: the script trains {steps} steps, about {steps * step_seconds:.0f}s: the faults are spread over "
+            f"those (a longer soak needs a longer run of the script)"
+        )
+    seconds = min(duration, steps * step_seconds)
+    schedule = draw_schedule(
+        seed=seed, mtbf=mtbf, seconds=seconds, step_seconds=step_seconds, steps=steps, first_step=first, world=nproc
+    )  # fmt: skip
+    plan = SoakPlan(
+        seed=seed, mtbf=mtbf, seconds=seconds, steps=steps, step_seconds=step_seconds, schedule=schedule
+    )
+    return plan, ((*script, "--steps", str(steps)) if demo else script)
+
+
+def _measured(reference: Reference) -> tuple[float, int]:
+    """(seconds per step while training, the first step a fault may hit: past the first save and the spike
+    rule's warm-up) of the uninterrupted run."""
+    from goodput.ledger import read_events
+    from goodput.ledger.accounting import account
+
+    events = read_events(reference.run_dir, rank=None)
+    acc = account(events)
+    training = (
+        acc.job_seconds - acc.categories.get("init", 0.0) - acc.categories.get("checkpoint_restore", 0.0)
+    )
+    warmups = [int(e.get("spike_warmup") or 0) for e in events if e["event"] == "numeric_config"]
+    first = max([min(reference.saves, default=0), *warmups]) + 2
+    return max(training / max(reference.steps, 1), 1e-4), first
+
+
+@dataclasses.dataclass
+class _Watch:
+    """What the soak has seen of the job so far, for its progress lines."""
+
+    began: float
+    markers: set[str] = dataclasses.field(default_factory=set)
+    attempts: set[str] = dataclasses.field(default_factory=set)
+    preempts: list[SoakFault] = dataclasses.field(default_factory=list)
+    violation: str = ""
+
+
+def _run(
+    plan: SoakPlan, script: tuple[str, ...], *, nproc: int, work: str, say: Callable[[str], None]
+) -> Outcome:
+    from goodput.drill.soak_leaks import Sampler
+
+    run_dir = os.path.join(work, "soak")
+    empty = Reference(
+        run_dir="", records=RunRecords({}, {}, []), steps=0, saves=(), async_saves=False, seconds=0
+    )
+    context = DrillContext(
+        script=script, nproc=nproc, nnodes=1, seed=plan.seed, work_dir=work, reference=empty, say=say
+    )
+    spec = LaunchSpec(faults=fault_plan(plan.schedule), restarts=len(plan.schedule) + 2, warm=True)
+    watch = _Watch(began=time.monotonic(), preempts=[f for f in plan.schedule if f.kind == "preempt"])
+    sampler = Sampler(
+        run_dir, script[0], clock=lambda: time.monotonic() - watch.began,
+        warmup=max(10.0, min(600.0, plan.seconds / 6)),
+    )  # fmt: skip
+    sampler.start()
+    status, launches = 0, 0
+    try:
+        while launches <= sum(1 for f in plan.schedule if f.kind == "preempt"):
+            launches += 1
+            proc = start_launch(context, run_dir, spec)
+            status = _follow(proc, run_dir, watch, lambda: sampler.leaked, plan, say)
+            if status != EXIT_PREEMPTED or sampler.leaked or watch.violation:
+                break
+            say(f"[{time.monotonic() - watch.began:6.1f}s] preempted (exit {status}): the same command again")
+    finally:
+        sampler.stop()
+        sampler.save(os.path.join(work, SAMPLES_FILE))
+    return judge_run(
+        plan, run_dir, status=status, seconds=time.monotonic() - watch.began, sampler=sampler,
+        stopped=watch.violation,
+    )  # fmt: skip
+
+
+def _follow(
+    proc: subprocess.Popen[bytes], run_dir: str, watch: _Watch, leaked: Callable[[], str], plan: SoakPlan,
+    say: Callable[[str], None],
+) -> int:  # fmt: skip
+    """Watch one launch to its end: a line per fault fired and per attempt begun, each preemption's SIGTERM
+    once the job has trained past its step, and the launch stopped at once on a leak."""
+    started = time.time()
+    started_mono = time.monotonic()
+    limit = started_mono + 600.0 + 10 * plan.seconds
+    signalled = False
+    while proc.poll() is None:
+        time.sleep(_POLL)  # polling the job's folder, not a synchronisation by time
+        _report_progress(run_dir, watch, plan, say)
+        if leaked() or time.monotonic() > limit:
+            watch.violation = leaked() or f"the job ran past {limit - started_mono:.0f}s"
+            say(f"[{time.monotonic() - watch.began:6.1f}s] stopping the job at once: {watch.violation}")
+            for _ in range(2):  # a second signal stops goodput launch at once
+                proc.send_signal(signal.SIGTERM)
+            break
+        if (
+            not signalled
+            and watch.preempts
+            and _latest_step(run_dir, since=started) >= watch.preempts[0].step
+        ):
+            fault = watch.preempts.pop(0)
+            say(f"[{time.monotonic() - watch.began:6.1f}s] injected: {fault.text()}")
+            proc.send_signal(signal.SIGTERM)
+            signalled = True
+    return proc.wait()
+
+
+def _report_progress(run_dir: str, watch: _Watch, plan: SoakPlan, say: Callable[[str], None]) -> None:
+    at = f"[{time.monotonic() - watch.began:6.1f}s]"
+    folder = os.path.join(run_dir, "faults")
+    for name in sorted(set(os.listdir(folder)) - watch.markers if os.path.isdir(folder) else ()):
+        watch.markers.add(name)
+        fault = name.rsplit("-rank", 1)[0].rsplit("#", 1)[0]
+        if "@" in fault and not any(m.startswith(fault + "#") for m in watch.markers - {name}):
+            say(f"{at} injected: {fault}")
+    ledger = os.path.join(run_dir, "ledger")
+    for name in sorted(set(os.listdir(ledger)) - watch.attempts if os.path.isdir(ledger) else ()):
+        watch.attempts.add(name)
+        if name.endswith(".index") and not name.startswith("attempt-0000"):
+            say(f"{at} recovering: {name.split('.')[0]} began, at step {_latest_step(run_dir, since=0.0)}")
+
+
+def _latest_step(run_dir: str, *, since: float) -> int:
+    """The last step a rank recorded in a records file written after ``since`` (wall time); -1: none."""
+    from goodput.run.records import RECORDS_DIR
+
+    folder = os.path.join(run_dir, RECORDS_DIR)
+    latest = -1
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        path = os.path.join(folder, name)
+        try:
+            if not name.startswith("attempt-") or os.path.getmtime(path) < since:
+                continue
+            with open(path, "rb") as f:
+                f.seek(max(0, os.path.getsize(path) - 4096))
+                lines = f.read().splitlines()[1 if f.tell() > 4096 else 0 :]
+        except OSError:
+            continue
+        for line in reversed(lines):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if "step" in record and not record.get("pending"):
+                latest = max(latest, int(record["step"]))
+                break
+    return latest

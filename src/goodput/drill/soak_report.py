@@ -1,0 +1,181 @@
+"""The soak's verdict and tables: the checks of :mod:`goodput.drill.soak_checks` run on the finished job, what
+the sampler read (:mod:`goodput.drill.soak_leaks`), and nothing of the job left behind."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from goodput.drill.drill import aligned
+from goodput.drill.runs import outcome_text
+from goodput.drill.soak_checks import (
+    KindRow,
+    fired_faults,
+    kind_rows,
+    lineage_problems,
+    skipped_windows,
+    tiling_problem,
+)
+from goodput.drill.soak_leaks import peaks
+from goodput.drill.soak_plan import SoakPlan
+from goodput.drill.supervisors import left_after, ram_folders
+
+if TYPE_CHECKING:
+    from goodput.drill.soak_leaks import Sampler
+
+__all__ = ["Outcome", "judge_run", "print_tables"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """A finished soak: how the job ended, the tables' rows and every violation found (empty: all held)."""
+
+    status: int
+    seconds: float
+    kinds: tuple[KindRow, ...]
+    processes: tuple[tuple[str, ...], ...]
+    node: str
+    account: str
+    skipped: tuple[str, ...]
+    violations: tuple[str, ...]
+
+
+def judge_run(
+    plan: SoakPlan, run_dir: str, *, status: int, seconds: float, sampler: Sampler, stopped: str
+) -> Outcome:
+    """Every check of the soak on the finished job in ``run_dir`` (``stopped``: the violation that stopped it
+    early, whose job's account is still given, its lineage left unjudged)."""
+    from goodput.ledger import read_events
+    from goodput.ledger.accounting import account
+    from goodput.verify.records import read_records
+
+    found = [stopped] if stopped else []
+    if status != 0 and not stopped:
+        found.append(f"the job {outcome_text(status)}, expected completed (its output: {run_dir}/output.log)")
+    if left := left_after(run_dir):
+        found.append(f"{len(left)} process(es) of the job outlived it: {left}")
+    if folders := ram_folders(run_dir):
+        found.append(f"RAM folders left behind: {', '.join(folders)}")
+    try:
+        events, first_rank = read_events(run_dir, rank=None), read_events(run_dir, rank=0)
+        acc = account(events)
+    except (FileNotFoundError, ValueError):
+        return _outcome(status, seconds, (), sampler, "no ledger", (), [*found, "the job wrote no ledger"])
+    if problem := tiling_problem(acc.categories, acc.wall_seconds):
+        found.append(problem)
+    kinds = tuple(kind_rows(plan.schedule, acc.attempts, first_rank, fired_faults(run_dir)))
+    if not stopped:
+        try:
+            skipped = sum(
+                int(e["last_step"]) - int(e["first_step"]) + 1 for e in first_rank if e["event"] == "skip"
+            )
+            found += lineage_problems(read_records(run_dir), plan.steps, skipped_steps=skipped)
+        except FileNotFoundError:
+            found.append("the job recorded no step")
+        found += _count_problems(kinds)
+    lost = {
+        k: v for k, v in acc.categories.items() if k not in ("productive", "between_launches") and v >= 0.05
+    }
+    biggest = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(lost.items(), key=lambda kv: -kv[1])[:4])
+    text = (
+        f"ledger: wall {acc.wall_seconds:.1f}s in {acc.launches} launch(es), {len(acc.attempts)} attempts, "
+        f"categories {'tile it' if not tiling_problem(acc.categories, acc.wall_seconds) else 'DO NOT tile it'}; "
+        f"goodput {acc.goodput:.0%}; lost: {biggest or 'nothing'}"
+    )
+    return _outcome(status, seconds, kinds, sampler, text, tuple(skipped_windows(first_rank)), found)
+
+
+def _count_problems(kinds: Sequence[KindRow]) -> list[str]:
+    """Each kind seen less often than scheduled (a fault that went unanswered), or more (a failure nobody
+    injected); more numeric rollbacks than injected are the guard's own findings on the loss, not counted."""
+    return [
+        f"{r.kind}: {r.scheduled} scheduled, {r.seen} seen"
+        for r in kinds
+        if r.seen < r.scheduled or (r.seen > r.scheduled and r.kind not in ("nan", "spike"))
+    ]
+
+
+def _outcome(
+    status: int, seconds: float, kinds: tuple[KindRow, ...], sampler: Sampler, account: str,
+    skipped: tuple[str, ...], found: Sequence[str],
+) -> Outcome:  # fmt: skip
+    return Outcome(
+        status=status, seconds=seconds, kinds=kinds, processes=_process_rows(sampler), node=_node_line(sampler),
+        account=account, skipped=skipped, violations=tuple(found),
+    )  # fmt: skip
+
+
+def _process_rows(sampler: Sampler) -> tuple[tuple[str, ...], ...]:
+    """One row per role of process: how many, and each figure's first and highest reading over them."""
+    roles: dict[str, list[dict[str, float]]] = {}
+    for series in sampler.series.values():
+        roles.setdefault(series[0].role, []).append(peaks(series))
+    rows = []
+    for role, found in sorted(roles.items()):
+        cells = [role, str(len(found))]
+        for metric in ("rss_mib", "fds", "threads", "children"):
+            first, top = min(p[f"{metric}_first"] for p in found), max(p[f"{metric}_max"] for p in found)
+            cells.append(f"{first:.0f} -> {top:.0f}")
+        rows.append(tuple(cells))
+    return tuple(rows)
+
+
+def _node_line(sampler: Sampler) -> str:
+    if not sampler.node:
+        return "node: not sampled"
+    shm, run, temp = ([n[i] for n in sampler.node] for i in (1, 2, 3))
+    return (
+        f"node: /dev/shm entries {shm[0]} -> max {max(shm)} -> {shm[-1]} at the end; run folder "
+        f"{run[0]:.1f} -> max {max(run):.1f} MiB; temporary folder entries {temp[0]} -> {temp[-1]} "
+        f"({len(sampler.node)} samples)"
+    )
+
+
+def _seconds(values: tuple[float, ...], total: bool = False) -> str:
+    if not values:
+        return "-"
+    first = sum(values) if total else sum(values) / len(values)
+    return f"{first:.1f} / {max(values):.1f}"
+
+
+def print_tables(outcome: Outcome, plan: SoakPlan) -> None:
+    """The soak's account on stdout: the per-kind table, the processes' table, the node, the ledger."""
+    header = (
+        "fault",
+        "scheduled",
+        "seen",
+        "detect s mean/max",
+        "recover s mean/max",
+        "work lost s total/max",
+    )
+    rows: list[tuple[str, ...]] = [
+        (
+            r.kind,
+            str(r.scheduled),
+            str(r.seen),
+            _seconds(r.detect),
+            _seconds(r.recover),
+            _seconds(r.lost, total=True),
+        )
+        for r in outcome.kinds
+    ]
+    print(aligned(header, rows))
+    print()
+    print(
+        aligned(("process", "count", "RSS MiB", "open files", "threads", "children"), list(outcome.processes))
+    )
+    print(outcome.node)
+    print(outcome.account)
+    print(f"skipped numeric windows: {', '.join(outcome.skipped) or 'none'}")
+    extra = [
+        f"{r.seen - r.scheduled} {r.kind}"
+        for r in outcome.kinds
+        if r.kind in ("nan", "spike") and r.seen > r.scheduled
+    ]
+    if extra:
+        print(
+            f"numeric rollbacks nobody injected (the guard's own findings on this loss): {', '.join(extra)}"
+        )
+    verdict = "every check held" if not outcome.violations else f"{len(outcome.violations)} violation(s)"
+    print(f"soak: {plan.steps} steps, {outcome.seconds:.0f}s, {outcome_text(outcome.status)}: {verdict}")

@@ -1,0 +1,68 @@
+"""``goodput drill --soak`` from the user's side (real ``goodput launch`` jobs, 2 gloo ranks, SIGKILL, SIGTERM): a
+short soak of the built-in script with faults of several kinds holds every check, and a script that leaks an
+open file at every step is stopped with the replay file written."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from goodput.drill.soak_plan import KINDS, REPLAY_FILE, SoakFault, SoakPlan
+from tests.helpers.paths import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def _soak(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "goodput", "drill", "--soak", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=540, cwd=cwd)
+
+
+def test_a_short_soak_of_mixed_faults_holds_every_check_and_its_table_counts_the_schedule(
+    tmp_path: Path,
+) -> None:
+    # seed 1: 9 faults in 60 s at a 10 s mean: kills, NaNs, slow ranks and a preemption (docs/drill.md, Soak)
+    proc = _soak(tmp_path, "60s", "--mtbf", "10s", "--seed", "1", "--work-dir", str(tmp_path / "work"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert not (tmp_path / REPLAY_FILE).exists()
+    scheduled = re.findall(r"^  \d+\. (\w+)", proc.stderr, re.MULTILINE)
+    assert len(scheduled) >= 4 and len(set(scheduled)) >= 3, scheduled
+    rows = {m[1]: (int(m[2]), int(m[3])) for m in re.finditer(r"^(\w+) +(\d+) +(\d+) ", proc.stdout, re.M)}
+    for kind in KINDS:
+        assert rows[kind][0] == scheduled.count(kind), (kind, rows, scheduled)
+        assert rows[kind][1] >= rows[kind][0], (
+            kind,
+            rows,
+        )  # each answered (numeric: maybe more, the guard's own)
+    assert "categories tile it" in proc.stdout and "every check held" in proc.stdout
+    assert proc.stderr.count("injected:") == len(scheduled), proc.stderr
+
+
+def test_a_script_that_leaks_a_file_per_step_stops_the_soak_with_its_replay_file(tmp_path: Path) -> None:
+    fault = SoakFault(kind="kill", seconds=1.0, step=100, rank=1)
+    plan = SoakPlan(seed=3, mtbf=30.0, seconds=30.0, steps=4000, step_seconds=0.01, schedule=(fault,))
+    (tmp_path / "given.json").write_text(json.dumps(plan.to_json()))
+    script = str(ROOT / "tests" / "scripts" / "leaky_train.py")
+    proc = _soak(
+        tmp_path,
+        "--replay",
+        "given.json",
+        "--work-dir",
+        str(tmp_path / "work"),
+        "--",
+        script,
+        "--steps",
+        "100000",
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    # each file object holds a buffer, so its memory grows with its open files
+    assert re.search(r"VIOLATION: pid \d+ \(worker\): .*fds kept growing", proc.stderr), proc.stderr[-3000:]
+    replay = json.loads((tmp_path / REPLAY_FILE).read_text())
+    assert "fds kept growing" in replay["violation"]
+    assert (replay["seed"], replay["schedule"]) == (3, [vars(fault)]), replay
+    assert "stopping the job at once" in proc.stderr

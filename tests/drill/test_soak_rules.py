@@ -1,0 +1,87 @@
+"""The soak's pure parts: the schedule drawn from a seed, the leak rule over a process's readings, and the
+lineage's exactly-once check, each on inputs made to break it."""
+
+from __future__ import annotations
+
+import itertools
+
+from goodput.drill.soak_checks import lineage_problems
+from goodput.drill.soak_leaks import Sample, leaks
+from goodput.drill.soak_plan import KINDS, draw_schedule, fault_plan
+from goodput.faults import parse_faults
+from goodput.verify.records import RunRecords, StepRecord
+
+
+def _draw(seed: int) -> tuple:
+    return draw_schedule(
+        seed=seed, mtbf=10, seconds=600, step_seconds=0.01, steps=60_000, first_step=30, world=2
+    )
+
+
+def test_a_seed_draws_one_schedule_of_every_kind_at_distinct_steps_with_the_mean_gap() -> None:
+    schedule = _draw(7)
+    assert schedule == _draw(7) and schedule != _draw(8)
+    assert {f.kind for f in schedule} == set(KINDS)
+    steps = [f.step for f in schedule]
+    assert steps == sorted(set(steps)) and steps[0] >= 30
+    gaps = [b.seconds - a.seconds for a, b in itertools.pairwise(schedule)]
+    assert 7 < sum(gaps) / len(gaps) < 13, gaps  # exponential gaps of mean 10 s, ~60 of them
+    plan = parse_faults(fault_plan(schedule))  # the in-process faults as one plan goodput.faults accepts
+    assert len(plan) == sum(1 for f in schedule if f.kind != "preempt")
+
+
+def _series(values: list[int], *, metric: str = "fds") -> list[Sample]:
+    return [Sample(float(t), 42, "worker", **{metric: v}) for t, v in enumerate(values)]  # type: ignore[arg-type]
+
+
+def test_a_count_that_keeps_growing_leaks_and_one_that_rose_once_does_not() -> None:
+    growing = _series(list(range(10, 70)))
+    assert leaks(growing, warmup=10, now=59) and "fds kept growing" in leaks(growing, warmup=10, now=59)[0]
+    assert not leaks(growing, warmup=10, now=25)  # too young to judge
+    once = _series([4] * 30 + [36] * 30)  # a hot spare that took a rank
+    assert not leaks(once, warmup=10, now=59)
+
+
+def test_resident_memory_leaks_only_past_five_percent_of_steady_growth() -> None:
+    slow = _series([1000 + t for t in range(60)], metric="rss_mib")  # +4% from the warm-up's highest
+    assert not leaks(slow, warmup=10, now=59)
+    fast = _series([1000 + 5 * t for t in range(60)], metric="rss_mib")
+    assert "resident memory kept growing" in leaks(fast, warmup=10, now=59)[0]
+    # a hot spare that took a rank inside the middle window, then settled in over a few MiB: no leak
+    took = [Sample(float(t), 42, "worker", rss_mib=241.0 if t < 30 else 241.3) for t in range(45)]
+    took += [Sample(float(t), 42, "worker", rss_mib=274 + (t - 45) / 4) for t in range(45, 60)]
+    assert not leaks(took, warmup=10, now=59)
+
+
+def _records(ids_by_step: dict[int, list[list[int]]]) -> RunRecords:
+    steps: dict[int, dict[int, StepRecord]] = {}
+    for step, per_rank in ids_by_step.items():
+        for rank, ids in enumerate(per_rank):
+            steps.setdefault(rank, {})[step] = StepRecord(
+                step=step, rank=rank, attempt=0, resumed=0, samples="", count=len(ids), loss="0", rng={},
+                world=len(per_rank), ids=tuple(ids),
+            )  # fmt: skip
+    return RunRecords(steps=steps, final={}, attempts=[0])
+
+
+def _epochs(n: int) -> dict[int, list[list[int]]]:
+    """``n`` epochs of 8 samples, 2 ranks x 1 sample a step, in a different order each epoch."""
+    out: dict[int, list[list[int]]] = {}
+    for epoch in range(n):
+        order = [(i * (2 * epoch + 3)) % 8 for i in range(8)]
+        for k in range(4):
+            out[epoch * 4 + k + 1] = [[order[2 * k]], [order[2 * k + 1]]]
+    return out
+
+
+def test_the_lineage_check_finds_a_missing_step_a_repeated_sample_and_allows_a_skipped_window() -> None:
+    steps = _epochs(3)
+    assert lineage_problems(_records(steps), 12) == []
+    missing = {s: ids for s, ids in steps.items() if s != 6}
+    assert "1 step(s) missing" in lineage_problems(_records(missing), 12)[0]
+    repeated = {**steps, 3: steps[2]}  # step 3 trains step 2's samples again
+    assert "trained twice within an epoch" in lineage_problems(_records(repeated), 12)[0]
+    # the guard skipped step 6's data: epoch 1 is one step shorter, and the steps after it move up one
+    skipped = {s if s < 6 else s - 1: ids for s, ids in steps.items() if s != 6}
+    assert lineage_problems(_records(skipped), 11, skipped_steps=1) == []
+    assert lineage_problems(_records(skipped), 11, skipped_steps=0)  # the same, unexplained: a repeat
