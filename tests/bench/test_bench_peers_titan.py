@@ -118,15 +118,9 @@ def _kill_rank0_after(run_dir: str, steps: int, proc: subprocess.Popen) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="quarantined, open bug: on 2026-12-05 torchrun's restarts after the SIGKILL never re-formed gloo "
-    "(connectFullMesh refused at each attempt) in 9 of 12 runs of this session's trees; the last green commit "
-    "passed 3 of 3 and no changed file explains it yet",
-)
 def test_the_titan_contender_resumes_from_torchtitan_s_checkpoint_exactly(tmp_path) -> None:
     from goodput.bench._peers_titan_launch import titan_site
-    from goodput.bench.peers import _command
+    from goodput.bench.peers import _command, launch_env
 
     try:
         path = titan_site()
@@ -136,7 +130,7 @@ def test_the_titan_contender_resumes_from_torchtitan_s_checkpoint_exactly(tmp_pa
     run_dir = str(tmp_path / "titan")
     os.makedirs(run_dir)
     steps = 60  # torchtitan saves every 3 steps (N / 20)
-    env = dict(os.environ, GOODPUT_RUN_DIR=run_dir, PYTHONPATH=os.pathsep.join([path, *sys.path]))
+    env = launch_env(run_dir, os.pathsep.join([path, *sys.path]))  # the bench's own: store sharing off
     with open(os.path.join(run_dir, "launch.log"), "w") as out:
         proc = subprocess.Popen(
             _command("titan", data, run_dir, steps, None), stdout=out, stderr=out, env=env
