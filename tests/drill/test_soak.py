@@ -66,3 +66,13 @@ def test_a_script_that_leaks_a_file_per_step_stops_the_soak_with_its_replay_file
     assert "fds kept growing" in replay["violation"]
     assert (replay["seed"], replay["schedule"]) == (3, [vars(fault)]), replay
     assert "stopping the job at once" in proc.stderr
+
+
+def test_a_script_too_short_for_any_fault_is_refused_in_one_line_and_not_passed(tmp_path: Path) -> None:
+    # bce_train.py's 40 steps train for well under a second: no fault at a 30 s mean falls in them
+    script = str(ROOT / "tests" / "scripts" / "bce_train.py")
+    proc = _soak(tmp_path, "5m", "--work-dir", str(tmp_path / "work"), "--", script, "--steps", "40")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "no fault falls within" in last and "--mtbf" in last and "Traceback" not in proc.stderr
+    assert not (tmp_path / REPLAY_FILE).exists() and "every check held" not in proc.stdout

@@ -129,6 +129,12 @@ def _draw(
     schedule = draw_schedule(
         seed=seed, mtbf=mtbf, seconds=seconds, step_seconds=step_seconds, steps=steps, first_step=first, world=nproc
     )  # fmt: skip
+    if not schedule:
+        raise ConfigError(
+            f"no fault falls within the script's {seconds:.0f}s of training at --mtbf {mtbf:g}s, so the soak would "
+            f"test nothing: give the script about {duration / step_seconds:.0f} steps for a {duration:.0f}s soak, "
+            f"or a shorter --mtbf"
+        )
     plan = SoakPlan(
         seed=seed, mtbf=mtbf, seconds=seconds, steps=steps, step_seconds=step_seconds, schedule=schedule
     )
