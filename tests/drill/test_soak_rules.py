@@ -85,3 +85,23 @@ def test_the_lineage_check_finds_a_missing_step_a_repeated_sample_and_allows_a_s
     skipped = {s if s < 6 else s - 1: ids for s, ids in steps.items() if s != 6}
     assert lineage_problems(_records(skipped), 11, skipped_steps=1) == []
     assert lineage_problems(_records(skipped), 11, skipped_steps=0)  # the same, unexplained: a repeat
+
+
+def test_a_missed_spike_is_a_violation_unless_the_rule_s_own_figure_said_it_could_not_be_seen() -> None:
+    from goodput.drill.soak_checks import kind_rows
+    from goodput.drill.soak_plan import SoakFault
+    from goodput.drill.soak_report import _count_problems
+
+    spikes = [SoakFault(kind="spike", seconds=s, step=100 * s, rank=None) for s in (1, 2)]
+
+    def missed(step: int, rise: float) -> dict:
+        return {"event": "spike_missed", "step": step, "factor": 50.0, "rise": rise, "threshold": 1.0}
+
+    # the rule needed 700x at step 100 (undetectable) but only 20x at step 200: that miss is the rule's fault
+    rows = kind_rows(spikes, [], [missed(100, 700.0), missed(200, 20.0)], {})
+    spike = next(r for r in rows if r.kind == "spike")
+    assert spike.seen == 0 and spike.undetectable == (700.0,)
+    assert _count_problems(rows) == ["spike: 2 scheduled, 0 seen (1 not detectable on this loss)"]
+    both = kind_rows(spikes, [], [missed(100, 700.0), missed(100, 700.0), missed(200, 51.0)], {})
+    assert next(r for r in both if r.kind == "spike").undetectable == (700.0, 51.0)  # once per step
+    assert _count_problems(both) == []

@@ -111,6 +111,9 @@ class KindRow:
         recover: seconds from the failure to training again, each (restart downtime, init and restore; a
             rollback's own measure; a relaunch's init and restore, the scheduler's wait left out).
         lost: seconds of work redone, each (the ledger's ``lost_work`` of the attempt the fault ended).
+        undetectable: for ``spike``, the rises the spike rule needed (its own figure, as a factor of the loss's
+            level) at each scheduled spike it missed where that figure was above the spike's factor: on that
+            loss no rule without false alarms would see it, so it goes unanswered without a violation.
     """
 
     kind: str
@@ -119,6 +122,21 @@ class KindRow:
     detect: tuple[float, ...] = ()
     recover: tuple[float, ...] = ()
     lost: tuple[float, ...] = ()
+    undetectable: tuple[float, ...] = ()
+
+
+def undetectable_spikes(events: Sequence[Mapping[str, Any]]) -> tuple[float, ...]:
+    """The rise the spike rule needed at each missed spike (the ledger's ``spike_missed``, once per step) whose
+    factor was below it."""
+    needed: dict[int, float] = {}
+    for e in events:
+        if (
+            e["event"] == "spike_missed"
+            and e.get("rise") is not None
+            and float(e["rise"]) > float(e["factor"])
+        ):
+            needed[int(e["step"])] = float(e["rise"])
+    return tuple(needed[step] for step in sorted(needed))
 
 
 def kind_rows(
@@ -158,6 +176,7 @@ def kind_rows(
                 detect=tuple(d for d, _, _ in seen),
                 recover=tuple(r for _, r, _ in seen),
                 lost=tuple(w for _, _, w in seen),
+                undetectable=undetectable_spikes(events) if kind == "spike" else (),
             )
         )
     return rows

@@ -87,12 +87,15 @@ def judge_run(
 
 
 def _count_problems(kinds: Sequence[KindRow]) -> list[str]:
-    """Each kind seen less often than scheduled (a fault that went unanswered), or more (a failure nobody
-    injected); more numeric rollbacks than injected are the guard's own findings on the loss, not counted."""
+    """Each kind seen less often than scheduled (a fault that went unanswered; a spike the rule's own figure
+    called undetectable on this loss excepted), or more (a failure nobody injected); more numeric rollbacks than
+    injected are the guard's own findings on the loss, not counted."""
     return [
         f"{r.kind}: {r.scheduled} scheduled, {r.seen} seen"
+        + (f" ({len(r.undetectable)} not detectable on this loss)" if r.undetectable else "")
         for r in kinds
-        if r.seen < r.scheduled or (r.seen > r.scheduled and r.kind not in ("nan", "spike"))
+        if r.seen + len(r.undetectable) < r.scheduled
+        or (r.seen > r.scheduled and r.kind not in ("nan", "spike"))
     ]
 
 
@@ -177,5 +180,12 @@ def print_tables(outcome: Outcome, plan: SoakPlan) -> None:
         print(
             f"numeric rollbacks nobody injected (the guard's own findings on this loss): {', '.join(extra)}"
         )
+    for r in outcome.kinds:
+        if r.undetectable:
+            needs = ", ".join(f"{x:.0f}x" for x in r.undetectable)
+            print(
+                f"spikes not detectable on this loss: {len(r.undetectable)} (the spike rule's own figure at their "
+                f"steps needed a rise of {needs}: a spike of a smaller factor passes unseen; docs/numeric-faults.md)"
+            )
     verdict = "every check held" if not outcome.violations else f"{len(outcome.violations)} violation(s)"
     print(f"soak: {plan.steps} steps, {outcome.seconds:.0f}s, {outcome_text(outcome.status)}: {verdict}")
