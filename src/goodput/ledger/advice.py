@@ -156,12 +156,20 @@ def _data_wait(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advic
     return _advice("data_wait", text, 100.0 * share, bound=True)
 
 
+# what the Run's own post_step_checks event is, where the advice on `other` names it
+_CHECKS_NOTE = " (goodput's checks after each step: the numeric guard, the straggler detector)"
+
+
 def _other(acc: Accounting, model: MeasuredModel, pred: Prediction) -> Advice | None:
     share = acc.categories["other"] / acc.job_seconds if acc.job_seconds > 0 else 0.0
     if share <= OTHER_SHARE:
         return None
     named = sorted(acc.info.get("custom", {}).items(), key=lambda kv: -kv[1]["seconds"])
-    seen = ", ".join(f"{name} {fd(t['seconds'])}" for name, t in named if t["seconds"] > 0)
+    seen = ", ".join(
+        f"{name} {fd(t['seconds'])}" + (_CHECKS_NOTE if name == "post_step_checks" else "")
+        for name, t in named
+        if t["seconds"] > 0
+    )
     text = (
         f"other is {share:.1%} of wall time ({fd(acc.categories['other'])}): time outside steps, saves and "
         "restores (eval, logging, teardown, work between run.step_done() and the next batch)"

@@ -9,11 +9,17 @@ Kept apart from ``run.py`` so that the Run holds the order of a step and this mo
 * A preemption stop saves the agreed step, waits until it is durable, records ``preempted`` in the ledger,
   reports the checkpoint to the launcher (or prints the line itself without one) and ends the process.
 * A warm restart opens the run again: the next generation's ``train(run)`` closes it in its turn.
+
+:class:`StepChecks` keeps the time the hooks take after each step's end (the numeric guard's verdict, the
+straggler detector's): goodput's own work between steps, which the ledger counts in ``other``. It goes into the
+ledger as a ``post_step_checks`` event (``seconds``, ``steps``) every :data:`CHECKS_EVERY` steps and as the run lets
+go, so that ``goodput report`` names it.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from goodput.faults import install_faults
@@ -24,7 +30,33 @@ if TYPE_CHECKING:
     from goodput.run._membership import Membership
     from goodput.run.run import Run
 
-__all__ = ["RunEnd", "exit_preempted", "report_preempted"]
+__all__ = ["RunEnd", "StepChecks", "exit_preempted", "report_preempted"]
+
+CHECKS_EVERY = 500  # steps between two post_step_checks events
+
+
+class StepChecks:
+    """The hooks' time after each step's end (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.steps = 0
+        self._began = 0.0
+
+    def begin(self) -> None:
+        self._began = time.perf_counter()
+
+    def end(self, ledger: Any) -> None:
+        """The hooks of one step are done: add their time, and write the event when it is due."""
+        self.seconds += time.perf_counter() - self._began
+        self.steps += 1
+        if self.steps >= CHECKS_EVERY:
+            self.flush(ledger)
+
+    def flush(self, ledger: Any) -> None:
+        if self.steps:
+            ledger.event("post_step_checks", seconds=round(self.seconds, 6), steps=self.steps)
+            self.seconds, self.steps = 0.0, 0
 
 
 class RunEnd:
@@ -39,6 +71,7 @@ class RunEnd:
         self.loop = loop
         self.membership = membership
         self.closed = False
+        self.checks = StepChecks()
         self.last_saved: int | None = None  # the step the newest save holds: close() does not save it again
 
     def close(self, run: Run, status: str) -> None:
@@ -70,6 +103,7 @@ class RunEnd:
         """Let go of what ``run`` holds: its hooks (last added first), its ledger, its fault plan, its group."""
         for hook in reversed(run.hooks):
             hook.on_close(run, status)
+        self.checks.flush(run.ledger)
         run.ledger.close(status)
         install_faults(None)
         self.membership.close()
