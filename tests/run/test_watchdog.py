@@ -28,6 +28,8 @@ def test_hung_process_is_ended_with_exit_hang(tmp_path: os.PathLike[str]) -> Non
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == EXIT_HANG
     assert "no progress for" in proc.stderr and "checkpoint_save" in proc.stderr
+    # where it hung: every thread's stack, the main thread's wait among them
+    assert "Current thread" in proc.stderr and 'File "<string>", line 7' in proc.stderr, proc.stderr
     with open(note) as f:
         assert f.read() == "checkpoint_save"
 
@@ -71,3 +73,11 @@ def test_a_slow_store_at_the_start_is_given_the_restores_time_not_a_steps(
         assert proxy.injected() == {"stall": 1}
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "restored None" in proc.stdout
+
+
+def test_a_collective_times_out_after_the_watchdog_so_a_hang_is_the_watchdog_s_to_report() -> None:
+    from goodput.run.watchdog import COLLECTIVE_TIMEOUT, HANG_TIMEOUT, collective_timeout
+
+    for hang in (1.0, 10.0, HANG_TIMEOUT, 3600.0):
+        assert collective_timeout(hang) > hang  # the hung rank's watchdog speaks first, stacks and all
+    assert collective_timeout(None) == COLLECTIVE_TIMEOUT

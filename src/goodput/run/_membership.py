@@ -31,9 +31,12 @@ class Membership:
         run_dir: the run folder (its ledgers number the attempts).
         backend: process-group backend (None: nccl with CUDA, else gloo).
         step_of: the run's current step, which the warm worker reports to the agent.
+        collective_timeout: the process group's timeout in seconds (a warm worker's comes from its launch).
     """
 
-    def __init__(self, run_dir: str, backend: str | None, *, step_of: Callable[[], int]) -> None:
+    def __init__(
+        self, run_dir: str, backend: str | None, *, step_of: Callable[[], int], collective_timeout: float
+    ) -> None:
         self.worker = WarmWorker() if warm_enabled() else None  # the warm side, under --restart warm
         if self.worker is not None:
             self.worker.step_of = step_of
@@ -41,7 +44,7 @@ class Membership:
             self.info = dist_info()
             self.owns_group = self.info.world_size > 1  # and so destroys it at the run's end
         else:
-            self.info = init_distributed(backend)
+            self.info = init_distributed(backend, timeout=collective_timeout)
             self.owns_group = single_process_group(backend) or self.info.world_size > 1
         self.preempt = PreemptionWatch(rank=self.info.rank, world_size=self.info.world_size)
         register_pid(self.info.rank)

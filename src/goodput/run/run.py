@@ -39,7 +39,7 @@ from goodput.run._warm import WarmHook, exit_failed
 from goodput.run.hooks import RunHook, find_hook
 from goodput.run.numeric import NumericConfig
 from goodput.run.stragglers import StragglerConfig, StragglerHook
-from goodput.run.watchdog import HANG_TIMEOUT
+from goodput.run.watchdog import HANG_TIMEOUT, collective_timeout
 from goodput.warm.boot import release as release_gc
 
 __all__ = ["Run"]
@@ -98,7 +98,9 @@ class Run:
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.step = 0
-        self._job = Membership(run_dir, backend, step_of=lambda: self.step)
+        self._job = Membership(
+            run_dir, backend, step_of=lambda: self.step, collective_timeout=collective_timeout(hang_timeout)
+        )
         self.info = self._job.info
         self.ledger = Ledger(run_dir, rank=self.info.rank, attempt=self._job.attempt, began=self._job.began)
         self.attempt = self.ledger.attempt

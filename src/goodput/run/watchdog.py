@@ -3,13 +3,19 @@
 A collective that never returns (a dead peer, a wedged NCCL kernel) blocks a rank forever, and torchrun only
 restarts workers that exit. The watchdog runs in a daemon thread; the training loop calls ``beat()`` after each
 step, and wraps long phases (checkpoint save and restore) in ``phase(name)``, which allows a longer timeout.
-When the time since the last beat exceeds the timeout, the watchdog calls ``on_hang(seconds, phase)`` (the
-ledger records ``failure_detected`` there) and ends the process with ``EXIT_HANG``.
+When the time since the last beat exceeds the timeout, the watchdog prints the stack of every thread of the
+process (where it hung: a collective, a batch that never came), calls ``on_hang(seconds, phase)`` (the ledger
+records ``failure_detected`` there) and ends the process with ``EXIT_HANG``.
+
+The job's collectives time out later than the watchdog (:func:`collective_timeout`), so that a hang ends in
+every rank's stacks and the watchdog's verdict rather than in a peer's collective timeout, which says nothing
+of the rank that hung.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import sys
 import threading
@@ -19,10 +25,20 @@ from collections.abc import Callable, Iterator
 from goodput.errors import ConfigError
 from goodput.job.codes import EXIT_HANG
 
-__all__ = ["HANG_TIMEOUT", "PHASE_FACTOR", "Watchdog"]
+__all__ = ["HANG_TIMEOUT", "PHASE_FACTOR", "Watchdog", "collective_timeout"]
 
 HANG_TIMEOUT = 300.0  # Run's default: seconds without a step before a rank counts as hung
 PHASE_FACTOR = 4  # the default limit inside a phase (checkpoint save or restore), in timeouts
+COLLECTIVE_TIMEOUT = 300.0  # the process group's timeout with the watchdog off
+_COLLECTIVE_MARGIN = 60.0  # how much later than the watchdog a collective times out
+
+
+def collective_timeout(hang_timeout: float | None) -> float:
+    """The process group's timeout for a run whose watchdog fires after ``hang_timeout`` seconds (None: off):
+    later than the watchdog, so that a hang is the watchdog's to report (see the module docstring)."""
+    if hang_timeout is None:
+        return COLLECTIVE_TIMEOUT
+    return max(COLLECTIVE_TIMEOUT, hang_timeout + _COLLECTIVE_MARGIN)
 
 
 class Watchdog:
@@ -80,6 +96,11 @@ class Watchdog:
             if idle > limit:
                 where = f" in phase {self._phase}" if self._phase else ""
                 print(f"goodput: no progress for {idle:.1f}s{where}; ending this rank", file=sys.stderr)
+                sys.stderr.flush()
+                with contextlib.suppress(
+                    Exception
+                ):  # a stderr without a file descriptor: the line above only
+                    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 if self._on_hang is not None:
                     self._on_hang(idle, self._phase)
                 self._exit(EXIT_HANG)
