@@ -47,18 +47,10 @@ def test_a_script_that_leaks_a_file_per_step_stops_the_soak_with_its_replay_file
     fault = SoakFault(kind="kill", seconds=1.0, step=100, rank=1)
     plan = SoakPlan(seed=3, mtbf=30.0, seconds=30.0, steps=4000, step_seconds=0.01, schedule=(fault,))
     (tmp_path / "given.json").write_text(json.dumps(plan.to_json()))
-    script = str(ROOT / "tests" / "scripts" / "leaky_train.py")
-    proc = _soak(
-        tmp_path,
-        "--replay",
-        "given.json",
-        "--work-dir",
-        str(tmp_path / "work"),
-        "--",
-        script,
-        "--steps",
-        "100000",
-    )
+    script = str(ROOT / "tests" / "scripts" / "verify_user_train.py")
+    work = str(tmp_path / "work")
+    leaky = [script, "--broken", "leak", "--steps", "100000"]
+    proc = _soak(tmp_path, "--replay", "given.json", "--work-dir", work, "--", *leaky)
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     # each file object holds a buffer, so its memory grows with its open files
     assert re.search(r"VIOLATION: pid \d+ \(worker\): .*fds kept growing", proc.stderr), proc.stderr[-3000:]

@@ -1,9 +1,11 @@
 """A user's training script written from the README's loop alone: its own model, dataset, DDP, Run.
 
 goodput verify-resume --nproc 2 --kills 2 -- tests/scripts/verify_user_train.py --steps 24
+goodput drill --soak --replay soak-replay.json -- tests/scripts/verify_user_train.py --broken leak --steps 100000
 
 ``--broken rand`` adds noise from a torch generator seeded from the clock (randomness outside the checkpointed
-state); ``--broken loader`` keeps the loader's position out of the checkpoint (a loader outside ``Run``).
+state); ``--broken loader`` keeps the loader's position out of the checkpoint (a loader outside ``Run``);
+``--broken leak`` opens a file at every step and never closes it (the leak a soak must find).
 ``--python-random unused`` leaves Python's ``random`` unseeded and never draws from it (a script that seeds only
 what it uses); ``--python-random drawn`` leaves it unseeded and draws from it at every step.
 """
@@ -36,7 +38,7 @@ class Points(torch.utils.data.Dataset):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=24)
-    p.add_argument("--broken", choices=["rand", "loader"], default=None)
+    p.add_argument("--broken", choices=["rand", "loader", "leak"], default=None)
     p.add_argument("--python-random", choices=["seeded", "unused", "drawn"], default="seeded")
     args = p.parse_args()
     if args.python_random == "seeded":
@@ -61,7 +63,10 @@ def main() -> None:
     run.restore(
         model=model, optimizer=opt, scheduler=sched, loader=None if args.broken == "loader" else loader
     )
+    opened = []
     for x, y in run.batches(loader):
+        if args.broken == "leak":
+            opened.append(open(os.devnull))  # noqa: SIM115 (the leak: one open file more at every step)
         if args.broken == "rand":
             x = x + 1e-3 * torch.rand(x.shape, generator=clock)
         if args.python_random == "drawn" and random.random() < 0.0:  # drawn, never applied: p = 0

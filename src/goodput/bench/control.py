@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from goodput.bench import _control_runs as runs
+from goodput.bench._jobs import add_output_arguments, launch, print_result, work_folder
 
 __all__ = ["add_arguments", "run"]
 
@@ -60,8 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="goodput launch --collective-timeout (default 10; see docs/BENCHMARKS.md for why it shows)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--keep", default=None, help="keep the run folders under this folder")
+    add_output_arguments(parser)
 
 
 def parse_ranks(text: str) -> list[int]:
@@ -123,9 +120,7 @@ def _launch(n: int, mode: str, run_dir: str, args: argparse.Namespace) -> dict[s
     samples: list[int] = []
     launched = time.time()
     with _memory(samples):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the {mode} run at {n} ranks failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        launch(cmd, f"{mode} run at {n} ranks")
     return {
         "launched": launched,
         "wall_seconds": time.time() - launched,
@@ -192,11 +187,7 @@ def run(args: argparse.Namespace) -> int:
         "collective_timeout": args.collective_timeout,
         "by_ranks": {},
     }
-    with contextlib.ExitStack() as stack:
-        if args.keep:
-            work = os.path.join(args.keep, f"control-{int(time.time())}")
-        else:
-            work = stack.enter_context(tempfile.TemporaryDirectory(prefix="goodput-bench-control-"))
+    with work_folder(args.keep, "control") as work:
         for n in sizes:
             row: dict[str, Any] = {"runs": {}}
             for mode in modes:
@@ -207,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
             result["by_ranks"][str(n)] = row
     result["ratios"] = ratios(result, sizes)
     result["goals"] = {"handover_largest_over_smallest": f"<= {GOAL_HANDOVER_RATIO:g} (2 -> 16 ranks)"}
-    print(json.dumps(result, indent=2) if args.json else "\n".join(table(result)))
+    print_result(result, args.json, lambda r: print("\n".join(table(r))))
     return 0
 
 

@@ -61,10 +61,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
+from goodput.bench._jobs import add_output_arguments, print_result, work_folder
 from goodput.bench._peers_count import against_torchft, exactness, lineage, read_records
 from goodput.bench._peers_faults import Killer, draw_schedule
 from goodput.bench._peers_heldout import heldout_loss, write_split
@@ -131,8 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="run the fault-free contenders in this many interleaved rounds and compare medians (default 1)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--keep", default=None, help="keep the run folders under this folder")
+    add_output_arguments(parser)
     parser.add_argument(
         "--reference",
         default=None,
@@ -289,16 +288,9 @@ def run(args: argparse.Namespace) -> int:
         except RuntimeError as err:  # the other contenders still run
             contenders.remove("titan")
             args.skipped["titan"] = str(err)
-    with contextlib.ExitStack() as stack:
-        if args.keep:
-            work = os.path.join(args.keep, f"peers-{int(time.time())}")
-        else:
-            work = stack.enter_context(tempfile.TemporaryDirectory(prefix="goodput-bench-peers-"))
+    with work_folder(args.keep, "peers") as work:
         result = _measure(work, contenders, schedules, args)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print_table(result)
+    print_result(result, args.json, print_table)
     return 0
 
 

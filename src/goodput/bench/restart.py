@@ -26,14 +26,12 @@ fault-free run's.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
+
+from goodput.bench._jobs import add_output_arguments, launch, print_result, work_folder
 
 __all__ = ["add_arguments", "run"]
 
@@ -48,8 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--every", type=int, default=10, help="checkpoint every N steps (default 10)")
     parser.add_argument("--step-seconds", type=float, default=0.05, help="extra time per step (default 0.05)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--keep", default=None, help="keep the two run folders under this folder")
+    add_output_arguments(parser)
 
 
 def fault_plan(kills: int, steps_between: int) -> tuple[str, list[int]]:
@@ -78,11 +75,8 @@ def _launch(mode: str, run_dir: str, faults: str, args: argparse.Namespace, step
     cmd += ["--", SCRIPT, "--steps", str(steps), "--global-batch", str(GLOBAL_BATCH)]
     cmd += ["--every", str(args.every), "--step-seconds", str(args.step_seconds)]
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    took = time.monotonic() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"the {mode} run failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return took
+    launch(cmd, f"{mode} run")
+    return time.monotonic() - start
 
 
 def measure(run_dir: str) -> dict[str, Any]:
@@ -154,11 +148,7 @@ def run(args: argparse.Namespace) -> int:
     faults, _ = fault_plan(args.kills, args.between)
     steps = args.between * args.kills + 25
     result: dict[str, Any] = {"kills": args.kills, "steps": steps, "faults": faults, "every": args.every}
-    with contextlib.ExitStack() as stack:
-        if args.keep:
-            work = os.path.join(args.keep, f"restart-{int(time.time())}")
-        else:
-            work = stack.enter_context(tempfile.TemporaryDirectory(prefix="goodput-bench-restart-"))
+    with work_folder(args.keep, "restart") as work:
         for mode in MODES:
             run_dir = os.path.join(work, mode)
             wall = _launch(mode, run_dir, faults, args, steps)
@@ -179,10 +169,7 @@ def run(args: argparse.Namespace) -> int:
         m: result[m]["lost_steps_per_failure"] for m in ("cold", "warm", "shrink")
     }
     result["goals"] = {"cold_restart_over_warm_restart": ">= 3", "lost_steps_per_failure_warm": "<= 1"}
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        _print(result)
+    print_result(result, args.json, _print)
     return 0
 
 

@@ -157,10 +157,8 @@ def reference_run(
     """Run the script uninterrupted; None (and why, said) when it fails."""
     from goodput.ledger import read_events
 
-    empty = Reference(
-        run_dir="", records=RunRecords({}, {}, []), steps=0, saves=(), async_saves=False, seconds=0.0
-    )
     run_dir = os.path.join(work, "uninterrupted")
+    empty = Reference.empty()
     bootstrap = DrillContext(
         script=script, nproc=nproc, nnodes=nnodes, seed=seed, work_dir=run_dir, reference=empty, say=say
     )

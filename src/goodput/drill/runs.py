@@ -27,6 +27,7 @@ __all__ = [
     "LaunchSpec",
     "finish",
     "judge",
+    "largest_losses",
     "ledger_account",
     "outcome_text",
     "processes_of",
@@ -174,17 +175,20 @@ def ledger_account(run_dir: str) -> str:
     if not events:
         return "no ledger"
     acc = account(events)
-    lost = {
-        k: v for k, v in acc.categories.items() if k not in ("productive", "between_launches") and v >= 0.05
-    }
-    biggest = sorted(lost.items(), key=lambda kv: -kv[1])[:3]
     parts = [f"{len(acc.attempts)} attempt{'s' if len(acc.attempts) != 1 else ''}"]
     if acc.launches > 1:
         parts.append(f"{acc.launches} launches")
     parts.append(f"goodput {acc.goodput:.0%}")
-    if biggest:
-        parts.append(", ".join(f"{k} {v:.1f}s" for k, v in biggest))
+    if biggest := largest_losses(acc.categories, 3):
+        parts.append(biggest)
     return "; ".join(parts)
+
+
+def largest_losses(categories: Mapping[str, float], most: int) -> str:
+    """The ``most`` ledger categories that lost the most time (0.05 s or more), as ``name 1.2s, ...``; empty
+    when none did. Productive time and the time between launches are no loss."""
+    lost = {k: v for k, v in categories.items() if k not in ("productive", "between_launches") and v >= 0.05}
+    return ", ".join(f"{k} {v:.1f}s" for k, v in sorted(lost.items(), key=lambda kv: -kv[1])[:most])
 
 
 def outcome_text(status: int) -> str:

@@ -37,6 +37,14 @@ class Reference:
     async_saves: bool
     seconds: float
 
+    @classmethod
+    def empty(cls) -> Reference:
+        """No run to compare with: the reference of the launches made before or without one (the uninterrupted
+        run itself, the soak's job)."""
+        return cls(
+            run_dir="", records=RunRecords({}, {}, []), steps=0, saves=(), async_saves=False, seconds=0.0
+        )
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DrillContext:

@@ -28,7 +28,6 @@ from goodput.drill.soak_plan import REPLAY_FILE, SoakFault, SoakPlan, draw_sched
 from goodput.drill.soak_report import Outcome, judge_run, print_tables
 from goodput.errors import ConfigError
 from goodput.job.codes import EXIT_PREEMPTED
-from goodput.verify.records import RunRecords
 
 __all__ = ["CALIBRATION_STEPS", "SAMPLES_FILE", "soak"]
 
@@ -174,9 +173,7 @@ def _run(
     from goodput.drill.soak_leaks import Sampler
 
     run_dir = os.path.join(work, "soak")
-    empty = Reference(
-        run_dir="", records=RunRecords({}, {}, []), steps=0, saves=(), async_saves=False, seconds=0
-    )
+    empty = Reference.empty()
     context = DrillContext(
         script=script, nproc=nproc, nnodes=1, seed=plan.seed, work_dir=work, reference=empty, say=say
     )

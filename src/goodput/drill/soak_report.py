@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from goodput.drill.drill import aligned
-from goodput.drill.runs import outcome_text
+from goodput.drill.runs import largest_losses, outcome_text
 from goodput.drill.soak_checks import (
     KindRow,
     fired_faults,
@@ -74,10 +74,7 @@ def judge_run(
         except FileNotFoundError:
             found.append("the job recorded no step")
         found += _count_problems(kinds)
-    lost = {
-        k: v for k, v in acc.categories.items() if k not in ("productive", "between_launches") and v >= 0.05
-    }
-    biggest = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(lost.items(), key=lambda kv: -kv[1])[:4])
+    biggest = largest_losses(acc.categories, 4)
     text = (
         f"ledger: wall {acc.wall_seconds:.1f}s in {acc.launches} launch(es), {len(acc.attempts)} attempts, "
         f"categories {'tile it' if not tiling_problem(acc.categories, acc.wall_seconds) else 'DO NOT tile it'}; "

@@ -10,7 +10,7 @@ generation's gloo group, the memory tier its own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -57,14 +57,19 @@ def _pieces(message: Message) -> list[torch.Tensor]:
     return [*pieces, message.data] if message.data.numel() else pieces
 
 
-def _landing(envelope: torch.Tensor, inbox: Inbox | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The buffer a message whose envelope is ``envelope`` lands in, and the views :func:`_pieces` fill."""
+def _land(fill: Callable[[torch.Tensor], object], inbox: Inbox | None) -> memoryview:
+    """The bytes of a message whose :func:`_pieces` ``fill`` writes one tensor at a time (a receive or a
+    broadcast): the envelope first, whose lengths size the buffer (``inbox``'s, or a new one) the rest lands in."""
+    envelope = torch.empty(_ENVELOPE.size, dtype=torch.uint8)
+    fill(envelope)
     head_len, data_len, _ = _ENVELOPE.unpack(envelope.numpy().tobytes())
     start = envelope.numel()
     blob = (inbox or Inbox()).take(start + head_len + data_len)
     blob[:start].copy_(envelope)
-    views = [blob[start : start + head_len], blob[start + head_len :]]
-    return blob, [v for v in views if v.numel()]
+    for view in (blob[start : start + head_len], blob[start + head_len :]):
+        if view.numel():
+            fill(view)
+    return blob.numpy().data
 
 
 def send(message: Message, dst: int, group: Any = None) -> Sending:
@@ -79,12 +84,7 @@ def receive(src: int, group: Any = None, inbox: Inbox | None = None) -> memoryvi
     ``inbox``: a buffer to reuse (the bytes are valid until its next receive).
     """
     peer = _global(group, src)
-    envelope = torch.empty(_ENVELOPE.size, dtype=torch.uint8)
-    dist.recv(envelope, peer, group=group)
-    blob, views = _landing(envelope, inbox)
-    for view in views:
-        dist.recv(view, peer, group=group)
-    return blob.numpy().data
+    return _land(lambda piece: dist.recv(piece, peer, group=group), inbox)
 
 
 def broadcast(message: Message | None, src: int, group: Any = None) -> memoryview | Message:
@@ -95,12 +95,7 @@ def broadcast(message: Message | None, src: int, group: Any = None) -> memoryvie
         for piece in _pieces(message):
             dist.broadcast(piece, root, group=group)
         return message
-    envelope = torch.empty(_ENVELOPE.size, dtype=torch.uint8)
-    dist.broadcast(envelope, root, group=group)
-    blob, views = _landing(envelope, None)
-    for view in views:
-        dist.broadcast(view, root, group=group)
-    return blob.numpy().data
+    return _land(lambda piece: dist.broadcast(piece, root, group=group), None)
 
 
 def broadcast_state(state: Mapping[str, Any] | None, src: int, group: Any = None) -> dict[str, Any]:
