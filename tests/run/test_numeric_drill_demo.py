@@ -4,13 +4,15 @@ a mean of squared errors over 16 samples under dropout, whose ordinary steps, on
 back to the level).
 
 The curve is recorded (``tests/fixtures/numeric/drill_demo_loss.json``: each step's mean loss over the ranks, from
-a run whose spike rule could not fire, so every step is the clean one). A soak of the demo at the default
-``spike_k`` rolled back at steps 372, 2155 and 3476 of this curve for spikes nobody injected.
+a run whose spike rule could not fire, so every step is the clean one). At the default ``spike_k`` the rule calls
+steps 372, 2155 and 3476 of this curve spikes, which nobody injected.
 """
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from goodput.run.numeric import NumericConfig
 from tests.helpers.numeric import replay_alarms
@@ -24,6 +26,11 @@ def _losses() -> list[float]:
     return losses
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 43: the spike rule's noise (the smaller of two MADs) is below the spread of the rise it tests; "
+    "the fix tried in 2da0502 (the MAD of the window's own rises) hid the drill's 50x spike on the 40-step demo",
+)
 def test_no_false_spike_over_a_long_run_of_the_drill_s_demo_from_its_start_or_a_relaunch() -> None:
     losses = _losses()
     alarms = {start: replay_alarms(losses, start, NumericConfig()) for start in range(0, 5400, 600)}

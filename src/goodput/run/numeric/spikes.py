@@ -70,5 +70,5 @@ class SpikeWatch:
         needs = f"a rise of {rise:.1f}x over its level" if rise is not None else "a larger rise"
         return (
             f"a {factor:g}x spike stayed below the spike rule's threshold: on this loss it needs {needs} "
-            "(spike_k x the spread of the loss's own rises over the steps before them)"
+            "(spike_k x the loss's own noise from step to step)"
         )
