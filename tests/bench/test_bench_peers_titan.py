@@ -9,6 +9,7 @@ own bookkeeping; and the loss is the one a model gets on exactly those samples o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from goodput.demo.corpus import corpus_bytes, samples
 from goodput.demo.model import ModelConfig, TinyLM
 from goodput.demo.prepare import SAMPLE_BYTES
 from goodput.demo.train import collate, decode, save_final_model
+from goodput.job.signals import descendants
 from goodput.ledger import read_events
 
 LIMIT = 200_000  # bytes of corpus: 3,076 samples, the last 1,024 held out
@@ -118,7 +120,7 @@ def _kill_rank0_after(run_dir: str, steps: int, proc: subprocess.Popen) -> int:
 @pytest.mark.slow
 def test_the_titan_contender_resumes_from_torchtitan_s_checkpoint_exactly(tmp_path) -> None:
     from goodput.bench._peers_titan_launch import titan_site
-    from goodput.bench.peers import _command
+    from goodput.bench.peers import _command, launch_env
 
     try:
         path = titan_site()
@@ -128,16 +130,19 @@ def test_the_titan_contender_resumes_from_torchtitan_s_checkpoint_exactly(tmp_pa
     run_dir = str(tmp_path / "titan")
     os.makedirs(run_dir)
     steps = 60  # torchtitan saves every 3 steps (N / 20)
-    env = dict(os.environ, GOODPUT_RUN_DIR=run_dir, PYTHONPATH=os.pathsep.join([path, *sys.path]))
+    env = launch_env(run_dir, os.pathsep.join([path, *sys.path]))  # the bench's own: store sharing off
     with open(os.path.join(run_dir, "launch.log"), "w") as out:
         proc = subprocess.Popen(
             _command("titan", data, run_dir, steps, None), stdout=out, stderr=out, env=env
         )
         try:
             _kill_rank0_after(run_dir, 20, proc)
-            assert proc.wait(timeout=300) == 0, f"see {run_dir}/launch.log"
+            assert proc.wait(timeout=240) == 0, f"see {run_dir}/launch.log"
         finally:
-            proc.kill()
+            if proc.poll() is None:  # torchrun's ranks lead sessions of their own: kill them with it
+                for pid in [*descendants(proc.pid), proc.pid]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
             proc.wait()
     restored = [e["step"] for e in read_events(run_dir, rank=0) if e["event"] == "restore_end"]
     assert restored[0] is None and restored[1] is not None and 18 <= restored[1] < 60, restored

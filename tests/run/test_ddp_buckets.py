@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 import goodput as gp
+from goodput.testing import free_port
 from goodput.testing.dist import run_ranks
 
 _VARIANTS = ("plain", "user_hook_no_sync", "static_graph")
@@ -84,9 +85,9 @@ def _train(rank: int, variant: str, run_dir: str, ckpt: str, steps: int, group: 
 
 
 def _resume_against_uninterrupted(
-    rank: int, world: int, root: str, variants: tuple[str, ...]
+    rank: int, world: int, root: str, variants: tuple[str, ...], base_port: int
 ) -> dict[str, bool]:
-    os.environ.setdefault("DDP_BUCKETS_TEST_BASE_PORT", os.environ["MASTER_PORT"])
+    os.environ["DDP_BUCKETS_TEST_BASE_PORT"] = str(base_port)
     torch.distributed.destroy_process_group()  # each run makes its own
     same = {}
     for i, variant in enumerate(variants):
@@ -108,7 +109,10 @@ def _resume_against_uninterrupted(
 def test_a_run_resumed_at_step_2_trains_bit_for_bit_as_the_uninterrupted_one_on_3_ranks(
     tmp_path: Path,
 ) -> None:
-    results: list[Any] = run_ranks(_resume_against_uninterrupted, 3, str(tmp_path), _VARIANTS, timeout=180)
+    base = free_port(also=range(1, 3 * len(_VARIANTS) + 2))  # a block: one port per run of this test
+    results: list[Any] = run_ranks(
+        _resume_against_uninterrupted, 3, str(tmp_path), _VARIANTS, base, timeout=180
+    )
     for rank, same in enumerate(results):
         assert same == dict.fromkeys(_VARIANTS, True), f"rank {rank}: final parameters differ: {same}"
 
@@ -116,6 +120,9 @@ def test_a_run_resumed_at_step_2_trains_bit_for_bit_as_the_uninterrupted_one_on_
 def test_a_run_resumed_at_step_2_trains_bit_for_bit_on_4_ranks(
     tmp_path: Path,
 ) -> None:
-    results: list[Any] = run_ranks(_resume_against_uninterrupted, 4, str(tmp_path), _VARIANTS_4, timeout=240)
+    base = free_port(also=range(1, 3 * len(_VARIANTS_4) + 2))
+    results: list[Any] = run_ranks(
+        _resume_against_uninterrupted, 4, str(tmp_path), _VARIANTS_4, base, timeout=240
+    )
     for rank, same in enumerate(results):
         assert same == dict.fromkeys(_VARIANTS_4, True), f"rank {rank}: final parameters differ: {same}"

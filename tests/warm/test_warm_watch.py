@@ -36,7 +36,7 @@ def test_the_agents_word_ends_the_generation_and_stops_the_optimizer(
     store: tuple[str, dist.TCPStore],
 ) -> None:
     address, server = store
-    watch = EndWatch(address, "job-a", gen=4, abort=False)
+    watch = EndWatch(address, "job-a", gen=4)
     ours, theirs = dist.PrefixStore("job-a", server), dist.PrefixStore("job-b", server)
     install_optimizer_guard(watch)
     try:
@@ -62,7 +62,7 @@ def test_the_agents_word_ends_the_generation_and_stops_the_optimizer(
 
 def test_a_stopped_watch_ends_nothing(store: tuple[str, dist.TCPStore]) -> None:
     address, server = store
-    watch = EndWatch(address, "", gen=0, abort=False)
+    watch = EndWatch(address, "", gen=0)
     install_optimizer_guard(watch)
     watch.stop()
     assert not watch._thread.is_alive()

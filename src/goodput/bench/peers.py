@@ -187,15 +187,24 @@ def _command(contender: str, data: str, run_dir: str, steps: int, mtbf: float | 
     return cmd + (["--memory-every=off"] if contender == "cold" else [])
 
 
+def launch_env(run_dir: str, path: str = "") -> dict[str, str]:
+    """A contender's environment: its run folder, ``path`` first on PYTHONPATH (torchtitan's), and torchrun's
+    store sharing off. With it on, a restarted attempt meets in the agent's store, which outlives the attempt
+    that SIGKILL ended: gloo can read that attempt's rank addresses there and fail ``connectFullMesh`` (refused)
+    at every restart, as torchtitan's job did in 9 of 12 runs of the titan test that left it on."""
+    env = dict(os.environ, GOODPUT_RUN_DIR=os.path.abspath(run_dir), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
+    return env
+
+
 def _launch(
     contender: str, data: str, run_dir: str, steps: int, mtbf: float | None, seed: int, path: str = ""
 ) -> dict[str, Any]:
     """One run under the schedule: wall seconds, the failures applied, goodput, and the step records; ``path``
     goes first on the run's PYTHONPATH (the titan contender's torchtitan)."""
     os.makedirs(run_dir)
-    env = dict(os.environ, GOODPUT_RUN_DIR=os.path.abspath(run_dir), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    if path:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
+    env = launch_env(run_dir, path)
     schedule = draw_schedule(mtbf, seed=seed, world_size=2, horizon=3600.0)
     with open(os.path.join(run_dir, "launch.log"), "w") as log, contextlib.ExitStack() as stack:
         start = time.monotonic()

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import time
 
+from goodput._ports import free_port
 from goodput.drill.process import durable_before, last_attempt, recorded, restored_steps, said, signal_step
 from goodput.drill.runs import LaunchSpec, finish, outcome_text, processes_of, result, start_launch
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
@@ -85,13 +86,6 @@ class TwoNodeJob:
             time.sleep(0.05)  # polling the port, not a synchronisation by time
         self.procs.append(self.start(1, faults))
         return True
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 free now: the rendezvous endpoint of a new job."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _listening(endpoint: str) -> bool:

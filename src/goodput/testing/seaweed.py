@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ import urllib.request
 from types import TracebackType
 from typing import Any
 
+from goodput._ports import free_port
+
 __all__ = ["S3Server", "free_port"]
 
 # weed derives each gRPC port as the HTTP port + 10000; keep both inside the valid range.
@@ -31,28 +32,6 @@ _GRPC_OFFSET = 10000
 # weed listens on a unix socket per port beside each TCP one, named seaweedfs-<part>-<port>.sock in /tmp whatever
 # TMPDIR says, and leaves some behind however it ends
 _SOCKETS = "/tmp"
-
-
-def free_port(*, grpc_offset: bool = False) -> int:
-    """A TCP port on 127.0.0.1 that is free now (and, with grpc_offset, whose +10000 twin is free too)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if not grpc_offset:
-            return port
-        if port + _GRPC_OFFSET < 65536 and _is_free(port + _GRPC_OFFSET):
-            return port
-    raise RuntimeError("no free port pair found on 127.0.0.1")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _weed_binary() -> str:
@@ -76,11 +55,11 @@ class S3Server:
         self.secret_key = secrets.token_hex(20)
         self._own_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="goodput-s3-")
-        self.s3_port = free_port(grpc_offset=True)
+        self.s3_port = free_port(also=(_GRPC_OFFSET,))
         self._ports = {
-            "master": free_port(grpc_offset=True),
-            "volume": free_port(grpc_offset=True),
-            "filer": free_port(grpc_offset=True),
+            "master": free_port(also=(_GRPC_OFFSET,)),
+            "volume": free_port(also=(_GRPC_OFFSET,)),
+            "filer": free_port(also=(_GRPC_OFFSET,)),
         }
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_path = os.path.join(self.data_dir, "weed.log")

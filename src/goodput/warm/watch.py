@@ -1,19 +1,20 @@
-"""Leave a failed generation at the agent's word: stop the optimizer, and on NCCL abort the communicators.
+"""Leave a failed generation at the agent's word: stop the optimizer, and break what a collective is blocked on.
 
-A survivor learns of a peer's failure from its own collectives. gloo notices at once: the dead peer's sockets
-close and the blocked collective raises. NCCL does not: a collective blocked on a dead peer spins on the GPU
-until the process group's timeout, and its watchdog then, by default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``),
-ends the whole process, turning a warm restart into a cold one. The agent knows sooner: it sees the worker exit
-and writes ``gen/<g>/next`` at once.
+A survivor learns of a peer's failure from its own collectives, and not always soon. NCCL does not notice: a
+collective blocked on a dead peer spins on the GPU until the process group's timeout, and its watchdog then, by
+default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``), ends the whole process, turning a warm restart into a cold one.
+gloo notices only on the connections to the dead peer: from 3 ranks on, a rank whose collective reads from
+another survivor waits out the timeout. The agent knows sooner: it sees the worker exit and writes
+``gen/<g>/next`` at once.
 
 :class:`EndWatch` polls that key from a thread of its own, with its own connection to the agent's store. When it
-appears, the watch marks the generation ended and, on NCCL, aborts every communicator of the process (PyTorch's
-documented ``ProcessGroup.abort``, i.e. ``ncclCommAbort``), which returns the blocked collective with an error.
-An aborted collective may also return with its output unfinished, so the mark guards the optimizer too: a
-global optimizer pre-step hook raises a ``DistBackendError`` once the generation has ended, so no rank applies
-gradients that did not come from every rank. The rank then leaves through ``Run.warm`` like any peer failure,
-holding its last completed step. Under gloo the abort is skipped (it would not unblock anything) and only the
-guard acts.
+appears, the watch marks the generation ended and calls what the worker gave it for the backend: on NCCL, abort
+every communicator of the process (PyTorch's documented ``ProcessGroup.abort``, i.e. ``ncclCommAbort``); on gloo,
+whose abort does nothing, hang up the generation's connections (:mod:`goodput.warm.hangup`). Either returns the
+blocked collective with an error. An aborted collective may also return with its output unfinished, so the mark
+guards the optimizer too: a global optimizer pre-step hook raises a ``DistBackendError`` once the generation has
+ended, so no rank applies gradients that did not come from every rank. The rank then leaves through
+``Run.warm`` like any peer failure, holding its last completed step.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ POLL_SECONDS = 0.1
 class EndWatch:
     """Watches for the end of generation ``gen`` (the agent's ``gen/<gen>/next``) in a daemon thread."""
 
-    def __init__(self, address: str, prefix: str, gen: int, *, abort: bool) -> None:
+    def __init__(
+        self, address: str, prefix: str, gen: int, *, on_end: Callable[[], object] | None = None
+    ) -> None:
         self.gen = gen
         self.ended = threading.Event()  # set when the agent ended this generation
-        self._abort = abort
+        self._on_end = on_end  # breaks the collectives blocked on the generation
         self._stop = threading.Event()
         self._address = address
         self._prefix = prefix
@@ -56,8 +59,8 @@ class EndWatch:
         if self._stop.is_set():
             return
         self.ended.set()
-        if self._abort:
-            abort_communicators()
+        if self._on_end is not None:
+            self._on_end()
 
     def stop(self) -> None:
         """Stop watching (this generation is left, or the run closed) and wait for the thread."""

@@ -8,8 +8,9 @@ agent's TCP store, which outlives every worker. The protocol, in store keys (eac
   process is new and restores from the newest checkpoint; "warm": survivors and a replacement recover live),
   the failed ranks and the agent's detection and hand-over times.
 * ``gen/<g>/next``      the ``Successor`` ``g2``: generation ``g`` has ended; its survivors join ``g2``. Each rank
-  watches for it in a thread (:mod:`goodput.warm.watch`): from then on no optimizer step applies, and on
-  NCCL the communicators are aborted, so a collective blocked on the dead peer returns at once.
+  watches for it in a thread (:mod:`goodput.warm.watch`): from then on no optimizer step applies, and a
+  collective blocked on the dead peer, or on a survivor that left, returns at once (NCCL: the communicators
+  are aborted; gloo: the generation's connections are hung up, :mod:`goodput.warm.hangup`).
 * ``pg/<g>/...``        the store namespace of generation ``g``'s process group (a fresh prefix per
   generation, so nobody reads a dead peer's address).
 * ``gen/<g>/settled``   set by the last rank to arrive in ``g`` (``gen/<g>/everyone`` beside it) or, when ``g``
@@ -48,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from goodput.warm.hangup import Hangup
 from goodput.warm.protocol import (
     WARM_GEN,
     WARM_PG_TIMEOUT,
@@ -60,7 +62,7 @@ from goodput.warm.protocol import (
 )
 from goodput.warm.record import RecordFiles, record_folder
 from goodput.warm.store import WarmStore, operations, operations_since
-from goodput.warm.watch import EndWatch, install_optimizer_guard
+from goodput.warm.watch import EndWatch, abort_communicators, install_optimizer_guard
 
 __all__ = ["WarmWorker", "warm_enabled"]
 
@@ -109,6 +111,7 @@ class WarmWorker:
         self._backend: str | None = None  # the script's choice, kept for every later generation
         self._ctl: Any = None  # a gloo group of the generation: live recovery's CPU tensors, on any backend
         self._watch: EndWatch | None = None
+        self._hangup: Hangup | None = None  # breaks the current gloo generation's connections
         self.step_of: Callable[[], int] | None = None  # the last completed step (Run's), for the records
 
     # ---- joining -------------------------------------------------------------------------------------------
@@ -151,6 +154,8 @@ class WarmWorker:
         if backend == "nccl":
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # before the generation's first group listens: each gloo group formed from here on is the generation's
+        self._hangup = Hangup() if backend == "gloo" else None
         dist.init_process_group(
             backend,
             store=self.store.group_store(self.gen),
@@ -159,7 +164,8 @@ class WarmWorker:
             timeout=datetime.timedelta(seconds=self.pg_timeout),
         )
         self._ctl = dist.new_group(backend="gloo") if backend != "gloo" else None
-        self._watch = EndWatch(WARM_STORE.get(), WARM_PREFIX.get(), self.gen, abort=backend != "gloo")
+        on_end = self._hangup if self._hangup is not None else abort_communicators
+        self._watch = EndWatch(WARM_STORE.get(), WARM_PREFIX.get(), self.gen, on_end=on_end)
         install_optimizer_guard(self._watch, self._record_before_step)
         self.joined_wall = time.time()
 
@@ -274,6 +280,9 @@ class WarmWorker:
 
         self._failed_wall = time.time()
         self._ops_before = operations()
+        if self._hangup is not None:  # a peer blocked reading from this rank fails now, not at its timeout
+            self._hangup()
+            self._hangup = None
         self.stop_watch()
         if dist.is_initialized():
             if "nccl" in str(dist.get_backend()):
@@ -382,7 +391,7 @@ class WarmWorker:
             "detection_seconds": round(max(0.0, detected - failed), 6),
             "handover_seconds": round(max(0.0, handover - detected), 6),
             "reform_seconds": round(max(0.0, self.joined_wall - handover), 6),
-            # a survivor's wait in its failed collective after the agent saw the failure (gloo cannot abort one)
+            # a survivor's wait in its failed collective after the agent saw the failure
             "left_seconds": round(max(0.0, (self._failed_wall or detected) - detected), 6),
             "restore_seconds": round(restore_seconds, 6),
             "spare_wait_seconds": self.spare_wait if role == "replacement" else None,
