@@ -71,8 +71,9 @@ def test_spike_rule_flags_a_spike_and_no_false_alarm_over_a_noisy_falling_loss()
     losses = [3.0 * math.exp(-i / 300) + rng.gauss(0, 0.05) for i in range(2000)]
     alarms = [i for i in range(20, len(losses)) if losses[i] > spike_threshold(losses[i - 100 : i] if i >= 100 else losses[:i], k=6.0, min_rise=0.1)]  # fmt: skip
     assert alarms == []
-    window = losses[1000:1100]
-    assert losses[1100] * 3 > spike_threshold(window, k=6.0, min_rise=0.1)
+    window = losses[1000:1100]  # 0.1 +- 0.05 there: a 4x step rises 8 sigmas of the rises, a 2x one 3
+    assert losses[1100] * 4 > spike_threshold(window, k=6.0, min_rise=0.1)
+    assert losses[1100] * 2 < spike_threshold(window, k=6.0, min_rise=0.1)
 
 
 def test_verdict_agrees_names_by_majority_and_by_self_check() -> None:
@@ -278,3 +279,26 @@ def test_goodput_numeric_turns_the_guard_on_where_the_script_leaves_it_off(
         assert any(type(hook).__name__ == "NumericGuard" for hook in run.hooks)
     finally:
         run.close()
+
+
+def test_a_spike_k_too_large_for_any_float_trains_and_writes_its_figures(tmp_path: Path) -> None:
+    """``spike_k=1e9`` puts the threshold above every float (a spike rule made blind, as a recording of a clean
+    loss wants): the run trains and its ledger says the rule catches no finite rise, instead of stopping on an
+    infinity the ledger's JSON cannot hold (exit 78)."""
+    import goodput as gp
+    from goodput.ledger.ledger import read_events
+
+    run = gp.Run(
+        str(tmp_path),
+        total_steps=30,
+        progress=False,
+        hang_timeout=None,
+        numeric=gp.NumericConfig(spike_k=1e9),
+    )
+    model = torch.nn.Linear(2, 1)
+    run.restore(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0))
+    while run.step < 30:
+        run.step_done(loss=1.0 + 0.1 * (run.step % 3))
+    run.close()
+    figures = [e for e in read_events(str(tmp_path), rank=0) if e["event"] == "spike_rule"]
+    assert figures and all(e["rise"] is None and e["threshold"] is None for e in figures), figures

@@ -33,10 +33,6 @@ __all__ = ["CALIBRATION_STEPS", "SAMPLES_FILE", "soak"]
 
 SAMPLES_FILE = "soak-samples.jsonl"  # in the work folder: every reading of the sampler
 CALIBRATION_STEPS = 60  # the built-in script's steps in the run that measures its step time
-# The built-in script's loss (the mean squared error of 16 samples, with dropout) has tails that pass six sigmas
-# every few thousand steps: a long run of it at the spike rule's default raises rollbacks nobody injected, three
-# within 1000 steps stop it (exit 65). The soak runs it at twelve, where a 50x spike is still caught at once.
-DEMO_SPIKE_K = "12"
 _POLL = (
     0.2  # seconds between the soak's looks at the job (markers, attempts, the step a preemption waits for)
 )
@@ -110,8 +106,6 @@ def _draw(
 ) -> tuple[SoakPlan, tuple[str, ...]] | None:  # fmt: skip
     """Measure the script's step time in a short uninterrupted run and draw the schedule from it."""
     demo = script[0] == DEMO_SCRIPT
-    if demo:
-        script = (*script, "--spike-k", DEMO_SPIKE_K)
     measured = (*script, "--steps", str(CALIBRATION_STEPS)) if demo else script
     say(f"soak: measuring the step time: {' '.join(measured)} once, uninterrupted ...")
     reference = reference_run(measured, nproc=nproc, nnodes=1, seed=seed, work=work, say=say)

@@ -8,7 +8,6 @@ round: no rank acts alone.
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 import struct
@@ -92,34 +91,34 @@ def fingerprint(tensors: Iterable[torch.Tensor]) -> int:
 
 def spike_threshold(history: Sequence[float], *, k: float, min_rise: float) -> float:
     """The loss above which a step is a spike: a rise above the loss's current level (the median of its last
-    ``RECENT`` steps) by more than ``k`` x its step-to-step noise and by at least ``min_rise`` x the level.
+    ``RECENT`` steps) by more than ``k`` x the spread of the window's own rises and by at least ``min_rise`` x the
+    level.
 
     Measured on the logarithm of the losses when they are all positive (every loss of a likelihood, a cross
     entropy or a squared error is), else on the losses themselves. A small batch's loss is skewed to the
     right (a few samples with large errors dominate a mean of squares): on its own scale, its ordinary steps
     reach many MADs above the median, while their logarithm is nearly symmetric, so a spike is a jump by a
-    factor that the recent steps' own noise in factors does not explain. The noise is the smaller of two MADs
-    (scaled to a normal's sigma): of the window's losses, and of their changes from one step to the next
-    (divided by sqrt 2, one step's share). On a steady loss both measure its noise; on a loss that is still
-    falling the first also holds the fall (the window spans many factors), which is no noise a spike has to
-    exceed, and the second does not. Medians ignore a few outliers of their own; the floor keeps a flat loss
-    (no noise) from calling every small rise a spike.
+    factor that the recent steps' own rises do not explain. Each rise of the window is a step's value less the
+    median of the ``RECENT`` steps before it, the very statistic a new step is judged on, so its spread holds the
+    noise of the level too, and not the fall of a loss that is still falling (the level follows it). The spread
+    is their standard deviation, not a MAD: a small batch's loss has a tail heavier than a normal's even in
+    factors, and a MAD, which leaves the tail out, put its ordinary steps six of its sigmas above the level. The
+    floor keeps a flat loss (no noise) from calling every small rise a spike.
     """
     logs = min(history) > 0
     values = [math.log(x) for x in history] if logs else list(history)
     level = statistics.median(values[-RECENT:])
-    changes = [(b - a) / math.sqrt(2) for a, b in itertools.pairwise(values)]
-    noise = min(_mad(values), _mad(changes)) if changes else _mad(values)
+    rises = _rises(values)
+    noise = statistics.pstdev(rises) if len(rises) > 1 else 0.0
     if not logs:
         return level + max(k * noise, min_rise * abs(level))
     exponent = level + max(k * noise, math.log1p(min_rise))
     return math.exp(exponent) if exponent < _LOG_MAX else math.inf
 
 
-def _mad(values: Sequence[float]) -> float:
-    """The median absolute deviation, scaled to a normal's sigma."""
-    middle = statistics.median(values)
-    return 1.4826 * statistics.median(abs(x - middle) for x in values)
+def _rises(values: Sequence[float]) -> list[float]:
+    """Each value after the first less the median of the (up to) ``RECENT`` values before it."""
+    return [values[i] - statistics.median(values[max(0, i - RECENT) : i]) for i in range(1, len(values))]
 
 
 def spike_rise(history: Sequence[float], *, k: float, min_rise: float) -> float | None:

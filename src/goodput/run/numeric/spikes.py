@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -53,11 +54,14 @@ class SpikeWatch:
 
     def figures(self, history: Sequence[float]) -> dict[str, float | None]:
         """``rise`` (a factor of the current level, None where the losses are not all positive) and
-        ``threshold`` after ``history``; empty while the rule is off or warming up."""
+        ``threshold`` after ``history``; empty while the rule is off or warming up. Both are None where no float
+        is above the threshold (a ``spike_k`` so large that it overflows): the ledger's JSON holds no infinity."""
         c = self.config
         if c.spike_k is None or len(history) < c.spike_warmup:
             return {}
         threshold = spike_threshold(history, k=c.spike_k, min_rise=c.spike_min_rise)
+        if not math.isfinite(threshold):
+            return {"rise": None, "threshold": None}
         return {"rise": spike_rise(history, k=c.spike_k, min_rise=c.spike_min_rise), "threshold": threshold}
 
     def _why_missed(self, factor: float, history: Sequence[float]) -> str:
@@ -70,5 +74,5 @@ class SpikeWatch:
         needs = f"a rise of {rise:.1f}x over its level" if rise is not None else "a larger rise"
         return (
             f"a {factor:g}x spike stayed below the spike rule's threshold: on this loss it needs {needs} "
-            "(spike_k x the loss's own noise from step to step)"
+            "(spike_k x the spread of the loss's own rises over the steps before them)"
         )
