@@ -112,8 +112,9 @@ class KindRow:
             rollback's own measure; a relaunch's init and restore, the scheduler's wait left out).
         lost: seconds of work redone, each (the ledger's ``lost_work`` of the attempt the fault ended).
         undetectable: for ``spike``, the rises the spike rule needed (its own figure, as a factor of the loss's
-            level) at each scheduled spike it missed where that figure was above the spike's factor: on that
-            loss no rule without false alarms would see it, so it goes unanswered without a violation.
+            level) at each scheduled spike it missed where that figure was above half the spike's factor (the
+            drill's spike scenario injects only below it): on that loss a spike of that factor can pass unseen
+            (a step whose own loss lies under the level), so it goes unanswered without a violation.
     """
 
     kind: str
@@ -127,13 +128,13 @@ class KindRow:
 
 def undetectable_spikes(events: Sequence[Mapping[str, Any]]) -> tuple[float, ...]:
     """The rise the spike rule needed at each missed spike (the ledger's ``spike_missed``, once per step) whose
-    factor was below it."""
+    factor was below twice that rise."""
     needed: dict[int, float] = {}
     for e in events:
         if (
             e["event"] == "spike_missed"
             and e.get("rise") is not None
-            and float(e["rise"]) > float(e["factor"])
+            and 2 * float(e["rise"]) > float(e["factor"])
         ):
             needed[int(e["step"])] = float(e["rise"])
     return tuple(needed[step] for step in sorted(needed))

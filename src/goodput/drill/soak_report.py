@@ -182,7 +182,7 @@ def print_tables(outcome: Outcome, plan: SoakPlan) -> None:
             needs = ", ".join(f"{x:.0f}x" for x in r.undetectable)
             print(
                 f"spikes not detectable on this loss: {len(r.undetectable)} (the spike rule's own figure at their "
-                f"steps needed a rise of {needs}: a spike of a smaller factor passes unseen; docs/numeric-faults.md)"
+                f"steps needed a rise of {needs}, more than half the spike's factor; docs/numeric-faults.md)"
             )
     verdict = "every check held" if not outcome.violations else f"{len(outcome.violations)} violation(s)"
     print(f"soak: {plan.steps} steps, {outcome.seconds:.0f}s, {outcome_text(outcome.status)}: {verdict}")
