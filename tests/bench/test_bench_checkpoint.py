@@ -13,7 +13,9 @@ pytestmark = pytest.mark.slow
 
 def test_bench_checkpoint_json_has_every_ratio(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", "checkpoint", "--state-size", "4MiB", "--saves", "2", "--staging-saves", "3"]
-    assert main([*argv, "--window", "3", "--step-ms", "5", "--json"]) == 0
+    # windows of at most 20 steps: the figures are not asserted, only that every one is computed, and a window
+    # stretched to outlast an async save's background work only made them steadier
+    assert main([*argv, "--window", "3", "--max-window", "20", "--step-ms", "5", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     for key in (
         "torch_save_stall_over_async_stall",

@@ -38,9 +38,11 @@ def _listed(server: S3Server, url: str) -> list[tuple[int, str]]:
 
 def _inject(proxy: FaultProxy, kind: str) -> None:
     if kind == "throttled":
-        proxy.fail_next(4, status=503, code="SlowDown")
+        # two in a row (503 here, 500 below), so a request is retried and its retry fails again; each further
+        # one only adds to the client's exponential backoff (a random wait of up to 2**n s), not to what is proved
+        proxy.fail_next(2, status=503, code="SlowDown")
     elif kind == "5xx":
-        proxy.fail_next(3, status=500, code="InternalError")
+        proxy.fail_next(2, status=500, code="InternalError")
     elif kind == "reset":
         proxy.drop_next(2)
     else:
