@@ -8,6 +8,7 @@ round: no rank acts alone.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 import struct
@@ -109,7 +110,7 @@ def spike_threshold(history: Sequence[float], *, k: float, min_rise: float) -> f
     values = [math.log(x) for x in history] if logs else list(history)
     level = statistics.median(values[-RECENT:])
     rises = _rises(values)
-    noise = statistics.pstdev(rises) if len(rises) > 1 else 0.0
+    noise = _spread(rises) if len(rises) > 1 else 0.0
     if not logs:
         return level + max(k * noise, min_rise * abs(level))
     exponent = level + max(k * noise, math.log1p(min_rise))
@@ -117,8 +118,24 @@ def spike_threshold(history: Sequence[float], *, k: float, min_rise: float) -> f
 
 
 def _rises(values: Sequence[float]) -> list[float]:
-    """Each value after the first less the median of the (up to) ``RECENT`` values before it."""
-    return [values[i] - statistics.median(values[max(0, i - RECENT) : i]) for i in range(1, len(values))]
+    """Each value after the first less the median of the (up to) ``RECENT`` values before it (a sorted sliding
+    window: the guard judges every step, so this runs once per step over the whole window)."""
+    window: list[float] = []
+    rises = []
+    for i in range(1, len(values)):
+        bisect.insort(window, values[i - 1])
+        if i > RECENT:
+            del window[bisect.bisect_left(window, values[i - 1 - RECENT])]
+        middle = len(window) // 2
+        median = window[middle] if len(window) % 2 else (window[middle - 1] + window[middle]) / 2
+        rises.append(values[i] - median)
+    return rises
+
+
+def _spread(values: Sequence[float]) -> float:
+    """The population standard deviation of ``values`` (in floats: ``statistics.pstdev`` is exact and slow)."""
+    mean = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((x - mean) ** 2 for x in values) / len(values))
 
 
 def spike_rise(history: Sequence[float], *, k: float, min_rise: float) -> float | None:

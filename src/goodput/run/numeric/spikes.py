@@ -44,12 +44,16 @@ class SpikeWatch:
         """``step`` was judged after ``history`` (the rule's window); ``spike``: the verdict called it one."""
         ledger = run.ledger
         factor = self._spiked.pop(step, None)
+        missed = factor is not None and not spike
+        due = len(history) == self.config.spike_warmup or step % self.config.spike_warmup == 0
+        if not (missed or due):
+            return  # the figures cost as much as the verdict: computed only for an event
         figures = self.figures(history)
-        if factor is not None and not spike:
+        if missed:
             ledger.event(
                 "spike_missed", step=step, factor=factor, why=self._why_missed(factor, history), **figures
             )
-        if figures and (len(history) == self.config.spike_warmup or step % self.config.spike_warmup == 0):
+        if figures and due:
             ledger.event("spike_rule", step=step, **figures)
 
     def figures(self, history: Sequence[float]) -> dict[str, float | None]:
