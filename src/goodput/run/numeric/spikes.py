@@ -49,7 +49,7 @@ class SpikeWatch:
         if not (missed or due):
             return  # the figures cost as much as the verdict: computed only for an event
         figures = self.figures(history)
-        if missed:
+        if factor is not None and not spike:
             ledger.event(
                 "spike_missed", step=step, factor=factor, why=self._why_missed(factor, history), **figures
             )
