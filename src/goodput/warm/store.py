@@ -121,14 +121,6 @@ class WarmStore:
         """Whether generation ``gen`` has ended."""
         return self._check([protocol.next_key(gen)])
 
-    def wait_ended(self, gen: int, timeout: float) -> bool:
-        """Block until generation ``gen`` ends (True) or ``timeout`` seconds pass (False): one operation."""
-        try:
-            self._wait(protocol.next_key(gen), datetime.timedelta(seconds=timeout))
-        except Exception:  # the store's timeout error type differs between torch versions
-            return False
-        return True
-
     def wait_for_successor(self, gen: int, timeout: float) -> int | None:
         """The generation that follows ``gen``, once ``gen`` ends; None when it does not within ``timeout``
         seconds."""

@@ -7,9 +7,8 @@ gloo notices only on the connections to the dead peer: from 3 ranks on, a rank w
 another survivor waits out the timeout. The agent knows sooner: it sees the worker exit and writes
 ``gen/<g>/next`` at once.
 
-:class:`EndWatch` waits for that key from a thread of its own, with its own connection to the agent's store: a
-blocking ``wait`` the store answers when the key is written, so a generation costs the store one wait per rank
-however long it lives, not a poll per rank every tenth of a second. When the key appears, the watch marks the generation ended and calls what the worker gave it for the backend: on NCCL, abort
+:class:`EndWatch` polls that key from a thread of its own, with its own connection to the agent's store. When it
+appears, the watch marks the generation ended and calls what the worker gave it for the backend: on NCCL, abort
 every communicator of the process (PyTorch's documented ``ProcessGroup.abort``, i.e. ``ncclCommAbort``); on gloo,
 whose abort does nothing, hang up the generation's connections (:mod:`goodput.warm.hangup`). Either returns the
 blocked collective with an error. An aborted collective may also return with its output unfinished, so the mark
@@ -22,7 +21,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,9 +28,7 @@ from goodput.warm.store import WarmStore
 
 __all__ = ["EndWatch", "install_optimizer_guard"]
 
-# One blocking wait for the generation's end, renewed weekly: the store answers it when the key is written
-# and holds it meanwhile at no cost (a timed-out wait would also print c10d's warnings into the worker's log).
-WAIT_SECONDS = 7 * 24 * 3600.0
+POLL_SECONDS = 0.1
 
 
 class EndWatch:
@@ -45,7 +41,6 @@ class EndWatch:
         self.ended = threading.Event()  # set when the agent ended this generation
         self._on_end = on_end  # breaks the collectives blocked on the generation
         self._stop = threading.Event()
-        self._lock = threading.Lock()  # held while the end is acted on: stop() returns before it or after it
         self._address = address
         self._prefix = prefix
         self._thread = threading.Thread(target=self._watch, name=f"goodput-warm-watch-{gen}", daemon=True)
@@ -54,30 +49,24 @@ class EndWatch:
     def _watch(self) -> None:
         try:
             store = WarmStore.connect(self._address, self._prefix)
-            while True:
-                began = time.monotonic()
-                if store.wait_ended(self.gen, WAIT_SECONDS):
+            while not self._stop.wait(POLL_SECONDS):
+                if store.ended(self.gen):
                     break
-                if self._stop.is_set() or time.monotonic() - began < WAIT_SECONDS / 2:
-                    return  # not the wait's timeout: the agent's store is gone (the agent ends this process)
-        except Exception:  # no store to connect to: as above
-            return
-        with self._lock:
-            if self._stop.is_set():
+            else:
                 return
-            self.ended.set()
-            if self._on_end is not None:
-                self._on_end()
+        except Exception:  # the agent's store is gone: the agent ends this process itself
+            return
+        if self._stop.is_set():
+            return
+        self.ended.set()
+        if self._on_end is not None:
+            self._on_end()
 
     def stop(self) -> None:
-        """Stop watching (this generation is left, or the run closed): once this returns, the watch calls
-        nothing and marks nothing. Its thread stays blocked in its wait until the generation ends or the agent's
-        store goes (a daemon thread: the process does not wait for it), and then returns."""
-        if self._thread is threading.current_thread():
-            self._stop.set()  # the end's own call leaving the generation: the lock is ours already
-            return
-        with self._lock:
-            self._stop.set()
+        """Stop watching (this generation is left, or the run closed) and wait for the thread."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
 
 
 def abort_communicators() -> None:
