@@ -19,7 +19,6 @@ go, so that ``goodput report`` names it.
 from __future__ import annotations
 
 import sys
-import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from goodput.faults import install_faults
@@ -41,14 +40,10 @@ class StepChecks:
     def __init__(self) -> None:
         self.seconds = 0.0
         self.steps = 0
-        self._began = 0.0
 
-    def begin(self) -> None:
-        self._began = time.perf_counter()
-
-    def end(self, ledger: Any) -> None:
-        """The hooks of one step are done: add their time, and write the event when it is due."""
-        self.seconds += time.perf_counter() - self._began
+    def add(self, ledger: Any, seconds: float) -> None:
+        """One step's hooks took ``seconds``: add them, and write the event when it is due."""
+        self.seconds += seconds
         self.steps += 1
         if self.steps >= CHECKS_EVERY:
             self.flush(ledger)

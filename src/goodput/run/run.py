@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
@@ -214,12 +215,12 @@ class Run:
             loss = hook.adjust_loss(self, step, loss)
         self.fetch_seconds = getattr(self.loader, "last_fetch_seconds", 0.0) or 0.0
         self.ledger.step_end(step, fetch_seconds=self.fetch_seconds, loss=loss)
-        self._end.checks.begin()
+        checks_began = time.perf_counter()
         for hook in self.hooks:
             if hook.on_step(self, step, loss):
                 self._loop.rewound = True
                 return  # rolled back in place, to an earlier step: batches() goes on from there
-        self._end.checks.end(self.ledger)
+        self._end.checks.add(self.ledger, time.perf_counter() - checks_began)
         self.faults.check(phase="step", step=self.step)
         if self._job.preempt.should_stop(self.step):
             self._end.stop_preempted(self, self._job.preempt.requested or "a signal")
