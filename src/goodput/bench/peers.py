@@ -190,7 +190,7 @@ def launch_env(run_dir: str, path: str = "") -> dict[str, str]:
     """A contender's environment: its run folder, ``path`` first on PYTHONPATH (torchtitan's), and torchrun's
     store sharing off. With it on, a restarted attempt meets in the agent's store, which outlives the attempt
     that SIGKILL ended: gloo can read that attempt's rank addresses there and fail ``connectFullMesh`` (refused)
-    at every restart, as torchtitan's job did in 9 of 12 runs of the titan test that left it on."""
+    at every restart."""
     env = dict(os.environ, GOODPUT_RUN_DIR=os.path.abspath(run_dir), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     if path:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)

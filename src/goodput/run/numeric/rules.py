@@ -103,7 +103,7 @@ def spike_threshold(history: Sequence[float], *, k: float, min_rise: float) -> f
     median of the ``RECENT`` steps before it, the very statistic a new step is judged on, so its spread holds the
     noise of the level too, and not the fall of a loss that is still falling (the level follows it). The spread
     is their standard deviation, not a MAD: a small batch's loss has a tail heavier than a normal's even in
-    factors, and a MAD, which leaves the tail out, put its ordinary steps six of its sigmas above the level. The
+    factors, and a MAD, which leaves the tail out, would call its ordinary tail steps spikes. The
     floor keeps a flat loss (no noise) from calling every small rise a spike.
     """
     logs = min(history) > 0
