@@ -23,6 +23,12 @@ def _soak(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=540, cwd=cwd)
 
 
+def _fault_rows(stdout: str) -> dict[str, tuple[int, int]]:
+    """The per-kind table's (scheduled, seen) by kind: the lines after its header, to the first blank one."""
+    table = stdout.split("work lost s total/max\n", 1)[1].split("\n\n", 1)[0]
+    return {m[1]: (int(m[2]), int(m[3])) for m in re.finditer(r"^(\w+) +(\d+) +(\d+) ", table, re.M)}
+
+
 def test_a_short_soak_of_mixed_faults_holds_every_check_and_its_table_counts_the_schedule(
     tmp_path: Path,
 ) -> None:
@@ -30,12 +36,18 @@ def test_a_short_soak_of_mixed_faults_holds_every_check_and_its_table_counts_the
     # The gaps are drawn in units of the mean, so halving both keeps the schedule's kinds, ranks and order and
     # halves only the training between faults; the job's agent and first workers still live the three 10 s
     # warm-ups after which the leak checks judge a process.
-    proc = _soak(tmp_path, "30s", "--mtbf", "5s", "--seed", "1", "--work-dir", str(tmp_path / "work"))
+    # --kinds: the five kinds the seed drew before hangs, bit flips and agent and launcher kills joined
+    kinds = ("kill", "nan", "spike", "slow", "preempt")
+    work = str(tmp_path / "work")
+    proc = _soak(
+        tmp_path, "30s", "--mtbf", "5s", "--seed", "1", "--kinds", ",".join(kinds), "--work-dir", work
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert not (tmp_path / REPLAY_FILE).exists()
     scheduled = re.findall(r"^  \d+\. (\w+)", proc.stderr, re.MULTILINE)
     assert len(scheduled) >= 4 and len(set(scheduled)) >= 3, scheduled
-    rows = {m[1]: (int(m[2]), int(m[3])) for m in re.finditer(r"^(\w+) +(\d+) +(\d+) ", proc.stdout, re.M)}
+    rows = _fault_rows(proc.stdout)
+    assert set(scheduled) <= set(kinds)
     for kind in KINDS:
         assert rows[kind][0] == scheduled.count(kind), (kind, rows, scheduled)
         assert rows[kind][1] >= rows[kind][0], (
@@ -44,6 +56,36 @@ def test_a_short_soak_of_mixed_faults_holds_every_check_and_its_table_counts_the
         )  # each answered (numeric: maybe more, the guard's own)
     assert "categories tile it" in proc.stdout and "every check held" in proc.stdout
     assert proc.stderr.count("injected:") == len(scheduled), proc.stderr
+
+
+def test_a_hang_a_bit_flip_and_the_agent_and_launcher_killed_in_one_job_are_each_answered_and_leave_nothing(
+    tmp_path: Path,
+) -> None:
+    # the built-in script saves and compares its replicas every 4 steps: the flip at step 1202 lies between the
+    # checks at 1200 and 1204, with no other fault near; the launcher and the agent are killed by the soak itself
+    schedule = [
+        SoakFault(kind="launcher", seconds=3.0, step=300),
+        SoakFault(kind="hang", seconds=8.0, step=800, rank=1),
+        SoakFault(kind="bitflip", seconds=12.0, step=1202, rank=0),
+        SoakFault(kind="agent", seconds=16.0, step=1600),
+    ]
+    plan = SoakPlan(seed=5, mtbf=5.0, seconds=20.0, steps=2000, step_seconds=0.01, schedule=tuple(schedule))
+    (tmp_path / "given.json").write_text(json.dumps(plan.to_json()))
+    proc = _soak(tmp_path, "--replay", "given.json", "--work-dir", str(tmp_path / "work"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    rows = _fault_rows(proc.stdout)
+    for (
+        fault
+    ) in schedule:  # each answered once: a restart after the hang was declared, a rollback, 2 relaunches
+        assert rows[fault.kind] == (1, 1), (fault.kind, rows)
+    assert rows["kill"] == (0, 0), rows  # the hang's restart is not taken for a kill
+    assert proc.stderr.count("ended the launch") == 2 and "every check held" in proc.stdout, proc.stderr
+
+
+def test_an_unknown_fault_kind_is_refused_in_one_line(tmp_path: Path) -> None:
+    proc = _soak(tmp_path, "1m", "--kinds", "kill,meteor", "--work-dir", str(tmp_path / "work"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "meteor" in proc.stderr.strip().splitlines()[-1] and "hang" in proc.stderr
 
 
 def test_a_script_that_leaks_a_file_per_step_stops_the_soak_with_its_replay_file(tmp_path: Path) -> None:

@@ -27,8 +27,9 @@ exit status: 0 every scenario met its outcome, 1 one did not (or the uninterrupt
 
 def register(sub: Any) -> None:
     from goodput.drill.scenario import registered
-    from goodput.drill.soak_plan import REPLAY_FILE
+    from goodput.drill.soak_plan import KINDS, REPLAY_FILE
 
+    kinds = ",".join(KINDS)
     names = ", ".join(registered())
     parser = sub.add_parser(
         "drill",
@@ -59,6 +60,11 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help=f"with --soak: run the schedule of a {REPLAY_FILE} again",
     )
+    parser.add_argument(
+        "--kinds",
+        default=None,
+        help=f"with --soak: the fault kinds to mix, comma-separated (default all: {kinds})",
+    )
     add_work_dir_and_script(parser, runs="the runs (an empty folder)")
     parser.set_defaults(handler=_run)
 
@@ -72,6 +78,10 @@ def _run(args: argparse.Namespace) -> int:
     script = script_of(args)
     if args.soak is not None or args.replay is not None:
         return _soak(args, script)
+    if args.kinds is not None:
+        from goodput.errors import ConfigError
+
+        raise ConfigError("--kinds chooses the soak's faults: give it with --soak DURATION")
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()] if args.scenarios else None
 
     def say(line: str) -> None:
@@ -90,6 +100,7 @@ def _soak(args: argparse.Namespace, script: list[str]) -> int:
     import sys
 
     from goodput.drill.soak import soak
+    from goodput.drill.soak_plan import KINDS
     from goodput.errors import ConfigError
     from goodput.units import parse_duration
     from goodput.verify.session import in_work_folder
@@ -102,6 +113,7 @@ def _soak(args: argparse.Namespace, script: list[str]) -> int:
         raise ConfigError("--soak needs a DURATION (e.g. --soak 5m), or --replay FILE")
     duration = parse_duration(args.soak, what="--soak") if args.soak else None
     mtbf = parse_duration(args.mtbf, what="--mtbf")
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds is not None else KINDS
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -109,7 +121,7 @@ def _soak(args: argparse.Namespace, script: list[str]) -> int:
     def run(work: str) -> int:
         return soak(
             script, duration=duration, mtbf=mtbf, seed=args.seed, nproc=args.nproc, work_dir=work,
-            replay=args.replay, say=say,
+            replay=args.replay, kinds=kinds, say=say,
         )  # fmt: skip
 
     return in_work_folder(run, args.work_dir, prefix="goodput-soak-", keep=args.keep, say=say)

@@ -5,7 +5,8 @@ The script runs once briefly uninterrupted to measure its step time (the built-i
 script as it is); the schedule is drawn from it (:mod:`goodput.drill.soak_plan`), the built-in script is sized
 to train for DURATION (a user's script trains its own length, the schedule spread over it). The job then runs
 under ``goodput launch --restart warm`` with the schedule's fault plan; the soak sends each preemption's SIGTERM
-itself once the job has trained past its step, and runs the same command again after it, as a scheduler would.
+itself once the job has trained past its step, and runs the same command again after it, as a scheduler would;
+so for a SIGKILL of the warm agent or of ``goodput launch`` (after which no process of the job may be left).
 A thread samples the job's processes and the node meanwhile (:mod:`goodput.drill.soak_leaks`). A violation
 stops the soak at once and writes :data:`~goodput.drill.soak_plan.REPLAY_FILE` in the current folder, which
 ``goodput drill --soak --replay FILE`` runs again with the same schedule.
@@ -24,8 +25,19 @@ from collections.abc import Callable, Sequence
 from goodput.drill.drill import DEMO_SCRIPT, reference_run
 from goodput.drill.runs import LaunchSpec, start_launch
 from goodput.drill.scenario import DrillContext, Reference
-from goodput.drill.soak_plan import REPLAY_FILE, SoakFault, SoakPlan, draw_schedule, fault_plan, read_replay
+from goodput.drill.soak_plan import (
+    KINDS,
+    REPLAY_FILE,
+    SENT,
+    Checks,
+    SoakFault,
+    SoakPlan,
+    draw_schedule,
+    fault_plan,
+    read_replay,
+)
 from goodput.drill.soak_report import Outcome, judge_run, print_tables
+from goodput.drill.supervisors import agent_pid, left_after
 from goodput.errors import ConfigError
 from goodput.job.codes import EXIT_PREEMPTED
 
@@ -47,15 +59,21 @@ def soak(
     nproc: int,
     work_dir: str,
     replay: str | None = None,
+    kinds: Sequence[str] = KINDS,
     say: Callable[[str], None] = print,
 ) -> int:
     """Soak ``script`` (the built-in demo when empty) for ``duration`` seconds with a fault every ``mtbf``
-    seconds on average (or the schedule of the ``replay`` file); 0 when every check held, 1 on a violation (the
-    replay file written in the current folder).
+    seconds on average (or the schedule of the ``replay`` file), of the given ``kinds``; 0 when every check held,
+    1 on a violation (the replay file written in the current folder).
 
     Raises:
-        ConfigError: a missing script or replay file, a non-empty work folder, a duration or mtbf out of range.
+        ConfigError: a missing script or replay file, a non-empty work folder, a duration or mtbf out of range,
+            an unknown kind.
     """
+    if (unknown := sorted(set(kinds) - set(KINDS))) or not kinds:
+        raise ConfigError(
+            f"--kinds {','.join(unknown) or '(none)'}: not a soak's fault kind ({', '.join(KINDS)})"
+        )
     if os.path.isdir(work_dir) and os.listdir(work_dir):
         raise ConfigError(f"{work_dir} is not empty (an earlier drill?): choose an empty --work-dir")
     os.makedirs(work_dir, exist_ok=True)
@@ -65,7 +83,9 @@ def soak(
         if duration is None or duration <= 0 or mtbf <= 0:
             raise ConfigError(f"need --soak DURATION > 0 and --mtbf > 0, got {duration} and {mtbf}")
         script = tuple(script) or (DEMO_SCRIPT,)
-        drawn = _draw(script, duration=duration, mtbf=mtbf, seed=seed, nproc=nproc, work=work_dir, say=say)
+        drawn = _draw(
+            script, duration=duration, mtbf=mtbf, seed=seed, nproc=nproc, work=work_dir, kinds=kinds, say=say
+        )
         if drawn is None:
             return 1
         plan, script = drawn
@@ -96,13 +116,13 @@ def _replayed(path: str, script: Sequence[str]) -> tuple[SoakPlan, tuple[str, ..
     if script:
         return plan, tuple(script)
     with open(path) as f:
-        recorded = json.load(f).get("script") or [DEMO_SCRIPT]
+        recorded = json.load(f).get("script") or [DEMO_SCRIPT, "--steps", str(plan.steps)]
     return plan, tuple(str(a) for a in recorded)
 
 
 def _draw(
     script: tuple[str, ...], *, duration: float, mtbf: float, seed: int, nproc: int, work: str,
-    say: Callable[[str], None],
+    kinds: Sequence[str], say: Callable[[str], None],
 ) -> tuple[SoakPlan, tuple[str, ...]] | None:  # fmt: skip
     """Measure the script's step time in a short uninterrupted run and draw the schedule from it."""
     demo = script[0] == DEMO_SCRIPT
@@ -111,7 +131,10 @@ def _draw(
     reference = reference_run(measured, nproc=nproc, nnodes=1, seed=seed, work=work, say=say)
     if reference is None:
         return None
-    step_seconds, first = _measured(reference)
+    step_seconds, first, checks = _measured(reference)
+    if "bitflip" in kinds and checks is None:
+        kinds = [k for k in kinds if k != "bitflip"]
+        say("soak: no bit flips: the script's guard compares no replicas (NumericConfig(check_every=N) does)")
     steps = max(int(duration / step_seconds), first + 3) if demo else reference.steps
     if not demo and steps * step_seconds < duration:
         say(
@@ -120,7 +143,8 @@ def _draw(
         )
     seconds = min(duration, steps * step_seconds)
     schedule = draw_schedule(
-        seed=seed, mtbf=mtbf, seconds=seconds, step_seconds=step_seconds, steps=steps, first_step=first, world=nproc
+        seed=seed, mtbf=mtbf, seconds=seconds, step_seconds=step_seconds, steps=steps, first_step=first,
+        world=nproc, kinds=kinds, checks=checks,
     )  # fmt: skip
     if not schedule:
         raise ConfigError(
@@ -134,9 +158,9 @@ def _draw(
     return plan, ((*script, "--steps", str(steps)) if demo else script)
 
 
-def _measured(reference: Reference) -> tuple[float, int]:
+def _measured(reference: Reference) -> tuple[float, int, Checks | None]:
     """(seconds per step while training, the first step a fault may hit: past the first save and the spike
-    rule's warm-up) of the uninterrupted run."""
+    rule's warm-up, the guard's replica checks or None) of the uninterrupted run."""
     from goodput.ledger import read_events
     from goodput.ledger.accounting import account
 
@@ -145,19 +169,26 @@ def _measured(reference: Reference) -> tuple[float, int]:
     training = (
         acc.job_seconds - acc.categories.get("init", 0.0) - acc.categories.get("checkpoint_restore", 0.0)
     )
-    warmups = [int(e.get("spike_warmup") or 0) for e in events if e["event"] == "numeric_config"]
-    first = max([min(reference.saves, default=0), *warmups]) + 2
-    return max(training / max(reference.steps, 1), 1e-4), first
+    configs = [e for e in events if e["event"] == "numeric_config"]
+    warmups = [int(e.get("spike_warmup") or 0) for e in configs]
+    first_save = min(reference.saves, default=0)
+    first = max([first_save, *warmups]) + 2
+    every = int(configs[0].get("check_every") or 0) if configs else 0
+    checks = Checks(every=every, first=-(-first_save // every) * every) if every > 0 else None
+    return max(training / max(reference.steps, 1), 1e-4), first, checks
 
 
 @dataclasses.dataclass
 class _Watch:
-    """What the soak has seen of the job so far, for its progress lines."""
+    """What the soak has seen of the job so far, for its progress lines and its account."""
 
     began: float
     markers: set[str] = dataclasses.field(default_factory=set)
     attempts: set[str] = dataclasses.field(default_factory=set)
-    preempts: list[SoakFault] = dataclasses.field(default_factory=list)
+    sent: list[SoakFault] = dataclasses.field(default_factory=list)  # still to send, in step order
+    relaunched: list[str] = dataclasses.field(
+        default_factory=list
+    )  # the kind that ended each launch but the last
     violation: str = ""
 
 
@@ -172,40 +203,61 @@ def _run(
         script=script, nproc=nproc, nnodes=1, seed=plan.seed, work_dir=work, reference=empty, say=say
     )
     spec = LaunchSpec(faults=fault_plan(plan.schedule), restarts=len(plan.schedule) + 2, warm=True)
-    watch = _Watch(began=time.monotonic(), preempts=[f for f in plan.schedule if f.kind == "preempt"])
+    watch = _Watch(began=time.monotonic(), sent=[f for f in plan.schedule if f.kind in SENT])
     sampler = Sampler(
         run_dir, script[0], clock=lambda: time.monotonic() - watch.began,
         warmup=max(10.0, min(600.0, plan.seconds / 6)),
     )  # fmt: skip
     sampler.start()
-    status, launches = 0, 0
+    status = 0
     try:
-        while launches <= sum(1 for f in plan.schedule if f.kind == "preempt"):
-            launches += 1
+        for _ in range(len(watch.sent) + 1):
             proc = start_launch(context, run_dir, spec)
-            status = _follow(proc, run_dir, watch, lambda: sampler.leaked, plan, say)
-            if status != EXIT_PREEMPTED or sampler.leaked or watch.violation:
+            status, fault = _follow(proc, run_dir, watch, lambda: sampler.leaked, plan, say)
+            if (
+                fault is None
+                or sampler.leaked
+                or watch.violation
+                or not _ended_by(fault, status, run_dir, watch)
+            ):
                 break
-            say(f"[{time.monotonic() - watch.began:6.1f}s] preempted (exit {status}): the same command again")
+            watch.relaunched.append(fault.kind)
+            say(
+                f"[{time.monotonic() - watch.began:6.1f}s] {fault.kind} ended the launch (exit {status}): the same command again"
+            )
     finally:
         sampler.stop()
         sampler.save(os.path.join(work, SAMPLES_FILE))
     return judge_run(
         plan, run_dir, status=status, seconds=time.monotonic() - watch.began, sampler=sampler,
-        stopped=watch.violation,
+        stopped=watch.violation, relaunched=tuple(watch.relaunched),
     )  # fmt: skip
+
+
+def _ended_by(fault: SoakFault, status: int, run_dir: str, watch: _Watch) -> bool:
+    """Whether the launch ended as ``fault`` ends one (then the soak runs the command again); a killed agent or
+    launcher leaves no process of the job behind, else that is the violation."""
+    if fault.kind == "preempt":
+        return status == EXIT_PREEMPTED
+    if left := left_after(run_dir):
+        watch.violation = (
+            f"{len(left)} process(es) of the job outlived the SIGKILL of the {fault.kind}: {left}"
+        )
+        return False
+    return status != 0
 
 
 def _follow(
     proc: subprocess.Popen[bytes], run_dir: str, watch: _Watch, leaked: Callable[[], str], plan: SoakPlan,
     say: Callable[[str], None],
-) -> int:  # fmt: skip
-    """Watch one launch to its end: a line per fault fired and per attempt begun, each preemption's SIGTERM
-    once the job has trained past its step, and the launch stopped at once on a leak."""
+) -> tuple[int, SoakFault | None]:  # fmt: skip
+    """Watch one launch to its end: a line per fault fired and per attempt begun, the next fault the soak sends
+    itself once the job has trained past its step, and the launch stopped at once on a leak. Returns the
+    launch's exit status and the fault the soak sent it (None: none)."""
     started = time.time()
     started_mono = time.monotonic()
     limit = started_mono + 600.0 + 10 * plan.seconds
-    signalled = False
+    sent: SoakFault | None = None
     while proc.poll() is None:
         time.sleep(_POLL)  # polling the job's folder, not a synchronisation by time
         _report_progress(run_dir, watch, plan, say)
@@ -215,16 +267,24 @@ def _follow(
             for _ in range(2):  # a second signal stops goodput launch at once
                 proc.send_signal(signal.SIGTERM)
             break
-        if (
-            not signalled
-            and watch.preempts
-            and _latest_step(run_dir, since=started) >= watch.preempts[0].step
-        ):
-            fault = watch.preempts.pop(0)
-            say(f"[{time.monotonic() - watch.began:6.1f}s] injected: {fault.text()}")
-            proc.send_signal(signal.SIGTERM)
-            signalled = True
-    return proc.wait()
+        due = sent is None and watch.sent and _latest_step(run_dir, since=started) >= watch.sent[0].step
+        if due and _send(watch.sent[0], proc, run_dir):
+            sent = watch.sent.pop(0)
+            say(f"[{time.monotonic() - watch.began:6.1f}s] injected: {sent.text()}")
+    return proc.wait(), sent
+
+
+def _send(fault: SoakFault, proc: subprocess.Popen[bytes], run_dir: str) -> bool:
+    """Send ``fault`` to the launch; False when its target is not there yet (the agent between generations)."""
+    if fault.kind == "preempt":
+        proc.send_signal(signal.SIGTERM)
+    elif fault.kind == "launcher":
+        proc.send_signal(signal.SIGKILL)
+    elif (pid := agent_pid(run_dir)) is not None:
+        os.kill(pid, signal.SIGKILL)
+    else:
+        return False
+    return True
 
 
 def _report_progress(run_dir: str, watch: _Watch, plan: SoakPlan, say: Callable[[str], None]) -> None:

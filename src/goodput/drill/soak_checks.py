@@ -22,7 +22,11 @@ from goodput.verify.shrink import effective
 
 __all__ = ["KindRow", "fired_faults", "kind_rows", "lineage_problems", "skipped_windows", "tiling_problem"]
 
-_NUMERIC_KINDS = {"nonfinite": "nan", "spike": "spike"}  # the guard's verdicts, as the soak's kinds
+_NUMERIC_KINDS = {
+    "nonfinite": "nan",
+    "spike": "spike",
+    "sdc": "bitflip",
+}  # the guard's verdicts, as the soak's kinds
 
 
 def lineage_problems(records: RunRecords, steps: int, *, skipped_steps: int = 0) -> list[str]:
@@ -145,9 +149,13 @@ def kind_rows(
     attempts: Sequence[Any],
     events: Sequence[Mapping[str, Any]],
     fired: Mapping[str, int],
+    relaunched: Sequence[str] = (),
 ) -> list[KindRow]:
     """The per-kind table from the ledger's attempts (:class:`goodput.ledger.accounting.AttemptSummary`, in
-    order), its ``rollback`` events and the fired markers."""
+    order), its ``rollback`` events, the fired markers and the kind of fault that ended each launch but the last
+    (``relaunched``; a relaunch with none named counts as a preemption). A restart whose attempt declared a hang
+    answered a ``hang``, any other a ``kill``."""
+    relaunches = list(relaunched)
     rollbacks = [e for e in events if e["event"] == "rollback"]
     found: dict[str, list[tuple[float, float, float]]] = {}
     for previous, attempt in itertools.pairwise(attempts):
@@ -157,10 +165,13 @@ def kind_rows(
             event = rollbacks.pop(0)
             kind = _NUMERIC_KINDS.get(str(event.get("kind")), str(event.get("kind")))
             recover = float(event.get("seconds_total") or 0.0)
-        elif attempt.began in ("restart", "relaunch"):
-            kind = "kill" if attempt.began == "restart" else "preempt"
+        elif attempt.began == "restart":
+            kind = "hang" if (previous.failure_reason or "").startswith("hang") else "kill"
             start = after.get("init", 0.0) + after.get("checkpoint_restore", 0.0)
-            recover = start + (before.get("restart_downtime", 0.0) if kind == "kill" else 0.0)
+            recover = start + before.get("restart_downtime", 0.0)
+        elif attempt.began == "relaunch":
+            kind = relaunches.pop(0) if relaunches else "preempt"
+            recover = after.get("init", 0.0) + after.get("checkpoint_restore", 0.0)
         else:
             continue
         found.setdefault(kind, []).append((detect, recover, lost))

@@ -3,27 +3,54 @@
 Pure (no clock, no processes): the schedule is a function of the seed, the mean time between faults, the
 soak's length and the script's measured step time, so a replay file that holds them (or the schedule itself)
 draws the same faults again. Every fault is placed at a step, the measured step time turning each drawn second
-into a step: the in-process faults (``kill``, ``nan``, ``spike``, ``slow``) become one fault plan
-(:mod:`goodput.faults`) that every launch of the soak is given; ``preempt`` is a SIGTERM the soak sends to
-``goodput launch`` once the job has trained past its step, followed by the same command again.
+into a step: the in-process faults (``kill``, ``hang``, ``nan``, ``spike``, ``bitflip``, ``slow``) become one
+fault plan (:mod:`goodput.faults`) that every launch of the soak is given; the soak sends the others itself once
+the job has trained past their step (:data:`SENT`), and runs the same command again after each.
+
+A bit flip is found only by the guard's next replica check and undone only by a rollback to a checkpoint at or
+before the last check that agreed; a restart, a relaunch or another rollback before that check can carry the
+flipped replica over (a live hand-over copies a survivor's state) or erase it (a restore), so it would answer
+the flip by chance. Each bit flip therefore gets its window to itself, from that check to the one after the
+flip: a fault drawn into it is left out, as a bit flip drawn where its window holds a fault is.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 from collections.abc import Sequence
 from typing import Any
 
 from goodput.errors import ConfigError
 
-__all__ = ["KINDS", "REPLAY_FILE", "SoakFault", "SoakPlan", "draw_schedule", "fault_plan", "read_replay"]
+__all__ = [
+    "KINDS",
+    "REPLAY_FILE",
+    "SENT",
+    "Checks",
+    "SoakFault",
+    "SoakPlan",
+    "draw_schedule",
+    "fault_plan",
+    "read_replay",
+]
 
-KINDS = ("kill", "nan", "spike", "slow", "preempt")
+KINDS = ("kill", "hang", "nan", "spike", "bitflip", "slow", "preempt", "agent", "launcher")
+SENT = {  # the kinds the soak sends itself, after the job has trained past their step; then the command again
+    "preempt": "SIGTERM to goodput launch",
+    "agent": "SIGKILL of the warm agent",
+    "launcher": "SIGKILL of goodput launch",
+}
+_RANKED = ("kill", "hang", "nan", "slow", "bitflip")  # the kinds that hit one rank
 REPLAY_FILE = "soak-replay.json"
 SLOW_SECONDS = 2.0  # a slow rank's pause at its step: below any hang timeout, above a step's noise
 SPIKE_FACTOR = 50  # the drill's spike: the loss multiplied by it at one step
+FLIP_BIT = 20  # the drill's bit flip: a bit of the float32's mantissa, a change no loss shows at once
+SENT_LAG_SECONDS = (
+    3.0  # how late a fault the soak sends may land after its step (its polls, the records' lag)
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,8 +60,8 @@ class SoakFault:
     Attributes:
         kind: one of :data:`KINDS`.
         seconds: when it was drawn, in seconds of training from the start.
-        step: the step it fires at (``preempt``: the step after which the SIGTERM is sent).
-        rank: the rank it hits (None: every rank, or the launcher).
+        step: the step it fires at (one of :data:`SENT`: the step after which the soak sends it).
+        rank: the rank it hits (None: every rank, the agent or the launcher).
     """
 
     kind: str
@@ -43,22 +70,23 @@ class SoakFault:
     rank: int | None = None
 
     def plan(self) -> str:
-        """The fault in :mod:`goodput.faults` syntax; empty for ``preempt``, which the soak sends itself."""
+        """The fault in :mod:`goodput.faults` syntax; empty for the kinds the soak sends itself."""
         where = f"step={self.step}" + (f",rank={self.rank}" if self.rank is not None else "")
+        if self.kind in SENT:
+            return ""
         return {
             "kill": f"kill@{where}",
+            "hang": f"hang@{where}",
             "nan": f"nan@{where}",
             "spike": f"spike@step={self.step},factor={SPIKE_FACTOR}",
+            "bitflip": f"bitflip@{where},bit={FLIP_BIT}",
             "slow": f"slow@{where},seconds={SLOW_SECONDS:g}",
-            "preempt": "",
         }[self.kind]
 
     def text(self) -> str:
         """The fault in a few words, for progress lines."""
         on = f" rank {self.rank}" if self.rank is not None else ""
-        what = {"preempt": "SIGTERM to goodput launch, then the same command again"}.get(
-            self.kind, self.plan()
-        )
+        what = f"{SENT[self.kind]}, then the same command again" if self.kind in SENT else self.plan()
         return f"{self.kind}{on} at step {self.step} ({what})"
 
 
@@ -87,29 +115,62 @@ class SoakPlan:
         return {**dataclasses.asdict(self), "violation": violation}
 
 
+@dataclasses.dataclass(frozen=True)
+class Checks:
+    """The guard's replica checks, as the script's uninterrupted run showed them: every ``every`` steps, the
+    first that can be rolled back to at step ``first`` (the first check with a checkpoint at or before it)."""
+
+    every: int
+    first: int
+
+
 def draw_schedule(
-    *, seed: int, mtbf: float, seconds: float, step_seconds: float, steps: int, first_step: int, world: int
-) -> tuple[SoakFault, ...]:
-    """Faults at exponential gaps of mean ``mtbf`` over ``seconds`` of training, each of a kind and rank drawn
-    from ``seed``, at distinct steps from ``first_step`` (a checkpoint and the spike rule's warm-up before it)
-    to the last but two (a fault must find steps after it)."""
+    *, seed: int, mtbf: float, seconds: float, step_seconds: float, steps: int, first_step: int, world: int,
+    kinds: Sequence[str] = KINDS, checks: Checks | None = None,
+) -> tuple[SoakFault, ...]:  # fmt: skip
+    """Faults at exponential gaps of mean ``mtbf`` over ``seconds`` of training, each of a kind (of ``kinds``)
+    and rank drawn from ``seed``, at distinct steps from ``first_step`` (a checkpoint and the spike rule's
+    warm-up before it) to the last but two (a fault must find steps after it); a bit flip (only with
+    ``checks``) halfway between two checks, in a window of its own (the module's docstring)."""
     if mtbf <= 0 or step_seconds <= 0:
         raise ConfigError(f"need --mtbf > 0 and a positive step time, got {mtbf} and {step_seconds}")
+    if "bitflip" in kinds and checks is None:
+        raise ConfigError("a bit flip needs the guard's replica checks (NumericConfig(check_every=N))")
     draw = random.Random(seed)
-    used: set[int] = set()
-    faults = []
+    lag = math.ceil(SENT_LAG_SECONDS / step_seconds)
+    faults: list[SoakFault] = []
+    windows: list[tuple[int, int]] = []
     at = draw.expovariate(1 / mtbf)
     while at < seconds:
         step = max(first_step, round(at / step_seconds))
-        while step in used:
+        while any(f.step == step for f in faults):
             step += 1
-        kind = draw.choice(KINDS)
-        rank = draw.randrange(world) if kind in ("kill", "nan", "slow") else None
-        if step < steps - 2:
-            used.add(step)
+        kind = draw.choice(tuple(kinds))
+        rank = draw.randrange(world) if kind in _RANKED else None
+        if kind == "bitflip" and checks is not None:
+            before = max(checks.first, step // checks.every * checks.every)
+            step, window = before + max(1, checks.every // 2), (before - 2, before + checks.every + 2)
+            fits = window[1] < steps - 2 and not any(_overlap(_span(f, lag), window) for f in faults)
+        else:
+            fits = not any(
+                _overlap(_span(SoakFault(kind=kind, seconds=0, step=step), lag), w) for w in windows
+            )
+        if step < steps - 2 and fits and all(f.step != step for f in faults):
             faults.append(SoakFault(kind=kind, seconds=round(at, 3), step=step, rank=rank))
+            if kind == "bitflip":
+                windows.append(window)
         at += draw.expovariate(1 / mtbf)
     return tuple(sorted(faults, key=lambda f: f.step))
+
+
+def _span(fault: SoakFault, lag: int) -> tuple[int, int]:
+    """The steps in which ``fault`` may act: a sent one up to ``lag`` steps late, the others up to their verdict
+    (a numeric fault's rollback comes one step after it)."""
+    return fault.step, fault.step + (lag if fault.kind in SENT else 2)
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
 
 
 def fault_plan(schedule: Sequence[SoakFault]) -> str:

@@ -42,10 +42,12 @@ class Outcome:
 
 
 def judge_run(
-    plan: SoakPlan, run_dir: str, *, status: int, seconds: float, sampler: Sampler, stopped: str
-) -> Outcome:
+    plan: SoakPlan, run_dir: str, *, status: int, seconds: float, sampler: Sampler, stopped: str,
+    relaunched: Sequence[str] = (),
+) -> Outcome:  # fmt: skip
     """Every check of the soak on the finished job in ``run_dir`` (``stopped``: the violation that stopped it
-    early, whose job's account is still given, its lineage left unjudged)."""
+    early, whose job's account is still given, its lineage left unjudged; ``relaunched``: the kind of fault that
+    ended each launch but the last)."""
     from goodput.ledger import read_events
     from goodput.ledger.accounting import account
     from goodput.verify.records import read_records
@@ -64,7 +66,7 @@ def judge_run(
         return _outcome(status, seconds, (), sampler, "no ledger", (), [*found, "the job wrote no ledger"])
     if problem := tiling_problem(acc.categories, acc.wall_seconds):
         found.append(problem)
-    kinds = tuple(kind_rows(plan.schedule, acc.attempts, first_rank, fired_faults(run_dir)))
+    kinds = tuple(kind_rows(plan.schedule, acc.attempts, first_rank, fired_faults(run_dir), relaunched))
     if not stopped:
         try:
             skipped = sum(

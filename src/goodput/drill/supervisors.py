@@ -19,12 +19,12 @@ from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, regis
 from goodput.job.folder import LAUNCHES_DIR
 from goodput.warm.record import record_folder
 
-__all__ = ["AGENT", "LAUNCHER", "left_after", "ram_folders"]
+__all__ = ["AGENT", "LAUNCHER", "agent_pid", "left_after", "ram_folders"]
 
 _GONE_WITHIN = 5.0  # seconds after a kill by which no process of the job may be left
 
 
-def _agent_pid(run_dir: str) -> int | None:
+def agent_pid(run_dir: str) -> int | None:
     """The warm agent of the job in ``run_dir`` (``python -m goodput.warm``), if it runs."""
     for pid in processes_of(run_dir):
         try:
@@ -61,7 +61,7 @@ def _kill_and_relaunch(context: DrillContext, victim: str) -> ScenarioResult:
     context.say(f"{victim}: SIGKILL of the {victim} at step {step}, under --restart warm")
     proc, started, reached = launch_until_step(context, run_dir, spec, step, durable=True)
     problems = [] if reached else [f"the run ended before step {step}, where the {victim} was to be killed"]
-    pid = (proc.pid if victim == "launcher" else _agent_pid(run_dir)) if reached else None
+    pid = (proc.pid if victim == "launcher" else agent_pid(run_dir)) if reached else None
     if reached and pid is None:
         problems.append("the warm agent was not found")
     if pid is not None:
