@@ -71,8 +71,9 @@ def test_a_hang_a_bit_flip_and_the_agent_and_launcher_killed_in_one_job_are_each
     ]
     plan = SoakPlan(seed=5, mtbf=5.0, seconds=20.0, steps=2000, step_seconds=0.01, schedule=tuple(schedule))
     (tmp_path / "given.json").write_text(json.dumps(plan.to_json()))
-    proc = _soak(tmp_path, "--replay", "given.json", "--work-dir", str(tmp_path / "work"))
+    proc = _soak(tmp_path, "--replay", "given.json", "--reference", "--work-dir", str(tmp_path / "work"))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "the final state: identical to the uninterrupted run's" in proc.stdout, proc.stdout
     rows = _fault_rows(proc.stdout)
     for (
         fault

@@ -3,6 +3,7 @@ lineage's exactly-once check, each on inputs made to break it."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -13,6 +14,7 @@ from goodput.drill.soak_leaks import Sample, leaks
 from goodput.drill.soak_plan import KINDS, SENT, SENT_LAG_SECONDS, Checks, draw_schedule, fault_plan
 from goodput.errors import ConfigError
 from goodput.faults import parse_faults
+from goodput.ledger.accounting import AttemptSummary
 from goodput.verify.records import RunRecords, StepRecord
 
 _CHECKS = Checks(every=50, first=100)
@@ -153,3 +155,52 @@ def test_a_missed_spike_is_a_violation_unless_the_rule_s_own_figure_said_it_coul
     both = kind_rows(spikes, [], [missed(100, 700.0), missed(100, 700.0), missed(200, 26.0)], {})
     assert next(r for r in both if r.kind == "spike").undetectable == (700.0, 26.0)  # once per step
     assert _count_problems(both) == []
+
+
+def _attempt(number: int, began: str) -> AttemptSummary:
+    return AttemptSummary(
+        number=number, start=float(number), end=number + 1.0, outcome="failed", steps=10, first_step=None,
+        last_step=None, restored_step=None, failure_reason=None, categories={"failure_detection": 1.0},
+        began=began,
+    )  # fmt: skip
+
+
+def test_a_restart_after_a_hang_that_a_peer_saw_as_its_failure_is_counted_as_the_hang() -> None:
+    from goodput.drill.soak_checks import hung_attempts, kind_rows
+    from goodput.drill.soak_plan import SoakFault
+
+    schedule = [
+        SoakFault(kind="hang", seconds=1, step=10, rank=1),
+        SoakFault(kind="kill", seconds=2, step=20, rank=0),
+    ]
+    events = [  # attempt 0: rank 1 hung, rank 0 first saw its peer go; attempt 1: a kill, nobody declared a hang
+        {"event": "failure_detected", "attempt": 0, "rank": 0, "reason": "peer failure: connection closed"},
+        {"event": "failure_detected", "attempt": 0, "rank": 1, "reason": "hang"},
+        {"event": "failure_detected", "attempt": 1, "rank": 1, "reason": "peer failure: connection closed"},
+    ]
+    attempts = [_attempt(0, "start"), _attempt(1, "restart"), _attempt(2, "restart")]
+    assert hung_attempts(events) == {0}
+    rows = {r.kind: r for r in kind_rows(schedule, attempts, [], {}, (), hung_attempts(events))}
+    assert (rows["hang"].seen, rows["kill"].seen) == (1, 1)
+
+
+def test_only_the_loss_of_an_unseen_spike_s_step_is_taken_from_the_reference() -> None:
+    from goodput.drill.soak_checks import as_reference_at
+    from goodput.verify.compare import compare_records
+
+    reference = _records(_epochs(1))
+
+    def changed(step: int, **fields: str) -> RunRecords:
+        steps = {
+            rank: {s: dataclasses.replace(r, **fields) if s == step else r for s, r in by_step.items()}
+            for rank, by_step in reference.steps.items()
+        }
+        return dataclasses.replace(reference, steps=steps)
+
+    spiked = changed(2, loss="50")  # the loss reported at step 2, x50
+    assert compare_records(reference, spiked)
+    assert not compare_records(reference, as_reference_at(spiked, reference, {2}))
+    assert compare_records(reference, as_reference_at(changed(3, loss="50"), reference, {2}))  # not step 2's
+    assert compare_records(
+        reference, as_reference_at(changed(2, samples="other"), reference, {2})
+    )  # its data

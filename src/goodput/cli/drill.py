@@ -61,6 +61,11 @@ def register(sub: Any) -> None:
         help=f"with --soak: run the schedule of a {REPLAY_FILE} again",
     )
     parser.add_argument(
+        "--reference", action="store_true",
+        help="with --soak and the built-in script: run it uninterrupted first, to compare the final state with "
+        "(doubles the time; a script of yours is compared with its own uninterrupted run)",
+    )  # fmt: skip
+    parser.add_argument(
         "--kinds",
         default=None,
         help=f"with --soak: the fault kinds to mix, comma-separated (default all: {kinds})",
@@ -78,10 +83,10 @@ def _run(args: argparse.Namespace) -> int:
     script = script_of(args)
     if args.soak is not None or args.replay is not None:
         return _soak(args, script)
-    if args.kinds is not None:
+    if args.kinds is not None or args.reference:
         from goodput.errors import ConfigError
 
-        raise ConfigError("--kinds chooses the soak's faults: give it with --soak DURATION")
+        raise ConfigError("--kinds and --reference are the soak's: give them with --soak DURATION")
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()] if args.scenarios else None
 
     def say(line: str) -> None:
@@ -121,7 +126,7 @@ def _soak(args: argparse.Namespace, script: list[str]) -> int:
     def run(work: str) -> int:
         return soak(
             script, duration=duration, mtbf=mtbf, seed=args.seed, nproc=args.nproc, work_dir=work,
-            replay=args.replay, kinds=kinds, say=say,
+            replay=args.replay, kinds=kinds, reference=args.reference, say=say,
         )  # fmt: skip
 
     return in_work_folder(run, args.work_dir, prefix="goodput-soak-", keep=args.keep, say=say)

@@ -40,6 +40,7 @@ from goodput.drill.soak_report import Outcome, judge_run, print_tables
 from goodput.drill.supervisors import agent_pid, left_after
 from goodput.errors import ConfigError
 from goodput.job.codes import EXIT_PREEMPTED
+from goodput.verify.records import RunRecords
 
 __all__ = ["CALIBRATION_STEPS", "SAMPLES_FILE", "soak"]
 
@@ -60,11 +61,14 @@ def soak(
     work_dir: str,
     replay: str | None = None,
     kinds: Sequence[str] = KINDS,
+    reference: bool = False,
     say: Callable[[str], None] = print,
 ) -> int:
     """Soak ``script`` (the built-in demo when empty) for ``duration`` seconds with a fault every ``mtbf``
     seconds on average (or the schedule of the ``replay`` file), of the given ``kinds``; 0 when every check held,
-    1 on a violation (the replay file written in the current folder).
+    1 on a violation (the replay file written in the current folder). The final lineage is compared with the
+    same command's uninterrupted run: a script of yours has it from measuring its step time; the built-in
+    script, sized to the soak, runs it first only with ``reference`` (it doubles the time).
 
     Raises:
         ConfigError: a missing script or replay file, a non-empty work folder, a duration or mtbf out of range,
@@ -77,6 +81,7 @@ def soak(
     if os.path.isdir(work_dir) and os.listdir(work_dir):
         raise ConfigError(f"{work_dir} is not empty (an earlier drill?): choose an empty --work-dir")
     os.makedirs(work_dir, exist_ok=True)
+    uninterrupted: Reference | None = None
     if replay is not None:
         plan, script = _replayed(replay, script)
     else:
@@ -88,7 +93,7 @@ def soak(
         )
         if drawn is None:
             return 1
-        plan, script = drawn
+        plan, script, uninterrupted = drawn
     if script[0].endswith(".py") and not os.path.isfile(script[0]):
         raise ConfigError(f"the training script {script[0]!r} does not exist")
     say(
@@ -98,7 +103,15 @@ def soak(
     )
     for n, fault in enumerate(plan.schedule, 1):
         say(f"  {n}. {fault.text()}")
-    outcome = _run(plan, script, nproc=nproc, work=work_dir, say=say)
+    if uninterrupted is None and reference and script[0] == DEMO_SCRIPT:
+        say(f"soak: the reference: {' '.join(script)} once, uninterrupted ...")
+        uninterrupted = reference_run(
+            script, nproc=nproc, nnodes=1, seed=plan.seed, work=os.path.join(work_dir, "reference"), say=say
+        )
+        if uninterrupted is None:
+            return 1
+    records = uninterrupted.records if uninterrupted is not None else None
+    outcome = _run(plan, script, nproc=nproc, work=work_dir, reference=records, say=say)
     print_tables(outcome, plan)
     if not outcome.violations:
         return 0
@@ -123,8 +136,9 @@ def _replayed(path: str, script: Sequence[str]) -> tuple[SoakPlan, tuple[str, ..
 def _draw(
     script: tuple[str, ...], *, duration: float, mtbf: float, seed: int, nproc: int, work: str,
     kinds: Sequence[str], say: Callable[[str], None],
-) -> tuple[SoakPlan, tuple[str, ...]] | None:  # fmt: skip
-    """Measure the script's step time in a short uninterrupted run and draw the schedule from it."""
+) -> tuple[SoakPlan, tuple[str, ...], Reference | None] | None:  # fmt: skip
+    """Measure the script's step time in an uninterrupted run and draw the schedule from it; that run is the
+    reference of a script of the user's (it ran as the soak will), of the built-in script none (60 steps)."""
     demo = script[0] == DEMO_SCRIPT
     measured = (*script, "--steps", str(CALIBRATION_STEPS)) if demo else script
     say(f"soak: measuring the step time: {' '.join(measured)} once, uninterrupted ...")
@@ -155,7 +169,9 @@ def _draw(
     plan = SoakPlan(
         seed=seed, mtbf=mtbf, seconds=seconds, steps=steps, step_seconds=step_seconds, schedule=schedule
     )
-    return plan, ((*script, "--steps", str(steps)) if demo else script)
+    if demo:
+        return plan, (*script, "--steps", str(steps)), None
+    return plan, script, reference
 
 
 def _measured(reference: Reference) -> tuple[float, int, Checks | None]:
@@ -193,8 +209,9 @@ class _Watch:
 
 
 def _run(
-    plan: SoakPlan, script: tuple[str, ...], *, nproc: int, work: str, say: Callable[[str], None]
-) -> Outcome:
+    plan: SoakPlan, script: tuple[str, ...], *, nproc: int, work: str, reference: RunRecords | None,
+    say: Callable[[str], None],
+) -> Outcome:  # fmt: skip
     from goodput.drill.soak_leaks import Sampler
 
     run_dir = os.path.join(work, "soak")
@@ -230,7 +247,7 @@ def _run(
         sampler.save(os.path.join(work, SAMPLES_FILE))
     return judge_run(
         plan, run_dir, status=status, seconds=time.monotonic() - watch.began, sampler=sampler,
-        stopped=watch.violation, relaunched=tuple(watch.relaunched),
+        stopped=watch.violation, relaunched=tuple(watch.relaunched), reference=reference,
     )  # fmt: skip
 
 

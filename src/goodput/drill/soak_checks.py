@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from goodput.drill.soak_plan import KINDS, SoakFault
@@ -20,7 +20,16 @@ from goodput.verify.demo import trained_twice
 from goodput.verify.records import RunRecords
 from goodput.verify.shrink import effective
 
-__all__ = ["KindRow", "fired_faults", "kind_rows", "lineage_problems", "skipped_windows", "tiling_problem"]
+__all__ = [
+    "KindRow",
+    "as_reference_at",
+    "fired_faults",
+    "hung_attempts",
+    "kind_rows",
+    "lineage_problems",
+    "skipped_windows",
+    "tiling_problem",
+]
 
 _NUMERIC_KINDS = {
     "nonfinite": "nan",
@@ -130,9 +139,9 @@ class KindRow:
     undetectable: tuple[float, ...] = ()
 
 
-def undetectable_spikes(events: Sequence[Mapping[str, Any]]) -> tuple[float, ...]:
-    """The rise the spike rule needed at each missed spike (the ledger's ``spike_missed``, once per step) whose
-    factor was below twice that rise."""
+def undetectable_spikes(events: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    """Step -> the rise the spike rule needed there, at each missed spike (the ledger's ``spike_missed``, once
+    per step) whose factor was below twice that rise."""
     needed: dict[int, float] = {}
     for e in events:
         if (
@@ -141,7 +150,7 @@ def undetectable_spikes(events: Sequence[Mapping[str, Any]]) -> tuple[float, ...
             and 2 * float(e["rise"]) > float(e["factor"])
         ):
             needed[int(e["step"])] = float(e["rise"])
-    return tuple(needed[step] for step in sorted(needed))
+    return dict(sorted(needed.items()))
 
 
 def kind_rows(
@@ -150,11 +159,12 @@ def kind_rows(
     events: Sequence[Mapping[str, Any]],
     fired: Mapping[str, int],
     relaunched: Sequence[str] = (),
+    hung: Collection[int] = (),
 ) -> list[KindRow]:
     """The per-kind table from the ledger's attempts (:class:`goodput.ledger.accounting.AttemptSummary`, in
     order), its ``rollback`` events, the fired markers and the kind of fault that ended each launch but the last
-    (``relaunched``; a relaunch with none named counts as a preemption). A restart whose attempt declared a hang
-    answered a ``hang``, any other a ``kill``."""
+    (``relaunched``; a relaunch with none named counts as a preemption). A restart after an attempt in which a
+    rank declared a hang (``hung``: those attempts' numbers) answered a ``hang``, any other a ``kill``."""
     relaunches = list(relaunched)
     rollbacks = [e for e in events if e["event"] == "rollback"]
     found: dict[str, list[tuple[float, float, float]]] = {}
@@ -166,7 +176,7 @@ def kind_rows(
             kind = _NUMERIC_KINDS.get(str(event.get("kind")), str(event.get("kind")))
             recover = float(event.get("seconds_total") or 0.0)
         elif attempt.began == "restart":
-            kind = "hang" if (previous.failure_reason or "").startswith("hang") else "kill"
+            kind = "hang" if previous.number in hung else "kill"
             start = after.get("init", 0.0) + after.get("checkpoint_restore", 0.0)
             recover = start + before.get("restart_downtime", 0.0)
         elif attempt.began == "relaunch":
@@ -188,7 +198,34 @@ def kind_rows(
                 detect=tuple(d for d, _, _ in seen),
                 recover=tuple(r for _, r, _ in seen),
                 lost=tuple(w for _, _, w in seen),
-                undetectable=undetectable_spikes(events) if kind == "spike" else (),
+                undetectable=tuple(undetectable_spikes(events).values()) if kind == "spike" else (),
             )
         )
     return rows
+
+
+def hung_attempts(events: Iterable[Mapping[str, Any]]) -> set[int]:
+    """The attempts in which a rank declared a hang (its peers may have declared the failure it caused)."""
+    return {
+        int(e["attempt"])
+        for e in events
+        if e["event"] == "failure_detected" and str(e.get("reason", "")).startswith("hang")
+    }
+
+
+def as_reference_at(records: RunRecords, reference: RunRecords, steps: Collection[int]) -> RunRecords:
+    """``records`` with the loss of each of ``steps`` taken from ``reference``: a spike the rule could not see is
+    the loss the script reported, not what it trained on (the spike fault scales the reported loss, not the
+    gradients), so at its step only the loss differs."""
+    if not steps:
+        return records
+    patched = {
+        rank: {
+            step: dataclasses.replace(r, loss=reference.steps[rank][step].loss)
+            if step in steps and step in reference.steps.get(rank, {})
+            else r
+            for step, r in by_step.items()
+        }
+        for rank, by_step in records.steps.items()
+    }
+    return dataclasses.replace(records, steps=patched)

@@ -11,11 +11,14 @@ from goodput.drill.drill import aligned
 from goodput.drill.runs import largest_losses, outcome_text
 from goodput.drill.soak_checks import (
     KindRow,
+    as_reference_at,
     fired_faults,
+    hung_attempts,
     kind_rows,
     lineage_problems,
     skipped_windows,
     tiling_problem,
+    undetectable_spikes,
 )
 from goodput.drill.soak_leaks import peaks
 from goodput.drill.soak_plan import SoakPlan
@@ -23,6 +26,7 @@ from goodput.drill.supervisors import left_after, ram_folders
 
 if TYPE_CHECKING:
     from goodput.drill.soak_leaks import Sampler
+    from goodput.verify.records import RunRecords
 
 __all__ = ["Outcome", "judge_run", "print_tables"]
 
@@ -39,15 +43,17 @@ class Outcome:
     account: str
     skipped: tuple[str, ...]
     violations: tuple[str, ...]
+    result: str = ""
 
 
 def judge_run(
     plan: SoakPlan, run_dir: str, *, status: int, seconds: float, sampler: Sampler, stopped: str,
-    relaunched: Sequence[str] = (),
+    relaunched: Sequence[str] = (), reference: RunRecords | None = None,
 ) -> Outcome:  # fmt: skip
     """Every check of the soak on the finished job in ``run_dir`` (``stopped``: the violation that stopped it
     early, whose job's account is still given, its lineage left unjudged; ``relaunched``: the kind of fault that
-    ended each launch but the last)."""
+    ended each launch but the last; ``reference``: the same command's uninterrupted run, whose records the final
+    lineage must equal, step by step and in its final state)."""
     from goodput.ledger import read_events
     from goodput.ledger.accounting import account
     from goodput.verify.records import read_records
@@ -66,13 +72,23 @@ def judge_run(
         return _outcome(status, seconds, (), sampler, "no ledger", (), [*found, "the job wrote no ledger"])
     if problem := tiling_problem(acc.categories, acc.wall_seconds):
         found.append(problem)
-    kinds = tuple(kind_rows(plan.schedule, acc.attempts, first_rank, fired_faults(run_dir), relaunched))
+    kinds = tuple(
+        kind_rows(
+            plan.schedule, acc.attempts, first_rank, fired_faults(run_dir), relaunched, hung_attempts(events)
+        )
+    )
+    result = "the final state: not compared with an uninterrupted run (a replay, or the built-in script without --reference)"
     if not stopped:
         try:
             skipped = sum(
                 int(e["last_step"]) - int(e["first_step"]) + 1 for e in first_rank if e["event"] == "skip"
             )
-            found += lineage_problems(read_records(run_dir), plan.steps, skipped_steps=skipped)
+            records = read_records(run_dir)
+            found += lineage_problems(records, plan.steps, skipped_steps=skipped)
+            if reference is not None:
+                unseen = undetectable_spikes(first_rank)
+                result = _against(reference, as_reference_at(records, reference, unseen))
+                found += [result] if "differs" in result else []
         except FileNotFoundError:
             found.append("the job recorded no step")
         found += _count_problems(kinds)
@@ -80,9 +96,33 @@ def judge_run(
     text = (
         f"ledger: wall {acc.wall_seconds:.1f}s in {acc.launches} launch(es), {len(acc.attempts)} attempts, "
         f"categories {'tile it' if not tiling_problem(acc.categories, acc.wall_seconds) else 'DO NOT tile it'}; "
-        f"goodput {acc.goodput:.0%}; lost: {biggest or 'nothing'}"
+        f"goodput {acc.goodput:.1%} ({_predicted(run_dir)}); lost: {biggest or 'nothing'}"
     )
-    return _outcome(status, seconds, kinds, sampler, text, tuple(skipped_windows(first_rank)), found)
+    outcome = _outcome(status, seconds, kinds, sampler, text, tuple(skipped_windows(first_rank)), found)
+    return dataclasses.replace(outcome, result=result)
+
+
+def _against(reference: RunRecords, records: RunRecords) -> str:
+    """The final lineage against the uninterrupted run's records, in one line."""
+    from goodput.verify.compare import compare_records
+
+    differences = compare_records(reference, records)
+    if differences:
+        return f"the final lineage differs from the uninterrupted run's: {differences[0]}"
+    steps = max((max(s, default=0) for s in records.steps.values()), default=0)
+    return f"the final state: identical to the uninterrupted run's (every step's samples, loss and generators, {steps} steps)"
+
+
+def _predicted(run_dir: str) -> str:
+    """The planner's goodput fed this run's own measured figures (``goodput report``'s prediction)."""
+    from goodput.ledger.report import load_report
+
+    predicted = load_report(run_dir).prediction.predicted_goodput
+    return (
+        "no prediction"
+        if predicted is None
+        else f"the planner's prediction from its own figures {predicted:.1%}"
+    )
 
 
 def _count_problems(kinds: Sequence[KindRow]) -> list[str]:
@@ -170,6 +210,7 @@ def print_tables(outcome: Outcome, plan: SoakPlan) -> None:
     print(outcome.node)
     print(outcome.account)
     print(f"skipped numeric windows: {', '.join(outcome.skipped) or 'none'}")
+    print(outcome.result)
     extra = [
         f"{r.seen - r.scheduled} {r.kind}"
         for r in outcome.kinds
