@@ -140,6 +140,33 @@ def test_launches_are_told_apart_by_their_id_else_by_torchruns_restart_count() -
         assert acc.categories[gap] == pytest.approx(10.0), (id0, id1, c0, c1)
 
 
+def test_the_relaunch_after_a_failed_launch_is_a_start_r_is_the_mean_of() -> None:
+    """A launch whose launcher was SIGKILLed (its attempt ends "failed" after step 20), relaunched 3 s later:
+    the new launch's init (7 s: imports and the group's start) and restore (0.5 s) are what the failure cost,
+    as a restart's are; the 3 s between launches are not the job's. One restart before it, within the first
+    launch, took 0.2 s downtime + 0.3 s init + 0.1 s restore. R = (0.6 + 7.5) / 2 = 4.05 s, over 2 starts."""
+    a0 = Attempt(0, 0.0, 0.0, launch="L1", restart_count=0)
+    a0.add("init_done", 2.0)
+    t = _steps(a0, 1, 10, 2.0, 0.1)
+    a0.add("step_start", t, step=11).add("attempt_end", t, status="failed")
+    a1 = Attempt(1, t + 0.2, t + 0.2, launch="L1", restart_count=1)
+    a1.add("init_done", t + 0.5).add("restore_start", t + 0.5).add("restore_end", t + 0.6, step=10)
+    t = _steps(a1, 11, 20, t + 0.6, 0.1)
+    a1.add("attempt_end", t, status="failed")
+    a2 = Attempt(2, t + 3.0, t + 3.0, launch="L2", restart_count=0)
+    a2.add("init_done", t + 10.0).add("restore_start", t + 10.0).add("restore_end", t + 10.5, step=20)
+    t = _steps(a2, 21, 30, t + 10.5, 0.1)
+    a2.add("attempt_end", t, status="ok")
+    acc = account(a0.events + a1.events + a2.events)
+    assert (acc.restarts, acc.failures, acc.launches, acc.restart_samples) == (1, 2, 2, 2)
+    assert acc.categories["between_launches"] == pytest.approx(3.0)
+    assert acc.restart_seconds == pytest.approx((0.2 + 0.3 + 0.1 + 7.0 + 0.5) / 2)
+    assert (
+        "mean of 1 restart(s) and 1 relaunch(es) after a failure"
+        in build_report(a0.events + a1.events + a2.events).render()
+    )
+
+
 def test_a_failure_counts_and_a_preemption_does_not() -> None:
     """The synthetic run's two crashes, with a preemption recorded in the last attempt: 2 failures, the
     MTBF is the job time over 2, and the last attempt is "preempted", not "failed"."""

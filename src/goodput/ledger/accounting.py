@@ -200,6 +200,7 @@ class Accounting:
     memory_stall_seconds: float | None = None
     memory_persist_seconds: float | None = None
     restart_parts: dict[str, float] = field(default_factory=dict)  # RESTART_PARTS' means; they sum to R
+    restart_samples: int = 0  # the process starts R is the mean of: restarts, and relaunches after a failure
     rollback_seconds: float | None = None  # a rollback in place: its restart_downtime + rollback, mean
 
     @property
@@ -338,10 +339,12 @@ def _assemble(
     )
     failures = outcomes.count("failed") + sum(s.in_place_failures() for s in spans)
     in_place = [i > 0 and (rolled_back(s) or s.reshaped_start()) for i, s in enumerate(spans)]
+    # R: every process start that answered a failure, a relaunch after a failed launch too (its start-up is
+    # the failure's cost, its wait between launches is not the job's)
     restarted = [
         cats
         for i, cats in enumerate(per_attempt)
-        if i > 0 and outcomes[i - 1] == "failed" and launches[i] == launches[i - 1] and not in_place[i]
+        if i > 0 and outcomes[i - 1] == "failed" and not in_place[i]
     ]
     parts = {k: mean_or_none([c[k] for c in restarted]) for k in RESTART_PARTS}
     rollbacks = [
@@ -377,6 +380,7 @@ def _assemble(
         overlap_seconds=math.fsum(sv.persist_seconds or 0.0 for sv in saves),
         restart_seconds=math.fsum(v or 0.0 for v in parts.values()) if restarted else None,
         restart_parts={k: v or 0.0 for k, v in parts.items()} if restarted else {},
+        restart_samples=len(restarted),
         rollback_seconds=mean_or_none(rollbacks),
         detect_seconds=categories["failure_detection"] / failures if failures else None,
         interval_seconds=measured_interval(saves, info, spans),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from goodput.ledger.accounting import CATEGORIES
+from goodput.ledger.accounting import CATEGORIES, Accounting
 from goodput.ledger.stragglers import straggler_lines
 from goodput.units import format_duration as fd
 
@@ -125,7 +125,7 @@ def _restart_line(report: Report) -> str:
         parts = acc.restart_parts
         return (
             f"{fd(restart)} = downtime {fd(parts['restart_downtime'])} + init {fd(parts['init'])} + restore "
-            f"{fd(parts['checkpoint_restore'])}, mean of {acc.restarts} restart(s)"
+            f"{fd(parts['checkpoint_restore'])}, mean of {_starts(acc)}"
         )
     if not report.prediction.restart_estimated:
         return f"{fd(restart)} (no restart: a rollback in place, its restart_downtime + rollback, mean)"
@@ -281,3 +281,11 @@ def _warm_lines(
     # every rank of a generation records its own warm_restart: count generations, not events
     count = len({e.get("generation", i) for i, e in enumerate(warm)})
     return [f"  restarts: {count} warm, {max(0, restarts - count)} cold; warm parts (mean): {shown}"]
+
+
+def _starts(acc: Accounting) -> str:
+    """What R is the mean of: the restarts, and the relaunches that followed a failed launch."""
+    relaunches = acc.restart_samples - acc.restarts
+    return f"{acc.restarts} restart(s)" + (
+        f" and {relaunches} relaunch(es) after a failure" if relaunches > 0 else ""
+    )
