@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import goodput.bench
+from tests.helpers.launching import warm_launch
 
 SCRIPT = os.path.join(os.path.dirname(goodput.bench.__file__), "_restart_train.py")
 STEPS = "40"
@@ -27,18 +28,7 @@ def _jsonl(folder: str) -> list[str]:
 def _launch(
     run_dir: str, faults: str = "", *extra: str, hang_timeout: str = "60", script_args: tuple[str, ...] = ()
 ) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "goodput",
-        "launch",
-        "--restart",
-        "warm",
-        "--nproc",
-        "2",
-        "--run-dir",
-        run_dir,
-    ]
+    cmd = warm_launch(run_dir)
     cmd += ["--faults", faults, "--collective-timeout", "4", *extra, "--", SCRIPT, "--steps", STEPS]
     cmd += ["--every", "10", "--hang-timeout", hang_timeout, *script_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
@@ -384,18 +374,7 @@ def test_a_survivor_whose_gradients_carry_the_numeric_guard_s_word_never_steps_a
     from goodput.verify.records import read_records
 
     run_dir = str(tmp_path)
-    cmd = [
-        sys.executable,
-        "-m",
-        "goodput",
-        "launch",
-        "--restart",
-        "warm",
-        "--nproc",
-        "2",
-        "--run-dir",
-        run_dir,
-    ]
+    cmd = warm_launch(run_dir)
     cmd += ["--faults", "kill@step=10,rank=0", "--", demo_train.__file__, "--steps", "16"]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=150, env={**os.environ, "GOODPUT_RECORDS": "1"}
