@@ -1,7 +1,8 @@
 """What the user scripts beside this file share: a fixed regression set and the README's training loop.
 
 Each script imports it as a sibling module (Python puts a script's folder first on ``sys.path``), so a script
-still runs by its path alone: ``goodput launch ... -- tests/scripts/fsdp_train.py``.
+still runs by its path alone: ``goodput launch ... -- tests/scripts/fsdp_train.py``. Tests that train in their
+own process import it as ``tests.scripts._readme_loop``.
 """
 
 from __future__ import annotations
