@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers.commands import report_json, verify_resume_two_kills
 from tests.helpers.history import assert_exactly_once, attempts_seen, surviving_samples
 from tests.helpers.paths import script
 
@@ -33,14 +34,7 @@ def verified(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
     """``goodput verify-resume`` on the script (seed 1 kills rank 0 after step 12, rank 1 inside the write of
     step 16): its verdict, and its work folder, whose uninterrupted run is the reference of the tests here."""
     work = str(tmp_path_factory.mktemp("verify"))
-    command = ["verify-resume", "--nproc", "2", "--kills", "2", "--seed", "1", "--work-dir", work]
-    proc = subprocess.run(
-        [sys.executable, "-m", "goodput", *command, "--", SCRIPT, str(STEPS)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return proc, work
+    return verify_resume_two_kills(work, SCRIPT, STEPS), work
 
 
 def _final(run_dir: str, rank: int) -> dict[str, Any]:
@@ -79,14 +73,7 @@ def test_lightning_ddp_survives_sigkills_with_exactly_once_data(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_exactly_once(surviving_samples(run_dir, 2, STEPS), DATASET, DATASET // PER_STEP)
     assert attempts_seen(run_dir) == {0, 1, 2}  # the killed attempts' lost steps were really redone
-    report = subprocess.run(
-        [sys.executable, "-m", "goodput", "report", run_dir, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert report.returncode == 0, report.stderr
-    data = json.loads(report.stdout)
+    data = report_json(run_dir)
     assert data["restarts"] == 2 and data["failures"] == 2
     assert data["info"]["checkpoint_config"] == {"strategy": "dcp", "every_steps": 4}
     assert data["categories"]["checkpoint_stall"] > 0 and data["categories"]["checkpoint_restore"] > 0
