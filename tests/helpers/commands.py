@@ -19,6 +19,13 @@ def verify_resume_two_kills(work: str, script: str, steps: int) -> subprocess.Co
     )
 
 
+def assert_identical_after_two_kills(proc: subprocess.CompletedProcess[str]) -> None:
+    """That verify-resume's verdict is IDENTICAL after both kills fired, without a traceback."""
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "IDENTICAL" in proc.stdout and "after 2 restarts (2 kills fired)" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
 def report_json(run_dir: str) -> dict[str, Any]:
     """What ``goodput report RUN_DIR --json`` prints, once it exited 0."""
     report = subprocess.run(

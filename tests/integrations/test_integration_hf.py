@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from goodput.verify.records import read_records
-from tests.helpers.commands import report_json, verify_resume_two_kills
+from tests.helpers.commands import assert_identical_after_two_kills, report_json, verify_resume_two_kills
 from tests.helpers.history import assert_exactly_once, attempts_seen, surviving_samples
 from tests.helpers.paths import script
 
@@ -69,9 +69,7 @@ def test_verify_resume_checks_a_trainer_script(
     verified: tuple[subprocess.CompletedProcess[str], str],
 ) -> None:
     proc, work = verified
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "IDENTICAL" in proc.stdout and "after 2 restarts (2 kills fired)" in proc.stdout, proc.stdout
-    assert "Traceback" not in proc.stdout + proc.stderr
+    assert_identical_after_two_kills(proc)
     final = read_records(os.path.join(work, "interrupted")).final
     assert sorted(final) == [0, 1] and "scheduler.last_epoch" in final[0]["state"]
     assert any(name.endswith(".exp_avg") for name in final[0]["state"])  # AdamW's moments were compared

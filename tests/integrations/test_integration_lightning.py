@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers.commands import report_json, verify_resume_two_kills
+from tests.helpers.commands import assert_identical_after_two_kills, report_json, verify_resume_two_kills
 from tests.helpers.history import assert_exactly_once, attempts_seen, surviving_samples
 from tests.helpers.paths import script
 
@@ -88,9 +88,7 @@ def test_verify_resume_checks_a_lightning_script(
     verified: tuple[subprocess.CompletedProcess[str], str],
 ) -> None:
     proc, work = verified
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "IDENTICAL" in proc.stdout and "after 2 restarts (2 kills fired)" in proc.stdout, proc.stdout
-    assert "Traceback" not in proc.stdout + proc.stderr
+    assert_identical_after_two_kills(proc)
     _assert_same_final(os.path.join(work, "uninterrupted"), os.path.join(work, "interrupted"))
 
 
@@ -112,28 +110,22 @@ def test_a_trainer_that_would_not_save_through_goodput_is_refused(tmp_path: os.P
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    def cpu_trainer(goodput_cb: GoodputCallback, **plugins: Any) -> pl.Trainer:
+        options = {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": 2,
+            "logger": False,
+            "enable_progress_bar": False,
+        }
+        return pl.Trainer(callbacks=[goodput_cb], **options, **plugins)
+
     goodput_cb = GoodputCallback(str(tmp_path), loader=gp.ResumableLoader(torch.ones(8, 2), batch_size=2))
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        callbacks=[goodput_cb],
-        max_steps=2,
-        logger=False,
-        enable_progress_bar=False,
-    )
     with pytest.raises(gp.ConfigError, match="does not save through goodput"):
-        trainer.fit(Small(), train_dataloaders=goodput_cb.loader)
+        cpu_trainer(goodput_cb).fit(Small(), train_dataloaders=goodput_cb.loader)
     # Lightning's single-device strategy would restore before creating the optimizer: refused up front
     goodput_cb = GoodputCallback(str(tmp_path), loader=gp.ResumableLoader(torch.ones(8, 2), batch_size=2))
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        plugins=[goodput_cb.checkpoint_io],
-        callbacks=[goodput_cb],
-        max_steps=2,
-        logger=False,
-        enable_progress_bar=False,
-    )
+    trainer = cpu_trainer(goodput_cb, plugins=[goodput_cb.checkpoint_io])
     with pytest.raises(gp.ConfigError, match="restores a checkpoint before it creates the optimizers"):
         trainer.fit(Small(), train_dataloaders=goodput_cb.loader)
     goodput_cb.ledger.close()
