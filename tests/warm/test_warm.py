@@ -35,6 +35,12 @@ def _launch(
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+def _verify_warm(*args: str) -> subprocess.CompletedProcess[str]:
+    """``goodput verify-resume --restart warm ARGS``."""
+    cmd = [sys.executable, "-m", "goodput", "verify-resume", "--restart", "warm", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
 def _lines(path: str) -> Iterator[dict[str, Any]]:
     with open(path) as f:
         for line in f:
@@ -308,20 +314,9 @@ def test_verify_resume_under_warm_restarts_passes_and_says_how_it_restarted(
 ) -> None:
     """``goodput verify-resume --restart warm``: the built-in training killed three times (one kill inside a
     checkpoint write) restarts warm each time and still ends bit for bit like the uninterrupted run."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "goodput",
-        "verify-resume",
-        "--restart",
-        "warm",
-        "--steps",
-        "24",
-        "--every",
-        "4",
-    ]
-    cmd += ["--kills", "3", "--seed", "2", "--work-dir", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = _verify_warm(
+        "--steps", "24", "--every", "4", "--kills", "3", "--seed", "2", "--work-dir", str(tmp_path)
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "IDENTICAL" in proc.stdout and "after 3 restarts (3 warm, 0 cold)" in proc.stdout, proc.stdout
     events = _agent(os.path.join(str(tmp_path), "interrupted"))
@@ -340,20 +335,9 @@ def test_verify_resume_of_a_script_kills_a_rank_inside_a_step_its_peer_completes
     from goodput.verify.records import read_records
 
     work = str(tmp_path)
-    cmd = [
-        sys.executable,
-        "-m",
-        "goodput",
-        "verify-resume",
-        "--restart",
-        "warm",
-        "--kills",
-        "3",
-        "--seed",
-        "1",
-    ]
-    cmd += ["--work-dir", work, "--", demo_train.__file__, "--steps", "24"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = _verify_warm(
+        "--kills", "3", "--seed", "1", "--work-dir", work, "--", demo_train.__file__, "--steps", "24"
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "kill@phase=optimizer_step," in proc.stdout and "IDENTICAL" in proc.stdout, proc.stdout
     records = read_records(os.path.join(work, "interrupted"))
