@@ -1,11 +1,15 @@
-"""``goodput`` commands that several tests run as a user would, in a real process."""
+"""``goodput`` commands that several tests run as a user would, in a real process, and an S3 environment for them."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
+
+from goodput.testing import S3Server
 
 
 def verify_resume_two_kills(work: str, script: str, steps: int) -> subprocess.CompletedProcess[str]:
@@ -37,3 +41,17 @@ def report_json(run_dir: str) -> dict[str, Any]:
     assert report.returncode == 0, report.stderr
     data: dict[str, Any] = json.loads(report.stdout)
     return data
+
+
+def s3_env(server: S3Server, tmp_path: Path, keys: dict[str, str]) -> dict[str, str]:
+    """This process's environment pointed at the server with ``keys`` as the only credentials."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        AWS_ENDPOINT_URL=server.endpoint_url,
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "no-credentials"),
+        AWS_CONFIG_FILE=str(tmp_path / "no-config"),
+        AWS_EC2_METADATA_DISABLED="true",
+        **keys,
+    )
+    return env
