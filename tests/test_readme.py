@@ -29,6 +29,7 @@ import torch
 import goodput as gp
 from goodput.checkpoint import list_checkpoints
 from tests.helpers.paths import FIXTURES, ROOT
+from tests.scripts._readme_loop import fit
 
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
 
@@ -502,13 +503,7 @@ def test_the_tensorboard_exporter_excerpt_records_every_step(tmp_path: Path) -> 
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = gp.ResumableLoader(torch.randn(64, 4), batch_size=4, seed=0)
     run.restore(model=model, optimizer=opt, loader=loader)
-    for batch in run.batches(loader):
-        loss = model(batch).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        run.step_done(loss=loss.item())
-    run.close()
+    fit(run, loader, lambda batch: model(batch).pow(2).mean(), opt)
     events = EventAccumulator(os.path.join(run_dir, "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("goodput/loss")] == list(range(1, 31))

@@ -3,7 +3,7 @@
 One helper for every process goodput starts, or has started for it, that must not outlive the process that
 started it: torchrun or the warm agent under ``goodput launch``, each worker under them, and the DataLoader's
 worker processes under a rank. A SIGKILLed parent runs no clean-up of its own; ``PR_SET_PDEATHSIG`` makes the
-kernel send its children SIGKILL instead. A leaf module (no goodput imports), so ``data/`` and ``run/`` share it.
+kernel send its children SIGKILL instead; ``pid_exists`` asks whether one is still there. A leaf module (no goodput imports), so ``data/`` and ``run/`` share it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import signal
 from typing import Any
 
-__all__ = ["end_with_parent", "preload_libc"]
+__all__ = ["end_with_parent", "pid_exists", "preload_libc"]
 
 _PR_SET_PDEATHSIG = 1
 _LIBC: list[Any] = []  # loaded once, before a fork: a child between fork and exec must not load a library
@@ -46,4 +46,15 @@ def end_with_parent(parent: int | None = None) -> bool:
         return False
     if os.getppid() != parent:  # the parent ended before the request took effect
         os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
+def pid_exists(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts, and so does a zombie not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
     return True

@@ -3,6 +3,7 @@ durable-write floor's candidates, the synthesized ledger's counts and the report
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 
 from goodput.bench import _durable_write
 from goodput.bench._ledger_synth import synthesize
-from goodput.bench._sizes import parse_sizes, scale_table
+from goodput.bench._sizes import parse_sizes, print_results, scale_table
 from goodput.cli import main
 from goodput.errors import ConfigError
 from goodput.ledger import read_events
@@ -50,6 +51,23 @@ def test_the_growth_table_flags_superlinear_costs_only() -> None:
     table = scale_table(results, {"stall": True, "write": False}, "staging")
     assert not table["ratios"]["stall"]["within"] and not table["ratios"]["write"]["within"]
     assert table["staging"] == {"key": "staging", "values": [1.01, 1.05, 1.2], "within": False}
+
+
+def test_the_results_of_one_size_print_alone_and_of_several_with_their_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    results = [{"ratios": {"stall": 1.0, "staging_memory_over_state_bytes": 1.1}}]
+    print_results([1 << 20], results, {"stall": True}, as_json=True)
+    assert json.loads(capsys.readouterr().out) == results[0]
+    print_results([1 << 20], results, {"stall": True}, as_json=False)
+    assert capsys.readouterr().out == ""  # each result was printed as it came
+    results.append({"ratios": {"stall": 1.5, "staging_memory_over_state_bytes": 1.2}})
+    sizes = [1 << 20, 1 << 21]
+    print_results(sizes, results, {"stall": True}, as_json=True)
+    table = scale_table(results, {"stall": True}, "staging_memory_over_state_bytes")
+    assert json.loads(capsys.readouterr().out) == {"sizes": sizes, "results": results, "scale": table}
+    print_results(sizes, results, {"stall": True}, as_json=False)
+    assert "superlinear? (limit" in capsys.readouterr().out and not table["ratios"]["stall"]["within"]
 
 
 @pytest.mark.parametrize("method", sorted(_durable_write.METHODS))

@@ -14,7 +14,7 @@ import torch
 
 from goodput.checkpoint.policy import EveryInterval, StepSchedule
 from goodput.errors import CheckpointCorrupt, NoValidCheckpoint, StateMismatch
-from tests.checkpoint.test_memory_tier import _equal, _kw, _manager, _parts, _snapshot, _train
+from tests.checkpoint.test_memory_tier import _died_after, _equal, _kw, _manager, _parts, _snapshot, _train
 
 
 def _flip(part: Path, where: float = 0.5) -> None:
@@ -64,10 +64,7 @@ def test_a_flipped_newest_part_read_in_place_is_loaded_over_bitwise(
 
 def test_with_nothing_to_fall_back_to_a_part_is_checked_before_any_byte_is_loaded(tmp_path: Path) -> None:
     parts = _parts()
-    first = _manager(tmp_path / "ck", tmp_path / "shm", **_kw(parts))
-    first.restore_latest()
-    _train(first, parts, range(1, 2))  # one memory step, no durable one
-    first.close(finished=False)
+    _died_after(tmp_path / "ck", tmp_path / "shm", parts, 1)  # one memory step, no durable one
     _flip(_node(tmp_path / "shm") / "step-1" / "rank-0.part", 0.9)
     fresh = _parts(seed=1)
     before = _snapshot(fresh)
@@ -88,10 +85,7 @@ def test_a_damaged_part_read_in_place_with_no_checkpoint_left_to_load_stops_the_
     tmp_path: Path,
 ) -> None:
     parts = _parts()
-    first = _manager(tmp_path / "ck", tmp_path / "shm", every=3, **_kw(parts))
-    first.restore_latest()
-    _train(first, parts, range(1, 5))  # durable: 3; memory: 3 and 4
-    first.close(finished=False)
+    _died_after(tmp_path / "ck", tmp_path / "shm", parts, 4, every=3)  # durable: 3; memory: 3 and 4
     for step in (3, 4):
         _flip(_node(tmp_path / "shm") / f"step-{step}" / "rank-0.part", 0.9)
     for path in (tmp_path / "ck").rglob("*"):
@@ -119,10 +113,7 @@ def test_a_damaged_part_read_in_place_with_no_checkpoint_left_to_load_stops_the_
 
 def test_a_part_of_another_model_is_refused_before_any_byte_is_loaded(tmp_path: Path) -> None:
     parts = _parts()
-    first = _manager(tmp_path / "ck", tmp_path / "shm", **_kw(parts))
-    first.restore_latest()
-    _train(first, parts, range(1, 3))
-    first.close(finished=False)
+    _died_after(tmp_path / "ck", tmp_path / "shm", parts, 2)
     torch.manual_seed(1)
     wider = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 5))
     before = {k: v.clone() for k, v in wider.state_dict().items()}

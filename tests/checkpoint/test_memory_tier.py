@@ -77,6 +77,15 @@ def _train(manager: CheckpointManager, parts: tuple[Any, ...], steps: range) -> 
     manager.wait()
 
 
+def _died_after(root: Path, shm: Path, parts: tuple[Any, ...], last: int, every: int = 100) -> None:
+    """A job that restored nothing, trained steps 1 to ``last`` saving as configured, then died (its memory
+    folder stays)."""
+    first = _manager(root, shm, every=every, **_kw(parts))
+    first.restore_latest()
+    _train(first, parts, range(1, last + 1))
+    first.close(finished=False)
+
+
 def _kw(parts: tuple[Any, ...]) -> dict[str, Any]:
     model, opt, sched, counter = parts
     return {"model": model, "optimizer": opt, "scheduler": sched, "loader": counter}
@@ -170,10 +179,7 @@ def test_a_damaged_part_is_skipped_with_a_warning(
     """A damaged part is skipped with a warning; a part without its marker (a save a kill interrupted, what
     every restart after such a kill finds) is skipped with an info line, not a warning on the user's terminal."""
     parts = _parts()
-    first = _manager(tmp_path / "ck", tmp_path / "shm", every=3, **_kw(parts))
-    first.restore_latest()
-    _train(first, parts, range(1, 5))  # durable: 3; memory: 3 and 4 kept
-    first.close(finished=False)
+    _died_after(tmp_path / "ck", tmp_path / "shm", parts, 4, every=3)  # durable: 3; memory: 3 and 4 kept
     (run_folder,) = os.listdir(tmp_path / "shm")
     reason = _damage(kind, tmp_path / "shm" / run_folder / "node-0" / "step-4")
     fresh = _parts(seed=1)
@@ -209,10 +215,7 @@ def test_without_memory_checkpoints_restore_falls_back_to_durable(tmp_path: Path
 
 def test_another_run_never_loads_these_memory_checkpoints(tmp_path: Path) -> None:
     parts = _parts()
-    first = _manager(tmp_path / "ck", tmp_path / "shm", **_kw(parts))
-    first.restore_latest()
-    _train(first, parts, range(1, 3))
-    first.close(finished=False)
+    _died_after(tmp_path / "ck", tmp_path / "shm", parts, 2)
     other = _manager(tmp_path / "other-root", tmp_path / "shm", **_kw(_parts(seed=1)))
     assert other.restore_latest() is None  # same RAM folder, different run: nothing of the first run's
     other.close()
@@ -227,10 +230,7 @@ def test_another_run_never_loads_these_memory_checkpoints(tmp_path: Path) -> Non
 def test_stale_folders_of_dead_runs_are_removed_by_age(tmp_path: Path) -> None:
     shm = tmp_path / "shm"
     parts = _parts()
-    first = _manager(tmp_path / "a", shm, **_kw(parts))
-    first.restore_latest()
-    _train(first, parts, range(1, 3))
-    first.close(finished=False)
+    _died_after(tmp_path / "a", shm, parts, 2)
     (dead,) = os.listdir(shm)
     foreign = shm / "not-ours"
     foreign.mkdir()
@@ -303,10 +303,7 @@ def test_ls_lists_the_memory_tier_of_the_run(tmp_path: Path, capsys: pytest.Capt
     from goodput.cli import main
 
     parts = _parts()
-    first = _manager(tmp_path / "ck", tmp_path / "shm", every=2, **_kw(parts))
-    first.restore_latest()
-    _train(first, parts, range(1, 4))
-    first.close(finished=False)
+    _died_after(tmp_path / "ck", tmp_path / "shm", parts, 3, every=2)
     assert main(["ls", str(tmp_path / "ck"), "--memory-folder", str(tmp_path / "shm"), "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
     assert [c["step"] for c in listing["checkpoints"]] == [2]

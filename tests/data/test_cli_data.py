@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from goodput.cli import main
 from goodput.data.shards import ShardedDataset
 from goodput.testing import S3Server
+from tests.helpers.commands import s3_env
 
 
 def _samples(folder: Path) -> Path:
@@ -48,15 +48,7 @@ def test_each_sample_keeps_its_relative_path(tmp_path: Path, capsys: pytest.Capt
 def test_a_refused_write_is_one_line_and_exit_2(
     keys: dict[str, str], says: str, s3_server: S3Server, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(
-        AWS_ENDPOINT_URL=s3_server.endpoint_url,
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
-        AWS_CONFIG_FILE=str(tmp_path / "none"),
-        AWS_EC2_METADATA_DISABLED="true",
-        **keys,
-    )
+    env = s3_env(s3_server, tmp_path, keys)
     url = f"s3://{s3_server.bucket}/refused"
     done = subprocess.run(
         [sys.executable, "-m", "goodput", "data", "write", str(_samples(tmp_path / "samples")), url],

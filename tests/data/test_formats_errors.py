@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +20,9 @@ pytest.importorskip("webdataset")
 from goodput.cli import main
 from goodput.data import ArrowDataset, ParquetDataset, TokenDataset, write_shards
 from goodput.errors import ConfigError, DataError
-from tests.helpers.formats import BUILDERS, SEQ_LEN
+from tests.helpers.formats import BUILDERS, SEQ_LEN, one_line
 
 N = 60
-
-
-def _one_line(error: type[Exception], pattern: str, make: Callable[[], Any]) -> None:
-    with pytest.raises(error) as caught:
-        make()
-    message = str(caught.value)
-    assert "\n" not in message and re.search(pattern, message), message
 
 
 def _cut(path: Path, keep: int) -> None:
@@ -39,21 +31,21 @@ def _cut(path: Path, keep: int) -> None:
 
 def test_parquet_errors(tmp_path: Path) -> None:
     root = Path(BUILDERS[0].write(str(tmp_path), N))
-    _one_line(
+    one_line(
         ConfigError,
         r"has no column 'nope'; its columns are id, text, label",
         lambda: ParquetDataset(str(root), columns=["id", "nope"]),
     )
     victim = root / "data" / "train-00002-of-00003.parquet"
     _cut(victim, -100)  # the footer is at the end
-    _one_line(
+    one_line(
         DataError,
         rf"{re.escape(str(victim))} is not a Parquet file or is truncated",
         lambda: ParquetDataset(str(root)),
     )
     victim.write_bytes(b"id,text\n1,a\n")  # a CSV named .parquet
-    _one_line(DataError, "is not a Parquet file", lambda: ParquetDataset(str(root), split="train"))
-    _one_line(
+    one_line(DataError, "is not a Parquet file", lambda: ParquetDataset(str(root), split="train"))
+    one_line(
         DataError,
         "holds no .parquet files for split 'validation'",
         lambda: ParquetDataset(str(root), split="validation"),
@@ -76,59 +68,59 @@ def test_a_damaged_row_group_names_its_samples(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))  # same size, same footer: only row group 3's text column is garbage
     dataset = ParquetDataset(str(path))
     assert dataset[299] == {"id": 299, "text": "row 299"}
-    _one_line(
+    one_line(
         DataError, r"damaged\.parquet: block 3 \(samples 300\.\.399\) cannot be read", lambda: dataset[350]
     )
 
 
 def test_arrow_errors(tmp_path: Path) -> None:
     root = Path(BUILDERS[1].write(str(tmp_path), N))
-    _one_line(ConfigError, "has no column 'label'", lambda: ArrowDataset(str(root), columns=["label"]))
+    one_line(ConfigError, "has no column 'label'", lambda: ArrowDataset(str(root), columns=["label"]))
     victim = root / "data-00001-of-00003.arrow"
     _cut(victim, os.path.getsize(victim) // 2)
-    _one_line(
+    one_line(
         DataError, rf"{re.escape(str(victim))} is truncated after \d+ rows", lambda: ArrowDataset(str(root))
     )
     victim.write_bytes(b"PAR1 not arrow at all" * 10)
-    _one_line(DataError, "is not an Arrow IPC file", lambda: ArrowDataset(str(root)))
+    one_line(DataError, "is not an Arrow IPC file", lambda: ArrowDataset(str(root)))
     (root / "state.json").write_text(json.dumps({"other": 1}))
-    _one_line(DataError, "not a datasets save_to_disk state", lambda: ArrowDataset(str(root)))
+    one_line(DataError, "not a datasets save_to_disk state", lambda: ArrowDataset(str(root)))
 
 
 def test_token_file_errors(tmp_path: Path) -> None:
     root = Path(BUILDERS[2].write(str(tmp_path), N))
     npy = root / "b.npy"
-    _one_line(
+    one_line(
         ConfigError,
         r"a\.bin is a raw \.bin token file: pass dtype=",
         lambda: TokenDataset(str(root), seq_len=SEQ_LEN),
     )
-    _one_line(
+    one_line(
         DataError,
         r"holds uint16 tokens but dtype='int32'",
         lambda: TokenDataset(str(npy), seq_len=SEQ_LEN, dtype="int32"),
     )
     _cut(npy, os.path.getsize(npy) - 8 * 2 * 3 - 1)  # three windows and one byte short
     # a.bin holds samples 0..19, b.npy 20..59: its last 3 windows (57..59) are lost, 56 is cut short
-    _one_line(
+    one_line(
         DataError,
         r"b\.npy is truncated: .* \(samples 56\.\.59 affected\)",
         lambda: TokenDataset(str(root), seq_len=SEQ_LEN, dtype="uint16"),
     )
     npy.write_bytes(b"\x00" * 200)
-    _one_line(
+    one_line(
         DataError,
         r"b\.npy is not a \.npy file",
         lambda: TokenDataset(str(root), seq_len=SEQ_LEN, dtype="uint16"),
     )
     bin_file = root / "a.bin"
     _cut(bin_file, os.path.getsize(bin_file) - 1)
-    _one_line(
+    one_line(
         DataError,
         r"a\.bin is \d+ bytes, not a whole number of uint16 tokens",
         lambda: TokenDataset(str(bin_file), seq_len=SEQ_LEN, dtype="uint16"),
     )
-    _one_line(ConfigError, "seq_len must be", lambda: TokenDataset(str(root), seq_len=0))
+    one_line(ConfigError, "seq_len must be", lambda: TokenDataset(str(root), seq_len=0))
 
 
 def _inspect(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any] | str]:

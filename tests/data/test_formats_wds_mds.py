@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import shutil
 import tarfile
 from collections.abc import Callable
@@ -21,16 +20,9 @@ from goodput.data import CacheConfig, MDSDataset, ResumableLoader, WebDataset
 from goodput.data._tarscan import regular_members
 from goodput.data.webdataset import expand_urls
 from goodput.errors import ConfigError, DataError, FingerprintMismatch
-from tests.helpers.formats import MDS_FIXTURES, write_webdataset
+from tests.helpers.formats import MDS_FIXTURES, one_line, write_webdataset
 
 N = 60
-
-
-def _one_line(error: type[Exception], pattern: str, make: Callable[[], Any]) -> None:
-    with pytest.raises(error) as caught:
-        make()
-    message = str(caught.value)
-    assert "\n" not in message and re.search(pattern, message), message
 
 
 def _webdataset(folder: Path) -> Path:
@@ -126,13 +118,13 @@ def test_webdataset_index_is_built_once_and_kept_in_the_cache(tmp_path: Path) ->
 def test_webdataset_bad_files(tmp_path: Path) -> None:
     (tmp_path / "notar").mkdir()
     (tmp_path / "notar" / "a.tar").write_bytes(b"this is not a tar file" * 40)
-    _one_line(DataError, r"a\.tar is not a tar file", lambda: WebDataset(str(tmp_path / "notar")))
+    one_line(DataError, r"a\.tar is not a tar file", lambda: WebDataset(str(tmp_path / "notar")))
     (tmp_path / "noext").mkdir()
     _tar(tmp_path / "noext" / "a.tar", [("k1.txt", b"a"), ("k1", b"b")])
-    _one_line(DataError, r"member 'k1' has no extension", lambda: WebDataset(str(tmp_path / "noext")))
+    one_line(DataError, r"member 'k1' has no extension", lambda: WebDataset(str(tmp_path / "noext")))
     (tmp_path / "lacking").mkdir()
     _tar(tmp_path / "lacking" / "a.tar", [("k1.txt", b"a"), ("k1.cls", b"1"), ("k2.txt", b"b")])
-    _one_line(
+    one_line(
         DataError,
         r"sample 'k2' \(sample 1 of the shard\) has no cls member",
         lambda: WebDataset(str(tmp_path / "lacking"), extensions=["txt", "cls"]),
@@ -141,9 +133,9 @@ def test_webdataset_bad_files(tmp_path: Path) -> None:
     shard = root / "shard-000002.tar"
     data = shard.read_bytes()
     shard.write_bytes(data[: data.index(b"row 55") + 3])  # inside sample 55's txt member
-    _one_line(DataError, r"truncated at byte \d+: sample 'sample00055'", lambda: WebDataset(str(root)))
-    _one_line(DataError, r"missing\.tar does not exist", lambda: WebDataset([str(root / "missing.tar")] * 2))
-    _one_line(ConfigError, "extensions must be a list", lambda: WebDataset(str(root), extensions="txt"))
+    one_line(DataError, r"truncated at byte \d+: sample 'sample00055'", lambda: WebDataset(str(root)))
+    one_line(DataError, r"missing\.tar does not exist", lambda: WebDataset([str(root / "missing.tar")] * 2))
+    one_line(ConfigError, "extensions must be a list", lambda: WebDataset(str(root), extensions="txt"))
 
 
 def test_mds_reads_every_encoding_and_compression() -> None:
@@ -167,20 +159,20 @@ def test_mds_reads_every_encoding_and_compression() -> None:
 
 
 def test_mds_bad_files(tmp_path: Path) -> None:
-    _one_line(
+    one_line(
         ConfigError,
         r"has no column nope: its columns are",
         lambda: MDSDataset(os.path.join(MDS_FIXTURES, "plain-60"), columns=["nope"]),
     )
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "index.json").write_text('{"format": "goodput-shards"}')
-    _one_line(DataError, r"is not an MDS index", lambda: MDSDataset(str(tmp_path / "other")))
+    one_line(DataError, r"is not an MDS index", lambda: MDSDataset(str(tmp_path / "other")))
     plain = tmp_path / "plain"
     shutil.copytree(os.path.join(MDS_FIXTURES, "plain-60"), plain)
     shard = plain / "shard.00001.mds"
     shard.write_bytes(shard.read_bytes()[:-40])
     dataset = MDSDataset(str(plain))
-    _one_line(
+    one_line(
         DataError,
         r"shard\.00001\.mds has \d+ of its \d+ bytes: it is truncated; samples 13\.\.24",
         lambda: dataset[20],
@@ -191,7 +183,7 @@ def test_mds_bad_files(tmp_path: Path) -> None:
     data = bytearray(shard.read_bytes())
     data[-5] ^= 0xFF
     shard.write_bytes(bytes(data))
-    _one_line(
+    one_line(
         DataError, r"shard\.00002\.mds\.zstd: its sha1 hash differs", lambda: MDSDataset(str(packed))[30]
     )
 
@@ -215,7 +207,7 @@ def test_a_changed_dataset_refuses_the_saved_position(kind: str, tmp_path: Path)
         index = (root / "index.json").read_text()
         (root / "index.json").write_text(index.replace('"samples": 10', '"samples": 9'))
     fresh = ResumableLoader(make(), batch_size=4, seed=1)
-    _one_line(
+    one_line(
         FingerprintMismatch,
         r"the dataset differs from the one the data position was saved with: .*identity",
         lambda: fresh.load_state_dict(state),

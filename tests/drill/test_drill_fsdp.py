@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from goodput.drill.drill import reference_run
 from goodput.drill.process import restored_steps
-from goodput.drill.scenario import DrillContext, registered
+from goodput.drill.scenario import registered
+from tests.helpers import drill
 from tests.helpers.paths import FSDP_TRAIN
 
 pytestmark = pytest.mark.slow
@@ -19,14 +19,10 @@ SCRIPT = (FSDP_TRAIN, "--steps", "12", "--every", "3")
 
 
 def test_rank_sigkills_of_an_fsdp2_job_resume_every_shard_exactly(tmp_path: Path) -> None:
-    ref = reference_run(SCRIPT, nproc=2, nnodes=1, seed=0, work=str(tmp_path), say=print)
-    assert ref is not None and ref.saves == (3, 6, 9, 12) and not ref.async_saves, ref
+    ref = drill.reference(str(tmp_path), SCRIPT)
+    assert ref.saves == (3, 6, 9, 12) and not ref.async_saves, ref
     work = tmp_path / "rank"
-    work.mkdir()
-    context = DrillContext(
-        script=SCRIPT, nproc=2, nnodes=1, seed=0, work_dir=str(work), reference=ref, say=print
-    )
-    result = registered()["rank"].run(context)
+    result = registered()["rank"].run(drill.context(str(work), ref, script=SCRIPT))
     assert result.met, result
     assert result.exactly_once and result.identical
     assert "phase=checkpoint_write" in result.injected and "phase=restore" in result.injected, result.injected

@@ -20,29 +20,29 @@ from tests.helpers import drill
 pytestmark = pytest.mark.slow
 
 
-def test_losing_the_store_host_stops_the_survivor_with_75_and_the_relaunch_resumes_exactly(
-    drill_reference: Reference, tmp_path: Path
+@pytest.mark.parametrize(
+    ("scenario", "injected", "lost", "log", "times"),
+    [
+        (
+            "node-store",
+            f"node 1 stopped, exit {EXIT_PREEMPTED}",
+            "the rendezvous lost the node that hosts its store",
+            "node-1.log",
+            1,
+        ),
+        ("node", "node 0 went on, completed", "the rendezvous lost", "node-0.log", 0),
+    ],
+    ids=["store-host-lost-stops-with-75-and-resumes", "other-node-lost-goes-on-once-back"],
+)
+def test_losing_a_node_the_job_completes_exactly_once_from_a_reference_save(
+    drill_reference: Reference, tmp_path: Path, scenario: str, injected: str, lost: str, log: str, times: int
 ) -> None:
-    result = registered()["node-store"].run(drill.context(str(tmp_path), drill_reference, nnodes=2))
+    result = registered()[scenario].run(drill.context(str(tmp_path), drill_reference, nnodes=2))
     assert result.met, result
     assert result.exactly_once and result.identical and result.outcome == "completed"
-    assert f"node 1 stopped, exit {EXIT_PREEMPTED}" in result.injected, result.injected
+    assert injected in result.injected, result.injected
     run_dir = str(tmp_path / "run")
-    assert said(run_dir, "the rendezvous lost the node that hosts its store", log="node-1.log") == 1
-    restored = restored_steps(run_dir)
-    assert restored and all(step in drill_reference.saves for step in restored), restored
-    assert processes_of(run_dir) == []
-
-
-def test_losing_the_other_node_the_job_goes_on_once_it_is_back(
-    drill_reference: Reference, tmp_path: Path
-) -> None:
-    result = registered()["node"].run(drill.context(str(tmp_path), drill_reference, nnodes=2))
-    assert result.met, result
-    assert result.exactly_once and result.identical and result.outcome == "completed"
-    assert "node 0 went on, completed" in result.injected, result.injected
-    run_dir = str(tmp_path / "run")
-    assert said(run_dir, "the rendezvous lost", log="node-0.log") == 0
+    assert said(run_dir, lost, log=log) == times
     restored = restored_steps(run_dir)
     assert restored and all(step in drill_reference.saves for step in restored), restored
     assert processes_of(run_dir) == []

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from goodput.drill.drill import reference_run
-from goodput.drill.scenario import DrillContext, registered
+from goodput.drill.scenario import registered
 from goodput.ledger import read_events
+from tests.helpers import drill
 from tests.helpers.paths import script
 
 pytestmark = pytest.mark.slow
@@ -26,13 +26,7 @@ BCE = script("bce_train.py")
 def test_a_spike_on_a_falling_small_batch_loss_is_found_and_rolled_back(tmp_path: Path) -> None:
     """The issue's run: a 50x spike at step 60 of 80 went unseen (the rule needed a rise of ~500x there)."""
     command = (BCE, "--steps", "80")
-    ref = reference_run(command, nproc=2, nnodes=1, seed=0, work=str(tmp_path), say=print)
-    assert ref is not None
-    folder = tmp_path / "spike"
-    folder.mkdir()
-    context = DrillContext(
-        script=command, nproc=2, nnodes=1, seed=0, work_dir=str(folder), reference=ref, say=print
-    )
+    context = drill.context(str(tmp_path / "spike"), drill.reference(str(tmp_path), command), script=command)
     result = registered()["spike"].run(context)
     assert result.met, result
     assert "(1 rollback)" in result.injected and result.identical and result.exactly_once

@@ -28,12 +28,26 @@ def _committed(workdir: str, world: int) -> dict[str, Any] | None:
     return min(saved, key=lambda s: s["step"])  # the newest step every rank saved
 
 
-def _save(path: str, record: dict[str, Any]) -> None:
+def save_json(path: str, record: dict[str, Any]) -> None:
+    """Write ``record`` to ``path`` whole or not at all (a temporary file, fsynced, then renamed)."""
     with open(path + ".tmp", "w") as f:
         json.dump(record, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
+
+
+def join_gloo(rank: int, world: int, port: int) -> None:
+    """Join the job's gloo group at 127.0.0.1:``port`` as ``rank`` of ``world``."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
 
 
 def train(rank: int, world: int, port: int, workdir: str, attempt: int, kill_at: int | None) -> None:
@@ -43,13 +57,7 @@ def train(rank: int, world: int, port: int, workdir: str, attempt: int, kill_at:
     from goodput import ResumableLoader
     from tests.helpers.data import Squares, ids
 
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
+    join_gloo(rank, world, port)
     # rank and world size come from torch.distributed; fork workers as torchrun-launched jobs do
     loader = ResumableLoader(
         Squares(N), batch_size=BATCH, seed=SEED, num_workers=1, multiprocessing_context="fork"
@@ -68,7 +76,7 @@ def train(rank: int, world: int, port: int, workdir: str, attempt: int, kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
             dist.all_reduce(batch.sum(dtype=torch.float64))  # the training step keeps the ranks in lockstep
             step += 1
-            _save(
+            save_json(
                 os.path.join(workdir, f"position-rank{rank}.json"),
                 {"step": step, "loader": loader.state_dict()},
             )

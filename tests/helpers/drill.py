@@ -14,18 +14,28 @@ SCRIPT = (DEMO_SCRIPT, "--steps", "16", "--every", "4", "--hang-timeout", "5")
 NPROC = 2
 
 
-def reference(work: str) -> Reference:
-    """The uninterrupted run, in ``work``/uninterrupted."""
-    found = reference_run(SCRIPT, nproc=NPROC, nnodes=1, seed=0, work=work, say=print)
+def reference(work: str, script: tuple[str, ...] = SCRIPT) -> Reference:
+    """The uninterrupted run of ``script``, in ``work``/uninterrupted."""
+    found = reference_run(script, nproc=NPROC, nnodes=1, seed=0, work=work, say=print)
     assert found is not None, "the uninterrupted run failed"
     return found
 
 
-def context(work: str, ref: Reference, *, nnodes: int = 1, hang_timeout: float | None = None) -> DrillContext:
-    """A scenario's context: the shared reference, a fresh folder ``work``; with ``nnodes`` 2 the reference's
-    ``NPROC`` ranks are split over two nodes; ``hang_timeout`` replaces the script's (it changes no result)."""
+def context(
+    work: str,
+    ref: Reference,
+    *,
+    nnodes: int = 1,
+    hang_timeout: float | None = None,
+    script: tuple[str, ...] = SCRIPT,
+) -> DrillContext:
+    """A scenario's context: the reference ``ref`` of ``script``, a fresh folder ``work``; with ``nnodes`` 2 the
+    reference's ``NPROC`` ranks are split over two nodes; ``hang_timeout`` replaces the drill script's (it
+    changes no result)."""
     os.makedirs(work, exist_ok=True)
-    script = SCRIPT if hang_timeout is None else (*SCRIPT[:-1], str(hang_timeout))
+    if hang_timeout is not None:
+        assert script == SCRIPT, "--hang-timeout is the drill script's option"
+        script = (*SCRIPT[:-1], str(hang_timeout))
     return DrillContext(
         script=script, nproc=NPROC // nnodes, nnodes=nnodes, seed=0, work_dir=work, reference=ref, say=print
     )

@@ -9,6 +9,7 @@ builder; the multi-format exactly-once test then covers it too.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -180,3 +181,13 @@ class Together:
 def write_all(folder: str, n: int) -> dict[str, str]:
     """Every format's dataset of ``n`` samples under ``folder``: format -> local path."""
     return {b.name: b.write(folder, n) for b in BUILDERS}
+
+
+def one_line(error: type[Exception], pattern: str, make: Callable[[], Any]) -> None:
+    """That ``make()`` raises ``error`` with a message of one line that matches ``pattern``."""
+    import pytest  # here, not at the top: the ranks that import this module need no pytest
+
+    with pytest.raises(error) as caught:
+        make()
+    message = str(caught.value)
+    assert "\n" not in message and re.search(pattern, message), message

@@ -12,19 +12,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-from datetime import timedelta
-from typing import Any
+
+from tests.helpers.data_ranks import join_gloo, save_json
 
 N, BATCH, SEED = 96, 4, 7
 POSITION = "position.json"
-
-
-def _save(path: str, record: dict[str, Any]) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
 
 
 def train(
@@ -36,13 +28,7 @@ def train(
     from goodput import ResumableLoader
     from tests.helpers.formats import Together
 
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
+    join_gloo(rank, world, port)
     loader = ResumableLoader(
         Together(urls),
         batch_size=BATCH,
@@ -68,5 +54,5 @@ def train(
             dist.all_reduce(torch.tensor(float(len(batch))))  # the training step keeps the ranks in lockstep
             step += 1
             if rank == 0:
-                _save(position, {"step": step, "loader": loader.state_dict()})
+                save_json(position, {"step": step, "loader": loader.state_dict()})
     dist.destroy_process_group()

@@ -28,6 +28,30 @@ def start_launch(*args: str) -> subprocess.Popen[str]:
     )
 
 
+def warm_launch(run_dir: str, nproc: int = 2) -> list[str]:
+    """The command line of `goodput launch --restart warm --nproc NPROC --run-dir RUN_DIR`, to extend."""
+    return [
+        sys.executable,
+        "-m",
+        "goodput",
+        "launch",
+        "--restart",
+        "warm",
+        "--nproc",
+        str(nproc),
+        "--run-dir",
+        run_dir,
+    ]
+
+
+def start_training(run_dir: str, *args: str) -> subprocess.Popen[str]:
+    """`goodput launch --run-dir RUN_DIR ARGS` in the background, once its workers train (they write
+    RUN_DIR/training, as tests/scripts/run_worker.py does)."""
+    proc = start_launch("--run-dir", run_dir, *args)
+    wait_for_file(os.path.join(run_dir, "training"), proc)
+    return proc
+
+
 def wait_for_file(path: str, proc: subprocess.Popen[str], timeout: float = 180.0) -> None:
     """Wait until ``path`` exists (the workers write it once they train); fail if ``proc`` ends first."""
     deadline = time.monotonic() + timeout

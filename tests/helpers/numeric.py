@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 from goodput.run.numeric import NumericConfig
 from goodput.run.numeric.rules import FLAG_LOSS, encode_row, verdict
+from tests.helpers.paths import FIXTURES
+
+
+def recorded_losses(name: str, steps: int | None = None) -> list[float]:
+    """The loss curve recorded in ``tests/fixtures/numeric/NAME``, checked to hold ``steps`` steps if given."""
+    with open(FIXTURES / "numeric" / name) as f:
+        losses = [float(x) for x in json.load(f)["losses"]]
+    assert steps is None or len(losses) == steps
+    return losses
 
 
 def replay_alarms(losses: list[float], start: int, config: NumericConfig) -> list[int]:

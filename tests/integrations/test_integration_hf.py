@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from goodput.verify.records import read_records
+from tests.helpers.commands import assert_identical_after_two_kills, report_json, verify_resume_two_kills
 from tests.helpers.history import assert_exactly_once, attempts_seen, surviving_samples
 from tests.helpers.paths import script
 
@@ -31,14 +32,7 @@ def verified(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
     verdict and its work folder, whose interrupted run the tests here read (each process start costs seconds
     of imports: the tests share one run rather than launch their own)."""
     work = str(tmp_path_factory.mktemp("verify"))
-    command = ["verify-resume", "--nproc", "2", "--kills", "2", "--seed", "1", "--work-dir", work]
-    proc = subprocess.run(
-        [sys.executable, "-m", "goodput", *command, "--", SCRIPT, str(STEPS)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return proc, work
+    return verify_resume_two_kills(work, SCRIPT, STEPS), work
 
 
 @pytest.mark.slow
@@ -50,14 +44,7 @@ def test_hf_trainer_resumes_mid_epoch_with_exactly_once_data(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_exactly_once(surviving_samples(run_dir, 2, STEPS), DATASET, DATASET // PER_STEP)
     assert attempts_seen(run_dir) == {0, 1, 2}
-    report = subprocess.run(
-        [sys.executable, "-m", "goodput", "report", run_dir, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert report.returncode == 0, report.stderr
-    data = json.loads(report.stdout)
+    data = report_json(run_dir)
     assert data["restarts"] == 2 and data["failures"] == 2
     assert data["attempts"][-1]["restored_step"] == 4 and data["attempts"][-1]["last_step"] == STEPS
     assert data["categories"]["checkpoint_stall"] > 0 and data["categories"]["lost_work"] > 0
@@ -82,9 +69,7 @@ def test_verify_resume_checks_a_trainer_script(
     verified: tuple[subprocess.CompletedProcess[str], str],
 ) -> None:
     proc, work = verified
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "IDENTICAL" in proc.stdout and "after 2 restarts (2 kills fired)" in proc.stdout, proc.stdout
-    assert "Traceback" not in proc.stdout + proc.stderr
+    assert_identical_after_two_kills(proc)
     final = read_records(os.path.join(work, "interrupted")).final
     assert sorted(final) == [0, 1] and "scheduler.last_epoch" in final[0]["state"]
     assert any(name.endswith(".exp_avg") for name in final[0]["state"])  # AdamW's moments were compared

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers.commands import assert_identical_after_two_kills, report_json, verify_resume_two_kills
 from tests.helpers.history import assert_exactly_once, attempts_seen, surviving_samples
 from tests.helpers.paths import script
 
@@ -33,14 +34,7 @@ def verified(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
     """``goodput verify-resume`` on the script (seed 1 kills rank 0 after step 12, rank 1 inside the write of
     step 16): its verdict, and its work folder, whose uninterrupted run is the reference of the tests here."""
     work = str(tmp_path_factory.mktemp("verify"))
-    command = ["verify-resume", "--nproc", "2", "--kills", "2", "--seed", "1", "--work-dir", work]
-    proc = subprocess.run(
-        [sys.executable, "-m", "goodput", *command, "--", SCRIPT, str(STEPS)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return proc, work
+    return verify_resume_two_kills(work, SCRIPT, STEPS), work
 
 
 def _final(run_dir: str, rank: int) -> dict[str, Any]:
@@ -79,14 +73,7 @@ def test_lightning_ddp_survives_sigkills_with_exactly_once_data(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_exactly_once(surviving_samples(run_dir, 2, STEPS), DATASET, DATASET // PER_STEP)
     assert attempts_seen(run_dir) == {0, 1, 2}  # the killed attempts' lost steps were really redone
-    report = subprocess.run(
-        [sys.executable, "-m", "goodput", "report", run_dir, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert report.returncode == 0, report.stderr
-    data = json.loads(report.stdout)
+    data = report_json(run_dir)
     assert data["restarts"] == 2 and data["failures"] == 2
     assert data["info"]["checkpoint_config"] == {"strategy": "dcp", "every_steps": 4}
     assert data["categories"]["checkpoint_stall"] > 0 and data["categories"]["checkpoint_restore"] > 0
@@ -101,9 +88,7 @@ def test_verify_resume_checks_a_lightning_script(
     verified: tuple[subprocess.CompletedProcess[str], str],
 ) -> None:
     proc, work = verified
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "IDENTICAL" in proc.stdout and "after 2 restarts (2 kills fired)" in proc.stdout, proc.stdout
-    assert "Traceback" not in proc.stdout + proc.stderr
+    assert_identical_after_two_kills(proc)
     _assert_same_final(os.path.join(work, "uninterrupted"), os.path.join(work, "interrupted"))
 
 
@@ -125,28 +110,22 @@ def test_a_trainer_that_would_not_save_through_goodput_is_refused(tmp_path: os.P
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    def cpu_trainer(goodput_cb: GoodputCallback, **plugins: Any) -> pl.Trainer:
+        options = {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": 2,
+            "logger": False,
+            "enable_progress_bar": False,
+        }
+        return pl.Trainer(callbacks=[goodput_cb], **options, **plugins)
+
     goodput_cb = GoodputCallback(str(tmp_path), loader=gp.ResumableLoader(torch.ones(8, 2), batch_size=2))
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        callbacks=[goodput_cb],
-        max_steps=2,
-        logger=False,
-        enable_progress_bar=False,
-    )
     with pytest.raises(gp.ConfigError, match="does not save through goodput"):
-        trainer.fit(Small(), train_dataloaders=goodput_cb.loader)
+        cpu_trainer(goodput_cb).fit(Small(), train_dataloaders=goodput_cb.loader)
     # Lightning's single-device strategy would restore before creating the optimizer: refused up front
     goodput_cb = GoodputCallback(str(tmp_path), loader=gp.ResumableLoader(torch.ones(8, 2), batch_size=2))
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        plugins=[goodput_cb.checkpoint_io],
-        callbacks=[goodput_cb],
-        max_steps=2,
-        logger=False,
-        enable_progress_bar=False,
-    )
+    trainer = cpu_trainer(goodput_cb, plugins=[goodput_cb.checkpoint_io])
     with pytest.raises(gp.ConfigError, match="restores a checkpoint before it creates the optimizers"):
         trainer.fit(Small(), train_dataloaders=goodput_cb.loader)
     goodput_cb.ledger.close()

@@ -23,6 +23,7 @@ from goodput import (
 from goodput.job.codes import EXIT_FATAL
 from goodput.job.crashloop import attempt_records
 from goodput.testing import S3Server
+from tests.helpers.commands import s3_env
 from tests.helpers.paths import script
 
 SCRIPT = script("user_storage_train.py")
@@ -31,20 +32,6 @@ CREDENTIALS = {
     "none": {},
     "wrong": {"AWS_ACCESS_KEY_ID": "nobody", "AWS_SECRET_ACCESS_KEY": WRONG_SECRET},
 }
-
-
-def _env(server: S3Server, tmp_path: Path, keys: dict[str, str]) -> dict[str, str]:
-    """This process's environment pointed at the server with ``keys`` as the only credentials."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(
-        AWS_ENDPOINT_URL=server.endpoint_url,
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "no-credentials"),
-        AWS_CONFIG_FILE=str(tmp_path / "no-config"),
-        AWS_EC2_METADATA_DISABLED="true",
-        **keys,
-    )
-    return env
 
 
 def _goodput(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -71,7 +58,7 @@ def _one_refusal_line(done: subprocess.CompletedProcess[str], url: str, server: 
 def test_goodput_ls_is_one_line_and_exit_2(
     keys: dict[str, str], s3_server: S3Server, s3_url: str, tmp_path: Path
 ) -> None:
-    done = _goodput(_env(s3_server, tmp_path, keys), "ls", s3_url)
+    done = _goodput(s3_env(s3_server, tmp_path, keys), "ls", s3_url)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1
     assert _one_refusal_line(done, s3_url, s3_server).startswith("goodput ls: error: cannot list")
@@ -83,7 +70,9 @@ def test_goodput_demo_with_refused_data_is_one_line_before_anything_starts(
     keys: dict[str, str], s3_server: S3Server, s3_url: str, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "demo"
-    done = _goodput(_env(s3_server, tmp_path, keys), "demo", "--data-url", s3_url, "--run-dir", str(run_dir))
+    done = _goodput(
+        s3_env(s3_server, tmp_path, keys), "demo", "--data-url", s3_url, "--run-dir", str(run_dir)
+    )
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1
     assert _one_refusal_line(done, s3_url, s3_server).startswith("goodput demo: error: cannot read")
@@ -121,7 +110,7 @@ def test_launch_with_a_refused_checkpoint_root_stops_at_once_naming_rank_0(
     """Rank 0 is refused while rank 1 waits for it: exit 78 at the first attempt (no crash loop), quoting rank
     0's refusal (not rank 1's broken connection)."""
     run_dir = tmp_path / "run"
-    env = _env(s3_server, tmp_path, CREDENTIALS["none"])
+    env = s3_env(s3_server, tmp_path, CREDENTIALS["none"])
     done = _goodput(env, "launch", "--nproc", "2", "--run-dir", str(run_dir), "--", SCRIPT, "--ckpt", s3_url)
     assert done.returncode == EXIT_FATAL, done.stderr[-3000:]
     last = _one_refusal_line(done, s3_url, s3_server)
@@ -134,7 +123,7 @@ def test_launch_with_a_refused_checkpoint_root_stops_at_once_naming_rank_0(
 @pytest.mark.slow
 def test_launch_with_refused_data_stops_at_once(s3_server: S3Server, s3_url: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    env = _env(s3_server, tmp_path, CREDENTIALS["wrong"])
+    env = s3_env(s3_server, tmp_path, CREDENTIALS["wrong"])
     done = _goodput(env, "launch", "--run-dir", str(run_dir), "--", SCRIPT, "--data", s3_url)
     assert done.returncode == EXIT_FATAL, done.stderr[-3000:]
     last = _one_refusal_line(done, s3_url, s3_server)

@@ -9,19 +9,15 @@ the smallest rise it reports (``spike_rise``) is the one its verdict applies.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from goodput.run.numeric import NumericConfig
 from goodput.run.numeric.rules import spike_rise
-from tests.helpers.numeric import replay_alarms
-from tests.helpers.paths import FIXTURES
+from tests.helpers.numeric import recorded_losses, replay_alarms
 
 
 def _losses() -> list[float]:
-    with open(FIXTURES / "numeric" / "bce_loss.json") as f:
-        return [float(x) for x in json.load(f)["losses"]]
+    return recorded_losses("bce_loss.json")
 
 
 def test_no_false_spike_on_a_falling_small_batch_cross_entropy_from_any_relaunch() -> None:

@@ -9,18 +9,12 @@ minutes, the replay seconds. That run found its four drilled faults and nothing 
 
 from __future__ import annotations
 
-import json
-
 from goodput.run.numeric import NumericConfig
-from tests.helpers.numeric import replay_alarms
-from tests.helpers.paths import FIXTURES
+from tests.helpers.numeric import recorded_losses, replay_alarms
 
 
 def _losses() -> list[float]:
-    with open(FIXTURES / "numeric" / "demo_loss.json") as f:
-        losses = [float(x) for x in json.load(f)["losses"]]
-    assert len(losses) == 2000
-    return losses
+    return recorded_losses("demo_loss.json", 2000)
 
 
 def test_no_false_spike_over_the_demo_s_run_from_any_of_its_relaunches() -> None:

@@ -11,21 +11,16 @@ rollbacks within 1,000 steps stopped the job.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 
 from goodput.run.numeric import NumericConfig
 from goodput.run.numeric.rules import RECENT, spike_threshold
-from tests.helpers.numeric import replay_alarms
-from tests.helpers.paths import FIXTURES
+from tests.helpers.numeric import recorded_losses, replay_alarms
 
 
 def _losses() -> list[float]:
-    with open(FIXTURES / "numeric" / "drill_demo_loss.json") as f:
-        losses = [float(x) for x in json.load(f)["losses"]]
-    assert len(losses) == 5400
-    return losses
+    return recorded_losses("drill_demo_loss.json", 5400)
 
 
 def test_no_false_spike_over_a_long_run_of_the_drill_s_demo_from_its_start_or_a_relaunch() -> None:

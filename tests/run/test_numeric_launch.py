@@ -18,6 +18,7 @@ from goodput.job.codes import EXIT_NUMERIC
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import read_events
 from goodput.run.numeric import read_skips
+from tests.helpers.launching import warm_launch
 from tests.helpers.paths import script
 
 SCRIPT = script("numeric_train.py")
@@ -194,18 +195,7 @@ def test_under_warm_restarts_a_rank_named_corrupt_is_handed_to_a_hot_spare(
 
     run_dir = os.path.join(tmp_path, "run")
     train = os.path.join(os.path.dirname(goodput.bench.__file__), "_restart_train.py")
-    command = [
-        sys.executable,
-        "-m",
-        "goodput",
-        "launch",
-        "--restart",
-        "warm",
-        "--nproc",
-        "3",
-        "--run-dir",
-        run_dir,
-    ]
+    command = warm_launch(run_dir, nproc=3)
     command += ["--faults", "bitflip@step=13,rank=2", "--collective-timeout", "4", "--", train]
     command += ["--steps", "30", "--every", "10", "--check-every", "10", "--hang-timeout", "60"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300)

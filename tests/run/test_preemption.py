@@ -24,6 +24,7 @@ from tests.helpers.launching import (
     processes_with,
     sigterm_saves_once,
     start_launch,
+    start_training,
     two_signals_stop_at_once,
     wait_for_file,
 )
@@ -77,10 +78,7 @@ def test_sigterm_to_the_launcher_alone_saves_once_then_the_relaunch_resumes(tmp_
 @pytest.mark.slow
 def test_a_signal_on_one_rank_only_makes_every_rank_save_the_same_step(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    proc = start_launch(
-        "--nproc", "2", "--run-dir", run_dir, "--", WORKER, "--steps", "400", "--step-seconds", "0.03"
-    )
-    wait_for_file(os.path.join(run_dir, "training"), proc)
+    proc = start_training(run_dir, "--nproc", "2", "--", WORKER, "--steps", "400", "--step-seconds", "0.03")
     (pid_file,) = glob.glob(os.path.join(run_dir, "launches", "*", "pids", "rank-1"))
     os.kill(int(Path(pid_file).read_text()), signal.SIGUSR1)  # as SLURM's --signal=USR1@90 may: one process
     _, err = proc.communicate(timeout=120)
@@ -93,10 +91,7 @@ def test_a_signal_on_one_rank_only_makes_every_rank_save_the_same_step(tmp_path:
 @pytest.mark.slow
 def test_a_second_signal_stops_everything_at_once(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    proc = start_launch(
-        "--nproc", "2", "--run-dir", run_dir, "--", WORKER, "--steps", "2000", "--step-seconds", "0.05"
-    )
-    wait_for_file(os.path.join(run_dir, "training"), proc)
+    proc = start_training(run_dir, "--nproc", "2", "--", WORKER, "--steps", "2000", "--step-seconds", "0.05")
     two_signals_stop_at_once(proc)
     assert processes_with(run_dir) == []
 

@@ -14,6 +14,7 @@ import torch
 import goodput as gp
 from goodput import ConfigError, Ledger, MLflowExporter, TensorBoardExporter
 from goodput.run.progress import Progress
+from tests.scripts._readme_loop import fit
 
 
 class _Recorder:
@@ -160,14 +161,12 @@ def test_after_a_rollback_the_live_goodput_is_the_new_attempts(tmp_path: Path) -
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = gp.ResumableLoader(torch.randn(400, 4), batch_size=4, seed=0)
     run.restore(model=model, optimizer=opt, loader=loader)
-    for batch in run.batches(loader):
-        loss = model(batch).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+
+    def loss_of(batch: torch.Tensor) -> torch.Tensor:
         time.sleep(0.02)  # the step's compute: what live goodput counts
-        run.step_done(loss=loss.item())
-    run.close()
+        return model(batch).pow(2).mean()
+
+    fit(run, loader, loss_of, opt)
     events = gp.read_events(str(tmp_path / "run"))
     assert [e["event"] for e in events if e["event"] == "rollback"] == ["rollback"]
     last = recorder.logged[-1][1]

@@ -13,6 +13,7 @@ import goodput as gp
 from goodput.ledger import read_events
 from goodput.ledger.report import load_report
 from goodput.run import _ending
+from tests.scripts._readme_loop import fit
 
 
 def test_the_checks_after_each_step_are_in_the_ledger_and_inside_other(tmp_path: Path, monkeypatch) -> None:
@@ -25,13 +26,8 @@ def test_the_checks_after_each_step_are_in_the_ledger_and_inside_other(tmp_path:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     loader = gp.ResumableLoader(torch.randn(320, 4), batch_size=8, seed=0)
     run.restore(model=model, optimizer=opt, loader=loader)
-    for batch in run.batches(loader):  # the README's loop: a step runs from its batch's wait to step_done()
-        loss = model(batch).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        run.step_done(loss=loss.item())
-    run.close()
+    # the README's loop: a step runs from its batch's wait to step_done()
+    fit(run, loader, lambda batch: model(batch).pow(2).mean(), opt)
     checks = [e for e in read_events(run_dir, rank=0) if e["event"] == "post_step_checks"]
     assert [e["steps"] for e in checks] == [16, 16, 8]  # every step once: two due, the rest as the run ended
     seconds = sum(float(e["seconds"]) for e in checks)

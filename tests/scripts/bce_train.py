@@ -11,6 +11,7 @@ import argparse
 import os
 
 import torch
+from _readme_loop import fit
 
 import goodput as gp
 
@@ -56,13 +57,12 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loader = gp.ResumableLoader(Labelled(), batch_size=args.batch_size, seed=0, drop_last=True)
     run.restore(model=model, optimizer=opt, loader=loader)
-    for x, y in run.batches(loader):
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        run.step_done(loss=loss.item())
-    run.close()
+    fit(
+        run,
+        loader,
+        lambda b: torch.nn.functional.binary_cross_entropy_with_logits(model(b[0]).squeeze(1), b[1]),
+        opt,
+    )
 
 
 if __name__ == "__main__":

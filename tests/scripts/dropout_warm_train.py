@@ -14,23 +14,9 @@ import os
 
 import numpy as np
 import torch
+from _readme_loop import Points, fit
 
 import goodput as gp
-
-
-class Points(torch.utils.data.Dataset):
-    """A fixed regression set: 240 points with 8 features and a noisy linear target."""
-
-    def __init__(self) -> None:
-        g = torch.Generator().manual_seed(1234)
-        self.x = torch.randn(240, 8, generator=g)
-        self.y = self.x @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(240, 1, generator=g)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i], self.y[i]
 
 
 def train(run: gp.Run, steps: int) -> None:
@@ -41,16 +27,9 @@ def train(run: gp.Run, steps: int) -> None:
     model = torch.nn.parallel.DistributedDataParallel(net) if run.info.world_size > 1 else net
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-    loader = gp.ResumableLoader(Points(), global_batch_size=12, seed=0, drop_last=True)
+    loader = gp.ResumableLoader(Points(n=240), global_batch_size=12, seed=0, drop_last=True)
     run.restore(model=model, optimizer=opt, scheduler=sched, loader=loader)
-    for x, y in run.batches(loader):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        sched.step()
-        run.step_done(loss=loss.item())
-    run.close()
+    fit(run, loader, lambda b: torch.nn.functional.mse_loss(model(b[0]), b[1]), opt, sched)
 
 
 def main() -> None:

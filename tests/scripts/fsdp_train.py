@@ -14,25 +14,11 @@ import random
 
 import numpy as np
 import torch
+from _readme_loop import Points, fit
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import goodput as gp
-
-
-class Points(torch.utils.data.Dataset):
-    """256 points with 8 features and a noisy linear target."""
-
-    def __init__(self) -> None:
-        g = torch.Generator().manual_seed(99)
-        self.x = torch.randn(256, 8, generator=g)
-        self.y = self.x @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(256, 1, generator=g)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i], self.y[i]
 
 
 def main() -> None:
@@ -60,16 +46,9 @@ def main() -> None:
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.steps)
-    loader = gp.ResumableLoader(Points(), batch_size=8, seed=0, drop_last=True)
+    loader = gp.ResumableLoader(Points(seed=99), batch_size=8, seed=0, drop_last=True)
     run.restore(model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
-    for x, y in run.batches(loader):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        scheduler.step()
-        run.step_done(loss=loss.item())
-    run.close()
+    fit(run, loader, lambda b: torch.nn.functional.mse_loss(model(b[0]), b[1]), optimizer, scheduler)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import argparse
 import os
 
 import torch
+from _readme_loop import fit
 
 import goodput as gp
 
@@ -37,13 +38,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loader = gp.ResumableLoader(dataset, batch_size=4, seed=0, drop_last=True)
     run.restore(model=model, optimizer=opt, loader=loader)
-    for batch in run.batches(loader):
-        loss = model(batch).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        run.step_done(loss=loss.item())
-    run.close()
+    fit(run, loader, lambda batch: model(batch).pow(2).mean(), opt)
 
 
 if __name__ == "__main__":

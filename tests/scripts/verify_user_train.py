@@ -16,23 +16,9 @@ import random
 
 import numpy as np
 import torch
+from _readme_loop import Points, fit
 
 import goodput as gp
-
-
-class Points(torch.utils.data.Dataset):
-    """A fixed regression set: 256 points with 8 features and a noisy linear target."""
-
-    def __init__(self) -> None:
-        g = torch.Generator().manual_seed(1234)
-        self.x = torch.randn(256, 8, generator=g)
-        self.y = self.x @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(256, 1, generator=g)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i], self.y[i]
 
 
 def main() -> None:
@@ -64,20 +50,18 @@ def main() -> None:
         model=model, optimizer=opt, scheduler=sched, loader=None if args.broken == "loader" else loader
     )
     opened = []
-    for x, y in run.batches(loader):
+
+    def loss_of(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
         if args.broken == "leak":
             opened.append(open(os.devnull))  # noqa: SIM115 (the leak: one open file more at every step)
         if args.broken == "rand":
             x = x + 1e-3 * torch.rand(x.shape, generator=clock)
         if args.python_random == "drawn" and random.random() < 0.0:  # drawn, never applied: p = 0
             x = -x
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        sched.step()
-        run.step_done(loss=loss.item())
-    run.close()
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    fit(run, loader, loss_of, opt, sched)
 
 
 if __name__ == "__main__":

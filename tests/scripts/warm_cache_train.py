@@ -19,6 +19,7 @@ import threading
 
 import numpy as np
 import torch
+from _readme_loop import fit
 
 import goodput as gp
 
@@ -64,13 +65,7 @@ def train(run: gp.Run, args: argparse.Namespace) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     run.restore(model=model, optimizer=opt, loader=loader)
     record_entry(run)  # restored, not yet iterated: nothing of this entry's own runs yet
-    for x, y in run.batches(loader):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        run.step_done(loss=loss.item())
-    run.close()
+    fit(run, loader, lambda b: torch.nn.functional.mse_loss(model(b[0]), b[1]), opt)
 
 
 def main() -> None:

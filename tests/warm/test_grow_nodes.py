@@ -49,6 +49,12 @@ def _node(
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
+def _agent_events(run_dir: str) -> list[str]:
+    """The names of the events the warm agents wrote, in order."""
+    with open(os.path.join(run_dir, "warm", "agent.jsonl")) as f:
+        return [json.loads(line)["event"] for line in f]
+
+
 def _logs(run_dir: str) -> str:
     """The last 3,000 characters of each node's log (for an assertion's message)."""
     text = ""
@@ -73,12 +79,10 @@ def test_a_node_that_joins_later_is_taken_in_at_a_step_boundary(tmp_path: os.Pat
     finally:
         for proc in procs:
             proc.kill()
-    logs = _logs(run_dir)
-    assert status == [0, 0], logs
+    assert status == [0, 0], _logs(run_dir)
     schedule = _schedule(_per_step(run_dir))  # every step's global batch of 12, no sample twice
     assert [world for _, world in schedule] == [1, 2] and schedule[1][0] >= 8, schedule
-    with open(os.path.join(run_dir, "warm", "agent.jsonl")) as f:
-        events = [json.loads(line)["event"] for line in f]
+    events = _agent_events(run_dir)
     assert "rendezvous_round" in events and "grow" in events and "cold_restart" not in events, events
     grows = _events(run_dir, "grow")
     assert sorted((e["rank"], e["world_before"], e["world_after"]) for e in grows) == [(0, 1, 2), (1, 1, 2)]
@@ -107,13 +111,11 @@ def test_a_lost_node_launched_again_grows_the_shrunk_job_back(tmp_path: os.PathL
     finally:
         for proc in procs:
             proc.kill()
-    logs = _logs(run_dir)
-    assert status == [0, 0], logs
+    assert status == [0, 0], _logs(run_dir)
     schedule = _schedule(_per_step(run_dir))  # every step's global batch of 12, no sample twice
     assert [world for _, world in schedule] == [2, 1, 2], schedule
     assert 6 <= schedule[1][0] <= 8 and schedule[2][0] >= 12, schedule
-    with open(os.path.join(run_dir, "warm", "agent.jsonl")) as f:
-        events = [json.loads(line)["event"] for line in f]
+    events = _agent_events(run_dir)
     assert "cold_restart" not in events and "cold_restart_followed" not in events, events
     assert [e for e in events if e in ("shrink", "rendezvous_round", "grow")] == [
         "shrink",
@@ -148,11 +150,9 @@ def test_a_node_that_joins_as_the_job_ends_is_ended_with_it(tmp_path: os.PathLik
     finally:
         for proc in procs:
             proc.kill()
-    logs = _logs(run_dir)
-    assert status == [0, 0], logs
+    assert status == [0, 0], _logs(run_dir)
     assert _schedule(_per_step(run_dir)) == [(1, 1)]  # every step on one node, each sample once
-    with open(os.path.join(run_dir, "warm", "agent.jsonl")) as f:
-        events = [json.loads(line)["event"] for line in f]
+    events = _agent_events(run_dir)
     assert "rendezvous_round_done" in events and "grow" in events, events
     assert not any(e.startswith("cold_restart") for e in events), events
     assert after < 10, after  # not the re-form timeout (30 s) of a group that never forms

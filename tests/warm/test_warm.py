@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import goodput.bench
+from tests.helpers.launching import warm_launch
 
 SCRIPT = os.path.join(os.path.dirname(goodput.bench.__file__), "_restart_train.py")
 STEPS = "40"
@@ -27,22 +28,17 @@ def _jsonl(folder: str) -> list[str]:
 def _launch(
     run_dir: str, faults: str = "", *extra: str, hang_timeout: str = "60", script_args: tuple[str, ...] = ()
 ) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "goodput",
-        "launch",
-        "--restart",
-        "warm",
-        "--nproc",
-        "2",
-        "--run-dir",
-        run_dir,
-    ]
+    cmd = warm_launch(run_dir)
     cmd += ["--faults", faults, "--collective-timeout", "4", *extra, "--", SCRIPT, "--steps", STEPS]
     cmd += ["--every", "10", "--hang-timeout", hang_timeout, *script_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _verify_warm(*args: str) -> subprocess.CompletedProcess[str]:
+    """``goodput verify-resume --restart warm ARGS``."""
+    cmd = [sys.executable, "-m", "goodput", "verify-resume", "--restart", "warm", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
 def _lines(path: str) -> Iterator[dict[str, Any]]:
@@ -318,20 +314,9 @@ def test_verify_resume_under_warm_restarts_passes_and_says_how_it_restarted(
 ) -> None:
     """``goodput verify-resume --restart warm``: the built-in training killed three times (one kill inside a
     checkpoint write) restarts warm each time and still ends bit for bit like the uninterrupted run."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "goodput",
-        "verify-resume",
-        "--restart",
-        "warm",
-        "--steps",
-        "24",
-        "--every",
-        "4",
-    ]
-    cmd += ["--kills", "3", "--seed", "2", "--work-dir", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = _verify_warm(
+        "--steps", "24", "--every", "4", "--kills", "3", "--seed", "2", "--work-dir", str(tmp_path)
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "IDENTICAL" in proc.stdout and "after 3 restarts (3 warm, 0 cold)" in proc.stdout, proc.stdout
     events = _agent(os.path.join(str(tmp_path), "interrupted"))
@@ -350,20 +335,9 @@ def test_verify_resume_of_a_script_kills_a_rank_inside_a_step_its_peer_completes
     from goodput.verify.records import read_records
 
     work = str(tmp_path)
-    cmd = [
-        sys.executable,
-        "-m",
-        "goodput",
-        "verify-resume",
-        "--restart",
-        "warm",
-        "--kills",
-        "3",
-        "--seed",
-        "1",
-    ]
-    cmd += ["--work-dir", work, "--", demo_train.__file__, "--steps", "24"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = _verify_warm(
+        "--kills", "3", "--seed", "1", "--work-dir", work, "--", demo_train.__file__, "--steps", "24"
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "kill@phase=optimizer_step," in proc.stdout and "IDENTICAL" in proc.stdout, proc.stdout
     records = read_records(os.path.join(work, "interrupted"))
@@ -384,18 +358,7 @@ def test_a_survivor_whose_gradients_carry_the_numeric_guard_s_word_never_steps_a
     from goodput.verify.records import read_records
 
     run_dir = str(tmp_path)
-    cmd = [
-        sys.executable,
-        "-m",
-        "goodput",
-        "launch",
-        "--restart",
-        "warm",
-        "--nproc",
-        "2",
-        "--run-dir",
-        run_dir,
-    ]
+    cmd = warm_launch(run_dir)
     cmd += ["--faults", "kill@step=10,rank=0", "--", demo_train.__file__, "--steps", "16"]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=150, env={**os.environ, "GOODPUT_RECORDS": "1"}

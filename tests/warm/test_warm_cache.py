@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 
 from goodput.data import write_shards
 from goodput.testing import S3Server
+from tests.helpers.launching import warm_launch
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "warm_cache_train.py")
 SAMPLES, FEATURES = 128, 8
@@ -42,18 +42,7 @@ def test_a_survivor_s_next_generation_starts_without_the_failed_one_s_prefetch_o
     has none of them left."""
     total = _write_data(s3_server, s3_url)
     run_dir = str(tmp_path / "run")
-    cmd = [
-        sys.executable,
-        "-m",
-        "goodput",
-        "launch",
-        "--restart",
-        "warm",
-        "--nproc",
-        "2",
-        "--run-dir",
-        run_dir,
-    ]
+    cmd = warm_launch(run_dir)
     cmd += ["--faults", "kill@step=8,rank=1", "--collective-timeout", "4", "--", SCRIPT, "--url", s3_url]
     cmd += ["--cache", str(tmp_path / "cache"), "--budget", str(total // 3)]
     cmd += ["--options", json.dumps(s3_server.storage_options()), "--steps", "16"]

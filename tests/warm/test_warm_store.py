@@ -4,26 +4,15 @@ format does not describe is refused with the key named, and every operation is c
 
 from __future__ import annotations
 
-import datetime
 import threading
-from collections.abc import Iterator
 
 import pytest
 import torch.distributed as dist
 
 from goodput.errors import ProtocolMismatch
-from goodput.testing import free_port
 from goodput.warm import protocol
 from goodput.warm.protocol import Assignment, Generation
 from goodput.warm.store import WarmStore, operations
-
-
-@pytest.fixture
-def server() -> Iterator[tuple[str, dist.TCPStore]]:
-    port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30))
-    yield f"127.0.0.1:{port}", store
-    del store
 
 
 def _assignment(rank: int) -> Assignment:
@@ -33,9 +22,9 @@ def _assignment(rank: int) -> Assignment:
 
 
 def test_a_published_generation_reads_back_typed_in_another_process_connection(
-    server: tuple[str, dist.TCPStore],
+    tcp_store: tuple[str, dist.TCPStore],
 ) -> None:
-    address, base = server
+    address, base = tcp_store
     agent = WarmStore(dist.PrefixStore("job-a/", base))
     shrink = Generation(
         gen=5,
@@ -61,8 +50,8 @@ def test_a_published_generation_reads_back_typed_in_another_process_connection(
     assert not dist.PrefixStore("job-b/", base).check(["gen/current"])
 
 
-def test_two_agents_racing_for_one_spare_assign_it_once(server: tuple[str, dist.TCPStore]) -> None:
-    address, _ = server
+def test_two_agents_racing_for_one_spare_assign_it_once(tcp_store: tuple[str, dist.TCPStore]) -> None:
+    address, _ = tcp_store
     clients = [WarmStore.connect(address, "") for _ in range(2)]
     results: dict[int, bool] = {}
     start = threading.Barrier(2)
@@ -82,8 +71,10 @@ def test_two_agents_racing_for_one_spare_assign_it_once(server: tuple[str, dist.
     assert spare.wait_for_assignment("0-0") == _assignment(winner)  # the spare sees the winner's, whole
 
 
-def test_a_generation_ends_once_and_its_survivors_learn_the_winner(server: tuple[str, dist.TCPStore]) -> None:
-    address, _ = server
+def test_a_generation_ends_once_and_its_survivors_learn_the_winner(
+    tcp_store: tuple[str, dist.TCPStore],
+) -> None:
+    address, _ = tcp_store
     first, second = WarmStore.connect(address, ""), WarmStore.connect(address, "")
     survivor = WarmStore.connect(address, "")
     assert (
@@ -96,8 +87,8 @@ def test_a_generation_ends_once_and_its_survivors_learn_the_winner(server: tuple
     assert survivor.wait_for_successor(0, timeout=5) == 1
 
 
-def test_the_last_rank_to_arrive_completes_the_generation(server: tuple[str, dist.TCPStore]) -> None:
-    address, _ = server
+def test_the_last_rank_to_arrive_completes_the_generation(tcp_store: tuple[str, dist.TCPStore]) -> None:
+    address, _ = tcp_store
     ranks = [WarmStore.connect(address, "") for _ in range(3)]
     for store in ranks[:2]:
         store.arrive(7, world_size=3)
@@ -118,23 +109,23 @@ def test_the_last_rank_to_arrive_completes_the_generation(server: tuple[str, dis
     ],
 )
 def test_a_payload_of_a_foreign_writer_is_refused_with_the_key_named(
-    server: tuple[str, dist.TCPStore], written: str
+    tcp_store: tuple[str, dist.TCPStore], written: str
 ) -> None:
-    address, base = server
+    address, base = tcp_store
     base.set(protocol.info_key(3), written)
     with pytest.raises(ProtocolMismatch, match="'gen/3/info'"):
         WarmStore.connect(address, "").generation(3)
 
 
-def test_an_assignment_lost_to_a_foreign_value_is_refused(server: tuple[str, dist.TCPStore]) -> None:
-    address, base = server
+def test_an_assignment_lost_to_a_foreign_value_is_refused(tcp_store: tuple[str, dist.TCPStore]) -> None:
+    address, base = tcp_store
     base.set(protocol.spare_assign_key("1-0"), '{"rank": 2, "gen": 3}')
     with pytest.raises(ProtocolMismatch, match=r"'spare/1-0/assign'.*same goodput version"):
         WarmStore.connect(address, "").assign_spare("1-0", _assignment(0))
 
 
-def test_every_operation_is_counted_as_a_read_a_write_or_a_wait(server: tuple[str, dist.TCPStore]) -> None:
-    address, _ = server
+def test_every_operation_is_counted_as_a_read_a_write_or_a_wait(tcp_store: tuple[str, dist.TCPStore]) -> None:
+    address, _ = tcp_store
     store = WarmStore.connect(address, "")
 
     def delta(before: dict[str, int]) -> tuple[int, int, int]:
@@ -160,14 +151,14 @@ def _ops() -> int:
 
 
 def test_a_rank_waiting_for_its_group_to_form_costs_the_store_a_few_operations_however_long_it_waits(
-    server: tuple[str, dist.TCPStore], monkeypatch: pytest.MonkeyPatch
+    tcp_store: tuple[str, dist.TCPStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rank 0 arrives and waits while rank 1 takes a second (its imports, or a survivor's collective timeout):
     it blocks on the store instead of reading it every few milliseconds, so a re-form's store load grows with
     the ranks, not with the ranks times the slowest one's delay."""
     from goodput.warm.worker import WarmWorker
 
-    address, _ = server
+    address, _ = tcp_store
     env = {"GOODPUT_WARM_STORE": address, "GOODPUT_WARM_PREFIX": "", "GOODPUT_WARM_GEN": "11"}
     for name, value in {**env, "GOODPUT_WARM_ROLE": "worker", "RANK": "0", "WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(name, value)
@@ -185,9 +176,9 @@ def test_a_rank_waiting_for_its_group_to_form_costs_the_store_a_few_operations_h
 
 
 def test_a_generation_the_agent_ends_before_it_formed_wakes_its_waiting_ranks(
-    server: tuple[str, dist.TCPStore],
+    tcp_store: tuple[str, dist.TCPStore],
 ) -> None:
-    address, _ = server
+    address, _ = tcp_store
     waiting, agent = WarmStore.connect(address, ""), WarmStore.connect(address, "")
     waiting.arrive(12, world_size=3)  # one of three: a rank died before it arrived
     assert waiting.wait_settled(12, timeout=0.2) is None  # neither formed nor ended yet

@@ -5,24 +5,12 @@ never finished. (Its NCCL abort runs only where GPUs exist: tests/warm/test_warm
 
 from __future__ import annotations
 
-import datetime
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.distributed as dist
 
 from goodput.job.folder import is_peer_failure
-from goodput.testing import free_port
 from goodput.warm.watch import EndWatch, install_optimizer_guard
-
-
-@pytest.fixture
-def store() -> Iterator[tuple[str, dist.TCPStore]]:
-    port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30))
-    yield f"127.0.0.1:{port}", server
-    del server
 
 
 def _sgd() -> tuple[torch.nn.Linear, torch.optim.SGD]:
@@ -33,9 +21,9 @@ def _sgd() -> tuple[torch.nn.Linear, torch.optim.SGD]:
 
 
 def test_the_agents_word_ends_the_generation_and_stops_the_optimizer(
-    store: tuple[str, dist.TCPStore],
+    tcp_store: tuple[str, dist.TCPStore],
 ) -> None:
-    address, server = store
+    address, server = tcp_store
     watch = EndWatch(address, "job-a", gen=4)
     ours, theirs = dist.PrefixStore("job-a", server), dist.PrefixStore("job-b", server)
     install_optimizer_guard(watch)
@@ -60,8 +48,8 @@ def test_the_agents_word_ends_the_generation_and_stops_the_optimizer(
     assert not torch.equal(model.weight, before)
 
 
-def test_a_stopped_watch_ends_nothing(store: tuple[str, dist.TCPStore]) -> None:
-    address, server = store
+def test_a_stopped_watch_ends_nothing(tcp_store: tuple[str, dist.TCPStore]) -> None:
+    address, server = tcp_store
     watch = EndWatch(address, "", gen=0)
     install_optimizer_guard(watch)
     watch.stop()

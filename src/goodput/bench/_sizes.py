@@ -9,13 +9,14 @@ allowed. Staging memory must stay within ``STAGING`` of the state at every size.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from goodput.errors import ConfigError
 from goodput.units import parse_bytes
 
-__all__ = ["GROWTH", "STAGING", "parse_sizes", "print_scale", "scale_table"]
+__all__ = ["GROWTH", "STAGING", "parse_sizes", "print_results", "print_scale", "scale_table"]
 
 GROWTH = 1.3
 STAGING = 1.1
@@ -75,3 +76,19 @@ def print_scale(sizes: Sequence[int], table: dict[str, Any]) -> None:
     staging = table["staging"]
     cells = "".join("n/a".rjust(19) if v is None else f"{v:>19.2f}" for v in staging["values"])
     print(f"{staging['key']:<40}{cells}  <= {STAGING}: {'yes' if staging['within'] else 'NO'}")
+
+
+def print_results(
+    sizes: Sequence[int], results: list[dict[str, Any]], floor_ratios: Mapping[str, bool], *, as_json: bool
+) -> None:
+    """What a benchmark over ``sizes`` prints once every size ran: with JSON, its one result or every result
+    and the scale table; as text (each result was printed as it came), the scale table of several sizes."""
+    if len(sizes) == 1:
+        if as_json:
+            print(json.dumps(results[0], indent=1))
+        return
+    table = scale_table(results, floor_ratios, "staging_memory_over_state_bytes")
+    if as_json:
+        print(json.dumps({"sizes": sizes, "results": results, "scale": table}, indent=1))
+    else:
+        print_scale(sizes, table)

@@ -97,7 +97,7 @@ _FLOOR_RATIOS = {  # True: a cost over its floor; False: a floor over its cost
 
 def run(args: argparse.Namespace) -> int:
     """Launch the measurement under torchrun (once per size) and print what rank 0 reports."""
-    from goodput.bench._sizes import parse_sizes, print_scale, scale_table
+    from goodput.bench._sizes import parse_sizes, print_results
     from goodput.errors import ConfigError
 
     sizes = parse_sizes(args.state_size)
@@ -111,15 +111,7 @@ def run(args: argparse.Namespace) -> int:
         results.append(result)
         if not args.json:
             _print(result)
-    if len(sizes) == 1:
-        if args.json:
-            print(json.dumps(results[0], indent=1))
-        return 0
-    table = scale_table(results, _FLOOR_RATIOS, "staging_memory_over_state_bytes")
-    if args.json:
-        print(json.dumps({"sizes": sizes, "results": results, "scale": table}, indent=1))
-    else:
-        print_scale(sizes, table)
+    print_results(sizes, results, _FLOOR_RATIOS, as_json=args.json)
     return 0
 
 

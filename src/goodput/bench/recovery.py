@@ -74,7 +74,7 @@ _FLOOR_RATIOS = {"memory_stall_over_memcpy_floor": True, "memory_restore_over_me
 
 def run(args: argparse.Namespace) -> int:
     """Start the S3 server and proxy, measure under torchrun (once per size), run the node loss, print ratios."""
-    from goodput.bench._sizes import parse_sizes, print_scale, scale_table
+    from goodput.bench._sizes import parse_sizes, print_results
     from goodput.errors import ConfigError
     from goodput.units import parse_bytes
 
@@ -92,15 +92,7 @@ def run(args: argparse.Namespace) -> int:
         results.append(result)
         if not args.json:
             _print(result)
-    if not several:
-        if args.json:
-            print(json.dumps(results[0], indent=1))
-        return 0
-    table = scale_table(results, _FLOOR_RATIOS, "staging_memory_over_state_bytes")
-    if args.json:
-        print(json.dumps({"sizes": sizes, "results": results, "scale": table}, indent=1))
-    else:
-        print_scale(sizes, table)
+    print_results(sizes, results, _FLOOR_RATIOS, as_json=args.json)
     return 0
 
 

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from goodput._client_random import isolate_store_clients
+from goodput._lifetime import pid_exists
 from goodput.checkpoint.manifest import (
     CheckpointInfo,
     FileEntry,
@@ -436,12 +437,8 @@ def _fsync_dir(path: str) -> None:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_exists(pid):
         return False
-    except PermissionError:
-        return True
     # a zombie (killed child not yet reaped) is not a live save
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:

@@ -34,14 +34,18 @@ def register(sub: Any) -> None:
     write.add_argument("src", help="local folder whose files are the samples")
     write.add_argument("url", help="destination, e.g. s3://bucket/datasets/train")
     write.add_argument("--shard-size", default="64MiB", help="target bytes per shard (default 64MiB)")
-    write.add_argument(
-        "--endpoint-url",
-        default=os.environ.get("AWS_ENDPOINT_URL"),
-        help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL)",
-    )
-    write.add_argument("--json", action="store_true", help="print the index summary as one JSON object")
+    _add_endpoint_and_json(write, "print the index summary as one JSON object")
     write.set_defaults(handler=_write)
     _add_inspect(actions)
+
+
+def _add_endpoint_and_json(parser: argparse.ArgumentParser, json_help: str) -> None:
+    """The options write and inspect share: the S3 endpoint, and JSON output."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    parser.add_argument(
+        "--endpoint-url", default=endpoint, help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL)"
+    )
+    parser.add_argument("--json", action="store_true", help=json_help)
 
 
 def _add_inspect(actions: Any) -> None:
@@ -60,12 +64,7 @@ def _add_inspect(actions: Any) -> None:
     inspect.add_argument("--dtype", help="token dtype of .bin files, e.g. uint16 (token files)")
     inspect.add_argument("--columns", help="comma-separated columns to read (Parquet, Arrow)")
     inspect.add_argument("--split", help="a Hub split's files only, e.g. train (Parquet)")
-    inspect.add_argument(
-        "--endpoint-url",
-        default=os.environ.get("AWS_ENDPOINT_URL"),
-        help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL)",
-    )
-    inspect.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_endpoint_and_json(inspect, "print one JSON object")
     inspect.set_defaults(handler=_inspect)
 
 

@@ -203,27 +203,13 @@ def _run_script(args: argparse.Namespace, script: list[str], work: str) -> int:
             f"{', '.join(demo_only)} appl{'y' if len(demo_only) > 1 else 'ies'} to the built-in training only;"
             " your script sets its own"
         )
+    runs: dict[str, Any] = {"nproc": args.nproc, "kills": args.kills, "seed": args.seed, "work_dir": work}
     if args.shrink_after is not None:
         from goodput.verify.shrink import verify_shrink
 
-        return verify_shrink(
-            script,
-            nproc=args.nproc,
-            kills=args.kills,
-            seed=args.seed,
-            work_dir=work,
-            shrink_after=args.shrink_after,
-            min_world=args.min_world,
-        )
-    return verify_resume(
-        script,
-        nproc=args.nproc,
-        kills=args.kills,
-        seed=args.seed,
-        work_dir=work,
-        restart=args.restart,
-        spares=1 if args.spares is None else args.spares,
-    )
+        return verify_shrink(script, **runs, shrink_after=args.shrink_after, min_world=args.min_world)
+    spares = 1 if args.spares is None else args.spares
+    return verify_resume(script, **runs, restart=args.restart, spares=spares)
 
 
 def _check_warm(args: argparse.Namespace, script: list[str]) -> None:

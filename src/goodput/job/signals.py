@@ -15,7 +15,7 @@ import os
 import signal
 
 from goodput._env import LAUNCH_DIR, LAUNCHER_PID, PREEMPT_SIGNAL
-from goodput._lifetime import end_with_parent, preload_libc
+from goodput._lifetime import end_with_parent, pid_exists, preload_libc
 from goodput.errors import ConfigError
 
 __all__ = [
@@ -74,18 +74,8 @@ def end_with_launcher() -> None:
         return
     end_with_parent()
     launcher = int(LAUNCHER_PID.get() or 0)
-    if launcher and (os.getppid() == launcher or not _alive(launcher)):
+    if launcher and (os.getppid() == launcher or not pid_exists(launcher)):
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _children(pid: int) -> list[int]:

@@ -250,14 +250,11 @@ class Supervisor:
         if saved is not None:
             self._say(_preempted_line(saved, self._signals))
             return EXIT_PREEMPTED
-        numeric = read_marker(self.folder, NUMERIC_FILE)
-        if numeric is not None:
-            self._say(f"stopped: {numeric}")
-            return EXIT_NUMERIC
-        straggler = read_marker(self.folder, STRAGGLER_FILE)
-        if straggler is not None:
-            self._say(f"stopped: {straggler}")
-            return EXIT_STRAGGLER
+        for marker, code in ((NUMERIC_FILE, EXIT_NUMERIC), (STRAGGLER_FILE, EXIT_STRAGGLER)):
+            reason = read_marker(self.folder, marker)
+            if reason is not None:
+                self._say(f"stopped: {reason}")
+                return code
         fatal = read_marker(self.folder, FATAL_FILE)
         if fatal is not None:
             self._say(f"stopped: {fatal}; a restart cannot fix this: fix it, then relaunch")
