@@ -202,9 +202,8 @@ class _Watch:
     markers: set[str] = dataclasses.field(default_factory=set)
     attempts: set[str] = dataclasses.field(default_factory=set)
     sent: list[SoakFault] = dataclasses.field(default_factory=list)  # still to send, in step order
-    relaunched: list[str] = dataclasses.field(
-        default_factory=list
-    )  # the kind that ended each launch but the last
+    # the kind of fault that ended each launch but the last
+    relaunched: list[str] = dataclasses.field(default_factory=list)
     violation: str = ""
 
 

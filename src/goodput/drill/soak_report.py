@@ -87,8 +87,8 @@ def judge_run(
             found += lineage_problems(records, plan.steps, skipped_steps=skipped)
             if reference is not None:
                 unseen = undetectable_spikes(first_rank)
-                result = _against(reference, as_reference_at(records, reference, unseen))
-                found += [result] if "differs" in result else []
+                result, identical = _against(reference, as_reference_at(records, reference, unseen))
+                found += [] if identical else [result]
         except FileNotFoundError:
             found.append("the job recorded no step")
         found += _count_problems(kinds)
@@ -102,15 +102,19 @@ def judge_run(
     return dataclasses.replace(outcome, result=result)
 
 
-def _against(reference: RunRecords, records: RunRecords) -> str:
-    """The final lineage against the uninterrupted run's records, in one line."""
+def _against(reference: RunRecords, records: RunRecords) -> tuple[str, bool]:
+    """The final lineage against the uninterrupted run's records, in one line, and whether they are identical."""
     from goodput.verify.compare import compare_records
 
     differences = compare_records(reference, records)
     if differences:
-        return f"the final lineage differs from the uninterrupted run's: {differences[0]}"
+        return f"the final lineage differs from the uninterrupted run's: {differences[0]}", False
     steps = max((max(s, default=0) for s in records.steps.values()), default=0)
-    return f"the final state: identical to the uninterrupted run's (every step's samples, loss and generators, {steps} steps)"
+    return (
+        f"the final state: identical to the uninterrupted run's (every step's samples, loss and generators, "
+        f"{steps} steps)",
+        True,
+    )
 
 
 def _predicted(run_dir: str) -> str:
