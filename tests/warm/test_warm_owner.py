@@ -12,10 +12,10 @@ import signal
 import subprocess
 import sys
 
-from goodput.warm.owner import record_owner, sweep_stale
+from goodput.job.owner import record_owner, sweep_stale
 
 PREFIX = "goodput-warm-test-"
-_OWN = "import os, sys; from goodput.warm.owner import record_owner; record_owner(sys.argv[1]); print('ok')"
+_OWN = "import os, sys; from goodput.job.owner import record_owner; record_owner(sys.argv[1]); print('ok')"
 
 
 def _folder(base: str, name: str, owner: dict[str, object] | None = None) -> str:

@@ -64,7 +64,7 @@ def judge_run(
     if left := left_after(run_dir):
         found.append(f"{len(left)} process(es) of the job outlived it: {left}")
     if folders := ram_folders(run_dir):
-        found.append(f"RAM folders left behind: {', '.join(folders)}")
+        found.append(f"RAM or temporary folders left behind: {', '.join(folders)}")
     try:
         events, first_rank = read_events(run_dir, rank=None), read_events(run_dir, rank=0)
         acc = account(events)

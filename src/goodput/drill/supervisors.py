@@ -3,7 +3,8 @@
 
 What they check beyond the resume: nothing of the killed job is left: no process (``GOODPUT_RUN_DIR`` in its
 environment), and after the relaunch no RAM folder of the killed launch (``/dev/shm/goodput-warm-*``, which
-only the next launch can sweep). File locks (``fcntl``) end with the processes that hold them.
+only the next launch can sweep) nor its temporary folder (:mod:`goodput.launch.scratch`). File locks
+(``fcntl``) end with the processes that hold them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from goodput.drill.process import launch_until_step, restored_steps, signal_step
 from goodput.drill.runs import LaunchSpec, finish, outcome_text, processes_of, result, run_launch
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
 from goodput.job.folder import LAUNCHES_DIR
+from goodput.launch.scratch import job_temp_path
 from goodput.warm.record import record_folder
 
 __all__ = ["AGENT", "LAUNCHER", "agent_pid", "left_after", "ram_folders"]
@@ -48,9 +50,11 @@ def left_after(run_dir: str) -> list[int]:
 
 
 def ram_folders(run_dir: str) -> list[str]:
-    """The warm record folders of every launch of the run that still exist."""
-    launches = glob.glob(os.path.join(run_dir, LAUNCHES_DIR, "*"))
-    folders = [record_folder("", "", launch=os.path.basename(launch)) for launch in launches]
+    """The warm record folders and the temporary folders (:mod:`goodput.launch.scratch`) of every launch of the
+    run that still exist."""
+    launches = [os.path.basename(p) for p in glob.glob(os.path.join(run_dir, LAUNCHES_DIR, "*"))]
+    folders = [record_folder("", "", launch=launch) for launch in launches]
+    folders += [job_temp_path(launch) for launch in launches]
     return [folder for folder in folders if os.path.exists(folder)]
 
 
@@ -82,7 +86,7 @@ def _kill_and_relaunch(context: DrillContext, victim: str) -> ScenarioResult:
     if left := processes_of(run_dir):
         problems.append(f"{len(left)} process(es) left after the relaunch ended")
     if folders := ram_folders(run_dir):
-        problems.append(f"RAM folders left: {', '.join(folders)}")
+        problems.append(f"RAM or temporary folders left: {', '.join(folders)}")
     if reached and not restored_steps(run_dir):
         problems.append("the relaunch restored no checkpoint: it trained from step 0 again")
     injected = f"SIGKILL of the {victim} at step {step}: first launch {outcome_text(first.status)}"

@@ -60,6 +60,7 @@ from goodput.job.signals import (
 from goodput.launch.launcher import LaunchConfig, torchrun_command
 from goodput.launch.output import AGENT_LOG, TORCHRUN_LOG, Terminal
 from goodput.launch.rendezvous import AGENT_ERROR_FILE, ERROR_FILE_ENV, rendezvous_lost
+from goodput.launch.scratch import job_temp_env, make_job_temp, remove_job_temp
 
 __all__ = ["Supervisor"]
 
@@ -86,11 +87,13 @@ class Supervisor:
         self._forwarded: set[tuple[str, int]] = set()
         self._family: set[int] = set()  # every process of this job seen so far (torchrun's descendants)
         self.folder = ""
+        self.scratch = ""  # the job's temporary folder (goodput.launch.scratch)
         self._terminal: Terminal | None = None
 
     def run(self) -> int:
         """Launch, supervise and clean up; returns the launch's exit status."""
         temporary = self._make_folder()
+        self.scratch = make_job_temp(os.path.basename(self.folder))
         become_subreaper()
         caught = (signal.SIGTERM, signal.SIGINT, self.preempt_signal)
         # Signals reach the main thread only; a launch run from another thread (tests) does without them.
@@ -118,6 +121,7 @@ class Supervisor:
             return status
         finally:
             self._end_job(proc)
+            remove_job_temp(self.scratch)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if temporary and (status == 0 or self.config.verbose):  # a failed job's logs stay to be read
@@ -178,6 +182,7 @@ class Supervisor:
         env[LAUNCH_ID_ENV] = os.path.basename(self.folder)
         env[PREEMPT_SIGNAL_ENV] = self.preempt_signal.name
         env[LAUNCHER_PID_ENV] = str(os.getpid())
+        env.update(job_temp_env(self.scratch))
         if self.command is None:  # torchrun's own uncaught error (its workers get files of their own)
             env[ERROR_FILE_ENV] = os.path.join(self.folder, AGENT_ERROR_FILE)
         return env

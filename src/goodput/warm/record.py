@@ -11,7 +11,7 @@ the reader takes the other slot (one step older: the documented case where a rep
 differ). The folder is named after the launch (or the job's store address), so the workers and spares of one job
 on one node share it and no two jobs do; the agent removes it at the end, and ``launch_warm`` again after the
 launcher ended the job (it may have had to kill the agent). A launcher SIGKILLed itself runs neither, so the
-agent claims the folder with an owner record (:mod:`goodput.warm.owner`) and sweeps the folders whose
+agent claims the folder with an owner record (:mod:`goodput.job.owner`) and sweeps the folders whose
 owners are provably gone when it starts.
 """
 
@@ -26,7 +26,7 @@ import tempfile
 import zlib
 
 from goodput._env import LAUNCH_ID
-from goodput.warm.owner import record_owner, sweep_stale
+from goodput.job.owner import record_owner, sweep_stale
 
 __all__ = ["RecordFiles", "claim_folder", "record_folder", "remove_folder"]
 
