@@ -29,9 +29,11 @@ class Attempt:
         self.add("step_start", start, step=step)
         return self.add("step_end", end, step=step, fetch_seconds=fetch)
 
-    def save(self, step: int, start: float, stall_end: float, durable: float | None) -> Attempt:
+    def save(
+        self, step: int, start: float, stall_end: float, durable: float | None, *, waited: float = 0.0
+    ) -> Attempt:
         self.add("checkpoint_stall_start", start, step=step)
-        self.add("checkpoint_stall_end", stall_end, step=step)
+        self.add("checkpoint_stall_end", stall_end, step=step, **({"waited": waited} if waited else {}))
         if durable is not None:
             self.add("checkpoint_durable", durable, step=step)
         return self

@@ -17,7 +17,7 @@ from goodput.ledger.plot import report_figure
 from goodput.ledger.report import build_report, load_report
 from goodput.units import format_duration as fd
 from tests.helpers.groups import Clock, Group, set_clock
-from tests.helpers.ledgers import synthetic_run
+from tests.helpers.ledgers import Attempt, synthetic_run
 
 FAILED_AT = (5.5, 11.5)  # rank 2 dies in step 6, rank 1 in step 10
 DETECTED = (6.0, 12.0)
@@ -215,3 +215,29 @@ def test_a_real_warm_run_that_shrinks_to_one_and_grows_back_is_reported_as_the_a
     assert (acc.failures, acc.restarts) == (2, 0)
     assert "replica" not in report.restores_by_tier and "restores from replica" not in text
     assert "(est." not in text and "R restart                   n/a (no restart" in text
+
+
+@pytest.mark.parametrize("mtbf", [None, 1e7])
+@pytest.mark.parametrize("unmodelled", [0.0, 0.01])
+def test_a_failure_free_prediction_is_the_measured_goodput(mtbf: float | None, unmodelled: float) -> None:
+    """Asynchronous saves after every 50 ms step, each staged in 10 ms and durable 80 ms later: every save but the
+    first waits 30 ms for the one in flight, so a cycle is 50 + 30 + 10 ms. The stall the ledger measures holds
+    the wait; the planner adds a wait of its own (W - interval), so it must be given the stall less its wait.
+    With ``unmodelled``, each step first waits that long for its batch (data_wait, inside the interval the
+    planner takes for training, 60 ms: the save in flight then waits 20 ms). Failure-free or at a failure every
+    10^7 s, the prediction is then the measured goodput."""
+    a = Attempt(0, 0.0, 0.0, launch="L", restart_count=0)
+    a.add("init_done", 1.0)
+    t, durable = 1.0, 0.0
+    for n in range(1, 401):
+        a.step(n, t, t + unmodelled + 0.05, fetch=unmodelled)
+        t += unmodelled + 0.05
+        waited = max(0.0, durable - t)
+        durable = t + waited + 0.01 + 0.08
+        a.save(n, t, t + waited + 0.01, durable=durable, waited=waited)
+        t += waited + 0.01
+    a.add("attempt_end", t, status="ok")
+    report = build_report(a.events, mtbf=mtbf)
+    cycle = 0.05 + unmodelled + 0.01 + (0.08 - 0.05 - unmodelled)
+    assert report.prediction.planner_goodput == pytest.approx((0.05 + unmodelled) / cycle, rel=0.01)
+    assert report.prediction.predicted_goodput == pytest.approx(report.accounting.goodput, rel=0.01)

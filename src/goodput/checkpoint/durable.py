@@ -161,7 +161,9 @@ class DurableCheckpointer:
     def _stall_end(self, step: int, stall: float) -> None:
         """Training goes on: the end of this save's ``checkpoint_stall``, its ``stall`` after the wait for the
         save in flight (the event's seconds count both, as its span does)."""
-        self._emit("checkpoint_stall", phase="end", step=step, seconds=self._waited + stall)
+        self._emit(
+            "checkpoint_stall", phase="end", step=step, seconds=self._waited + stall, waited=self._waited
+        )
 
     def _save(self, step: int) -> SaveResult:
         if step in self.committed:

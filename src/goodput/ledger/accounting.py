@@ -130,6 +130,7 @@ class SaveRecord:
     start: float
     stall_end: float | None
     durable: float | None
+    waited: float | None = None  # of the stall: the wait for the save in flight (None: not recorded)
 
     @property
     def stall_seconds(self) -> float | None:
@@ -202,6 +203,7 @@ class Accounting:
     restart_parts: dict[str, float] = field(default_factory=dict)  # RESTART_PARTS' means; they sum to R
     restart_samples: int = 0  # the process starts R is the mean of: restarts, and relaunches after a failure
     rollback_seconds: float | None = None  # a rollback in place: its restart_downtime + rollback, mean
+    ckpt_wait_seconds: float | None = None  # of C: the mean wait for the save in flight (None: not recorded)
 
     @property
     def capacity_goodput(self) -> float:
@@ -333,7 +335,7 @@ def _assemble(
     launches: list[int],
 ) -> Accounting:
     saves = tuple(
-        SaveRecord(a.number, None if sv[0] is None else int(sv[0]), sv[1], sv[2], sv[3])
+        SaveRecord(a.number, None if sv[0] is None else int(sv[0]), sv[1], sv[2], sv[3], sv[5])
         for a, s in zip(attempts, spans, strict=True)
         for sv in s.saves
     )
@@ -376,6 +378,7 @@ def _assemble(
         failures=failures,
         mtbf_seconds=job / failures if failures else None,
         ckpt_stall_seconds=mean_or_none(stalls),
+        ckpt_wait_seconds=mean_or_none([sv.waited for sv in saves if sv.waited is not None]),
         persist_seconds=mean_or_none(persists),
         overlap_seconds=math.fsum(sv.persist_seconds or 0.0 for sv in saves),
         restart_seconds=math.fsum(v or 0.0 for v in parts.values()) if restarted else None,

@@ -3,9 +3,11 @@
 :func:`build_report` is pure (events in, report out); :func:`load_report` reads a run folder. The planner
 (:mod:`goodput.planning`, Daly's exact model) is run with the *measured* checkpoint stall C, persist time W,
 restart time R, detection time D and the observed MTBF M, at the measured checkpoint interval and at its
-optimum. The planner models checkpoints and failures only, so the comparable ``predicted_goodput`` is the
-planner's goodput times the share of job time (wall time minus between_launches) outside what it does not
-model (data_wait, warmup, straggler_wait, other and the first attempt's init).
+optimum. The planner models checkpoints and failures only. Its interval is the measured wall time between
+saves, which holds what it does not model (data_wait, warmup, straggler_wait, other) as if it were training, and
+its time starts after the first attempt's init. So the comparable ``predicted_goodput`` is the planner's goodput
+times ``modelled_share`` (the share of job time, wall time minus between_launches, past the first init), less
+``unmodelled_share`` (those categories' share of job time): exact for a run without failures.
 
 A run that answered failures by shrinking in place (``shrink`` events: no spare was left) is predicted with
 :func:`goodput.planning.goodput_shrink` on top: its measured shrink and grow costs, detection, lost step and
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from goodput import planning
 from goodput.ledger.accounting import Accounting, account
 from goodput.ledger.files import read_ledger
+from goodput.planning.model import effective_stall
 
 if TYPE_CHECKING:
     import numpy as np
@@ -61,7 +64,7 @@ class MeasuredModel:
             return None
         memory = 1.0 - self.memory_stall_share
         if self.mtbf is None:
-            return tau / (tau + self.stall) * memory
+            return tau / (tau + effective_stall(tau, self.stall, self.persist)) * memory
         costs = {"restart": self.restart, "persist": self.persist, "detect": self.detect}
         if self.durable_share < 1.0:
             share, loss = self.durable_share, self.covered_loss
@@ -93,7 +96,7 @@ class Prediction:
     optimal_interval_seconds: float | None
     planner_goodput: float | None
     planner_goodput_optimal: float | None
-    modelled_share: float
+    modelled_share: float  # of job time, past the first attempt's init
     predicted_goodput: float | None
     restart_estimated: bool
     restart_seconds: float | None = None  # the planner's R; None when it plans no restart (see the docs)
@@ -102,6 +105,7 @@ class Prediction:
     durable_share: float = 1.0  # the failures only the durable tier recovers (see the module)
     covered_loss_seconds: float = 0.0  # the work each of the others loses
     durable_share_source: str = "none"  # "observed" (its restores), "assumed" or "none" (no memory tier)
+    unmodelled_share: float = 0.0  # of job time: data_wait, warmup, straggler_wait and other
 
 
 @dataclass(frozen=True)
@@ -193,7 +197,7 @@ def _model(acc: Accounting, mtbf: float | None, share: float, loss: float) -> tu
     restart, estimated = _restart(acc)
     model = MeasuredModel(
         interval=acc.interval_seconds,
-        stall=acc.ckpt_stall_seconds or 0.0,
+        stall=_staging_stall(acc),
         persist=acc.persist_seconds or 0.0,
         restart=restart,
         detect=acc.detect_seconds or 0.0,
@@ -206,6 +210,16 @@ def _model(acc: Accounting, mtbf: float | None, share: float, loss: float) -> tu
         source,
         estimated,
     )
+
+
+def _staging_stall(acc: Accounting) -> float:
+    """The planner's C: the measured stall less its wait for the save in flight, since the planner adds that
+    wait itself (``max(0, W - interval)``: one save in flight); given both, it would count the wait twice. A
+    ledger that did not record the wait is taken to have waited as the planner would."""
+    wait = acc.ckpt_wait_seconds
+    if wait is None:
+        wait = max(0.0, (acc.persist_seconds or 0.0) - (acc.interval_seconds or 0.0))
+    return max(0.0, (acc.ckpt_stall_seconds or 0.0) - wait)
 
 
 def _restart(acc: Accounting) -> tuple[float, bool]:
@@ -223,19 +237,22 @@ def _restart(acc: Accounting) -> tuple[float, bool]:
 def _prediction(
     acc: Accounting, model: MeasuredModel, source: str, estimated: bool, share_source: str
 ) -> Prediction:
-    first_init = acc.attempts[0].categories["init"]
-    unmodelled = (
-        sum(acc.categories[k] for k in ("data_wait", "warmup", "straggler_wait", "other")) + first_init
-    )
-    share = max(0.0, 1.0 - unmodelled / acc.job_seconds if acc.job_seconds > 0 else 0.0)
+    job = acc.job_seconds
+    inside = sum(acc.categories[k] for k in ("data_wait", "warmup", "straggler_wait", "other"))
+    share = max(0.0, 1.0 - acc.attempts[0].categories["init"] / job) if job > 0 else 0.0
+    unmodelled = inside / job if job > 0 else 0.0
+
+    def comparable(planned: float) -> float:  # see the module
+        return max(0.0, planned * share - unmodelled)
+
     optimum = model.optimum()
     planner = model.goodput()
     shrink = _shrink_model(acc, planner if planner is not None or acc.saves else 1.0)
     capacity: float | None = None
     if shrink is not None:
-        planner, capacity = shrink["goodput"], shrink["capacity_goodput"] * share
+        planner, capacity = shrink["goodput"], comparable(shrink["capacity_goodput"])
     elif planner is not None:
-        capacity = planner * share * (acc.capacity_goodput / acc.goodput if acc.goodput > 0 else 1.0)
+        capacity = comparable(planner) * (acc.capacity_goodput / acc.goodput if acc.goodput > 0 else 1.0)
     return Prediction(
         mtbf_seconds=acc.mtbf_seconds if acc.failures else model.mtbf,
         mtbf_source=source,
@@ -244,7 +261,7 @@ def _prediction(
         planner_goodput=planner,
         planner_goodput_optimal=model.goodput(optimum) if optimum else None,
         modelled_share=share,
-        predicted_goodput=None if planner is None else planner * share,
+        predicted_goodput=None if planner is None else comparable(planner),
         restart_estimated=estimated,
         restart_seconds=model.restart if acc.restarts or model.mtbf is not None else None,
         predicted_capacity_goodput=capacity,
@@ -252,6 +269,7 @@ def _prediction(
         durable_share=model.durable_share,
         covered_loss_seconds=model.covered_loss,
         durable_share_source=share_source,
+        unmodelled_share=unmodelled,
     )
 
 

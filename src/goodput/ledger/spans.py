@@ -177,7 +177,8 @@ class Spans:
         self.restores: list[tuple[float, float]] = []
         self.restored_step: int | None = None
         self.has_restore = False
-        self.saves: list[list[Any]] = []  # [step, start, stall_end, durable, has_stall]
+        # [step, start, stall_end, durable, has_stall, waited (of the stall, for the save in flight)]
+        self.saves: list[list[Any]] = []
         # memory-tier saves: stall time, but not durable saves (C, W and the interval are the durable tier's)
         self.memory_stalls: list[tuple[float, float]] = []
         self._memory_open: float | None = None
@@ -228,9 +229,10 @@ class Spans:
                     self.memory_stalls.append((self._memory_open, t))
                 self._memory_open = None
             elif name == "checkpoint_stall_start":
-                self.saves.append([step, t, None, None, True])
+                self.saves.append([step, t, None, None, True, None])
             elif name == "checkpoint_stall_end":
-                self._match_save(step, t, 2)
+                if (save := self._match_save(step, t, 2)) is not None and "waited" in event:
+                    save[5] = float(event["waited"])
             elif name == "checkpoint_durable":
                 self._last_step_start = max(self._last_step_start, self._record_times.last_start(t))
                 self._durable(event, t)
@@ -303,7 +305,7 @@ class Spans:
         if save is None:
             seconds = event.get("persist_seconds", event.get("seconds"))
             start = t - float(seconds) if seconds is not None else t
-            self.saves.append([step, start, None, t, False])
+            self.saves.append([step, start, None, t, False, None])
         elif save[2] is not None and self._last_step_start < save[2]:
             save[2] = t  # no step ran between the stall's end and durable: training was blocked till now
         if step is not None:

@@ -69,8 +69,8 @@ def _figures(report: Report) -> list[str]:
     planner = (
         "n/a (no checkpoint interval measured)"
         if pred.planner_goodput is None
-        else f"{_pct(pred.predicted_goodput)}  = {model} {_pct(pred.planner_goodput)} x modelled share "
-        f"{_pct(pred.modelled_share)}"
+        else f"{_pct(pred.predicted_goodput)}  = {model} {_pct(pred.planner_goodput)} x "
+        f"{_pct(pred.modelled_share)} past the first init - {_pct(pred.unmodelled_share)} unmodelled"
     )
     shrinks = sum(1 for r in acc.reshapes if r.kind == "shrink")
     optimum = pred.optimal_interval_seconds
@@ -89,7 +89,12 @@ def _figures(report: Report) -> list[str]:
         + (f", {shrinks} answered by shrinking in place" if shrinks else "")
         + (f" (and {acc.preemptions} preemption(s), not failures)" if acc.preemptions else ""),
         f"  {'MTBF':<28}{mtbf}",
-        f"  {'C checkpoint stall':<28}{_dur(acc.ckpt_stall_seconds)} mean of {n_saves} save(s)",
+        f"  {'C checkpoint stall':<28}{_dur(acc.ckpt_stall_seconds)} mean of {n_saves} save(s)"
+        + (
+            f", of which {_dur(acc.ckpt_wait_seconds)} waiting for the save in flight"
+            if acc.ckpt_wait_seconds
+            else ""
+        ),
         f"  {'W persist (async overlap)':<28}{_dur(acc.persist_seconds)} mean of {n_durable} durable, "
         f"{fd(acc.overlap_seconds)} in all",
         f"  {'R restart':<28}{_restart_line(report)}",

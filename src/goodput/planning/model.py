@@ -43,6 +43,7 @@ __all__ = [
     "daily_waste",
     "daly_expected_time",
     "daly_interval",
+    "effective_stall",
     "failure_probability",
     "goodput_daly",
     "goodput_first_order",
@@ -108,7 +109,7 @@ def daily_waste(
     When ``interval < persist`` every save first waits ``persist - interval`` for the previous one.
     """
     failures_per_day = DAY / mtbf
-    stalls = DAY * _effective_stall(interval, ckpt_stall, persist) / interval
+    stalls = DAY * effective_stall(interval, ckpt_stall, persist) / interval
     return stalls + failures_per_day * waste_per_failure(
         interval, restart=restart, persist=persist, detect=detect
     )
@@ -129,7 +130,7 @@ def goodput_first_order(
     )
 
 
-def _effective_stall(interval: float, ckpt_stall: float, persist: float) -> float:
+def effective_stall(interval: float, ckpt_stall: float, persist: float) -> float:
     """The stall plus the wait for the previous save to persist (one save in flight)."""
     return ckpt_stall + max(0.0, persist - interval)
 
@@ -165,7 +166,7 @@ def daly_expected_time(
         persist: time after the stall until a checkpoint is durable.
         detect: time from a failure until it is noticed.
     """
-    stall = _effective_stall(interval, ckpt_stall, persist)
+    stall = effective_stall(interval, ckpt_stall, persist)
     return work / interval * _segment_time(interval, stall, mtbf, restart + detect + persist)
 
 
