@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from goodput.drill.drill import DEMO_SCRIPT
 from goodput.drill.soak_plan import KINDS, REPLAY_FILE, SoakFault, SoakPlan
 from tests.helpers.paths import ROOT
 
@@ -61,16 +62,18 @@ def test_a_short_soak_of_mixed_faults_holds_every_check_and_its_table_counts_the
 def test_a_hang_a_bit_flip_and_the_agent_and_launcher_killed_in_one_job_are_each_answered_and_leave_nothing(
     tmp_path: Path,
 ) -> None:
-    # the built-in script saves and compares its replicas every 4 steps: the flip at step 1202 lies between the
-    # checks at 1200 and 1204, with no other fault near; the launcher and the agent are killed by the soak itself
+    # the built-in script saves and compares its replicas every 4 steps: the flip at step 602 lies between the
+    # checks at 600 and 604, with no other fault near; the launcher and the agent are killed by the soak itself.
+    # The script's hang is declared after 5 s without a step, as in the drill's tests, not its default 10 s.
     schedule = [
-        SoakFault(kind="launcher", seconds=3.0, step=300),
-        SoakFault(kind="hang", seconds=8.0, step=800, rank=1),
-        SoakFault(kind="bitflip", seconds=12.0, step=1202, rank=0),
-        SoakFault(kind="agent", seconds=16.0, step=1600),
+        SoakFault(kind="launcher", seconds=1.5, step=150),
+        SoakFault(kind="hang", seconds=4.0, step=400, rank=1),
+        SoakFault(kind="bitflip", seconds=6.0, step=602, rank=0),
+        SoakFault(kind="agent", seconds=8.0, step=800),
     ]
-    plan = SoakPlan(seed=5, mtbf=5.0, seconds=20.0, steps=2000, step_seconds=0.01, schedule=tuple(schedule))
-    (tmp_path / "given.json").write_text(json.dumps(plan.to_json()))
+    plan = SoakPlan(seed=5, mtbf=5.0, seconds=10.0, steps=1000, step_seconds=0.01, schedule=tuple(schedule))
+    script = [DEMO_SCRIPT, "--steps", str(plan.steps), "--hang-timeout", "5"]
+    (tmp_path / "given.json").write_text(json.dumps({**plan.to_json(), "script": script}))
     proc = _soak(tmp_path, "--replay", "given.json", "--reference", "--work-dir", str(tmp_path / "work"))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "the final state: identical to the uninterrupted run's" in proc.stdout, proc.stdout
