@@ -87,6 +87,7 @@ def test_a_count_that_keeps_growing_leaks_and_one_that_rose_once_does_not() -> N
     growing = _series(list(range(10, 70)))
     assert leaks(growing, warmup=10, now=59) and "fds kept growing" in leaks(growing, warmup=10, now=59)[0]
     assert not leaks(growing, warmup=10, now=25)  # too young to judge
+    assert leaks(growing, warmup=10, now=32)  # judged once it has lived three warm-ups, as the docs say
     once = _series([4] * 30 + [36] * 30)  # a hot spare that took a rank
     assert not leaks(once, warmup=10, now=59)
 

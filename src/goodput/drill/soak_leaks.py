@@ -51,7 +51,8 @@ def leaks(series: Sequence[Sample], *, warmup: float, now: float) -> list[str]:
         return []
     first = series[0].seconds
     base = _window(series, first + warmup, first + 2 * warmup)
-    middle = _window(series, now - 2 * warmup, now - warmup)
+    # the warm-up before the recent one, but never inside the base: a window that overlaps it cannot rise above it
+    middle = _window(series, max(now - 2 * warmup, first + 2 * warmup), now - warmup)
     recent = _window(series, now - warmup, now + 1)
     if not base or not middle or not recent:
         return []
