@@ -58,3 +58,12 @@ def pid_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def pid_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited: a zombie (a killed child not yet reaped) has."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # gone, or no /proc to read
+        return pid_exists(pid)

@@ -81,3 +81,30 @@ def test_saves_and_restores_ride_out_a_flaky_store(
     manager.close()
     assert injected_by_saves >= 2 and sum(proxy.injected().values()) > injected_by_saves  # faults did fire
     assert _listed(s3_server, s3_url) == [(1, "committed"), (2, "committed")]
+
+
+def test_a_restore_reads_each_listed_checkpoints_manifest_once_and_no_data_file_it_does_not_load(
+    s3_server: S3Server, s3_url: str, proxy: FaultProxy
+) -> None:
+    """Every request to an object store costs a round trip (tens of ms on a cloud store), and a restore lists
+    every kept checkpoint: a checkpoint's status comes from its manifest and its folder's listing (which holds
+    every file's size), so its manifest is read once and no file of it is asked about one by one; only the
+    checkpoint restored is read further (verified, then loaded)."""
+    model = torch.nn.Linear(64, 64)
+    manager = CheckpointManager(
+        CheckpointConfig(
+            root=s3_url, strategy="dcp", every=1, keep_last=3, storage_options=_through(s3_server, proxy)
+        ),
+        TrainingState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)),
+    )
+    for step in (1, 2, 3):
+        manager.save(step)
+    manager.wait()
+    before = len(proxy.records())
+    assert manager.restore_latest() == 3
+    requests = [(r.method, r.path) for r in proxy.records()[before:]]
+    for step in (1, 2):  # listed, not restored
+        ours = [(method, path) for method, path in requests if f"/step-{step}/" in path]
+        assert [m for m, p in ours if p.endswith("goodput-manifest.json") and m == "GET"] == ["GET"], ours
+        assert not [p for _, p in ours if not p.endswith("goodput-manifest.json")], ours
+    manager.close()

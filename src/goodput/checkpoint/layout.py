@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from goodput._client_random import isolate_store_clients
-from goodput._lifetime import pid_exists
+from goodput._lifetime import pid_running
 from goodput.checkpoint.manifest import (
     CheckpointInfo,
     FileEntry,
@@ -95,15 +95,26 @@ class CheckpointLayout:
                 return sorted(os.listdir(folder))
             except FileNotFoundError:
                 return []
+        return sorted(self._sizes(folder))
+
+    def _sizes(self, folder: str) -> dict[str, int]:
+        """Each entry of ``folder`` with its size (a folder's 0); remote, one listing, no request per file."""
+        if self.local:
+            sizes = {}
+            for name in self._names(folder):
+                with contextlib.suppress(FileNotFoundError):
+                    sizes[name] = os.stat(os.path.join(folder, name)).st_size
+            return sizes
         self.fs.invalidate_cache(folder)
         try:
-            entries = self.fs.ls(folder, detail=False)
+            entries = self.fs.ls(folder, detail=True)
         except FileNotFoundError:
-            return []
+            return {}
         # some stores keep an emptied folder as a marker object ``folder/`` (SeaweedFS after a removal), which
         # s3fs lists inside the folder itself: not one of its files
         own = str(self.fs._strip_protocol(folder)).rstrip("/")
-        return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries if str(e).rstrip("/") != own)
+        named = ((str(e["name"]).rstrip("/"), e) for e in entries)
+        return {n.rsplit("/", 1)[-1]: int(e.get("size") or 0) for n, e in named if n != own}
 
     def _size(self, path: str) -> int:
         if self.local:
@@ -243,8 +254,9 @@ class CheckpointLayout:
         Every file the manifest names must already be written by its rank; each is checked to be present with
         its recorded size before the manifest (the marker) is written.
         """
+        sizes = self._sizes(folder)
         for name, entry in manifest.files.items():
-            size = self._size(self.path_in(folder, name))
+            size = sizes.get(name)
             if size != entry.size:
                 raise OSError(f"{name} in {folder} holds {size} bytes, {entry.size} were written")
         self.write_text(self.path_in(folder, MANIFEST_NAME), manifest.to_json())
@@ -292,15 +304,17 @@ class CheckpointLayout:
         except (ValueError, KeyError, TypeError) as err:
             raise CheckpointCorrupt(f"{path}: unreadable manifest ({err})") from None
 
-    def verify(self, folder: str, *, checksums: bool) -> Manifest:
-        """Check a committed folder against its manifest. Raises CheckpointCorrupt naming the failing file."""
-        manifest = self.read_manifest(folder)
-        present = set(self._names(folder))
+    def verify(
+        self, folder: str, *, checksums: bool, read: tuple[Manifest, dict[str, int]] | None = None
+    ) -> Manifest:
+        """Check a committed folder against its manifest (``read``: the manifest and the folder's sizes, as just
+        read). Raises CheckpointCorrupt naming the failing file."""
+        manifest, sizes = read or (self.read_manifest(folder), self._sizes(folder))
         for name, entry in sorted(manifest.files.items()):
             path = self.path_in(folder, name)
-            if name not in present:
+            if name not in sizes:
                 raise CheckpointCorrupt(f"{path}: missing")
-            size = self._size(path)
+            size = sizes[name]
             if size != entry.size:
                 raise CheckpointCorrupt(f"{path}: {size} bytes, the manifest says {entry.size}")
             expected = entry.expected() if checksums else None
@@ -326,10 +340,10 @@ class CheckpointLayout:
         """The row of a ``step-<N>`` folder; None for no checkpoint: an emptied folder on an object store (whose
         marker SeaweedFS keeps), or one removed while it was read (retention, a rollback's discard, on another
         thread or rank; a removal un-commits first, renaming the folder away or deleting its manifest)."""
-        names = self._names(folder)
-        if not names and (not self.local or not os.path.isdir(folder)):
+        sizes = self._sizes(folder)
+        if not sizes and (not self.local or not os.path.isdir(folder)):
             return None
-        if MANIFEST_NAME not in names:
+        if MANIFEST_NAME not in sizes:
             return CheckpointInfo(step, folder, "partial", "no manifest: save did not commit")
         row = CheckpointInfo(step, folder, "corrupt", "")
         try:
@@ -337,7 +351,7 @@ class CheckpointLayout:
             row = CheckpointInfo(
                 step, folder, "committed", "", m.strategy, m.world_size, m.wall_time, m.total_bytes
             )
-            self.verify(folder, checksums=checksums)
+            self.verify(folder, checksums=checksums, read=(m, sizes))
         except (CheckpointCorrupt, FileNotFoundError) as err:
             if MANIFEST_NAME not in self._names(folder):
                 return None  # it had a manifest when listed: removed since
@@ -390,7 +404,7 @@ class CheckpointLayout:
         if lease.get("host") == socket.gethostname() and isinstance(lease.get("pid"), int):
             if lease["pid"] == os.getpid():
                 return folder in _IN_FLIGHT
-            return _pid_alive(lease["pid"])
+            return pid_running(lease["pid"])
         started = float(lease.get("started", 0.0))
         return time.time() - started < stale_after
 
@@ -434,14 +448,3 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    if not pid_exists(pid):
-        return False
-    # a zombie (killed child not yet reaped) is not a live save
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True

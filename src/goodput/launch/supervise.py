@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
 from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RESERVED_WORLD, RUN_DIR
-from goodput._lifetime import end_with_parent, preload_libc
+from goodput._lifetime import end_with_parent, pid_running, preload_libc
 from goodput.job.codes import EXIT_CRASH_LOOP, EXIT_FATAL, EXIT_NUMERIC, EXIT_PREEMPTED, EXIT_STRAGGLER
 from goodput.job.crashloop import CRASH_LOOP_FILE
 from goodput.job.folder import (
@@ -337,21 +337,12 @@ class Supervisor:
             with contextlib.suppress(ChildProcessError):
                 if os.waitpid(pid, os.WNOHANG)[0] == pid:
                     continue  # an orphan of the job that just ended: reaped
-            if not _zombie(pid):  # (a dead child of the frozen torchrun is reaped once torchrun is killed)
+            if pid_running(pid):  # (a dead child of the frozen torchrun is reaped once torchrun is killed)
                 alive.append(pid)
         return alive
 
     def _say(self, text: str) -> None:
         print(f"goodput launch: {text}", file=sys.stderr, flush=True)
-
-
-def _zombie(pid: int) -> bool:
-    """Whether ``pid`` has exited (a zombie, or gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _name(signum: int) -> str:
