@@ -118,6 +118,7 @@ def test_a_nan_gradient_on_a_step_the_guard_does_not_check_is_never_trained_on(
     assert faults == [("nonfinite", 11, "the loss")]
     assert [e["step"] for e in _events(run_dir, "rollback_nonfinite")] == [10]
     assert [(e["from_step"], e["to_step"]) for e in _events(run_dir, "rollback")] == [(11, 8)]
+    assert "passed over the checkpoint of step 10: non-finite parameters on 2 rank(s)" in _report(run_dir)
     assert sorted(_kept_samples(run_dir, 2)) == sorted(_positions(0, 16 * 2 * BATCH))
     clean = _launch(clean_dir, 2, "", "--steps", "16")
     assert clean.returncode == 0, clean.stderr[-3000:]
