@@ -21,6 +21,7 @@ from goodput.run.numeric.rules import (
     FLAG_GRAD_BAD,
     FLAG_LOSS,
     FLAG_LOSS_BAD,
+    FLAG_PARAMS_BAD,
     FLAG_SELF_DIFFERS,
     encode_row,
     fingerprint,
@@ -50,6 +51,18 @@ def test_numeric_faults_parse_and_fire_once_each(tmp_path) -> None:  # type: ign
     for bad in ("bitflip@step=3", "nan@mtbf=10s", "nan@step=2,into=weights", "spike@step=2,factor=-1"):
         with pytest.raises(ConfigError):
             parse_faults(bad)
+
+
+def test_a_replica_check_that_finds_a_non_finite_parameter_rolls_back_and_agrees_on_nothing() -> None:
+    """A NaN that reached both replicas (a gradient no check saw) leaves their fingerprints equal: the check's
+    sum of the parameters is what finds it, and the check is no state to roll back to."""
+    checked = FLAG_LOSS | FLAG_FINGERPRINT
+    good = encode_row(checked, 2.0, 7, 0.0)
+    bad = [encode_row(checked | FLAG_PARAMS_BAD, 2.0, 7, math.nan) for _ in range(2)]
+    found = _verdict(bad)
+    assert (found.kind, found.rank, found.detail, found.agreed) == ("nonfinite", 0, "the parameters", False)
+    assert found.value is not None and math.isnan(found.value)
+    assert _verdict([good, bad[1]]).rank == 1 and _verdict([good, good]).agreed
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])

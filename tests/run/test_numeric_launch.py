@@ -27,7 +27,8 @@ SIZE, BATCH = 256, 2
 
 def _launch(run_dir: str, nproc: int, faults: str, *args: str, restarts: int = 0) -> subprocess.CompletedProcess[str]:  # fmt: skip
     command = [sys.executable, "-m", "goodput", "launch", "--nproc", str(nproc), "--run-dir", run_dir]
-    command += ["--max-restarts", str(restarts), "--faults", faults, "--", SCRIPT, *args]
+    command += ["--max-restarts", str(restarts), *(["--faults", faults] if faults else [])]
+    command += ["--", SCRIPT, *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
@@ -78,19 +79,20 @@ def _finals(run_dir: str, nproc: int) -> list[dict[str, Any]]:
 
 def test_nan_inf_and_spike_are_rolled_back_in_place(tmp_path: os.PathLike[str]) -> None:
     run_dir = os.path.join(tmp_path, "run")
-    plan = "nan@step=6,rank=1; nan@step=10,rank=0,into=grad,value=inf; spike@step=14,factor=50"
+    # step 12's gradients are checked (grads_every=4): its Inf is dropped before the optimizer step
+    plan = "nan@step=6,rank=1; nan@step=12,rank=0,into=grad,value=inf; spike@step=14,factor=50"
     proc = _launch(run_dir, 2, plan, "--steps", "20", "--workers", "2")  # batches received ahead
     assert proc.returncode == 0, proc.stderr[-3000:]
     faults = [(e["kind"], e["step"], e["on_rank"], e["detail"]) for e in _events(run_dir, "numeric_fault")]
     assert faults == [
         ("nonfinite", 6, 1, "the loss"),
-        ("nonfinite", 10, None, "the reduced gradients"),  # DDP: one rank's NaN reaches every rank's bucket
+        ("nonfinite", 12, None, "the reduced gradients"),  # DDP: one rank's NaN reaches every rank's bucket
         ("spike", 14, None, faults[2][3]),
     ]
     # Every verdict rides an all-gather read one step later: detected at the next step_done.
     assert [e["detected_at"] - e["step"] for e in _events(run_dir, "numeric_fault")] == [1, 1, 1]
     rollbacks = [(e["from_step"], e["to_step"], e["tier"]) for e in _events(run_dir, "rollback")]
-    assert rollbacks == [(6, 4, "memory"), (10, 8, "memory"), (14, 12, "memory")]
+    assert rollbacks == [(6, 4, "memory"), (12, 10, "memory"), (14, 12, "memory")]
     assert _events(run_dir, "skip") == []  # none came back: nothing skipped
     accounting = account(read_events(run_dir, rank=None))
     assert accounting.categories["rollback"] > 0 and accounting.restarts == 0  # no process restarted
@@ -100,6 +102,27 @@ def test_nan_inf_and_spike_are_rolled_back_in_place(tmp_path: os.PathLike[str]) 
     finals = _finals(run_dir, 2)
     assert finals[0] == finals[1] and finals[0]["step"] == 20  # the replicas agree at the end
     assert sorted(_kept_samples(run_dir, 2)) == sorted(_positions(0, 20 * 2 * BATCH))  # each sample once
+
+
+def test_a_nan_gradient_on_a_step_the_guard_does_not_check_is_never_trained_on(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """At the defaults (``grads_every=4``) step 10's gradients are not checked: rank 0's NaN reaches both
+    replicas' parameters through the all-reduce, and step 11's loss is NaN. The rollback passes over the memory
+    checkpoint of step 10, which holds the NaN, to step 8, the last replica check that found every parameter
+    finite; the run then ends exactly as the same run without the fault, each sample trained once."""
+    run_dir, clean_dir = os.path.join(tmp_path, "run"), os.path.join(tmp_path, "clean")
+    proc = _launch(run_dir, 2, "nan@step=10,rank=0,into=grad", "--steps", "16")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    faults = [(e["kind"], e["step"], e["detail"]) for e in _events(run_dir, "numeric_fault")]
+    assert faults == [("nonfinite", 11, "the loss")]
+    assert [e["step"] for e in _events(run_dir, "rollback_nonfinite")] == [10]
+    assert [(e["from_step"], e["to_step"]) for e in _events(run_dir, "rollback")] == [(11, 8)]
+    assert "passed over the checkpoint of step 10: non-finite parameters on 2 rank(s)" in _report(run_dir)
+    assert sorted(_kept_samples(run_dir, 2)) == sorted(_positions(0, 16 * 2 * BATCH))
+    clean = _launch(clean_dir, 2, "", "--steps", "16")
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    assert _finals(run_dir, 2) == _finals(clean_dir, 2)
 
 
 def test_a_fault_in_the_data_is_skipped_and_stays_skipped_after_a_sigkill(tmp_path: os.PathLike[str]) -> None:
@@ -178,11 +201,11 @@ def test_fsdp2_rolls_back_a_nan_gradient_of_one_rank_and_a_nan_at_the_last_step(
     """FSDP2: one rank's local shard has the NaN (no bucket hook), so that rank names it; a NaN in the loop's
     last step is judged when the loop ends, rolled back, and the loop goes on to the same last step."""
     run_dir = os.path.join(tmp_path, "run")
-    proc = _launch(run_dir, 2, "nan@step=6,rank=0,into=grad; nan@step=10,rank=1", "--steps", "10", "--fsdp")
+    proc = _launch(run_dir, 2, "nan@step=8,rank=0,into=grad; nan@step=10,rank=1", "--steps", "10", "--fsdp")
     assert proc.returncode == 0, proc.stderr[-3000:]
     faults = [(e["kind"], e["step"], e["on_rank"], e["detail"]) for e in _events(run_dir, "numeric_fault")]
-    assert faults == [("nonfinite", 6, 0, "a gradient"), ("nonfinite", 10, 1, "the loss")]
-    assert [(e["from_step"], e["to_step"]) for e in _events(run_dir, "rollback")] == [(6, 4), (10, 8)]
+    assert faults == [("nonfinite", 8, 0, "a gradient"), ("nonfinite", 10, 1, "the loss")]
+    assert [(e["from_step"], e["to_step"]) for e in _events(run_dir, "rollback")] == [(8, 6), (10, 8)]
     assert [f["step"] for f in _finals(run_dir, 2)] == [10, 10]
 
 

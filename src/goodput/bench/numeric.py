@@ -5,8 +5,9 @@
 Costs, on each of 2 real gloo processes holding the demo's TinyLM under DDP, as the guard runs them at its
 defaults: the agreement and the gradient check on DDP's reduced buckets timed inside real DDP steps, the
 guard's way (after) beside the way it had before (before), in alternating blocks of the same run
-(:mod:`goodput.bench._numeric_steps`); for models without DDP's hook, the sum over every gradient; the
-parameter fingerprint amortised over ``check_every`` steps; the spike rule. Each is a ratio to a 10 ms step (goal <= 0.01), beside this machine's
+(:mod:`goodput.bench._numeric_steps`); for models without DDP's hook, the sum over every gradient; each
+gradient check also amortised over the guard's default ``grads_every`` (its cost at the defaults); the replica
+check (the parameters' fingerprint and sum) amortised over ``check_every`` steps; the spike rule. Each is a ratio to a 10 ms step (goal <= 0.01), beside this machine's
 own step of the model. The drill (``goodput launch`` of ``_numeric_train.py`` over 2 ranks with a NaN, a spike
 and a flipped bit) gives each rollback's time over the memory-tier restore inside it (goal <= 1.5) and the steps
 from each anomaly to its detection (NaN, spike: <= 1; a flipped bit: <= the check interval).
@@ -48,7 +49,8 @@ def _rank(rank: int, world: int, steps: int, check_every: int) -> dict[str, floa
 
     from goodput.bench._numeric_steps import in_step_costs
     from goodput.demo.model import ModelConfig, TinyLM
-    from goodput.run.numeric.ops import gradient_sum
+    from goodput.run.numeric.config import NumericConfig
+    from goodput.run.numeric.ops import gradient_sum, parameter_sum
     from goodput.run.numeric.rules import fingerprint, spike_threshold
 
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for each worker
@@ -84,12 +86,17 @@ def _rank(rank: int, world: int, steps: int, check_every: int) -> dict[str, floa
 
         return once
 
-    few = max(10, steps // 10)
+    few, every = max(10, steps // 10), NumericConfig().grads_every
+    costs = in_step_costs(model, backward, optimize, group, max(24, steps // 4))
+    per_tensor = _median(timed(lambda: gradient_sum(grads)), steps)
     return {
         "step": _median(timed(step), few),
-        **in_step_costs(model, backward, optimize, group, max(24, steps // 4)),
-        "gradient check, per tensor": _median(timed(lambda: gradient_sum(grads)), steps),
-        "fingerprint": _median(timed(lambda: fingerprint(params)), steps) / check_every,
+        **costs,
+        "gradient check, per tensor": per_tensor,
+        "gradient check, DDP, at the defaults": costs["gradient check, DDP, after"] / every,
+        "gradient check, per tensor, at the defaults": per_tensor / every,
+        "replica check": _median(timed(lambda: (fingerprint(params), parameter_sum(model))), steps)
+        / check_every,
         "spike rule": _median(timed(lambda: spike_threshold(history, k=6.0, min_rise=0.1)), steps),
         "params": float(sum(p.numel() for p in params)),
     }
@@ -131,6 +138,7 @@ def _drill() -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from goodput.errors import ConfigError
+    from goodput.run.numeric.config import NumericConfig
     from goodput.testing.dist import run_ranks
 
     if args.steps < 10 or args.check_every < 1:
@@ -142,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     params, base = int(worst.pop("params")), worst.pop("step")
     result: dict[str, Any] = {
         "model": f"demo TinyLM under DDP, {params} parameters, 2 gloo ranks (the slower rank)",
+        "grads_every": NumericConfig().grads_every,
         "step_ms": round(1e3 * base, 3),
         "cost_us": {k: round(1e6 * v, 1) for k, v in worst.items()},
         "cost_over_10ms_step": {k: round(v / 0.01, 4) for k, v in worst.items()},

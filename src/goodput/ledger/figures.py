@@ -31,7 +31,9 @@ class StepStats:
 
 
 _META = ("event", "wall", "mono", "attempt", "rank")
-_NUMERIC = ("numeric_fault", "rollback", "skip", "sdc_named", "numeric_stop", "spike_missed")
+_NUMERIC = (
+    "numeric_fault", "rollback_nonfinite", "rollback", "skip", "sdc_named", "numeric_stop", "spike_missed",
+)  # fmt: skip
 
 
 def declared(spans: list[Spans]) -> dict[str, Any]:

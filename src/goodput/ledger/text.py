@@ -198,6 +198,10 @@ def _numeric_lines(info: dict[str, Any]) -> list[str]:
             lines.append(
                 f"  numeric fault: {e['kind']} ({e.get('detail', '')}) at step {e['step']}{who}{shown}"
             )
+        elif name == "rollback_nonfinite":
+            lines.append(
+                f"    passed over the checkpoint of step {e['step']}: non-finite parameters on {e['ranks']} rank(s)"
+            )
         elif name == "rollback":
             lines.append(
                 f"    rolled back from step {e['from_step']} to {e['to_step']} ({e['tier']}, {fd(float(e['seconds']))})"

@@ -84,6 +84,12 @@ class BucketCheck:
         self._reduced.append(future)
         return future
 
+    def drop(self) -> bool:
+        """Forget the buckets reduced since the last call, unread (a step the guard does not check): whether
+        there were any."""
+        futures, self._reduced = self._reduced, []
+        return bool(futures)
+
     def take(self) -> float | None:
         """The total of the buckets reduced since the last call (None: no bucket was reduced, e.g. under
         ``no_sync``). DDP waited for every bucket before the backward returned: their values are there."""

@@ -4,11 +4,13 @@
 
 A hook of :class:`~goodput.run.run.Run` (off by default), attached by ``run.restore``, called by ``step_done``:
 
-* **Detect.** Before each optimizer step the gradients' sum is checked (with DDP, each reduced bucket's, summed
-  before the optimizer step: the same on every rank); a NaN/Inf one is dropped, so it never reaches the
-  parameters. ``step_done`` checks the loss, applies the spike rule to the ranks' mean loss (recent level + k x noise
-  of a recent window, after a warm-up) and, every ``check_every`` steps, fingerprints the parameters
-  (:func:`~goodput.run.numeric.rules.fingerprint`). Every rank's word reaches every rank while the next step
+* **Detect.** Before every ``grads_every``-th optimizer step the gradients' sum is checked (with DDP, the
+  reduced buckets', the same on every rank); a NaN/Inf one is dropped, so it never reaches the parameters. One
+  on another step does, and is found by the loss it makes non-finite or by the next replica check, which also
+  sums the parameters; a rollback passes over every checkpoint holding it. ``step_done`` checks the loss,
+  applies the spike rule to the ranks' mean loss (recent level + k x noise of a recent window, after a warm-up)
+  and, every ``check_every`` steps, fingerprints the parameters (:func:`~goodput.run.numeric.rules.fingerprint`)
+  and sums them. Every rank's word reaches every rank while the next step
   computes and every rank draws the same verdict from it, one step late: with DDP it rides the next step's
   first gradient bucket (:mod:`~goodput.run.numeric.carry`: no collective of its own), otherwise it is
   all-gathered on the guard's own group (:mod:`~goodput.run.numeric.exchange`). 3+ replicas name a differing
@@ -30,16 +32,16 @@ A rollback opens a new ledger attempt in the same processes (like a warm restart
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from goodput.errors import ConfigError, NumericFault
+from goodput.errors import NumericFault
 from goodput.ledger.live import reserved_world
 from goodput.run._warm import WarmHook
 from goodput.run.hooks import RunHook, find_hook
 from goodput.run.numeric.carry import Carried
+from goodput.run.numeric.config import NumericConfig
 from goodput.run.numeric.exchange import Exchange, new_group, start_gather
 from goodput.run.numeric.grads import BucketCheck
 from goodput.run.numeric.ops import (
@@ -50,10 +52,12 @@ from goodput.run.numeric.ops import (
     inject_faults,
     json_number,
     local_tensor,
+    parameter_sum,
     poison,
     read_skips,
     refuse_unseen_bitflip,
     replicated,
+    restore_finite,
     skip_window,
 )
 from goodput.run.numeric.rules import (
@@ -61,6 +65,7 @@ from goodput.run.numeric.rules import (
     FLAG_GRAD_BAD,
     FLAG_LOSS,
     FLAG_LOSS_BAD,
+    FLAG_PARAMS_BAD,
     FLAG_SELF_DIFFERS,
     Verdict,
     encode_row,
@@ -74,55 +79,6 @@ if TYPE_CHECKING:
     from goodput.run.run import Run
 
 __all__ = ["NumericConfig", "NumericGuard"]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class NumericConfig:
-    """What the numeric guard checks and how far it goes.
-
-    Args:
-        grads: check the gradients before each optimizer step (a NaN/Inf one is never applied).
-        spike_k: a step's mean loss above its recent level + ``spike_k`` x its noise is a spike (None: no spike
-            rule): 6 is six sigma of its noise (the ledger's ``spike_rule`` says the rise that takes).
-        spike_window: the recent steps whose losses form the window.
-        spike_warmup: steps with a loss before the rule applies (after every start and rollback of the process).
-        spike_min_rise: a spike is also at least this fraction above the level (a flat loss has no noise).
-        check_every: fingerprint the parameters and compare the replicas every this many steps (None: never).
-        max_rollbacks: rollbacks within ``rollback_window`` steps after which the run stops.
-        rollback_window: the window of steps for ``max_rollbacks``.
-        skip_steps: steps of data skipped when a fault comes back (None: from the restored step to the fault).
-    """
-
-    grads: bool = True
-    spike_k: float | None = 6.0
-    spike_window: int = 100
-    spike_warmup: int = 20
-    spike_min_rise: float = 0.1
-    check_every: int | None = 50
-    max_rollbacks: int = 3
-    rollback_window: int = 1000
-    skip_steps: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("spike_window", "spike_warmup", "max_rollbacks", "rollback_window"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"NumericConfig.{name} must be an integer >= 1, got {value!r}")
-        for name in ("check_every", "skip_steps"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"NumericConfig.{name} must be an integer >= 1 or None, got {value!r}")
-        if self.spike_k is not None and not (math.isfinite(self.spike_k) and self.spike_k > 0):
-            raise ConfigError(
-                f"NumericConfig.spike_k must be a positive number or None, got {self.spike_k!r}"
-            )
-        if not (math.isfinite(self.spike_min_rise) and self.spike_min_rise >= 0):
-            raise ConfigError(f"NumericConfig.spike_min_rise must be >= 0, got {self.spike_min_rise!r}")
-        if self.spike_warmup > self.spike_window:
-            raise ConfigError(
-                f"NumericConfig.spike_warmup ({self.spike_warmup}) must not exceed spike_window "
-                f"({self.spike_window}): the rule would never apply"
-            )
 
 
 class NumericGuard(RunHook):
@@ -199,15 +155,22 @@ class NumericGuard(RunHook):
 
     # ---- detection --------------------------------------------------------------------------------------------
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """The pre-step hook: a NaN/Inf gradient makes this optimizer step a no-op here. With DDP's bucket check
-        the reduced gradients were summed during the backward, the same on every rank; otherwise this rank's
-        gradients are summed now."""
+        """The pre-step hook, on every ``grads_every``-th step: a NaN/Inf gradient makes this optimizer step a
+        no-op here. With DDP the reduced buckets are summed, the same on every rank; otherwise this rank's
+        gradients. On the other steps only a drill's fault for the gradients goes in."""
         mine = self._state.optimizer if self._state is not None else None
         if self._run is None or mine is None or optimizer is not mine:
             return
         step = self._run.step + 1
+        checked = step % self.config.grads_every == 0
+        buckets = self._buckets
+        if buckets is not None and not checked and buckets.drop():
+            buckets.arm(self._run.faults, step + 1)
+            return  # DDP's hook put this step's drill fault in already
         params = [p for group in mine.param_groups for p in group["params"] if p.grad is not None]
-        total = self._buckets.take() if self._buckets is not None else None
+        total = buckets.take() if buckets is not None else None
+        if buckets is not None:
+            buckets.arm(self._run.faults, step + 1)
         if total is None:
             grads = [
                 g for g in (local_tensor(p.grad) for p in params) if g.numel() > 0
@@ -217,9 +180,9 @@ class NumericGuard(RunHook):
             fault = self._run.faults.take("nan", step, into="grad")
             if fault is not None:
                 poison(grads[0], fault)
+            if not checked:
+                return
             total = gradient_sum(grads)
-        if self._buckets is not None:
-            self._buckets.arm(self._run.faults, step + 1)
         if not math.isfinite(total):
             self._bad_grad = (step, total)
             for p in params:
@@ -266,7 +229,9 @@ class NumericGuard(RunHook):
         every = self.config.check_every
         model = self._state.model if self._state is not None else None
         if every is not None and step % every == 0 and model is not None:
-            fp = fingerprint(model.parameters())
+            fp, total = fingerprint(model.parameters()), parameter_sum(model)
+            if not math.isfinite(total):  # a gradient that no check saw reached them
+                flags, grad_value = flags | FLAG_PARAMS_BAD, total
             before = self._prints.get(step)
             flags |= FLAG_FINGERPRINT | (FLAG_SELF_DIFFERS if before is not None and before != fp else 0)
             self._prints[step] = fp
@@ -388,7 +353,8 @@ class NumericGuard(RunHook):
         run.ledger.restore_start()
         started = time.monotonic()
         with run.phase("restore"):
-            restored = run.manager.restore_latest(at_most=ceiling)
+            assert self._state is not None
+            restored = restore_finite(run, self._state.model, self._group, ceiling, self._agreed)
         seconds = time.monotonic() - started
         run.ledger.restore_end(restored)
         if restored is None:

@@ -26,10 +26,12 @@ __all__ = [
     "inject_faults",
     "json_number",
     "local_tensor",
+    "parameter_sum",
     "poison",
     "read_skips",
     "refuse_unseen_bitflip",
     "replicated",
+    "restore_finite",
     "skip_window",
     "write_skips",
 ]
@@ -56,6 +58,34 @@ def gradient_sum(grads: list[Any]) -> float:
     import torch
 
     return float(torch.stack([g.sum() for g in grads]).sum().item())
+
+
+def parameter_sum(model: Any) -> float:
+    """The sum of this rank's parameters of ``model`` (its shards of a DTensor): NaN or infinite when one is."""
+    tensors = [local_tensor(p.detach()) for p in model.parameters()]
+    tensors = [t for t in tensors if t.numel() > 0]
+    return gradient_sum(tensors) if tensors else 0.0
+
+
+def restore_finite(run: Any, model: Any, group: Any, ceiling: int, agreed: int) -> int | None:
+    """Restore the newest checkpoint at or before ``ceiling`` whose parameters are finite on every rank (the
+    step restored; None: none is). A gradient on a step the guard does not check (``grads_every``) reaches the
+    parameters, so the checkpoints saved after it hold its NaN or Inf: each such one found is passed over, and
+    the next tried is at or before ``agreed`` (the last check that found every parameter finite), then older.
+    ``group``: the guard's own (None: one rank), on which the ranks agree whether any rank's are finite."""
+    import torch
+    import torch.distributed as dist
+
+    restored = run.manager.restore_latest(at_most=ceiling)
+    while restored is not None:
+        bad = torch.tensor([0 if math.isfinite(parameter_sum(model)) else 1])
+        if group is not None:
+            dist.all_reduce(bad, group=group)
+        if not int(bad.item()):
+            break
+        run.ledger.event("rollback_nonfinite", step=restored, ranks=int(bad.item()))
+        restored = run.manager.restore_latest(at_most=min(agreed, restored - 1))
+    return restored
 
 
 def gather_rows(row: list[int], group: Any) -> list[list[int]]:

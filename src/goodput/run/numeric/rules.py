@@ -23,6 +23,7 @@ __all__ = [
     "FLAG_GRAD_BAD",
     "FLAG_LOSS",
     "FLAG_LOSS_BAD",
+    "FLAG_PARAMS_BAD",
     "FLAG_SELF_DIFFERS",
     "RECENT",
     "ROW_WORDS",
@@ -40,6 +41,7 @@ FLAG_LOSS_BAD = 2  # ... and it is NaN or infinite
 FLAG_GRAD_BAD = 4  # a gradient was NaN or infinite before the optimizer step (the step was not applied)
 FLAG_FINGERPRINT = 8  # the row carries the parameters' fingerprint (a check step)
 FLAG_SELF_DIFFERS = 16  # this rank fingerprinted this step before (a redo) and got another value then
+FLAG_PARAMS_BAD = 32  # ... and its parameters' sum is NaN or infinite (a gradient no check saw reached them)
 
 _LOG_MAX = math.log(sys.float_info.max)
 RECENT = 10  # the last steps whose median is the loss's current level for the spike rule
@@ -178,6 +180,7 @@ def verdict(
     losses = [w[1] for w in words if w[0] & FLAG_LOSS and not w[0] & FLAG_LOSS_BAD]
     mean = math.fsum(losses) / len(losses) if losses else None
     agreed, odd, detail = _compare(words, comparable)
+    agreed = agreed and not any(w[0] & FLAG_PARAMS_BAD for w in words)  # a check agrees on finite parameters
     if len(words) > 1 and all(
         w[0] & FLAG_GRAD_BAD for w in words
     ):  # DDP's reduced gradients: the same everywhere
@@ -187,6 +190,8 @@ def verdict(
             return Verdict("nonfinite", r, grad, "a gradient", agreed, named, mean)
         if flags & FLAG_LOSS_BAD:
             return Verdict("nonfinite", r, loss, "the loss", agreed, named, mean)
+        if flags & FLAG_PARAMS_BAD:
+            return Verdict("nonfinite", r, grad, "the parameters", agreed, named, mean)
     if odd is not None:
         rank = odd if odd >= 0 else named
         value = float(words[rank][2]) if rank is not None else None

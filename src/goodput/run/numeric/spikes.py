@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from goodput.run.numeric.rules import spike_rise, spike_threshold
 
 if TYPE_CHECKING:
-    from goodput.run.numeric.guard import NumericConfig
+    from goodput.run.numeric.config import NumericConfig
 
 __all__ = ["SpikeWatch"]
 
