@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 from goodput._storage_errors import secret_values
 from goodput.data._remote import RemoteInfo, call_with_retries, md5_from_details
-from goodput.data._source import DEFAULT_RETRY, Buffer, Source, join_url
+from goodput.data._source import DEFAULT_RETRY, Buffer, OnSource, Source, join_url
 from goodput.errors import ConfigError, DataError
 
 T = TypeVar("T")
@@ -97,7 +97,7 @@ class Handles(Generic[V]):
             self._open.popitem(last=False)[1][0].close()
 
 
-class FileDataset(Generic[T]):
+class FileDataset(OnSource, Generic[T]):
     """Base of the in-place formats: a map-style dataset over ``spans`` (files with their sample counts).
 
     Subclasses call :meth:`_setup` from ``__init__`` and implement :meth:`_load` (sample ``local`` of file
@@ -199,11 +199,6 @@ class FileDataset(Generic[T]):
             if not files or files[-1] != file:
                 files.append(file)
         self._source.prefetch([self.file_url(f) for f in files], [self.file_info(f) for f in files])
-
-    def cache_metrics(self) -> dict[str, float]:
-        """The cache's counters summed over every process on this node that reads through its folder
-        (DataLoader workers included). Empty when the dataset has no cache."""
-        return self._source.cache_metrics()
 
     def close(self) -> None:
         """Release the open files and stop prefetching."""

@@ -23,7 +23,7 @@ from goodput._client_random import isolate_store_clients
 from goodput._storage_errors import secret_values
 from goodput.data._files import Handles
 from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries
-from goodput.data._source import Buffer, Source, join_url
+from goodput.data._source import Buffer, OnSource, Source, join_url
 from goodput.data.cache import CacheConfig
 from goodput.errors import ConfigError, DataError
 
@@ -189,7 +189,7 @@ def write_folder_shards(
     return writer.close()
 
 
-class ShardedDataset(Generic[T]):
+class ShardedDataset(OnSource, Generic[T]):
     """Map-style dataset over shards at any fsspec URL, read through a local cache.
 
     Args:
@@ -286,12 +286,6 @@ class ShardedDataset(Generic[T]):
             if not shards or shards[-1] != shard:
                 shards.append(shard)
         self._source.prefetch([self.shard_url(s) for s in shards], [self._info(s) for s in shards])
-
-    def cache_metrics(self) -> dict[str, float]:
-        """The cache's counters summed over every process on this node that reads through its folder
-        (DataLoader workers included): hits, misses, bytes_downloaded, download_seconds, wait_seconds,
-        prefetch_lead_seconds, evictions, retries, uncached_reads. Empty when the dataset has no cache."""
-        return self._source.cache_metrics()
 
     def close(self) -> None:
         """Release the open shards and stop prefetching."""
