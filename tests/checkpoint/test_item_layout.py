@@ -5,13 +5,13 @@ without running any of its pickle."""
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from goodput.checkpoint._direct_read import _view_item
+from tests.helpers.planted import Planted
 
 
 def _saved(value: object) -> memoryview:
@@ -56,20 +56,12 @@ def test_a_viewed_item_reads_the_items_own_bytes() -> None:
     assert int(viewed[0]) == 5  # a view of the bytes, not a copy made while parsing
 
 
-class _Planted:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_anything_but_a_plain_tensor_is_left_to_torch_and_nothing_in_it_runs(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     with_attribute = torch.randn(3)
     with_attribute.note = "x"  # type: ignore[attr-defined]
     items = {
-        "planted callable": _saved(_Planted(marker)),
+        "planted callable": _saved(Planted(str(marker))),
         "a dict": _saved({"a": torch.ones(2)}),
         "a parameter": _saved(torch.nn.Parameter(torch.ones(2))),
         "a tensor with attributes": _saved(with_attribute),

@@ -4,7 +4,6 @@ by another process's freshly built objects, continues training exactly as the su
 from __future__ import annotations
 
 import io
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from goodput.checkpoint import TrainingState
 from goodput.checkpoint.transfer import decode, encode
 from goodput.data import ResumableLoader
 from goodput.errors import CheckpointCorrupt
+from tests.helpers.planted import Planted
 
 
 def _objects(seed: int) -> TrainingState:
@@ -60,21 +60,11 @@ def test_a_survivor_s_live_state_continues_exactly_in_a_new_process_s_objects() 
     assert survivor.holds_full_replica()
 
 
-class _Planted:
-    """An object whose unpickling would run code: it would create the file named ``path``."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (os.mkdir, (self.path,))
-
-
 def test_a_hand_over_that_would_run_code_is_refused_and_runs_none(tmp_path: Path) -> None:
     state = _objects(seed=0)
     sd = state.live_state_dict(loader=None)
     marker = tmp_path / "ran"
-    sd["extra"] = _Planted(str(marker))
+    sd["extra"] = Planted(str(marker))
     buf = io.BytesIO()
     torch.save(sd, buf)  # what a sender other than goodput's could put on the wire
     with pytest.raises(CheckpointCorrupt):

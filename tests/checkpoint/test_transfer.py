@@ -5,7 +5,6 @@ metadata) comes back bit for bit; changed bytes are refused; nothing is ever unp
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import random
 import struct
@@ -22,6 +21,7 @@ from goodput.checkpoint.transfer import Inbox, broadcast_state, decode, encode, 
 from goodput.data import ResumableLoader
 from goodput.errors import CheckpointCorrupt
 from goodput.testing.dist import run_ranks
+from tests.helpers.planted import Planted
 
 
 def _full_state(seed: int) -> dict[str, Any]:
@@ -146,25 +146,15 @@ def test_a_truncated_message_is_refused_with_its_lengths() -> None:
         decode(blob[:10])
 
 
-class _Planted:
-    """An object whose unpickling would run code: it would create the folder named ``path``."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (os.mkdir, (self.path,))
-
-
 def test_a_payload_that_would_run_code_can_be_neither_encoded_nor_decoded(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
-    with pytest.raises(TypeError, match="cannot hold a _Planted"):
-        encode({"model": {}, "extra": _Planted(str(marker))})
+    with pytest.raises(TypeError, match="cannot hold a Planted"):
+        encode({"model": {}, "extra": Planted(str(marker))})
     buf = io.BytesIO()
     torch.save(
-        {"extra": _Planted(str(marker))}, buf
+        {"extra": Planted(str(marker))}, buf
     )  # what a sender other than goodput's could put on the wire
-    for payload in (pickle.dumps(_Planted(str(marker))), buf.getvalue()):
+    for payload in (pickle.dumps(Planted(str(marker))), buf.getvalue()):
         with pytest.raises(CheckpointCorrupt):
             decode(payload)
         # even behind an envelope whose lengths and checksum are right, the bytes are not a state part

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_work_dir_and_script", "script_of"]
+__all__ = ["add_ranks_and_steps", "add_work_dir_and_script", "script_of"]
+
+
+def add_ranks_and_steps(parser: argparse.ArgumentParser, *, training: str, steps: int) -> None:
+    """``--nproc`` (2 ranks) and ``--steps`` of the built-in ``training`` (``steps`` unless given), the first
+    options of a command that verifies a run against another."""
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    parser.add_argument("--steps", type=int, default=None, help=f"{training}: steps (default {steps})")
 
 
 def add_work_dir_and_script(parser: argparse.ArgumentParser, *, runs: str) -> None:

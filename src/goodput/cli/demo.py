@@ -7,6 +7,8 @@ import os
 import time
 from typing import Any
 
+from goodput.cli._command import add_command
+
 __all__ = ["register"]
 
 _EPILOG = """examples:
@@ -20,18 +22,18 @@ _EPILOG = """examples:
   goodput report runs/demo-...                  # read a finished run again"""
 
 
+_HELP = "the main job: train a small LM through random SIGKILLs, then report goodput"
+_DESCRIPTION = (
+    "Trains a byte-level transformer LM on Python's standard-library source with 2 ranks "
+    "under torchrun, reading sharded data through the local cache, saving memory-tier checkpoints to "
+    "/dev/shm and async durable checkpoints, each at the planner's interval, while random SIGKILLs hit the "
+    "ranks; goodput's warm-restart agent (or, with --restart cold, torchrun) restarts them and goodput "
+    "resumes exactly. Prints the goodput report and writes the timeline and loss plots."
+)
+
+
 def register(sub: Any) -> None:
-    parser = sub.add_parser(
-        "demo",
-        help="the main job: train a small LM through random SIGKILLs, then report goodput",
-        description="Trains a byte-level transformer LM on Python's standard-library source with 2 ranks "
-        "under torchrun, reading sharded data through the local cache, saving memory-tier checkpoints to "
-        "/dev/shm and async durable checkpoints, each at the planner's interval, while random SIGKILLs hit the "
-        "ranks; goodput's warm-restart agent (or, with --restart cold, torchrun) restarts them and goodput "
-        "resumes exactly. Prints the goodput report and writes the timeline and loss plots.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(sub, "demo", help=_HELP, description=_DESCRIPTION, epilog=_EPILOG)
     parser.add_argument("--run-dir", default=None, help="run folder (default: a new folder under ./runs/)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from goodput.cli._command import add_command
 from goodput.cli._script import add_work_dir_and_script, script_of
 
 __all__ = ["register"]
@@ -25,19 +26,16 @@ exit status: 0 every scenario met its outcome, 1 one did not (or the uninterrupt
 128 + N stopped by signal N."""
 
 
+_HELP = "run a training script through every fault goodput survives and report what held"
+
+
 def register(sub: Any) -> None:
     from goodput.drill.scenario import registered
     from goodput.drill.soak_plan import KINDS, REPLAY_FILE
 
     kinds = ",".join(KINDS)
     names = ", ".join(registered())
-    parser = sub.add_parser(
-        "drill",
-        help="run a training script through every fault goodput survives and report what held",
-        description=__doc__,
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(sub, "drill", help=_HELP, description=__doc__, epilog=_EPILOG)
     parser.add_argument("--scenarios", default=None, help=f"comma-separated, default all: {names}")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per node (default 2)")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes, as agents on this machine: 1 or 2")

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from goodput._env import RUN_DIR
+from goodput.cli._command import add_command
 from goodput.cli._script import script_of
 from goodput.errors import ConfigError
 
@@ -51,16 +52,16 @@ error from torch's error files (<run-dir>/launches/<launch>/logs): the newest th
 (a collective failing because another rank died)."""
 
 
+_HELP = "run a training script under torchrun, restarting it on failure"
+_DESCRIPTION = (
+    "A thin front over torchrun: restarts come from its elastic agent; multi-node through "
+    "its c10d rendezvous. goodput adds the run folder, fault injection, crash-loop detection, errors "
+    "that stop the job at once, and preemption with one agreed save."
+)
+
+
 def register(sub: Any) -> None:
-    parser = sub.add_parser(
-        "launch",
-        help="run a training script under torchrun, restarting it on failure",
-        description="A thin front over torchrun: restarts come from its elastic agent; multi-node through "
-        "its c10d rendezvous. goodput adds the run folder, fault injection, crash-loop detection, errors "
-        "that stop the job at once, and preemption with one agreed save.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(sub, "launch", help=_HELP, description=_DESCRIPTION, epilog=_EPILOG)
     parser.add_argument("--nproc", type=int, default=1, help="worker processes per node (default 1)")
     parser.add_argument(
         "--nnodes",

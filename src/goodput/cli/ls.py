@@ -10,19 +10,22 @@ import json
 import os
 from typing import Any
 
+from goodput.cli._command import add_command
 from goodput.errors import AccessRefused, ConfigError
 
 __all__ = ["register"]
 
 
+_HELP = "list the checkpoints under a folder or URL and whether each is usable"
+_DESCRIPTION = (
+    "List every checkpoint under DIR_OR_URL: committed, partial (never committed) or corrupt "
+    "(with the reason); also a Hugging Face Trainer's output_dir (its checkpoint-N folders). Remote URLs "
+    "use fsspec; credentials come from the environment (AWS_* for s3://) or --option."
+)
+
+
 def register(sub: Any) -> None:
-    parser = sub.add_parser(
-        "ls",
-        help="list the checkpoints under a folder or URL and whether each is usable",
-        description="List every checkpoint under DIR_OR_URL: committed, partial (never committed) or corrupt "
-        "(with the reason); also a Hugging Face Trainer's output_dir (its checkpoint-N folders). Remote URLs "
-        "use fsspec; credentials come from the environment (AWS_* for s3://) or --option.",
-    )
+    parser = add_command(sub, "ls", help=_HELP, description=_DESCRIPTION)
     parser.add_argument("root", metavar="DIR_OR_URL", help="checkpoint root: a folder or an fsspec URL")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument(

@@ -12,6 +12,7 @@ import math
 import sys
 from typing import Any
 
+from goodput.cli._command import add_command
 from goodput.cli._paths import check_output_file
 from goodput.cli._plan_plot import short_duration
 from goodput.cli._plan_scale import add_arguments as add_scale_arguments
@@ -70,15 +71,15 @@ formula falls below zero (checkpoints more often than they take), the table show
 """
 
 
+_HELP = "how often to checkpoint, and the goodput each interval buys"
+_DESCRIPTION = (
+    "Plan checkpointing for a job: its failure probability and MTBF, the time each checkpoint\n"
+    "interval wastes, the goodput it buys, and the best interval (Young, Daly, and the exact optimum)."
+)
+
+
 def register(sub: Any) -> None:
-    parser = sub.add_parser(
-        "plan",
-        help="how often to checkpoint, and the goodput each interval buys",
-        description="Plan checkpointing for a job: its failure probability and MTBF, the time each checkpoint\n"
-        "interval wastes, the goodput it buys, and the best interval (Young, Daly, and the exact optimum).",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(sub, "plan", help=_HELP, description=_DESCRIPTION, epilog=_EPILOG)
     job = parser.add_argument_group("the job and its failures (give --gpus and --afr, or --failures-per-day)")
     job.add_argument("--gpus", type=int, metavar="N", help="devices the job runs on")
     job.add_argument(

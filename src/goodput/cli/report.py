@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+from goodput.cli._command import add_command
 from goodput.cli._paths import check_output_file
 from goodput.errors import ConfigError
 from goodput.units import parse_duration
@@ -34,15 +35,14 @@ examples:
 """
 
 
+_HELP = "where a run's time went: goodput, badput by category, predicted vs measured, advice"
+_DESCRIPTION = (
+    "Account for every second of a run from its ledger (all attempts), compare with the planner, and advise."
+)
+
+
 def register(sub: Any) -> None:
-    parser = sub.add_parser(
-        "report",
-        help="where a run's time went: goodput, badput by category, predicted vs measured, advice",
-        description="Account for every second of a run from its ledger (all attempts), compare with the "
-        "planner, and advise.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(sub, "report", help=_HELP, description=_DESCRIPTION, epilog=_EPILOG)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (holds ledger/)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--plot", metavar="FILE.png", help="write a timeline and goodput-over-time plot")

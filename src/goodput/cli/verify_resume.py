@@ -9,7 +9,8 @@ import os
 import sys
 from typing import Any
 
-from goodput.cli._script import add_work_dir_and_script, script_of
+from goodput.cli._command import add_command
+from goodput.cli._script import add_ranks_and_steps, add_work_dir_and_script, script_of
 
 __all__ = ["register"]
 
@@ -46,16 +47,12 @@ exit status: 0 identical, 1 different or a run failed (the first difference is p
 128 + N stopped by signal N (the run in progress stops as goodput launch stops; the temporary folder goes)."""
 
 
+_HELP = "prove that a run interrupted by SIGKILLs ends bitwise identical to an uninterrupted one"
+
+
 def register(sub: Any) -> None:
-    parser = sub.add_parser(
-        "verify-resume",
-        help="prove that a run interrupted by SIGKILLs ends bitwise identical to an uninterrupted one",
-        description=__doc__,
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("--steps", type=int, default=None, help="built-in training: steps (default 60)")
+    parser = add_command(sub, "verify-resume", help=_HELP, description=__doc__, epilog=_EPILOG)
+    add_ranks_and_steps(parser, training="built-in training", steps=60)
     parser.add_argument("--kills", type=int, default=4, help="SIGKILLs in the interrupted run (default 4)")
     parser.add_argument(
         "--every", type=int, default=None, help="built-in training: save every N steps (default 5)"

@@ -8,7 +8,8 @@ import os
 import sys
 from typing import Any
 
-from goodput.cli._script import add_work_dir_and_script, script_of
+from goodput.cli._command import add_command
+from goodput.cli._script import add_ranks_and_steps, add_work_dir_and_script, script_of
 
 __all__ = ["register"]
 
@@ -27,16 +28,12 @@ exit status: 0 identical and every fault found, 1 different or a run failed, 2 b
 128 + N stopped by signal N (the run in progress stops as goodput launch stops; the temporary folder goes)."""
 
 
+_HELP = "prove that the numeric guard's rollbacks and skips end as a run that skipped the data from the start"
+
+
 def register(sub: Any) -> None:
-    parser = sub.add_parser(
-        "verify-rollback",
-        help="prove that the numeric guard's rollbacks and skips end as a run that skipped the data from the start",
-        description=__doc__,
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("--steps", type=int, default=None, help="the demo's training: steps (default 150)")
+    parser = add_command(sub, "verify-rollback", help=_HELP, description=__doc__, epilog=_EPILOG)
+    add_ranks_and_steps(parser, training="the demo's training", steps=150)
     add_work_dir_and_script(parser, runs="the runs")
     parser.set_defaults(handler=_run)
 

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 from goodput._storage_errors import secret_values
 from goodput.data._remote import RemoteInfo, call_with_retries, md5_from_details
-from goodput.data._source import DEFAULT_RETRY, Buffer, Source, join_url
+from goodput.data._source import DEFAULT_RETRY, Buffer, OnSource, Source, join_url
 from goodput.errors import ConfigError, DataError
 
 T = TypeVar("T")
@@ -97,7 +97,54 @@ class Handles(Generic[V]):
             self._open.popitem(last=False)[1][0].close()
 
 
-class FileDataset(Generic[T]):
+class Pieces(OnSource):
+    """A dataset of pieces (files or shards) laid end to end, ``shard_sizes`` samples each. ``_reset``
+    (re)creates what one process holds open, the attributes named in ``_held``: they are left out of a pickle
+    and made again after unpickling."""
+
+    _held: tuple[str, ...] = ()
+
+    def _lay_out(self, sizes: list[int]) -> None:
+        self.shard_sizes = sizes
+        self._starts = [0]
+        for n in sizes:
+            self._starts.append(self._starts[-1] + n)
+
+    def _reset(self) -> None:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in self._held:
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(piece, sample within that piece) of global sample ``index``."""
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"sample {index} is outside 0..{len(self) - 1}")
+        index %= len(self)
+        piece = bisect_right(self._starts, index) - 1
+        return piece, index - self._starts[piece]
+
+    def _pieces_of(self, indices: Sequence[int]) -> list[int]:
+        """The pieces that samples ``indices`` lie in, in order, each once per run of samples in it."""
+        pieces: list[int] = []
+        for index in indices:
+            piece = bisect_right(self._starts, int(index)) - 1
+            if not pieces or pieces[-1] != piece:
+                pieces.append(piece)
+        return pieces
+
+
+class FileDataset(Pieces, Generic[T]):
     """Base of the in-place formats: a map-style dataset over ``spans`` (files with their sample counts).
 
     Subclasses call :meth:`_setup` from ``__init__`` and implement :meth:`_load` (sample ``local`` of file
@@ -109,6 +156,7 @@ class FileDataset(Generic[T]):
     """
 
     kind = "files"
+    _held = ("_handles",)
 
     def _setup(
         self,
@@ -128,10 +176,7 @@ class FileDataset(Generic[T]):
         self._spans = kept
         self.augment = augment
         self.open_files = open_files
-        self.shard_sizes: list[int] = [s.samples for s in kept]
-        self._starts = [0]
-        for n in self.shard_sizes:
-            self._starts.append(self._starts[-1] + n)
+        self._lay_out([s.samples for s in kept])
         self.fingerprint = listing_fingerprint(self.kind, spans, extra)
         self._reset()
 
@@ -139,28 +184,8 @@ class FileDataset(Generic[T]):
         """(Re)create what one process holds open; called after unpickling too."""
         self._handles: Handles[Any] = Handles(self.open_files)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.pop("_handles", None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._reset()
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._source.url!r}, samples={len(self)}, files={len(self._spans)})"
-
-    def __len__(self) -> int:
-        return self._starts[-1]
-
-    def locate(self, index: int) -> tuple[int, int]:
-        """(file, sample within that file) of global sample ``index``."""
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"sample {index} is outside 0..{len(self) - 1}")
-        index %= len(self)
-        file = bisect_right(self._starts, index) - 1
-        return file, index - self._starts[file]
 
     def __getitem__(self, index: int) -> T:
         return self._load(*self.locate(index))
@@ -193,17 +218,8 @@ class FileDataset(Generic[T]):
         """Download the files that ``indices`` (this rank's upcoming samples, in order) need, in that order."""
         if self._source.is_local or self._source.cache_config is None:
             return
-        files: list[int] = []
-        for index in indices:
-            file = bisect_right(self._starts, int(index)) - 1
-            if not files or files[-1] != file:
-                files.append(file)
+        files = self._pieces_of(indices)
         self._source.prefetch([self.file_url(f) for f in files], [self.file_info(f) for f in files])
-
-    def cache_metrics(self) -> dict[str, float]:
-        """The cache's counters summed over every process on this node that reads through its folder
-        (DataLoader workers included). Empty when the dataset has no cache."""
-        return self._source.cache_metrics()
 
     def close(self) -> None:
         """Release the open files and stop prefetching."""

@@ -34,6 +34,18 @@ def keep_inherited(*objects: object) -> None:
     _INHERITED.extend(o for o in objects if o is not None)
 
 
+class OnSource:
+    """A dataset that reads through one :class:`Source`, ``self._source``."""
+
+    _source: Source
+
+    def cache_metrics(self) -> dict[str, float]:
+        """The cache's counters summed over every process on this node that reads through its folder
+        (DataLoader workers included): hits, misses, bytes_downloaded, download_seconds, wait_seconds,
+        prefetch_lead_seconds, evictions, retries, uncached_reads. Empty when the dataset has no cache."""
+        return self._source.cache_metrics()
+
+
 def join_url(base: str, name: str) -> str:
     """``base/name`` for a URL or a local path (never ``os.path.join``, which breaks ``s3://``)."""
     return base.rstrip("/") + "/" + name

@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 
 from goodput._storage_errors import secret_values
 from goodput.data._remote import RemoteInfo, call_with_retries, md5_from_details
-from goodput.data._source import DEFAULT_RETRY, Source, join_url
+from goodput.data._source import DEFAULT_RETRY, OnSource, Source, join_url
 from goodput.data.cache import CacheConfig
 from goodput.errors import DataError
 
@@ -21,7 +21,7 @@ __all__ = ["FolderDataset"]
 T = TypeVar("T")
 
 
-class FolderDataset(Generic[T]):
+class FolderDataset(OnSource, Generic[T]):
     """Map-style dataset: sample ``i`` is the ``i``-th file under ``url`` (sorted by path), decoded.
 
     Args:
@@ -97,12 +97,6 @@ class FolderDataset(Generic[T]):
         self._source.prefetch(
             [join_url(self._source.url, n) for n, _ in chosen], [info for _, info in chosen]
         )
-
-    def cache_metrics(self) -> dict[str, float]:
-        """The cache's counters summed over every process on this node that reads through its folder
-        (DataLoader workers included): hits, misses, bytes_downloaded, download_seconds, wait_seconds,
-        prefetch_lead_seconds, evictions, retries, uncached_reads. Empty when the dataset has no cache."""
-        return self._source.cache_metrics()
 
     def close(self) -> None:
         """Stop prefetching."""

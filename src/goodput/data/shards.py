@@ -15,13 +15,12 @@ import json
 import os
 import struct
 import tempfile
-from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from goodput._client_random import isolate_store_clients
 from goodput._storage_errors import secret_values
-from goodput.data._files import Handles
+from goodput.data._files import Handles, Pieces
 from goodput.data._remote import RemoteInfo, RetryPolicy, call_with_retries
 from goodput.data._source import Buffer, Source, join_url
 from goodput.data.cache import CacheConfig
@@ -189,7 +188,7 @@ def write_folder_shards(
     return writer.close()
 
 
-class ShardedDataset(Generic[T]):
+class ShardedDataset(Pieces, Generic[T]):
     """Map-style dataset over shards at any fsspec URL, read through a local cache.
 
     Args:
@@ -207,6 +206,8 @@ class ShardedDataset(Generic[T]):
     Attributes:
         shard_sizes: samples per shard, contiguous in index order (for shard-aware shuffles).
     """
+
+    _held = ("_open", "_headers")
 
     def __init__(
         self,
@@ -229,69 +230,36 @@ class ShardedDataset(Generic[T]):
                 f"{url} is not a goodput shard dataset (its {INDEX_NAME} says {index.get('format')!r})"
             )
         self._shards: list[dict[str, Any]] = index["shards"]
-        self.shard_sizes: list[int] = [int(s["samples"]) for s in self._shards]
-        self._starts = [0]
-        for n in self.shard_sizes:
-            self._starts.append(self._starts[-1] + n)
+        self._lay_out([int(s["samples"]) for s in self._shards])
         self.fingerprint = hashlib.sha256(raw).hexdigest()[:16]
-        self._reset_handles()
+        self._reset()
 
-    def _reset_handles(self) -> None:
+    def _reset(self) -> None:
         self._open: Handles[Buffer | None] = Handles(self.open_shards)
         self._headers: dict[int, tuple[tuple[int, ...], int]] = {}  # parsed once: a shard never changes
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for name in ("_open", "_headers"):
-            state.pop(name, None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._reset_handles()
 
     def __repr__(self) -> str:
         return f"ShardedDataset({self._source.url!r}, samples={len(self)}, shards={len(self._shards)})"
 
-    def __len__(self) -> int:
-        return self._starts[-1]
-
     def __getitem__(self, index: int) -> T:
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"sample {index} is outside 0..{len(self) - 1}")
-        index %= len(self)
-        shard = bisect_right(self._starts, index) - 1
-        return self.decode(self._sample(shard, index - self._starts[shard]))
+        return self.decode(self._sample(*self.locate(index)))
 
     def key(self, index: int) -> str | None:
         """The key sample ``index`` was written with (``goodput data write``: its relative path), or None.
 
         Labels taken from file names survive sharding: ``label = train.key(i).split("/")[0]``.
         """
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"sample {index} is outside 0..{len(self) - 1}")
-        index %= len(self)
-        shard = bisect_right(self._starts, index) - 1
+        shard, local = self.locate(index)
         keys = self._shards[shard].get("keys")
-        return None if keys is None else keys[index - self._starts[shard]]
+        return None if keys is None else keys[local]
 
     def shard_url(self, shard: int) -> str:
         return join_url(self._source.url, self._shards[shard]["file"])
 
     def prefetch(self, indices: Sequence[int]) -> None:
         """Download the shards that ``indices`` (this rank's upcoming samples, in order) need, in that order."""
-        shards: list[int] = []
-        for index in indices:
-            shard = bisect_right(self._starts, int(index)) - 1
-            if not shards or shards[-1] != shard:
-                shards.append(shard)
+        shards = self._pieces_of(indices)
         self._source.prefetch([self.shard_url(s) for s in shards], [self._info(s) for s in shards])
-
-    def cache_metrics(self) -> dict[str, float]:
-        """The cache's counters summed over every process on this node that reads through its folder
-        (DataLoader workers included): hits, misses, bytes_downloaded, download_seconds, wait_seconds,
-        prefetch_lead_seconds, evictions, retries, uncached_reads. Empty when the dataset has no cache."""
-        return self._source.cache_metrics()
 
     def close(self) -> None:
         """Release the open shards and stop prefetching."""

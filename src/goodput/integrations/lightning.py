@@ -52,6 +52,7 @@ from goodput.integrations._progress_bar import show_epoch_start
 from goodput.integrations._tracked import TrackedLoader
 from goodput.ledger.exporters import MetricsExporter
 from goodput.ledger.ledger import Ledger
+from goodput.run._setup import interval_fields
 from goodput.run.records import StepRecorder
 
 __all__ = ["GoodputCallback", "GoodputCheckpointIO", "GoodputDDPStrategy"]
@@ -261,7 +262,7 @@ class GoodputCallback(pl.Callback):
         self._epoch_started = False
         self.ledger.state_registered(["model", "optimizer", "data", "rng", "step", "lightning"])
         self.ledger.on_event(
-            "checkpoint_config", strategy=manager.config.strategy, **_interval(manager.config)
+            "checkpoint_config", strategy=manager.config.strategy, **interval_fields(manager.config)
         )
         self.ledger.init_done()
         self.ledger.step_start(step + 1)
@@ -382,14 +383,6 @@ def _loss(outputs: Any) -> float | None:
         return float(value.detach()) if hasattr(value, "detach") else None
     except (TypeError, ValueError, RuntimeError):
         return None
-
-
-def _interval(config: CheckpointConfig) -> dict[str, Any]:
-    if config.every_steps is not None:
-        return {"every_steps": config.every_steps}
-    if config.every_seconds is not None:
-        return {"interval_seconds": config.every_seconds}
-    return {}
 
 
 def _json_part(checkpoint: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from goodput._env import (
     WARM_GEN,
@@ -132,6 +132,7 @@ class Successor:
 
 
 _Payload = TypeVar("_Payload", Generation, Assignment, Successor)
+_Of = TypeVar("_Of", int, str)
 _KINDS: dict[type, str] = {Generation: "generation", Assignment: "assignment", Successor: "successor"}
 _INT_KEYED = ("nodes", "ranks")  # JSON objects have string keys; these maps have int keys
 
@@ -173,57 +174,40 @@ def decode(cls: type[_Payload], raw: bytes | str, key: str) -> _Payload:
         raise ProtocolMismatch(f"warm store key {key!r}: a {what} with other fields ({err})") from None
 
 
-def info_key(gen: int) -> str:
-    """The ``Generation`` the agent writes before generation ``gen`` forms."""
-    return f"gen/{gen}/info"
+class _Key(Generic[_Of]):
+    """The store key of one generation, rank, node or spare: ``pattern`` with the value put in."""
+
+    def __init__(self, pattern: str, doc: str) -> None:
+        self.pattern = pattern
+        self.__doc__ = doc
+
+    def __call__(self, value: _Of) -> str:
+        return self.pattern.format(value)
 
 
-def next_key(gen: int) -> str:
-    """The ``Successor`` of generation ``gen``: set once, when it ended (a compare-and-set: one winner)."""
-    return f"gen/{gen}/next"
-
-
-def recovered_key(gen: int) -> str:
-    """A counter each rank of ``gen`` bumps once it recovered."""
-    return f"gen/{gen}/recovered"
-
-
-def arrived_key(gen: int) -> str:
-    """A counter each rank of ``gen`` bumps when it joins."""
-    return f"gen/{gen}/arrived"
-
-
-def everyone_key(gen: int) -> str:
-    """Set by the last rank of ``gen`` to arrive."""
-    return f"gen/{gen}/everyone"
-
-
-def settled_key(gen: int) -> str:
-    """Set when generation ``gen`` is settled: its last rank arrived, or the agent ended it before. One key
-    each rank can block on for both, so a rank waiting for its group costs the store no polling."""
-    return f"gen/{gen}/settled"
-
-
-def group_prefix(gen: int) -> str:
-    """The store namespace of generation ``gen``'s process group."""
-    return f"pg/{gen}"
-
-
-def spare_ready_key(spare: str) -> str:
-    """A spare announces itself (its pid) under this key."""
-    return f"spare/{spare}/ready"
-
-
-def spare_assign_key(spare: str) -> str:
-    """The ``Assignment`` that hands a spare its rank and generation (a compare-and-set: one winner)."""
-    return f"spare/{spare}/assign"
-
-
-def stepped_key(rank: int) -> str:
-    """Set once, at ``rank``'s first completed step."""
-    return f"stepped/{rank}"
-
-
-def beat_key(node: int) -> str:
-    """A counter node ``node``'s agent adds 1 to every half second: its heartbeat (``goodput.warm.nodes``)."""
-    return f"node/{node}/beat"
+info_key: _Key[int] = _Key(
+    "gen/{}/info", "The ``Generation`` the agent writes before generation ``gen`` forms."
+)
+next_key: _Key[int] = _Key(
+    "gen/{}/next",
+    "The ``Successor`` of generation ``gen``: set once, when it ended (a compare-and-set: one winner).",
+)
+recovered_key: _Key[int] = _Key("gen/{}/recovered", "A counter each rank of ``gen`` bumps once it recovered.")
+arrived_key: _Key[int] = _Key("gen/{}/arrived", "A counter each rank of ``gen`` bumps when it joins.")
+everyone_key: _Key[int] = _Key("gen/{}/everyone", "Set by the last rank of ``gen`` to arrive.")
+settled_key: _Key[int] = _Key(
+    "gen/{}/settled",
+    "Set when generation ``gen`` is settled: its last rank arrived, or the agent ended it before. One key each "
+    "rank can block on for both, so a rank waiting for its group costs the store no polling.",
+)
+group_prefix: _Key[int] = _Key("pg/{}", "The store namespace of generation ``gen``'s process group.")
+spare_ready_key: _Key[str] = _Key("spare/{}/ready", "A spare announces itself (its pid) under this key.")
+spare_assign_key: _Key[str] = _Key(
+    "spare/{}/assign",
+    "The ``Assignment`` that hands a spare its rank and generation (a compare-and-set: one winner).",
+)
+stepped_key: _Key[int] = _Key("stepped/{}", "Set once, at ``rank``'s first completed step.")
+beat_key: _Key[int] = _Key(
+    "node/{}/beat",
+    "A counter node ``node``'s agent adds 1 to every half second: its heartbeat (``goodput.warm.nodes``).",
+)

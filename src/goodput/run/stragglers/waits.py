@@ -72,30 +72,31 @@ class CollectiveClock:
         return self.total
 
 
-class _TimedAllGather(AllGather):
-    def __init__(self, inner: AllGather, clock: CollectiveClock) -> None:
+class _Timed:
+    """A communication FSDP2 calls, wrapped so that the step's seconds inside it add up in ``clock``."""
+
+    def __init__(self, inner: Any, clock: CollectiveClock) -> None:
         self.inner, self.clock = inner, clock
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return self.inner.allocate(size, dtype=dtype, device=device)
 
-    def __call__(
-        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool = False
-    ) -> dist.Work | None:
+    def _timed(self, *args: Any) -> dist.Work | None:
         start = time.perf_counter()
         try:
-            return self.inner(output_tensor, input_tensor, group, async_op)
+            return self.inner(*args)
         finally:
             self.clock.total += time.perf_counter() - start
 
 
-class _TimedReduceScatter(ReduceScatter):
-    def __init__(self, inner: ReduceScatter, clock: CollectiveClock) -> None:
-        self.inner, self.clock = inner, clock
+class _TimedAllGather(_Timed, AllGather):
+    def __call__(
+        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool = False
+    ) -> dist.Work | None:
+        return self._timed(output_tensor, input_tensor, group, async_op)
 
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return self.inner.allocate(size, dtype=dtype, device=device)
 
+class _TimedReduceScatter(_Timed, ReduceScatter):
     def __call__(
         self,
         output_tensor: torch.Tensor,
@@ -104,11 +105,7 @@ class _TimedReduceScatter(ReduceScatter):
         op: Any,
         async_op: bool = False,
     ) -> dist.Work | None:
-        start = time.perf_counter()
-        try:
-            return self.inner(output_tensor, input_tensor, group, op, async_op)
-        finally:
-            self.clock.total += time.perf_counter() - start
+        return self._timed(output_tensor, input_tensor, group, op, async_op)
 
 
 def _time_fsdp(model: torch.nn.Module, clock: CollectiveClock) -> bool:
