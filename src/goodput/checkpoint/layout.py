@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import time
 import uuid
@@ -98,13 +99,9 @@ class CheckpointLayout:
         return sorted(self._sizes(folder))
 
     def _sizes(self, folder: str) -> dict[str, int]:
-        """Each entry of ``folder`` with its size (a folder's 0); remote, one listing, no request per file."""
+        """Each entry of ``folder`` and its size (a folder 0, a file gone since the listing -1); remote, one request."""
         if self.local:
-            sizes = {}
-            for name in self._names(folder):
-                with contextlib.suppress(FileNotFoundError):
-                    sizes[name] = os.stat(os.path.join(folder, name)).st_size
-            return sizes
+            return {name: _size_or_gone(os.path.join(folder, name)) for name in self._names(folder)}
         self.fs.invalidate_cache(folder)
         try:
             entries = self.fs.ls(folder, detail=True)
@@ -144,8 +141,6 @@ class CheckpointLayout:
 
     def _remove_tree(self, path: str) -> None:
         if self.local:
-            import shutil
-
             shutil.rmtree(path, ignore_errors=True)
         else:
             with contextlib.suppress(FileNotFoundError):
@@ -307,8 +302,7 @@ class CheckpointLayout:
     def verify(
         self, folder: str, *, checksums: bool, read: tuple[Manifest, dict[str, int]] | None = None
     ) -> Manifest:
-        """Check a committed folder against its manifest (``read``: the manifest and the folder's sizes, as just
-        read). Raises CheckpointCorrupt naming the failing file."""
+        """Check a folder against its manifest (``read``: it and the sizes, just read); CheckpointCorrupt names why."""
         manifest, sizes = read or (self.read_manifest(folder), self._sizes(folder))
         for name, entry in sorted(manifest.files.items()):
             path = self.path_in(folder, name)
@@ -435,11 +429,17 @@ def list_checkpoints(
 
 
 def _written_by_goodput(name: str, names: list[str]) -> bool:
-    """Whether a folder called ``name`` holding ``names`` is provably goodput's: a name only goodput gives, or
-    goodput's manifest or lease inside."""
+    """Whether folder ``name`` holding ``names`` is provably goodput's (a name it gives, its manifest or lease)."""
     if _PARTIAL_DIR.match(name) or _TRASH_DIR.match(name):
         return True
     return MANIFEST_NAME in names or _LEASE_NAME in names
+
+
+def _size_or_gone(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return -1
 
 
 def _fsync_dir(path: str) -> None:
