@@ -6,6 +6,11 @@ with ``torch_save``, ``dcp`` and ``dcp_async`` (over ``staging``), ``layout`` (t
 listing), ``manifest`` (what a committed checkpoint records), ``hashing`` (checksums while writing and
 reading), ``objectstore`` (remote roots, with ``_part_upload``), ``_retention`` and ``_restoring``.
 
+Names (see ``tier.py``): ``*Tier`` is a configuration a user writes (``MemoryTier``), ``*Checkpointer`` the
+tier that implements :class:`~goodput.checkpoint.CheckpointTier`. The durable tier has no ``DurableTier``:
+every run has it, and its options are :class:`~goodput.checkpoint.CheckpointConfig`'s own (``root``,
+``strategy``, ``every``, ``keep_last``, ...).
+
 The names below are imported on first use: the parts (``layout``, ``manifest``) are read by the manager, the
 memory tier and ``goodput ls`` without pulling in the whole tier, and the tier imports the checkpoint config,
 which imports ``strategy`` from here.
