@@ -15,8 +15,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState, list_checkpoints
 from goodput.checkpoint.config import ALLOW_FRESH_START_ENV
-from goodput.checkpoint.dcp import SafeLoadPlanner, safe_unpickle_metadata
-from goodput.checkpoint.layout import MANIFEST_NAME
+from goodput.checkpoint.durable.dcp import SafeLoadPlanner, safe_unpickle_metadata
+from goodput.checkpoint.durable.layout import MANIFEST_NAME
 from goodput.errors import CheckpointCorrupt, NoValidCheckpoint, StateMismatch
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
-from goodput.checkpoint.layout import MANIFEST_NAME, CheckpointLayout
-from goodput.checkpoint.staging import Stager
+from goodput.checkpoint.durable.layout import MANIFEST_NAME, CheckpointLayout
+from goodput.checkpoint.durable.staging import Stager
 from goodput.cli import main
 from goodput.errors import NoValidCheckpoint
 from goodput.testing.dist import run_ranks
@@ -241,8 +241,8 @@ def test_restore_reads_no_tensor_through_torch_load(tmp_path: Path) -> None:
     """goodput's DCP reader serves every tensor item from the verified bytes, none through DCP's torch.load path."""
     import torch.distributed.checkpoint as dcp
 
-    from goodput.checkpoint.dcp import SafeLoadPlanner, make_reader
-    from goodput.checkpoint.strategy import SaveContext
+    from goodput.checkpoint.durable.dcp import SafeLoadPlanner, make_reader
+    from goodput.checkpoint.durable.strategy import SaveContext
 
     manager, model, opt, _ = _job(tmp_path, strategy="dcp")
     _train(model, opt)

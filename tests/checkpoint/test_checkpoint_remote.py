@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState, list_checkpoints
-from goodput.checkpoint.layout import MANIFEST_NAME
+from goodput.checkpoint.durable.layout import MANIFEST_NAME
 from goodput.testing import S3Server, run_ranks
 from tests.checkpoint.test_checkpoint_roundtrip import check_roundtrip
 from tests.helpers import ckpt_ranks as _ckpt_ranks
@@ -112,7 +112,7 @@ def test_s3_retention_leaves_nothing_to_warn_about(
         manager.save(step)
         manager.wait()
     manager.close()
-    with caplog.at_level(logging.WARNING, logger="goodput.checkpoint.layout"):
+    with caplog.at_level(logging.WARNING, logger="goodput.checkpoint.durable.layout"):
         CheckpointManager(config, state).close()
     assert not [r.getMessage() for r in caplog.records if "alone" in r.getMessage()]
     assert [(r.step, r.status) for r in list_checkpoints(s3_url, storage_options=options)][:1] == [

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from goodput.checkpoint._direct_read import _view_item
+from goodput.checkpoint.durable._direct_read import _view_item
 from tests.helpers.planted import Planted
 
 

@@ -1,6 +1,7 @@
-"""S3 writes whose parts go out while the file is still being written (checkpoint/_part_upload.py), on the real
-server (SeaweedFS): parts reach the server before the writer is done, the object appears only whole, an aborted
-or failing upload leaves no object, and a failing checkpoint save on S3 leaves the previous one restorable."""
+"""S3 writes whose parts go out while the file is still being written (checkpoint/durable/_part_upload.py), on
+the real server (SeaweedFS): parts reach the server before the writer is done, the object appears only whole,
+an aborted or failing upload leaves no object, and a failing checkpoint save on S3 leaves the previous one
+restorable."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState, list_checkpoints
-from goodput.checkpoint._part_upload import PartUpload
+from goodput.checkpoint.durable._part_upload import PartUpload
 from goodput.errors import SaveFailed
 from goodput.testing import S3Server
 from goodput.testing.faultproxy import FaultProxy

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
-from goodput.checkpoint.layout import CheckpointLayout
+from goodput.checkpoint.durable.layout import CheckpointLayout
 
 STEPS = 60
 

@@ -15,7 +15,7 @@ import torch
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, MemoryTier, TrainingState
 from goodput.checkpoint._collectives import Collectives
 from goodput.checkpoint.durable import DurableCheckpointer
-from goodput.checkpoint.layout import CheckpointLayout
+from goodput.checkpoint.durable.layout import CheckpointLayout
 from goodput.checkpoint.policy import EverySteps
 from goodput.checkpoint.tier import Cadence, Damage
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch.distributed as dist
 
 from goodput.checkpoint import CheckpointConfig, CheckpointManager
-from goodput.checkpoint.dcp import METADATA_NAME, safe_unpickle_metadata
+from goodput.checkpoint.durable.dcp import METADATA_NAME, safe_unpickle_metadata
 from goodput.errors import NoValidCheckpoint
 from tests.helpers.ckpt_ranks import Job, same
 
@@ -99,7 +99,7 @@ def corrupt_file_keeps_partial_reads_out(rank: int, world: int, root: str) -> di
 def one_rank_fails_to_plan(rank: int, world: int, root: str) -> dict[str, Any]:
     """Save steps 1 and 2; then restore while rank 1 alone fails before its read step for step 2 (as a rank whose
     planning raised): no rank may wait for it, and both must fall back to step 1 together."""
-    import goodput.checkpoint.dcp as dcp_module
+    import goodput.checkpoint.durable.dcp as dcp_module
 
     job = Job(rank, width=256, wrap="fsdp")
     saver = CheckpointManager(CheckpointConfig(root=root, strategy="dcp"), job.state)

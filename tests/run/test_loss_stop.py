@@ -16,7 +16,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import goodput as gp
-from goodput.checkpoint.layout import CheckpointLayout
+from goodput.checkpoint.durable.layout import CheckpointLayout
 from goodput.errors import NumericFault
 from goodput.job.codes import EXIT_NUMERIC
 from goodput.ledger.ledger import read_events

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
-from goodput.checkpoint.objectstore import CONCURRENCY, PART_BYTES
+from goodput.checkpoint.durable.objectstore import CONCURRENCY, PART_BYTES
 
 
 def _max(value: float) -> float:

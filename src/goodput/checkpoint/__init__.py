@@ -7,7 +7,7 @@ the other names are its parts (``CheckpointTier``: the protocol a tier of one's 
 from __future__ import annotations
 
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.layout import list_checkpoints
+from goodput.checkpoint.durable.layout import list_checkpoints
 from goodput.checkpoint.manager import CheckpointManager
 from goodput.checkpoint.memory.store import MemoryTier
 from goodput.checkpoint.policy import AutoInterval

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from torch.distributed.checkpoint import CheckpointException
 
-from goodput.checkpoint.strategy import Completion
+from goodput.checkpoint.durable.strategy import Completion
 
 __all__ = ["FAILURES", "SaveResult", "describe", "quiet_single_process", "raiser"]
 

@@ -1,5 +1,5 @@
 """The tiers a :class:`CheckpointConfig` asks for, opened for a :class:`CheckpointManager`: the memory tier when
-configured (``memory/``), then the durable tier (``durable.py``), each with its save policy.
+configured (``memory/``), then the durable tier (``durable/``), each with its save policy.
 
 Kept apart from ``manager.py`` so the manager holds a list of tiers and never names one. Every rank calls
 :func:`open_tiers` at the same point of the manager's start-up (it runs collectives on the manager's groups).
@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from goodput.checkpoint._collectives import Collectives
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.durable import DurableCheckpointer
-from goodput.checkpoint.layout import CheckpointLayout
+from goodput.checkpoint.durable.checkpointer import DurableCheckpointer
+from goodput.checkpoint.durable.layout import CheckpointLayout
 from goodput.checkpoint.memory.setup import TierContext, open_memory_tier
 from goodput.checkpoint.policy import SavePolicy, interval_events, tier_policy
 from goodput.checkpoint.state import TrainingState

@@ -15,7 +15,7 @@ import json
 import os
 import re
 
-from goodput.checkpoint.manifest import CheckpointInfo
+from goodput.checkpoint.durable.manifest import CheckpointInfo
 
 __all__ = ["DATA_FILE", "list_trainer_checkpoints", "resumable_trainer_checkpoint"]
 

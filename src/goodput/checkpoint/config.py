@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from goodput._env import ALLOW_FRESH_START
+from goodput.checkpoint.durable.strategy import STRATEGIES
 from goodput.checkpoint.memory.store import MemoryTier
-from goodput.checkpoint.strategy import STRATEGIES
 from goodput.errors import ConfigError
 from goodput.units import parse_duration
 

@@ -24,11 +24,11 @@ import torch.distributed as dist
 
 from goodput.checkpoint._collectives import Collectives
 from goodput.checkpoint._groups import release_groups
-from goodput.checkpoint._restoring import none_loaded, warn_damage
 from goodput.checkpoint._saving import SaveResult, quiet_single_process
 from goodput.checkpoint._tiers import open_tiers
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.manifest import CheckpointInfo
+from goodput.checkpoint.durable._restoring import none_loaded, warn_damage
+from goodput.checkpoint.durable.manifest import CheckpointInfo
 from goodput.checkpoint.policy import EveryInterval, SavePolicy, StepSchedule
 from goodput.checkpoint.state import TrainingState
 from goodput.checkpoint.tier import CheckpointTier, Damage, Restored

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from goodput.checkpoint._saving import SaveResult
-from goodput.checkpoint.manifest import CheckpointInfo
+from goodput.checkpoint.durable.manifest import CheckpointInfo
 from goodput.checkpoint.policy import SavePolicy
 from goodput.errors import SaveFailed
 

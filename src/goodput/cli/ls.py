@@ -99,7 +99,7 @@ def _print_memory(rows: list[dict[str, Any]], folder: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     from goodput._storage_errors import refusals_named
     from goodput.checkpoint._trainer_folders import list_trainer_checkpoints
-    from goodput.checkpoint.layout import list_checkpoints
+    from goodput.checkpoint.durable.layout import list_checkpoints
 
     root: str = args.root
     if "://" not in root and not os.path.isdir(root):

@@ -27,7 +27,7 @@ def list_memory_checkpoints(
     ``replica``), ``ranks`` (those with a marker), ``unmarked`` (parts without one) and ``bytes``. Empty when
     the run has no memory tier here.
     """
-    from goodput.checkpoint.layout import CheckpointLayout
+    from goodput.checkpoint.durable.layout import CheckpointLayout
     from goodput.checkpoint.memory.setup import RUN_ID_FILE
 
     layout = CheckpointLayout(root, storage_options)

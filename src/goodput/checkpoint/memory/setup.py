@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from goodput.checkpoint._collectives import Collectives
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.layout import CheckpointLayout
+from goodput.checkpoint.durable.layout import CheckpointLayout
 from goodput.checkpoint.memory.checkpointer import MemoryCheckpointer
 from goodput.checkpoint.memory.listing import run_identity
 from goodput.checkpoint.memory.replica import Topology

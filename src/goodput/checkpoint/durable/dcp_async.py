@@ -23,10 +23,10 @@ from torch.distributed.checkpoint.planner import SavePlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from goodput.checkpoint.dcp import load_dcp, make_writer, single_process, written_files
-from goodput.checkpoint.staging import Stager
+from goodput.checkpoint.durable.dcp import load_dcp, make_writer, single_process, written_files
+from goodput.checkpoint.durable.staging import Stager
+from goodput.checkpoint.durable.strategy import Completion, SaveContext
 from goodput.checkpoint.state import TrainingState
-from goodput.checkpoint.strategy import Completion, SaveContext
 
 __all__ = ["DcpAsyncStrategy"]
 

@@ -23,15 +23,15 @@ import goodput
 from goodput._storage_errors import refusals_named
 from goodput.checkpoint._collectives import Collectives
 from goodput.checkpoint._contention import BackgroundCpu
-from goodput.checkpoint._restoring import DurableReader
-from goodput.checkpoint._retention import Retention, to_purge
 from goodput.checkpoint._saving import FAILURES, SaveResult, describe, raiser
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.layout import CheckpointLayout
-from goodput.checkpoint.manifest import CheckpointInfo, FileEntry, Manifest
+from goodput.checkpoint.durable._restoring import DurableReader
+from goodput.checkpoint.durable._retention import Retention, to_purge
+from goodput.checkpoint.durable.layout import CheckpointLayout
+from goodput.checkpoint.durable.manifest import CheckpointInfo, FileEntry, Manifest
+from goodput.checkpoint.durable.strategy import Completion, SaveContext, make_strategy
 from goodput.checkpoint.policy import SavePolicy
 from goodput.checkpoint.state import TrainingState
-from goodput.checkpoint.strategy import Completion, SaveContext, make_strategy
 from goodput.checkpoint.tier import Cadence, Damage
 from goodput.errors import CheckpointError, SaveFailed
 from goodput.faults import fault_point

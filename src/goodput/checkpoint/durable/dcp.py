@@ -21,12 +21,12 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
-from goodput.checkpoint._direct_read import DirectReadMixin, join_agreement
 from goodput.checkpoint._saving import FAILURES, quiet_single_process
-from goodput.checkpoint.hashing import HashingFileSystem, VerifyingFileSystem
-from goodput.checkpoint.objectstore import ConcurrentObjectFileSystem
+from goodput.checkpoint.durable._direct_read import DirectReadMixin, join_agreement
+from goodput.checkpoint.durable.hashing import HashingFileSystem, VerifyingFileSystem
+from goodput.checkpoint.durable.objectstore import ConcurrentObjectFileSystem
+from goodput.checkpoint.durable.strategy import Completion, SaveContext
 from goodput.checkpoint.state import TrainingState, check_shapes, tensor_shapes
-from goodput.checkpoint.strategy import Completion, SaveContext
 from goodput.errors import CheckpointCorrupt
 
 __all__ = ["DcpStrategy", "SafeLoadPlanner", "safe_unpickle_metadata"]

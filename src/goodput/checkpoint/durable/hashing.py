@@ -32,9 +32,9 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from goodput.checkpoint._wrapped_fs import WrappedFileSystem
-from goodput.checkpoint.manifest import FileEntry, check_digest, new_hasher
-from goodput.checkpoint.objectstore import fetch_object
+from goodput.checkpoint.durable._wrapped_fs import WrappedFileSystem
+from goodput.checkpoint.durable.manifest import FileEntry, check_digest, new_hasher
+from goodput.checkpoint.durable.objectstore import fetch_object
 from goodput.errors import CheckpointCorrupt
 
 __all__ = ["HashingFileSystem", "VerifyingFileSystem"]

@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from goodput.checkpoint._saving import describe
-from goodput.checkpoint.hashing import _BufferReader
+from goodput.checkpoint.durable.hashing import _BufferReader
 from goodput.errors import CheckpointCorrupt
 
 __all__ = ["DirectReadMixin", "join_agreement"]

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from goodput.checkpoint._part_upload import PartUpload, streams_parts
-from goodput.checkpoint._wrapped_fs import WrappedFileSystem
+from goodput.checkpoint.durable._part_upload import PartUpload, streams_parts
+from goodput.checkpoint.durable._wrapped_fs import WrappedFileSystem
 from goodput.errors import CheckpointCorrupt
 
 __all__ = ["ConcurrentObjectFileSystem", "fetch_object", "read_object"]

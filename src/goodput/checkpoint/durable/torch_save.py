@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from goodput.checkpoint.manifest import new_hasher
+from goodput.checkpoint.durable.manifest import new_hasher
+from goodput.checkpoint.durable.strategy import Completion, SaveContext
 from goodput.checkpoint.state import TrainingState, check_shapes, tensor_shapes
-from goodput.checkpoint.strategy import Completion, SaveContext
 from goodput.errors import CheckpointCorrupt
 
 __all__ = ["TorchSaveStrategy"]

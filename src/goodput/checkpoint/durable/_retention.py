@@ -1,7 +1,7 @@
 """Retention: which committed checkpoints to remove, removed on a background thread after each commit (rank 0).
 
 The newest committed checkpoint is never removed, nor the one a pin holds (the newest at or before the pinned
-step: the numeric guard's rollback target). One part of the durable tier (``durable.py``).
+step: the numeric guard's rollback target). One part of the durable tier (``checkpointer.py``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from goodput.checkpoint.config import CheckpointConfig
-from goodput.checkpoint.layout import CheckpointLayout
-from goodput.checkpoint.manifest import CheckpointInfo
+from goodput.checkpoint.durable.layout import CheckpointLayout
+from goodput.checkpoint.durable.manifest import CheckpointInfo
 from goodput.faults import fault_point
 
 __all__ = ["Retention", "to_purge"]

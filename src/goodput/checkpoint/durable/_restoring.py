@@ -1,8 +1,8 @@
 """The durable tier's restore path: list the committed checkpoints, verify one, load it into the live state on
 every rank, and time the restore's parts (find, verify, read, load, position) for the ledger.
 
-One part of the durable tier (``durable.py``); what the manager does with the checkpoints every tier passed over
-is :func:`warn_damage` and, when no tier loads a step, :func:`none_loaded`.
+One part of the durable tier (``checkpointer.py``); what the manager does with the checkpoints every tier
+passed over is :func:`warn_damage` and, when no tier loads a step, :func:`none_loaded`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 from goodput.checkpoint._collectives import Collectives
 from goodput.checkpoint._saving import FAILURES, describe
 from goodput.checkpoint.config import ALLOW_FRESH_START_ENV, CheckpointConfig
-from goodput.checkpoint.layout import CheckpointLayout
-from goodput.checkpoint.manifest import CheckpointInfo, Manifest
+from goodput.checkpoint.durable.layout import CheckpointLayout
+from goodput.checkpoint.durable.manifest import CheckpointInfo, Manifest
+from goodput.checkpoint.durable.strategy import SaveContext, make_strategy
 from goodput.checkpoint.state import TrainingState
-from goodput.checkpoint.strategy import SaveContext, make_strategy
 from goodput.checkpoint.tier import Damage
 from goodput.errors import CheckpointCorrupt, NoValidCheckpoint, StateMismatch, StorageError
 
@@ -185,11 +185,11 @@ def none_loaded(config: CheckpointConfig, root: str, damages: list[tuple[str, Da
 
 def _strategy_class(name: str) -> type | None:
     if name == "torch_save":
-        from goodput.checkpoint.torch_save import TorchSaveStrategy
+        from goodput.checkpoint.durable.torch_save import TorchSaveStrategy
 
         return TorchSaveStrategy
     if name in ("dcp", "dcp_async"):
-        from goodput.checkpoint.dcp import DcpStrategy
+        from goodput.checkpoint.durable.dcp import DcpStrategy
 
         return DcpStrategy
     return None

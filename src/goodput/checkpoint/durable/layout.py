@@ -35,7 +35,7 @@ from typing import Any
 
 from goodput._client_random import isolate_store_clients
 from goodput._lifetime import pid_running
-from goodput.checkpoint.manifest import (
+from goodput.checkpoint.durable.manifest import (
     CheckpointInfo,
     FileEntry,
     Manifest,

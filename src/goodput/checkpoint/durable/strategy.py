@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from goodput.checkpoint.layout import CheckpointLayout
+from goodput.checkpoint.durable.layout import CheckpointLayout
 from goodput.checkpoint.state import TrainingState
 
 __all__ = ["STRATEGIES", "SaveContext", "SaveStrategy", "make_strategy"]
@@ -56,15 +56,15 @@ class SaveStrategy(Protocol):
 def make_strategy(name: str, ctx: SaveContext) -> SaveStrategy:
     """The strategy called ``name`` (one of :data:`STRATEGIES`)."""
     if name == "torch_save":
-        from goodput.checkpoint.torch_save import TorchSaveStrategy
+        from goodput.checkpoint.durable.torch_save import TorchSaveStrategy
 
         return TorchSaveStrategy()
     if name == "dcp":
-        from goodput.checkpoint.dcp import DcpStrategy
+        from goodput.checkpoint.durable.dcp import DcpStrategy
 
         return DcpStrategy()
     if name == "dcp_async":
-        from goodput.checkpoint.dcp_async import DcpAsyncStrategy
+        from goodput.checkpoint.durable.dcp_async import DcpAsyncStrategy
 
         return DcpAsyncStrategy(checkpointer=ctx.options.get("async_checkpointer", "thread"))
     raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
