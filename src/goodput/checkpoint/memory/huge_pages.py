@@ -3,7 +3,8 @@
 A tmpfs file (``/dev/shm``) is kept in the page cache in 4 KiB pages unless its mount says ``huge=``, and
 ``/dev/shm`` is usually mounted without it. Reading such a file costs a page-cache lookup, a reference and a
 separate copy for each 4 KiB page, markedly more than a memcpy of the same bytes; from a file held in 2 MiB pages
-the same read costs about a memcpy (figures: docs/BENCHMARKS.md).
+the same read costs about a memcpy (the memory tier's whole restore: `goodput bench recovery`'s
+``memory_restore_over_memcpy_floor`` in docs/BENCHMARKS.md).
 
 Linux (6.1+) lets a process turn the pages of a mapped shmem file into huge pages with ``MADV_COLLAPSE``
 whatever the mount says (it refuses only when huge pages are denied system-wide). :func:`prefer_huge_pages`
