@@ -57,6 +57,8 @@ def test_a_short_soak_of_mixed_faults_holds_every_check_and_its_table_counts_the
         )  # each answered (numeric: maybe more, the guard's own)
     assert "categories tile it" in proc.stdout and "every check held" in proc.stdout
     assert proc.stderr.count("injected:") == len(scheduled), proc.stderr
+    # the built-in script reads its points from memory: no cache to hold to a budget, and the node line says so
+    assert "data cache: none declared in the job's ledger, not checked" in proc.stdout, proc.stdout
 
 
 def test_a_hang_a_bit_flip_and_the_agent_and_launcher_killed_in_one_job_are_each_answered_and_leave_nothing(

@@ -205,3 +205,20 @@ def test_only_the_loss_of_an_unseen_spike_s_step_is_taken_from_the_reference() -
     assert compare_records(
         reference, as_reference_at(changed(2, samples="other"), reference, {2})
     )  # its data
+
+
+def test_a_cache_reading_over_its_budget_is_a_violation_and_one_at_or_under_it_is_not() -> None:
+    from goodput.drill.soak_cache import CacheSample, over_budget
+    from goodput.drill.soak_report import cache_text
+
+    budget = 8 << 20
+    readings = [
+        CacheSample(float(t), "/c", held, budget) for t, held in enumerate((0, 3 << 20, budget, 5 << 20))
+    ]
+    assert not any(over_budget(r) for r in readings)  # a cache exactly full is within its budget
+    over = CacheSample(4.0, "/c", budget + 1, budget)
+    assert over_budget(over) == (
+        f"the data cache /c held {budget + 1} bytes at 4.0s, over its budget of {budget} bytes"
+    )
+    assert cache_text(readings) == "data cache /c: 0.0 -> max 8.0 -> 5.0 MiB of its 8.0 MiB budget"
+    assert "none declared" in cache_text([])  # a job without a cache: said so, nothing checked

@@ -1,5 +1,5 @@
 """A run that reads through the data cache: its ledger gets ``cache_stats``, report.json shows them, and the
-advice does not tell it to enable the cache."""
+advice does not tell it to enable the cache; each attempt declares the cache (``cache_config``) for a soak."""
 
 from __future__ import annotations
 
@@ -10,19 +10,17 @@ import torch
 
 import goodput as gp
 from goodput.data.shards import write_shards
+from goodput.ledger import read_events
 
 
 def _decode(data: bytes) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(data, dtype=np.float32).copy())
 
 
-def test_a_cached_run_records_cache_stats(tmp_path: Path) -> None:
-    url = str(tmp_path / "remote")
-    write_shards((np.full(4, i, np.float32).tobytes() for i in range(32)), url, shard_bytes=64)
-    cache = gp.CacheConfig(folder=str(tmp_path / "cache"), budget_bytes=1 << 20)
+def _train(run_dir: Path, url: str, cache: gp.CacheConfig) -> None:
+    """Two epochs of 4 steps over the 32 samples at ``url``, read through ``cache``."""
     dataset = gp.ShardedDataset(url, cache=cache, decode=_decode)
     loader = gp.ResumableLoader(dataset, batch_size=8, seed=0)  # 4 steps an epoch
-    run_dir = tmp_path / "run"
     run = gp.Run(str(run_dir), total_steps=8, progress=False, hang_timeout=None)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -33,6 +31,19 @@ def test_a_cached_run_records_cache_stats(tmp_path: Path) -> None:
         opt.zero_grad()
         run.step_done()
     run.close()
+    dataset.close()
+
+
+def _shards(tmp_path: Path) -> str:
+    url = str(tmp_path / "remote")
+    write_shards((np.full(4, i, np.float32).tobytes() for i in range(32)), url, shard_bytes=64)
+    return url
+
+
+def test_a_cached_run_records_cache_stats(tmp_path: Path) -> None:
+    cache = gp.CacheConfig(folder=str(tmp_path / "cache"), budget_bytes=1 << 20)
+    run_dir = tmp_path / "run"
+    _train(run_dir, _shards(tmp_path), cache)
     report = gp.load_report(str(run_dir)).to_dict()
     stats = report["info"]["cache_stats"]
     assert stats, "the cache was used: report.json must show its counters"
@@ -41,3 +52,20 @@ def test_a_cached_run_records_cache_stats(tmp_path: Path) -> None:
     assert by_epoch[0]["misses"] > 0  # the first epoch downloaded every shard
     assert by_epoch[1]["misses"] == 0 and by_epoch[1]["hits"] > 0  # the second read them from the cache
     assert not any("enable the local cache" in a["text"] for a in report["advice"])
+
+
+def test_each_attempt_declares_its_cache_folder_budget_and_usage_for_the_soak(tmp_path: Path) -> None:
+    url = _shards(tmp_path)
+    cache = gp.CacheConfig(folder=str(tmp_path / "cache"), budget_bytes=1 << 20)
+    _train(tmp_path / "cold", url, cache)  # downloads every shard into the cache
+    _train(tmp_path / "warm", url, cache)  # finds them there
+    held = sum(f.stat().st_size for f in (tmp_path / "cache" / "files").iterdir())
+    assert held > 0
+    for name, usage in (("cold", 0), ("warm", held)):
+        declared = [e for e in read_events(tmp_path / name) if e["event"] == "cache_config"]
+        assert [(e["folder"], e["budget_bytes"], e["usage_bytes"]) for e in declared] == [
+            (str(tmp_path / "cache"), 1 << 20, usage)
+        ], name
+    report = gp.load_report(str(tmp_path / "warm")).to_dict()
+    assert [c["usage_bytes"] for c in report["info"]["cache_config"]] == [held]
+    assert "cache_config" not in report["info"]["custom"]

@@ -45,6 +45,11 @@ class OnSource:
         prefetch_lead_seconds, evictions, retries, uncached_reads. Empty when the dataset has no cache."""
         return self._source.cache_metrics()
 
+    def cache_usage(self) -> dict[str, Any]:
+        """Where the cache is and how full: ``folder`` (absolute), ``budget_bytes`` and ``usage_bytes`` (counted
+        against the budget now, node-wide). Empty when the dataset has no cache."""
+        return self._source.cache_usage()
+
 
 def join_url(base: str, name: str) -> str:
     """``base/name`` for a URL or a local path (never ``os.path.join``, which breaks ``s3://``)."""
@@ -159,6 +164,18 @@ class Source:
         """Node-wide cache counters (every process reading through the cache folder); empty without a cache."""
         cache = self.cache
         return {} if cache is None else cache.node_metrics()
+
+    def cache_usage(self) -> dict[str, Any]:
+        """The cache's folder, budget and node-wide usage now (see ``OnSource.cache_usage``); empty without one."""
+        cache = self.cache
+        if cache is None:
+            return {}
+        config = cache.config
+        return {
+            "folder": os.path.abspath(config.folder),
+            "budget_bytes": config.budget_bytes,
+            "usage_bytes": cache.usage_bytes(),
+        }
 
     def close(self) -> None:
         if self._cache is not None and self._pid == os.getpid():

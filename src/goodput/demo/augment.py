@@ -19,8 +19,8 @@ class ByteNoise:
     """Wraps a dataset of ``(sample_id, uint8 tokens)``; replaces each byte by a random one with probability p.
 
     Args:
-        dataset: the demo's ``ShardedDataset`` (its ``prefetch``, ``fingerprint``, ``shard_sizes`` and ``close``
-            are passed on).
+        dataset: the demo's ``ShardedDataset`` (its ``prefetch``, ``fingerprint``, ``shard_sizes``, ``close``,
+            ``cache_metrics`` and ``cache_usage`` are passed on).
         p: the probability that a byte is replaced (0: no augmentation).
     """
 
@@ -45,6 +45,12 @@ class ByteNoise:
 
     def prefetch(self, indices: Sequence[int]) -> None:
         self.dataset.prefetch(indices)
+
+    def cache_metrics(self) -> dict[str, float]:
+        return dict(self.dataset.cache_metrics())
+
+    def cache_usage(self) -> dict[str, Any]:
+        return dict(self.dataset.cache_usage())
 
     def close(self) -> None:
         self.dataset.close()

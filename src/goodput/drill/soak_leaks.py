@@ -1,6 +1,7 @@
 """What the soak watches while the job runs: each process of the job (resident memory, open files, threads,
-child processes) and the node (/dev/shm entries, the run folder's size, the temporary folder's entries), read
-from /proc by a thread of the soak's own process, and the rule that calls a series a leak.
+child processes) and the node (/dev/shm entries, the run folder's size, the temporary folder's entries, the
+bytes in the data cache the job declared: :mod:`goodput.drill.soak_cache`), read from /proc and the disk by a
+thread of the soak's own process, and the rule that calls a series a leak.
 
 The rule (:func:`leaks`) is pure. A process is judged once it has lived three warm-ups:
 each figure leaks when it keeps growing: the lowest reading of each of its last two warm-ups above the highest of
@@ -18,6 +19,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from goodput.drill.runs import processes_of
+from goodput.drill.soak_cache import CacheSample, LedgerCaches, held_bytes, over_budget
 
 __all__ = ["RSS_GROWTH", "Sample", "Sampler", "leaks", "peaks"]
 
@@ -142,7 +144,8 @@ def _folder_mib(path: str) -> float:
 
 class Sampler(threading.Thread):
     """Reads the job's processes and the node every ``every`` seconds until :meth:`stop`; ``leaked`` holds the
-    first leak found (:func:`leaks`), for the soak to stop the job at once."""
+    first leak found (:func:`leaks`) or the first reading of a data cache over its budget
+    (:func:`~goodput.drill.soak_cache.over_budget`), for the soak to stop the job at once."""
 
     def __init__(
         self, run_dir: str, script: str, *, clock: Callable[[], float], warmup: float, every: float = 1.0
@@ -153,6 +156,8 @@ class Sampler(threading.Thread):
         self.node: list[
             tuple[float, int, float, int]
         ] = []  # seconds, /dev/shm entries, run MiB, temp entries
+        self.caches = LedgerCaches(run_dir)
+        self.cache: list[CacheSample] = []  # every reading of each cache folder the job declared
         self.leaked = ""
         self._halt = threading.Event()
 
@@ -172,6 +177,8 @@ class Sampler(threading.Thread):
                     json.dumps({"seconds": seconds, "pid": 0, "shm": shm, "run_mib": run_mib, "temp": temp})
                     + "\n"
                 )
+            for reading in self.cache:  # pid 0 too, with the folder, the bytes held and the budget
+                f.write(json.dumps({"pid": 0, **dataclasses.asdict(reading)}) + "\n")
 
     def run(self) -> None:
         while not self._halt.wait(self.every):
@@ -195,3 +202,8 @@ class Sampler(threading.Thread):
                 self.leaked = "; ".join(found)
         shm = len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
         self.node.append((now, shm, _folder_mib(self.run_dir), len(os.listdir(tempfile.gettempdir()))))
+        for folder, budget in self.caches.look().items():
+            reading = CacheSample(now, folder, held_bytes(folder), budget)
+            self.cache.append(reading)
+            if (over := over_budget(reading)) and not self.leaked:
+                self.leaked = over

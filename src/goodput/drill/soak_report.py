@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from goodput.drill.drill import aligned
 from goodput.drill.runs import largest_losses, outcome_text
+from goodput.drill.soak_cache import CacheSample
 from goodput.drill.soak_checks import (
     KindRow,
     as_reference_at,
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from goodput.drill.soak_leaks import Sampler
     from goodput.verify.records import RunRecords
 
-__all__ = ["Outcome", "judge_run", "print_tables"]
+__all__ = ["Outcome", "cache_text", "judge_run", "print_tables"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -173,9 +174,27 @@ def _node_line(sampler: Sampler) -> str:
     shm, run, temp = ([n[i] for n in sampler.node] for i in (1, 2, 3))
     return (
         f"node: /dev/shm entries {shm[0]} -> max {max(shm)} -> {shm[-1]} at the end; run folder "
-        f"{run[0]:.1f} -> max {max(run):.1f} MiB; temporary folder entries {temp[0]} -> {temp[-1]} "
-        f"({len(sampler.node)} samples)"
+        f"{run[0]:.1f} -> max {max(run):.1f} MiB; temporary folder entries {temp[0]} -> {temp[-1]}; "
+        f"{cache_text(sampler.cache)} ({len(sampler.node)} samples)"
     )
+
+
+def cache_text(readings: Sequence[CacheSample]) -> str:
+    """The bytes each data cache held (first -> max -> last) against its budget, or that the job declared none."""
+    if not readings:
+        return "data cache: none declared in the job's ledger, not checked"
+    folders: dict[str, list[CacheSample]] = {}
+    for reading in readings:
+        folders.setdefault(reading.folder, []).append(reading)
+    return "; ".join(
+        f"data cache {folder}: {_mib(held[0].held)} -> max {_mib(max(r.held for r in held))} -> "
+        f"{_mib(held[-1].held)} MiB of its {_mib(held[-1].budget)} MiB budget"
+        for folder, held in folders.items()
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f}"
 
 
 def _seconds(values: tuple[float, ...], total: bool = False) -> str:

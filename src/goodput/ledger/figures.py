@@ -37,15 +37,15 @@ _NUMERIC = (
 
 
 def declared(spans: list[Spans]) -> dict[str, Any]:
-    """Declarations (checkpoint config, registered state: the last of each), cache stats and interval
-    changes (all), and custom events tallied by name (count, and the sum of their ``seconds`` fields)."""
-    info: dict[str, Any] = {"cache_stats": [], "interval_changes": [], "custom": {}}
+    """Declarations (checkpoint config, registered state: the last of each), cache configs, cache stats and
+    interval changes (all), and custom events tallied by name (count, and the sum of their ``seconds`` fields)."""
+    info: dict[str, Any] = {"cache_stats": [], "cache_config": [], "interval_changes": [], "custom": {}}
     for s in spans:
         for event in s.info:
             fields = {k: v for k, v in event.items() if k not in _META}
             name = event["event"]
-            if name == "cache_stats":  # per node: which rank recorded them
-                info["cache_stats"].append({**fields, "rank": event.get("rank")})
+            if name in ("cache_stats", "cache_config"):  # per node: which rank recorded them
+                info[name].append({**fields, "rank": event.get("rank")})
             elif name == "checkpoint_interval":
                 info["interval_changes"].append(fields)
             elif name in ("checkpoint_config", "state_registered", "spike_rule", "numeric_config"):

@@ -41,6 +41,9 @@ Event schema (one JSON object per line)::
     checkpoint_interval      interval_seconds, reason, stall_seconds?, persist_seconds?, tier? ("memory")
                              the live policy changed the interval, planned with these save costs
     state_registered         keys (list: model, optimizer, scheduler, data, rng, ...)
+    cache_config             folder (absolute), budget_bytes, usage_bytes (node-wide, now): the data cache
+                             the run reads through, once per attempt (local rank 0 of each node; a soak
+                             checks the folder against the budget)
     cache_stats              epoch, hits, misses, bytes_downloaded, wait_seconds (this epoch's),
                              budget_bytes?, dataset_bytes?
     preempted                step, signal, url     this rank saved ``step`` after a preemption signal and
@@ -327,6 +330,11 @@ class Ledger:
     def state_registered(self, keys: Sequence[str]) -> None:
         """Which parts of the training state the checkpoint holds (model, optimizer, data, rng, ...)."""
         self.event("state_registered", keys=sorted(keys))
+
+    def cache_config(self, *, folder: str, budget_bytes: int, usage_bytes: int) -> None:
+        """The data cache this node reads through: its folder, its byte budget and the bytes counted against
+        the budget now, node-wide (``RemoteCache.usage_bytes()``)."""
+        self.event("cache_config", folder=folder, budget_bytes=budget_bytes, usage_bytes=usage_bytes)
 
     def cache_stats(
         self,

@@ -11,8 +11,8 @@ other ranks saw that the primary did not is added to it, once per job event:
   the same name and the same identifying fields (every field that is not a float: ``step``, ``action``,
   ``where``, ...) are one job event seen by several ranks; the job saw as many of them as the rank that saw
   the most.
-- ``cache_stats``: per rank by nature (each rank reads through its own counters), so every rank's are kept,
-  with their ``rank``.
+- ``cache_stats`` and ``cache_config``: per rank by nature (each node's first rank records its node's cache),
+  so every rank's are kept, with their ``rank``.
 - ``shrink`` and ``grow``: one per generation of the run (every rank of the generation records it, a newcomer
   in an attempt of its own numbering), whichever attempt it is matched to.
 
@@ -30,7 +30,7 @@ from typing import Any
 from goodput.ledger.spans import BUILT_IN, RESHAPES, begin_wall, split_attempts
 
 _META = frozenset({"event", "wall", "mono", "attempt", "rank"})
-_PER_RANK = frozenset({"cache_stats"})
+_PER_RANK = frozenset({"cache_stats", "cache_config"})
 _DECLARATIONS = frozenset({"checkpoint_config", "state_registered", "checkpoint_interval"})
 
 

@@ -1,9 +1,11 @@
-"""The data cache's counters into the ledger: ``cache_stats`` at each epoch's end and when the run closes.
+"""The data cache into the ledger: ``cache_config`` (its folder, budget and usage) once per attempt, and its
+counters as ``cache_stats`` at each epoch's end and when the run closes.
 
 The counters are node-wide (every process reading through the cache folder, DataLoader workers included) and
 kept across attempts, so one rank per node records them (local rank 0), as differences from what the cache
 had counted when this attempt began. The report then shows them (``report.json``'s ``cache_stats``) and its
-advice knows the run reads through the cache.
+advice knows the run reads through the cache; ``goodput drill --soak`` reads ``cache_config`` to check the
+folder against its budget while the job runs.
 """
 
 from __future__ import annotations
@@ -23,17 +25,29 @@ class CacheStatsRecorder:
 
     def __init__(self, ledger: Ledger, loader: Any) -> None:
         self._ledger = ledger
-        metrics = getattr(getattr(loader, "dataset", None), "cache_metrics", None)
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        dataset = getattr(loader, "dataset", None)
+        metrics, usage = getattr(dataset, "cache_metrics", None), getattr(dataset, "cache_usage", None)
+        first = int(os.environ.get("LOCAL_RANK", "0")) == 0
         self._metrics: Callable[[], dict[str, float]] | None = (
-            metrics if callable(metrics) and local_rank == 0 else None
+            metrics if callable(metrics) and first else None
         )
+        self._usage: Callable[[], dict[str, Any]] | None = usage if callable(usage) and first else None
         self._baseline = self._read()
         self._last: dict[str, float] | None = None
         self.epoch = 0  # the epoch being read (set by Run when it starts one)
 
     def _read(self) -> dict[str, float]:
         return dict(self._metrics()) if self._metrics is not None else {}
+
+    def declare(self) -> None:
+        """Record where the cache is, its budget and its usage now (``cache_config``) in this attempt."""
+        found = self._usage() if self._usage is not None else {}
+        if found:
+            self._ledger.cache_config(
+                folder=str(found["folder"]),
+                budget_bytes=int(found["budget_bytes"]),
+                usage_bytes=int(found["usage_bytes"]),
+            )
 
     def follow(self, ledger: Ledger) -> None:
         """Record into ``ledger`` from now on, counting from now (a new attempt in this process)."""

@@ -228,17 +228,28 @@ class RecordsHook(RunHook):
 
 
 class CacheStatsHook(RunHook):
-    """The data cache's counters into the ledger at each epoch's end and when the run finishes."""
+    """The data cache into the ledger: where it is and its budget once per attempt (``cache_config``), its
+    counters at each epoch's end and when the run finishes (``cache_stats``)."""
 
     def __init__(self) -> None:
         self.recorder: CacheStatsRecorder | None = None
+        # id(loader), attempt of the last cache_config written (an id: the hook must not keep a loader alive)
+        self._declared: tuple[int, int] | None = None
 
     def on_batches(self, run: Run, loader: Any) -> None:
         self.recorder = CacheStatsRecorder(run.ledger, loader)
+        self._declare(run, loader)
 
     def on_attempt(self, run: Run, kind: str) -> None:
         if self.recorder is not None:  # the loop goes on with the same loader
             self.recorder.follow(run.ledger)
+            self._declare(run, run.loader)
+
+    def _declare(self, run: Run, loader: Any) -> None:
+        """``cache_config`` once per attempt and loader (a warm re-entry opens the attempt, then reads again)."""
+        if self.recorder is not None and self._declared != (id(loader), run.attempt):
+            self._declared = (id(loader), run.attempt)
+            self.recorder.declare()
 
     def on_iterator(self, run: Run, loader: Any, first: bool) -> None:
         if self.recorder is not None:
