@@ -4,11 +4,14 @@ reading over the budget; a job that declared none is not checked."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 
 import goodput as gp
+from goodput.data._cacheindex import owner_token
 from goodput.data.shards import write_shards
 from goodput.drill.soak_leaks import Sampler
 from goodput.ledger import Ledger
@@ -50,8 +53,16 @@ def test_the_sampler_reads_the_declared_cache_and_stops_at_the_first_reading_ove
     (folder / "uncached" / "k.1-2.1").write_bytes(b"x" * budget)
     sampler.sample()
     assert sampler.cache[-1].held == used and not sampler.leaked
+    # a download whose process was killed is left out, as the cache leaves it out (and removes it at its next start)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    dead = owner_token(child.pid).replace(":", "-")  # named while it runs, then ended
+    child.communicate(b"")
+    (folder / "tmp" / f"k.{dead}.part").write_bytes(b"x" * budget)
+    sampler.sample()
+    assert sampler.cache[-1].held == used and not sampler.leaked
     # a download in flight is counted: one that takes the cache past its budget stops the soak
-    (folder / "tmp" / "k.1-2.part").write_bytes(b"x" * (budget - used + 1))
+    live = owner_token().replace(":", "-")
+    (folder / "tmp" / f"k.{live}.part").write_bytes(b"x" * (budget - used + 1))
     sampler.sample()
     assert sampler.cache[-1].held == budget + 1
     assert sampler.leaked == (

@@ -5,7 +5,9 @@ The bytes are those the budget counts (``goodput.data.cache``): complete files u
 flight under ``tmp/``; the private copies under ``uncached/`` are outside the budget by design. They are read
 from the disk, not from the cache's own index, so a file the index lost track of counts too. Downloads are read
 before files and each file once (a finished download keeps its inode when it is renamed into ``files/``), so
-no reading counts one file twice.
+no reading counts one file twice. A download whose owner is dead (a rank SIGKILLed mid-download: its part file
+is named ``<key>.<pid>-<start time>.part``) is left out, as the cache's index leaves it out: the cache removes
+it when it next starts, and a soak that kills ranks would otherwise call that moment's debris a violation.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import glob
 import json
 import os
 
+from goodput.data._cacheindex import owner_alive
 from goodput.ledger.files import LEDGER_DIR
 from goodput.ledger.index import INDEX_SUFFIX
 
@@ -53,6 +56,8 @@ def held_bytes(folder: str) -> int:
         except OSError:
             continue
         for entry in entries:
+            if sub == "tmp" and not _writer_alive(entry.name):
+                continue
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:  # evicted, or renamed into files/ since the listing
@@ -61,6 +66,14 @@ def held_bytes(folder: str) -> int:
                 seen.add((st.st_dev, st.st_ino))
                 total += st.st_size
     return total
+
+
+def _writer_alive(name: str) -> bool:
+    """Whether the process downloading into the part file ``name`` (``<key>.<pid>-<start>.part``) still runs."""
+    parts = name.split(".")
+    if len(parts) != 3 or parts[2] != "part":
+        return True  # not a name the cache writes: counted
+    return owner_alive(parts[1].replace("-", ":", 1))
 
 
 class LedgerCaches:
