@@ -276,3 +276,28 @@ def test_the_real_peers_need_the_peers_extra_only_when_asked_for(monkeypatch) ->
         args = _args(["--contenders", f"baseline,{contender}"])
         with pytest.raises(ConfigError, match=rf"{contender} needs {module}: pip install 'goodput\[peers\]'"):
             args.handler(args)
+
+
+def test_a_schedule_a_run_ended_before_is_named_and_the_baseline_is_required() -> None:
+    from goodput.bench.peers import unmet_schedules
+    from goodput.errors import ConfigError
+
+    kill = {"due": 27.2, "rank": 1, "fired": 27.3}
+    rows = [
+        {"schedule": "none", "contender": "baseline", "wall_seconds": 40.0, "kills": []},
+        {"schedule": "40s", "contender": "baseline", "wall_seconds": 52.0, "kills": [kill]},
+        {"schedule": "40s", "contender": "warm", "wall_seconds": 45.0, "kills": [kill]},
+        {"schedule": "120s", "contender": "baseline", "wall_seconds": 41.0, "kills": []},
+        {"schedule": "120s", "contender": "warm", "wall_seconds": 44.0, "kills": []},
+        {"schedule": "120s", "contender": "shrink", "error": "timed out"},
+    ]
+    assert unmet_schedules(rows) == {
+        "120s": "baseline, warm received no failure in 44 s or less: raise --steps so that the job outlasts "
+        "several of this schedule's failures"
+    }
+    args = _args(["--contenders", "warm,shrink"])
+    with pytest.raises(ConfigError, match="--contenders must include baseline"):
+        args.handler(args)
+    args = _args(["--contenders", "baseline,bogus"])
+    with pytest.raises(ConfigError, match="unknown: bogus"):
+        args.handler(args)

@@ -31,6 +31,8 @@ def print_table(result: dict[str, Any]) -> None:
         )
     for key, value in result["ratios"].items():
         print(f"  {key} = {value} (goal {goals.get(key, 'none: what its users get')})")
+    for name, why in result.get("unmet_schedules", {}).items():
+        print(f"schedule {name} met no failure: {why}")
 
 
 def _name(row: dict[str, Any]) -> str:
