@@ -106,28 +106,21 @@ BENCH_S3_OPTIONS = EnvVar(
     "",
     "goodput bench",
 )
-WARM_STORE = EnvVar(
-    "GOODPUT_WARM_STORE", "the warm agent's TCP store (host:port)", "", "goodput launch --restart warm"
-)
-WARM_PREFIX = EnvVar(
-    "GOODPUT_WARM_PREFIX", "this job's key prefix in the shared store", "", "goodput launch --restart warm"
-)
-WARM_ROLE = EnvVar("GOODPUT_WARM_ROLE", "worker or spare", "", "goodput launch --restart warm")
-WARM_GEN = EnvVar("GOODPUT_WARM_GEN", "the generation a worker joins", "", "goodput launch --restart warm")
-WARM_SPARE_ID = EnvVar(
-    "GOODPUT_WARM_SPARE_ID", "a spare's id (node-index)", "", "goodput launch --restart warm"
-)
-WARM_PG_TIMEOUT = EnvVar(
-    "GOODPUT_WARM_PG_TIMEOUT",
-    "seconds a generation's collectives wait",
-    "60",
-    "goodput launch --restart warm",
-)
-WARM_REFORM_TIMEOUT = EnvVar(
-    "GOODPUT_WARM_REFORM_TIMEOUT",
-    "seconds a survivor waits for the next generation",
-    "60",
-    "goodput launch --restart warm",
+
+
+def _warm(name: str, meaning: str, default: str = "") -> EnvVar:
+    """A variable the warm agent sets for its workers and spares."""
+    return EnvVar(name, meaning, default, "goodput launch --restart warm")
+
+
+WARM_STORE = _warm("GOODPUT_WARM_STORE", "the warm agent's TCP store (host:port)")
+WARM_PREFIX = _warm("GOODPUT_WARM_PREFIX", "this job's key prefix in the shared store")
+WARM_ROLE = _warm("GOODPUT_WARM_ROLE", "worker or spare")
+WARM_GEN = _warm("GOODPUT_WARM_GEN", "the generation a worker joins")
+WARM_SPARE_ID = _warm("GOODPUT_WARM_SPARE_ID", "a spare's id (node-index)")
+WARM_PG_TIMEOUT = _warm("GOODPUT_WARM_PG_TIMEOUT", "seconds a generation's collectives wait", "60")
+WARM_REFORM_TIMEOUT = _warm(
+    "GOODPUT_WARM_REFORM_TIMEOUT", "seconds a survivor waits for the next generation", "60"
 )
 WARM_MIN_WORLD = EnvVar(
     "GOODPUT_WARM_MIN_WORLD",

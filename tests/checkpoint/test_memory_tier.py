@@ -19,27 +19,15 @@ import torch
 
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, MemoryTier, TrainingState
 from goodput.errors import ConfigError
+from tests.helpers.ckpt_ranks import CountingLoader
 
 
-class Counter:
-    """A loader-like position (JSON state) that the restore must bring back."""
-
-    def __init__(self) -> None:
-        self.position = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.position = int(state["position"])
-
-
-def _parts(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, Counter]:
+def _parts(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, CountingLoader]:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-    return model, opt, sched, Counter()
+    return model, opt, sched, CountingLoader(0)
 
 
 def _manager(

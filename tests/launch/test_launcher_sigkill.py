@@ -37,6 +37,16 @@ def _wait_until(
         time.sleep(0.1)  # polling for a condition, not a synchronisation by time
 
 
+def _long_job(
+    run_dir: str, script: str, *script_args: str, launch: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
+    """Two ranks of ``script`` for 2000 steps of 0.05 s: a job still running when the test kills its launcher."""
+    return start_launch(
+        *launch, "--nproc", "2", "--run-dir", run_dir, "--",
+        script, "--steps", "2000", "--step-seconds", "0.05", *script_args,
+    )  # fmt: skip
+
+
 _PROMPTLY = 2.0  # seconds from the launcher's SIGKILL until no process of the job is left
 
 
@@ -75,10 +85,7 @@ def test_a_sigkilled_launcher_takes_torchrun_every_worker_and_their_data_workers
     tmp_path: Path,
 ) -> None:
     run_dir = str(tmp_path / "run")
-    proc = start_launch(
-        "--nproc", "2", "--run-dir", run_dir, "--",
-        WORKER, "--steps", "2000", "--step-seconds", "0.05", "--workers", "2",
-    )  # fmt: skip
+    proc = _long_job(run_dir, WORKER, "--workers", "2")
     wait_for_file(os.path.join(run_dir, "training"), proc)
     # torchrun, 2 ranks and their 2 DataLoader worker processes each
     _wait_until(lambda: len(processes_with(run_dir)) >= 7, proc, "the DataLoader workers")
@@ -92,10 +99,7 @@ def test_a_sigkilled_warm_launcher_takes_the_agent_workers_data_workers_and_spar
     """And its RNG records' RAM folder, which nothing of the killed launch could remove, is swept by the next
     warm launch on the machine (its owner, the killed agent, provably ended)."""
     run_dir = str(tmp_path / "run")
-    proc = start_launch(
-        "--restart", "warm", "--nproc", "2", "--run-dir", run_dir, "--",
-        WARM_SCRIPT, "--steps", "2000", "--step-seconds", "0.05", "--workers", "2",
-    )  # fmt: skip
+    proc = _long_job(run_dir, WARM_SCRIPT, "--workers", "2", launch=("--restart", "warm"))
     samples = os.path.join(run_dir, "samples", "rank-0.jsonl")
     # the agent, 2 ranks, their 2 DataLoader worker processes each, and a spare
     _wait_until(lambda: os.path.exists(samples) and len(processes_with(run_dir)) >= 8, proc, "a spare")
@@ -130,9 +134,6 @@ def test_a_sigkilled_warm_launcher_takes_the_spare_template_and_its_forked_spare
     tmp_path: Path,
 ) -> None:
     run_dir = str(tmp_path / "run")
-    proc = start_launch(
-        "--restart", "warm", "--nproc", "2", "--spares", "2", "--run-dir", run_dir, "--",
-        WARM_SCRIPT, "--steps", "2000", "--step-seconds", "0.05",
-    )  # fmt: skip
+    proc = _long_job(run_dir, WARM_SCRIPT, launch=("--restart", "warm", "--spares", "2"))
     _wait_until(lambda: _template_processes(run_dir) >= 3, proc, "a template with two forked spares")
     _killed_leaves_nothing(proc, run_dir)

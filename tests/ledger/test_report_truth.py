@@ -43,6 +43,14 @@ def _reshape(
                 seconds=seconds, **extra)  # fmt: skip
 
 
+def _lose(group: Group, rank: int, failure: int) -> None:
+    """``rank`` dies at ``FAILED_AT[failure]`` and the rest of ``group`` fails at ``DETECTED[failure]``."""
+    group.clock.t = FAILED_AT[failure]
+    group.lose(rank)
+    group.clock.t = DETECTED[failure]
+    group.fail(f"peer failure: rank {rank}")
+
+
 def _shrink_and_grow_back(run_dir: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
     def group(ranks: list[int], attempt: int, world: int) -> Group:
         return Group(run_dir, clock, ranks, attempt=attempt, world=world, reserved=3, monkeypatch=monkeypatch)
@@ -50,10 +58,7 @@ def _shrink_and_grow_back(run_dir: Path, clock: Clock, monkeypatch: pytest.Monke
     full = group([0, 1, 2], 0, 3)
     full.steps(1, 5)
     full.start_step(6)
-    clock.t = FAILED_AT[0]
-    full.lose(2)
-    clock.t = DETECTED[0]
-    full.fail("peer failure: rank 2")
+    _lose(full, 2, 0)
     clock.t = 6.2
     two = group([0, 1], 1, 2)
     clock.t = 6.5
@@ -61,10 +66,7 @@ def _shrink_and_grow_back(run_dir: Path, clock: Clock, monkeypatch: pytest.Monke
     clock.t = 7.0
     two.steps(6, 4)  # to t = 11
     two.start_step(10)
-    clock.t = FAILED_AT[1]
-    two.lose(1)
-    clock.t = DETECTED[1]
-    two.fail("peer failure: rank 1")
+    _lose(two, 1, 1)
     clock.t = 12.2
     one = group([0], 2, 1)
     clock.t = 12.5

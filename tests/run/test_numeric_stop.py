@@ -15,39 +15,15 @@ import goodput as gp
 from goodput.errors import NumericFault
 from goodput.job.codes import EXIT_NUMERIC
 from goodput.ledger.ledger import read_events
+from tests.helpers.numeric import train_in_process
 from tests.helpers.paths import script
 
 
 def _train(run_dir: str, faults: str, numeric: gp.NumericConfig) -> list[int]:
-    """A one-process loop with the memory tier every step; the steps it finished, in order (redos included)."""
-    config = gp.CheckpointConfig(
-        root=os.path.join(run_dir, "checkpoints"),
-        strategy="dcp",
-        every=4,
-        memory=gp.MemoryTier(every=1, keep=2, folder=os.path.join(run_dir, "ram")),
-    )
-    run = gp.Run(
-        run_dir, total_steps=20, checkpoint=config, numeric=numeric, faults=faults, hang_timeout=None,
-        progress=False,
-    )  # fmt: skip
+    """A linear model's 20 steps in one process; the steps it finished, in order (redos included)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = torch.utils.data.TensorDataset(torch.randn(64, 4))
-    loader = gp.ResumableLoader(data, batch_size=2, seed=0, drop_last=True)
-    run.restore(model=model, optimizer=opt, loader=loader)
-    steps = []
-    try:
-        for (batch,) in run.batches(loader):
-            loss = model(batch).pow(2).mean() + 1.0
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            steps.append(run.step + 1)
-            run.step_done(loss=loss.item())
-    finally:
-        run.close()
-    return steps
+    return train_in_process(run_dir, model, torch.randn(64, 4), steps=20, numeric=numeric, faults=faults)
 
 
 def test_max_rollbacks_within_the_window_stop_the_run_in_one_line(tmp_path: Path) -> None:

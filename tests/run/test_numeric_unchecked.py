@@ -5,44 +5,22 @@ holding it, in one process."""
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import torch
 
 import goodput as gp
 from goodput.ledger.ledger import read_events
+from tests.helpers.numeric import train_in_process
 
 
 def _train(run_dir: str, faults: str) -> list[float]:
     """Token 0's embedding row is never read (the tokens are 1-7): a NaN in it leaves every loss finite. Returns
     the final parameters, flattened."""
-    config = gp.CheckpointConfig(
-        root=os.path.join(run_dir, "checkpoints"),
-        strategy="dcp",
-        every=4,
-        memory=gp.MemoryTier(every=1, keep=2, folder=os.path.join(run_dir, "ram")),
-    )
     numeric = gp.NumericConfig(grads_every=4, check_every=4, spike_k=None)
-    run = gp.Run(
-        run_dir, total_steps=16, checkpoint=config, numeric=numeric, faults=faults, hang_timeout=None,
-        progress=False,
-    )  # fmt: skip
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Flatten(), torch.nn.Linear(12, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = torch.utils.data.TensorDataset(torch.randint(1, 8, (64, 3)))
-    loader = gp.ResumableLoader(data, batch_size=2, seed=0, drop_last=True)
-    run.restore(model=model, optimizer=opt, loader=loader)
-    try:
-        for (batch,) in run.batches(loader):
-            loss = model(batch).pow(2).mean() + 1.0
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            run.step_done(loss=loss.item())
-    finally:
-        run.close()
+    train_in_process(run_dir, model, torch.randint(1, 8, (64, 3)), steps=16, numeric=numeric, faults=faults)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
 
 

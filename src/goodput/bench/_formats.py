@@ -111,22 +111,31 @@ def _hf_stream(root: str) -> Any:
     return _hf_map(root).to_iterable_dataset(num_shards=4)
 
 
-def _stream_batches(make: Callable[[str], Any]) -> Callable[[str], Any]:
+def _in_process(
+    name: str,
+    native: str,
+    write: Callable[[str, int], str],
+    ours: Callable[[str], Any],
+    make: Callable[[str], Any],
+    *,
+    stream: bool,
+) -> FormatBench:
+    """A format whose native loader runs here over ``make(root)``: a ``datasets`` IterableDataset read in file
+    order (``stream``), or a map-style dataset under torchdata's StatefulDataLoader, shuffled."""
+
     def batches(root: str) -> Any:
         from torch.utils.data import DataLoader
 
-        return DataLoader(make(root), batch_size=_EPOCH_BATCH, collate_fn=_native.keep_batch)
+        return DataLoader(
+            make(root), batch_size=_EPOCH_BATCH, shuffle=not stream, collate_fn=_native.keep_batch
+        )
 
-    return batches
+    def resume(root: str, at: int, repeats: int) -> dict[str, Any]:
+        if stream:
+            return _native.hf_iterable_resume(lambda: make(root), at, repeats)
+        return _native.stateful_loader_resume(make(root), at, _RESUME_BATCH, repeats, True)
 
-
-def _map_batches(make: Callable[[str], Any], shuffle: bool) -> Callable[[str], Any]:
-    def batches(root: str) -> Any:
-        from torch.utils.data import DataLoader
-
-        return DataLoader(make(root), batch_size=_EPOCH_BATCH, shuffle=shuffle, collate_fn=_native.keep_batch)
-
-    return batches
+    return FormatBench(name, native, write, ours, resume, batches, shuffle=not stream)
 
 
 def _tokens_native(root: str) -> Any:
@@ -160,43 +169,37 @@ def _ours_tokens(root: str) -> Any:
 BENCHES: dict[str, FormatBench] = {
     b.name: b
     for b in (
-        FormatBench(
+        _in_process(
             "parquet",
             "datasets streaming IterableDataset (parquet)",
             _write_parquet,
             _ours_parquet,
-            lambda root, at, n: _native.hf_iterable_resume(lambda: _parquet_stream(root), at, n),
-            _stream_batches(_parquet_stream),
-            shuffle=False,
+            _parquet_stream,
+            stream=True,
         ),
-        FormatBench(
+        _in_process(
             "arrow",
             "torchdata StatefulDataLoader over datasets.Dataset (save_to_disk)",
             _write_saved,
             _ours_arrow,
-            lambda root, at, n: _native.stateful_loader_resume(_hf_map(root), at, _RESUME_BATCH, n, True),
-            _map_batches(_hf_map, shuffle=True),
-            shuffle=True,
+            _hf_map,
+            stream=False,
         ),
-        FormatBench(
+        _in_process(
             "hf",
             "datasets IterableDataset (Dataset.to_iterable_dataset)",
             _write_saved,
             _ours_hf,
-            lambda root, at, n: _native.hf_iterable_resume(lambda: _hf_stream(root), at, n),
-            _stream_batches(_hf_stream),
-            shuffle=False,
+            _hf_stream,
+            stream=True,
         ),
-        FormatBench(
+        _in_process(
             "tokens",
             "torchdata StatefulDataLoader over a memory-mapped .bin (nanoGPT windows)",
             _write_tokens,
             _ours_tokens,
-            lambda root, at, n: _native.stateful_loader_resume(
-                _tokens_native(root), at, _RESUME_BATCH, n, True
-            ),
-            _map_batches(_tokens_native, shuffle=True),
-            shuffle=True,
+            _tokens_native,
+            stream=False,
         ),
         FormatBench(
             "wds",

@@ -41,12 +41,15 @@ from goodput.ledger import Ledger
 _BLOB = 1 << 16  # bytes of JSON kept per non-tensor state (DCP loads into tensors of the saved shape)
 
 
-def demo_args(argv: list[str] | None = None, doc: str | None = __doc__) -> argparse.Namespace:
-    """The options of a contender's script, the same in each (``doc``: the script's own docstring)."""
+def demo_args(
+    argv: list[str] | None = None, doc: str | None = __doc__, *, saves: str = "checkpoint"
+) -> argparse.Namespace:
+    """The options of a contender's script, the same in each (``doc``: the script's own docstring; ``saves``:
+    what ``--every`` does, in its help)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="the demo's shard folder")
     p.add_argument("--steps", type=int, default=800)
-    p.add_argument("--every", type=int, default=40, help="checkpoint every N steps (0: never)")
+    p.add_argument("--every", type=int, default=40, help=f"{saves} every N steps (0: never)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)

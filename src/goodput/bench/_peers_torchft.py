@@ -24,7 +24,6 @@ quorum replaces the earlier records), and writes goodput's ledger as rank ``<gro
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -35,26 +34,14 @@ import torch
 from torchft import DistributedDataParallel, DistributedSampler, Manager, Optimizer, ProcessGroupGloo
 from torchft.checkpointing.pg_transport import PGTransport
 
-from goodput.bench._peers_baseline import demo_job, demo_loader
+from goodput.bench._peers_baseline import demo_args, demo_job, demo_loader
 from goodput.data import ShardedDataset
 from goodput.demo.train import decode, next_byte_loss, save_final_model
 from goodput.ledger import Ledger
 
 
-def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="the demo's shard folder")
-    p.add_argument("--steps", type=int, default=800)
-    p.add_argument("--every", type=int, default=40, help="save this group's state every N steps (0: never)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=1)
-    return p.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> None:
-    args = _args(argv)
+    args = demo_args(argv, __doc__, saves="save this group's state")
     torch.set_num_threads(1)
     group = int(os.environ["REPLICA_GROUP_ID"])
     groups = int(os.environ.get("NUM_REPLICA_GROUPS", "2"))

@@ -11,7 +11,6 @@ workers read a sample with one slice of the shard (or one ranged request without
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
@@ -20,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from goodput._buffer import BufferFile
 from goodput.data._files import FileDataset, FileSpan, list_files
 from goodput.data._remote import RemoteInfo
 from goodput.data._source import Buffer, Source
@@ -216,7 +216,7 @@ def _tarfile_members(data: Buffer | bytes, url: str) -> tuple[list[tuple[str, in
     (it stops quietly at a header cut short)."""
     members = []
     try:
-        with _BufferFile(data) as file, tarfile.open(fileobj=file, mode="r:") as tar:
+        with BufferFile(data) as file, tarfile.open(fileobj=file, mode="r:") as tar:
             for member in tar:
                 if member.isreg():
                     members.append((member.name, member.offset_data, member.size))
@@ -243,35 +243,3 @@ def _select(
             f"{', '.join(m[0] for m in members)}"
         )
     return key, kept
-
-
-class _BufferFile(io.RawIOBase):
-    """A read-only, seekable file over a buffer (a mapped shard), for ``tarfile``."""
-
-    def __init__(self, data: Buffer | bytes) -> None:
-        self._view = memoryview(data)
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        chunk = self._view[self._pos : self._pos + len(buffer)]
-        buffer[: len(chunk)] = chunk
-        self._pos += len(chunk)
-        return len(chunk)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def close(self) -> None:
-        self._view.release()
-        super().close()

@@ -152,36 +152,40 @@ def _store_scenario(context: DrillContext, name: str, burst: Callable[[FaultProx
     )  # fmt: skip
 
 
-STORAGE_SLOW = register(
-    Scenario(
-        name="storage-slow",
-        injects="checkpoints on S3 with 20 ms a request and a 1 s stall after every 8 requests, so each save "
-        "takes longer than the save interval; a SIGKILL after the second save",
-        outcome="completed after one restart; no save fails (saves wait, they do not queue); the restore "
-        "reads through the slow store; every sample once; final state identical",
-        run=lambda context: _store_scenario(context, "storage-slow", _slow),
-        runs=2,
+def _store_fault(name: str, burst: Callable[[FaultProxy], None], *, injects: str, outcome: str) -> Scenario:
+    """A scenario of the store's faults: ``burst`` after every 8 requests, a SIGKILL after the second save."""
+    return register(
+        Scenario(
+            name=name,
+            injects=injects,
+            outcome=outcome,
+            run=lambda context: _store_scenario(context, name, burst),
+            runs=2,
+        )
     )
+
+
+STORAGE_SLOW = _store_fault(
+    "storage-slow",
+    _slow,
+    injects="checkpoints on S3 with 20 ms a request and a 1 s stall after every 8 requests, so each save "
+    "takes longer than the save interval; a SIGKILL after the second save",
+    outcome="completed after one restart; no save fails (saves wait, they do not queue); the restore "
+    "reads through the slow store; every sample once; final state identical",
 )
-THROTTLED = register(
-    Scenario(
-        name="throttled",
-        injects="checkpoints on S3 answering two 503 SlowDown after every 8 requests; a SIGKILL after the "
-        "second save",
-        outcome="completed after one restart; every request retried with backoff, no save fails; every "
-        "sample once; final state identical",
-        run=lambda context: _store_scenario(context, "throttled", _throttled),
-        runs=2,
-    )
+THROTTLED = _store_fault(
+    "throttled",
+    _throttled,
+    injects="checkpoints on S3 answering two 503 SlowDown after every 8 requests; a SIGKILL after the "
+    "second save",
+    outcome="completed after one restart; every request retried with backoff, no save fails; every "
+    "sample once; final state identical",
 )
-FLAKY = register(
-    Scenario(
-        name="flaky",
-        injects="checkpoints on S3 answering a 500 InternalError and resetting a connection mid-response "
-        "after every 8 requests; a SIGKILL after the second save",
-        outcome="completed after one restart; every request retried, no save fails, no partial checkpoint "
-        "is restored; every sample once; final state identical",
-        run=lambda context: _store_scenario(context, "flaky", _flaky),
-        runs=2,
-    )
+FLAKY = _store_fault(
+    "flaky",
+    _flaky,
+    injects="checkpoints on S3 answering a 500 InternalError and resetting a connection mid-response "
+    "after every 8 requests; a SIGKILL after the second save",
+    outcome="completed after one restart; every request retried, no save fails, no partial checkpoint "
+    "is restored; every sample once; final state identical",
 )

@@ -30,8 +30,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from goodput._buffer import BufferFile
 from goodput.checkpoint._saving import describe
-from goodput.checkpoint.durable.hashing import _BufferReader
 from goodput.errors import CheckpointCorrupt
 
 __all__ = ["DirectReadMixin", "join_agreement"]
@@ -115,7 +115,7 @@ def _item_layout(item: memoryview) -> tuple[_Layout, int] | None:
     Reads the archive's directory with torch's own zip reader and the small pickle with ``_TensorPickle``: about
     a fifth of the time of ``torch.load(map_location="meta")`` per item, and like it, no data is read.
     """
-    with _BufferReader(item) as raw:
+    with BufferFile(item) as raw:
         try:
             archive: Any = torch._C.PyTorchFileReader(cast(IO[bytes], raw))  # stubs lack its record offsets
             if not archive.has_record("byteorder") or bytes(archive.get_record("byteorder")) != b"little":
@@ -277,7 +277,7 @@ class DirectReadMixin:
         self.torch_items += len(rest)
         for req in rest:  # each through torch's path, over its own bytes
             info = self.storage_data[req.storage_index]
-            with _BufferReader(item_of(info)) as item:
+            with BufferFile(item_of(info)) as item:
                 self._read_through_torch(item, [req], planner, at=dataclasses.replace(info, offset=0))
 
     def _read_direct(self, item: memoryview, info: Any, req: ReadItem, planner: LoadPlanner) -> bool:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from goodput._buffer import BufferFile
 from goodput.checkpoint.durable._wrapped_fs import WrappedFileSystem
 from goodput.checkpoint.durable.manifest import FileEntry, check_digest, new_hasher
 from goodput.checkpoint.durable.objectstore import fetch_object
@@ -101,51 +102,6 @@ class HashingFileSystem(WrappedFileSystem):
             yield writer
         with self._lock:
             self.digests[_name(path)] = f"{self.algorithm}:{writer.hasher.hexdigest()}"
-
-
-class _BufferReader(io.RawIOBase):
-    """A seekable read-only file over bytes already in memory (no copy until a read asks for them)."""
-
-    def __init__(self, buffer: Any) -> None:
-        super().__init__()
-        self._view = memoryview(buffer)
-        self._pos = 0
-
-    @property
-    def view(self) -> memoryview:
-        """All the bytes, in place (for readers that copy items straight into their destination)."""
-        return self._view
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._view)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        out = memoryview(buffer).cast("B")
-        n = max(0, min(len(out), len(self._view) - self._pos))
-        out[:n] = self._view[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-    def read(self, size: int | None = -1) -> bytes:
-        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
-        data = bytes(self._view[self._pos : end])
-        self._pos = max(self._pos, end)
-        return data
-
-    def close(self) -> None:
-        self._view.release()
-        super().close()
 
 
 class VerifyingFileSystem(WrappedFileSystem):
@@ -261,7 +217,7 @@ class VerifyingFileSystem(WrappedFileSystem):
             with self._lock:
                 self.read_seconds += time.perf_counter() - start
                 self.read_bytes += len(buffer)
-            reader = stack.enter_context(_BufferReader(buffer))
+            reader = stack.enter_context(BufferFile(buffer))
             yield reader
 
     @staticmethod
