@@ -107,3 +107,17 @@ def test_a_template_whose_imports_start_a_thread_refuses_and_spares_are_spawned(
 def test_a_scripts_top_level_imports_are_what_the_template_preloads() -> None:
     source = "import os, a.b as c\nfrom d.e import f\nfrom . import g\nif x:\n    import h\ndef i():\n    import j\n"
     assert script_imports(source) == ["os", "a.b", "d.e"]
+
+
+def test_a_spare_adopted_by_another_process_than_the_agent_ends_at_once() -> None:
+    # the agent ended while the spare was forked: its middle process exited and someone else (not the agent, not
+    # the middle) adopted it; it must end now, not after waiting out the adoption deadline (10 s), or it outlives
+    # a SIGKILLed launcher (seen once in test_launcher_sigkill under two test workers)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # an agent pid that no longer runs
+    code = (
+        "import goodput.warm.template as t; "
+        f"t._middle = -1; t._become_spare({{'env': {{}}}}, agent={dead.pid})"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    assert proc.wait(timeout=5) == 1

@@ -44,6 +44,7 @@ READY = "ready"  # the template's first line on REPLIES once it can fork; any ot
 # torch.optim optimizer when it is built, so a spare handed a rank builds its optimizer without it).
 PRELOAD = ("torch", "torch.distributed", "goodput", "goodput.run", "goodput.warm.worker", "torch._dynamo")
 _ADOPTION_SECONDS = 10.0  # how long a spare waits to be adopted by the agent before it gives up
+_middle: int | None = None  # in a spare: the pid of the middle process it was forked from
 
 
 def script_imports(source: str) -> list[str]:
@@ -73,10 +74,12 @@ def _preload(script: str) -> list[str]:
 
 def _fork_spare() -> int:
     """Fork a spare through a middle process that exits at once; the spare's pid here (0 in the spare)."""
+    global _middle
     read, write = os.pipe()
     middle = os.fork()
     if middle == 0:
         os.close(read)
+        _middle = os.getpid()
         try:
             spare = os.fork()
         except OSError:
@@ -108,8 +111,9 @@ def _serve(requests: int, replies: int) -> dict[str, Any] | None:
 def _become_spare(request: dict[str, Any], agent: int) -> None:
     """Take the agent for parent and the spare's session, streams and environment."""
     deadline = time.monotonic() + _ADOPTION_SECONDS
-    while os.getppid() != agent:  # adoption by the subreaper happens as the middle process exits
-        if time.monotonic() > deadline:
+    while (parent := os.getppid()) != agent:  # adoption by the subreaper happens as the middle process exits
+        # adopted by another process: the agent ended while this spare was forked, and so must the spare, now
+        if (_middle is not None and parent != _middle) or time.monotonic() > deadline:
             os._exit(1)
         time.sleep(0.001)
     end_with_parent(agent)
