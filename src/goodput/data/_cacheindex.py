@@ -77,6 +77,19 @@ def _start_time(pid: int) -> str:
         return "?"
 
 
+def part_name(key: str, owner: str) -> str:
+    """The name of ``owner``'s download of ``key`` under the cache's ``tmp/`` folder."""
+    return f"{key}.{owner.replace(':', '-')}.part"
+
+
+def part_owner(name: str) -> str | None:
+    """The owner token of the download named ``name`` (:func:`part_name`); None for another name."""
+    parts = name.split(".")
+    if len(parts) != 3 or parts[2] != "part":
+        return None
+    return parts[1].replace("-", ":", 1)
+
+
 def owner_alive(token: str) -> bool:
     """Whether the process named by ``token`` still runs."""
     pid_text, _, start = token.partition(":")

@@ -46,7 +46,7 @@ from goodput._client_random import isolate_store_clients
 from goodput._storage_errors import redact_url, secret_values
 from goodput.data._cacheconfig import CacheConfig
 from goodput.data._cachefolder import FileLocks, clean_stale, mapped_file
-from goodput.data._cacheindex import READY, CacheIndex, owner_token
+from goodput.data._cacheindex import READY, CacheIndex, owner_token, part_name
 from goodput.data._remote import (
     RemoteInfo,
     RetryPolicy,
@@ -364,7 +364,7 @@ class RemoteCache:
             if name.startswith(key + "."):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(tmp_dir, name))
-        tmp = os.path.join(tmp_dir, f"{key}.{self._owner.replace(':', '-')}.part")
+        tmp = os.path.join(tmp_dir, part_name(key, self._owner))
         try:
             self._retried(lambda: self._download_once(fs, path, tmp, info), url, cancelled)
             os.replace(tmp, self._local(key))

@@ -17,7 +17,7 @@ import glob
 import json
 import os
 
-from goodput.data._cacheindex import owner_alive
+from goodput.data._cacheindex import owner_alive, part_owner
 from goodput.ledger.files import LEDGER_DIR
 from goodput.ledger.index import INDEX_SUFFIX
 
@@ -70,10 +70,8 @@ def held_bytes(folder: str) -> int:
 
 def _writer_alive(name: str) -> bool:
     """Whether the process downloading into the part file ``name`` (``<key>.<pid>-<start>.part``) still runs."""
-    parts = name.split(".")
-    if len(parts) != 3 or parts[2] != "part":
-        return True  # not a name the cache writes: counted
-    return owner_alive(parts[1].replace("-", ":", 1))
+    owner = part_owner(name)
+    return owner is None or owner_alive(owner)  # a name the cache does not write: counted
 
 
 class LedgerCaches:
