@@ -97,6 +97,7 @@ class WarmHook(RunHook):
             if loader is not state.loader:
                 loader.close()
         self.worker.state_registered(state)
+        self.worker.record_at_backward(state.model)
         # A warm restart before this generation's first completed step hands on the restored step.
         if step is not None:
             self.worker.position_restored(step, state.loader, from_checkpoint=not self._live)
@@ -124,6 +125,7 @@ class WarmHook(RunHook):
 
     def on_close(self, run: Run, status: str) -> None:
         self.worker.stop_watch()
+        self.worker.record_at_backward(None)
 
 
 def generation_loaders(run: Run) -> list[ResumableLoader]:

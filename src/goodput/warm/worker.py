@@ -113,6 +113,7 @@ class WarmWorker:
         self._watch: EndWatch | None = None
         self._hangup: Hangup | None = None  # breaks the current gloo generation's connections
         self.step_of: Callable[[], int] | None = None  # the last completed step (Run's), for the records
+        self._outputs_hook: Any = None  # the model's forward hook that records the RNG at each backward's start
 
     # ---- joining -------------------------------------------------------------------------------------------
     def _wait_for_rank(self) -> None:
@@ -260,6 +261,40 @@ class WarmWorker:
         if self.step_of is not None:
             self._rng_records.write(self.step_of() + 1, self._rng.capture())
 
+    def record_at_backward(self, model: Any) -> None:
+        """Record the RNG, as the step in progress, each time a backward pass reaches ``model``'s outputs
+        (None: stop).
+
+        That is before any of the step's gradients leave this rank: a rank killed between the gradients'
+        all-reduce and its optimizer step (its peers may complete the step and the group adopt it) has then
+        left the step's record all the same. The record before the optimizer step stays, for a loss whose
+        backward never reaches the model's outputs (or outputs the hook cannot see inside).
+        """
+        import torch
+
+        if self._outputs_hook is not None:
+            self._outputs_hook.remove()
+            self._outputs_hook = None
+        if isinstance(model, torch.nn.Module):
+            self._outputs_hook = model.register_forward_hook(self._hook_outputs)
+
+    def _hook_outputs(self, module: Any, args: Any, output: Any) -> None:
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        if not torch.is_grad_enabled():
+            return
+        fired = [False]  # the first output the backward reaches records; the others of this forward need not
+
+        def at_backward(grad: Any) -> None:
+            if not fired[0]:
+                fired[0] = True
+                self._record_before_step()
+
+        for leaf in tree_flatten(output)[0]:
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                leaf.register_hook(at_backward)
+
     # ---- leaving a failed generation -----------------------------------------------------------------------
     def snapshot(self, step: int, state: Any) -> Snapshot | None:
         """The survivor's state after its last completed step, or None if it holds none worth handing on."""
@@ -340,9 +375,10 @@ class WarmWorker:
 
         record = self._rng_records.read(step)
         if record is not None:
-            # The record of the adopted step. An older one (the dead rank died after its gradients' all-reduce
-            # but before its optimizer step's record) is the best the job still has: documented as the one case
-            # where a replacement's randomness may differ.
+            # The record of the adopted step. An older one (the dead rank's backward never reached its model's
+            # outputs, and it died after its gradients' all-reduce but before its optimizer step's record) is
+            # the best the job still has: documented (docs/warm-restarts.md) as a case where a replacement's
+            # randomness may differ.
             self._pending_rng = functools.partial(restore_rng_record, record[1])
 
     def _resized_rng(self, step: int, state: Any, loader: Any) -> None:
