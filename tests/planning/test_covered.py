@@ -8,7 +8,7 @@ import pytest
 
 from goodput.errors import ConfigError
 from goodput.planning import goodput_covered, goodput_daly
-from goodput.planning.twolevel import simulate_two_level
+from goodput.planning.twolevel import TwoLevelCosts, simulate_two_level
 
 COSTS = {"restart": 30.0, "persist": 10.0, "detect": 5.0}
 
@@ -32,10 +32,10 @@ def test_it_agrees_with_the_two_level_simulation(share: float, mtbf: float) -> N
     """Memory saves every 20 s with no cost, a durable one every 10th (C 5 s, W 10 s): a failure the memory tier
     recovers loses 10 s on average."""
     tau1, every = 20.0, 10
-    simulated, error = simulate_two_level(
-        intervals=300, tau1=tau1, every=every, c1=0.0, w1=0.0, c2=5.0, w2=10.0, mtbf=mtbf, share=share,
-        r1=30.0, r2=30.0, detect=5.0, runs=150, seed=1,
-    )  # fmt: skip
+    costs = TwoLevelCosts(
+        c1=0.0, w1=0.0, c2=5.0, w2=10.0, mtbf=mtbf, share=share, r1=30.0, r2=30.0, detect=5.0
+    )
+    simulated, error = simulate_two_level(costs, intervals=300, tau1=tau1, every=every, runs=150, seed=1)
     model = goodput_covered(tau1 * every, 5.0, mtbf, durable_share=share, covered_loss=tau1 / 2, **COSTS)
     assert model == pytest.approx(simulated, abs=max(0.01, 4 * error))
 

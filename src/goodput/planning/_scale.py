@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from goodput.errors import ConfigError
 from goodput.planning.model import DAY, goodput_daly, optimal_interval
-from goodput.planning.twolevel import durable_share, plan_two_level
+from goodput.planning.twolevel import TwoLevelCosts, durable_share, plan_two_level
 
 __all__ = [
     "LLAMA3_FAILURES_PER_DAY",
@@ -171,7 +171,9 @@ def cluster_goodput(gpus: int, cluster: Cluster, ratios: MeasuredRatios, strateg
     r1 = restart + max(copy * ratios.memory_restore, peer)
     share = durable_share(cluster.node_loss_share, replicated=True)
     c2 = copy * ratios.async_stall
-    plan = plan_two_level(c1=c1, w1=w1, c2=c2, w2=write, mtbf=mtbf, share=share, r1=r1, r2=cold)
+    plan = plan_two_level(
+        TwoLevelCosts(c1=c1, w1=w1, c2=c2, w2=write, mtbf=mtbf, share=share, r1=r1, r2=cold)
+    )
     memory = {
         "stall": c1,
         "persist": w1,
