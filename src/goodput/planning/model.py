@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from goodput.errors import ConfigError
 
@@ -362,6 +363,16 @@ class PlanInputs:
     def costs(self) -> dict[str, float]:
         """The keyword arguments the model functions take: restart, persist, detect."""
         return {"restart": self.restart, "persist": self.persist, "detect": self.detect}
+
+
+class FloatRecord:
+    """A base of the dataclasses of numbers the planner answers with: ``to_dict`` gives each field as a float."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, float]:
+        """A JSON-able copy."""
+        return {name: float(getattr(self, name)) for name in self.__dataclass_fields__}
 
 
 def _check_gpus(name: str, value: object) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from goodput.errors import ConfigError
-from goodput.planning.model import daly_expected_time
+from goodput.planning.model import FloatRecord, daly_expected_time
 
 __all__ = ["SimulationResult", "simulate_goodput"]
 
@@ -29,7 +29,7 @@ _MAX_EXPECTED_FAILURES = 100_000
 
 
 @dataclass(frozen=True)
-class SimulationResult:
+class SimulationResult(FloatRecord):
     """What the Monte Carlo runs measured (times in seconds).
 
     Attributes:
@@ -55,10 +55,6 @@ class SimulationResult:
     goodput_p50: float
     goodput_p95: float
     failures_mean: float
-
-    def to_dict(self) -> dict[str, float]:
-        """A JSON-able copy."""
-        return {name: float(getattr(self, name)) for name in self.__dataclass_fields__}
 
 
 def _check(name: str, value: float, *, positive: bool) -> None:

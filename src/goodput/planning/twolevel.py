@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from goodput.errors import ConfigError
-from goodput.planning.model import goodput_daly, optimal_interval
+from goodput.planning.model import FloatRecord, goodput_daly, optimal_interval
 
 __all__ = [
     "TwoLevelCosts",
@@ -130,7 +130,7 @@ def goodput_covered(
 
 
 @dataclass(frozen=True)
-class TwoLevelPlan:
+class TwoLevelPlan(FloatRecord):
     """The two intervals and what they give (seconds; ``durable_every`` memory intervals per durable save).
 
     ``single_level_goodput`` is the durable tier alone at its own single-level optimum, for comparison.
@@ -144,9 +144,6 @@ class TwoLevelPlan:
     single_level_goodput: float
     lost_work_per_failure: float
     single_level_lost_work_per_failure: float
-
-    def to_dict(self) -> dict[str, float]:
-        return {name: float(getattr(self, name)) for name in self.__dataclass_fields__}
 
 
 def plan_two_level(costs: TwoLevelCosts, *, max_interval: float = math.inf) -> TwoLevelPlan:
