@@ -8,7 +8,7 @@ import json
 import pytest
 
 from goodput.cli import main
-from goodput.planning import goodput_first_order
+from goodput.planning import Costs, goodput_first_order
 from goodput.planning.twolevel import (
     TwoLevelCosts,
     durable_share,
@@ -25,7 +25,9 @@ def test_with_every_failure_needing_the_durable_tier_it_is_the_single_level_mode
     tau = 1800.0
     costs = TwoLevelCosts(c1=0.0, w1=0.0, c2=20.0, w2=120.0, mtbf=12 * HOUR, share=1.0, r2=120.0, detect=30.0)
     two = goodput_two_level(tau, tau, costs)
-    one = goodput_first_order(tau, 20.0, 12 * HOUR, restart=120.0, persist=120.0, detect=30.0)
+    one = goodput_first_order(
+        tau, Costs(ckpt_stall=20.0, mtbf=12 * HOUR, restart=120.0, persist=120.0, detect=30.0)
+    )
     assert two == pytest.approx(one, rel=1e-12)
 
 

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from goodput.errors import ConfigError
-from goodput.planning.model import DAY, goodput_daly, optimal_interval
+from goodput.planning.model import DAY, Costs, goodput_daly, optimal_interval
 from goodput.planning.twolevel import TwoLevelCosts, durable_share, plan_two_level
 
 __all__ = [
@@ -157,11 +157,9 @@ def cluster_goodput(gpus: int, cluster: Cluster, ratios: MeasuredRatios, strateg
     cold = cluster.cold_restart + read
     if strategy in ("baseline", "durable_async"):
         stall, persist = (write, 0.0) if strategy == "baseline" else (copy * ratios.async_stall, write)
-        tau = optimal_interval(stall, mtbf, restart=cold, persist=persist)
-        return ScalePoint(
-            gpus, strategy, goodput_daly(tau, stall, mtbf, restart=cold, persist=persist), mtbf, stall, persist,
-            cold, tau,
-        )  # fmt: skip
+        costs = Costs(ckpt_stall=stall, mtbf=mtbf, restart=cold, persist=persist)
+        tau = optimal_interval(costs)
+        return ScalePoint(gpus, strategy, goodput_daly(tau, costs), mtbf, stall, persist, cold, tau)
     peer = cluster.state_per_gpu / cluster.peer_bandwidth
     c1, w1 = copy * ratios.memory_stall, peer  # the replica goes to a peer node in the background
     restart = cluster.cold_restart

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from goodput.errors import ConfigError
-from goodput.planning.model import FloatRecord, goodput_daly, optimal_interval
+from goodput.planning.model import Costs, FloatRecord, goodput_daly, optimal_interval
 
 __all__ = [
     "TwoLevelCosts",
@@ -87,17 +87,7 @@ def goodput_two_level(tau1: float, tau2: float, costs: TwoLevelCosts) -> float:
     return 1.0 - stalls - memory - durable
 
 
-def goodput_covered(
-    interval: float,
-    ckpt_stall: float,
-    mtbf: float,
-    *,
-    durable_share: float,
-    covered_loss: float,
-    restart: float = 0.0,
-    persist: float = 0.0,
-    detect: float = 0.0,
-) -> float:
+def goodput_covered(interval: float, costs: Costs, *, durable_share: float, covered_loss: float) -> float:
     """Goodput of a durable tier saved every ``interval`` when only ``durable_share`` of failures need it.
 
     Those failures (rate ``durable_share / M``) cost what Daly's exact model gives at ``M / durable_share``;
@@ -105,9 +95,8 @@ def goodput_covered(
     and is detected, and takes that time out of the wall time (first order: these failures are short).
 
     Args:
-        interval, ckpt_stall, restart, persist, detect: as :func:`goodput.planning.goodput_daly` (the durable
-            tier's interval, stall C and persist W; the restart R and detection D of any failure).
-        mtbf: mean time between failures of the job, all of them.
+        interval, costs: as :func:`goodput.planning.goodput_daly` (the durable tier's interval, stall C and
+            persist W; the restart R and detection D of any failure; the MTBF of all failures).
         durable_share: the share of failures the memory tier (or a survivor's state) cannot recover.
         covered_loss: work lost by one failure it does recover, in seconds.
 
@@ -118,14 +107,13 @@ def goodput_covered(
         raise ConfigError(f"the durable share must be in [0, 1], got {durable_share!r}")
     if not (math.isfinite(covered_loss) and covered_loss >= 0.0):
         raise ConfigError(f"covered_loss must be >= 0 seconds, got {covered_loss!r}")
-    costs = {"restart": restart, "persist": persist, "detect": detect}
     if durable_share == 1.0:
-        return goodput_daly(interval, ckpt_stall, mtbf, **costs)
+        return goodput_daly(interval, costs)
     if durable_share > 0.0:
-        base = goodput_daly(interval, ckpt_stall, mtbf / durable_share, **costs)
+        base = goodput_daly(interval, replace(costs, mtbf=costs.mtbf / durable_share))
     else:  # no failure reaches the durable tier: its saves cost only their stall (and the wait for W)
-        base = interval / (interval + ckpt_stall + max(0.0, persist - interval))
-    covered = (1.0 - durable_share) / mtbf * (covered_loss + restart + detect)
+        base = interval / (interval + costs.ckpt_stall + max(0.0, costs.persist - interval))
+    covered = (1.0 - durable_share) / costs.mtbf * (covered_loss + costs.restart + costs.detect)
     return base * max(0.0, 1.0 - covered)
 
 
@@ -161,13 +149,12 @@ def plan_two_level(costs: TwoLevelCosts, *, max_interval: float = math.inf) -> T
         raise ConfigError(f"mtbf must be > 0 seconds, got {mtbf!r}")
     if not 0.0 <= share <= 1.0:
         raise ConfigError(f"the durable share must be in [0, 1], got {share!r}")
-    tau1 = max(optimal_interval(max(c1, 1e-9), mtbf / max(1.0 - share, 1e-12), persist=w1), w1, 1e-9)
-    tau1 = min(tau1, max_interval)
-    raw2 = optimal_interval(max(c2, 1e-9), mtbf / share, persist=w2) if share > 0 else math.inf
+    tau1 = min(max(_level_optimum(c1, mtbf / max(1.0 - share, 1e-12), w1), w1, 1e-9), max_interval)
+    raw2 = _level_optimum(c2, mtbf / share, w2) if share > 0 else math.inf
     raw2 = min(max(raw2, w2, tau1), max_interval)
     every = max(1, round(raw2 / tau1)) if math.isfinite(raw2) else 0
     tau2 = every * tau1 if every else math.inf
-    single = min(max(optimal_interval(max(c2, 1e-9), mtbf, persist=w2), w2), max_interval)
+    single = min(max(_level_optimum(c2, mtbf, w2), w2), max_interval)
     return TwoLevelPlan(
         memory_interval=tau1,
         durable_interval=tau2,
@@ -178,6 +165,11 @@ def plan_two_level(costs: TwoLevelCosts, *, max_interval: float = math.inf) -> T
         lost_work_per_failure=(1 - share) * (tau1 / 2 + w1) + (share * (tau2 / 2 + w2) if share else 0.0),
         single_level_lost_work_per_failure=single / 2 + w2,
     )
+
+
+def _level_optimum(stall: float, mtbf: float, persist: float) -> float:
+    """One level's single-level optimum, for its stall (at least 1 ns), failure rate and persist time."""
+    return optimal_interval(Costs(ckpt_stall=max(stall, 1e-9), mtbf=mtbf, persist=persist))
 
 
 def simulate_two_level(
