@@ -11,7 +11,7 @@ import torch
 from goodput.checkpoint import AutoInterval, CheckpointConfig, CheckpointManager, TrainingState
 from goodput.checkpoint.policy import EveryInterval, EverySteps
 from goodput.errors import ConfigError
-from goodput.planning import optimal_interval
+from goodput.planning import Costs, optimal_interval
 
 
 def test_every_steps_saves_multiples_once() -> None:
@@ -40,7 +40,7 @@ def test_auto_uses_the_planner_optimum_within_bounds_and_logs_changes(
     assert policy.interval == 600.0
     with caplog.at_level(logging.INFO, logger="goodput.checkpoint.policy"):
         policy.measured(stall=2.0, persist=8.0)
-    assert policy.interval == pytest.approx(optimal_interval(2.0, day, persist=8.0))
+    assert policy.interval == pytest.approx(optimal_interval(Costs(ckpt_stall=2.0, mtbf=day, persist=8.0)))
     assert 8.0 < policy.interval < 3600.0
     assert "checkpoint interval 600.0s ->" in caplog.text
     caplog.clear()
@@ -51,7 +51,9 @@ def test_auto_uses_the_planner_optimum_within_bounds_and_logs_changes(
     assert policy.interval == 3600.0
     policy.observe_mtbf(60.0)  # failures every minute: bounded below by the persist time
     assert policy.interval >= 8.0
-    assert policy.interval == pytest.approx(max(optimal_interval(2.0, 60.0, persist=8.0), 8.0))
+    assert policy.interval == pytest.approx(
+        max(optimal_interval(Costs(ckpt_stall=2.0, mtbf=60.0, persist=8.0)), 8.0)
+    )
 
 
 def test_auto_manager_reevaluates_from_measured_saves(tmp_path: Path) -> None:
@@ -70,7 +72,9 @@ def test_auto_manager_reevaluates_from_measured_saves(tmp_path: Path) -> None:
     result = manager.save(2)
     assert result.persist_seconds is not None
     assert policy.planned_mtbf == pytest.approx(policy.mtbf + 600.0)  # the prior, 600 s without failure later
-    expected = optimal_interval(result.stall_seconds, policy.planned_mtbf, persist=result.persist_seconds)
+    expected = optimal_interval(
+        Costs(ckpt_stall=result.stall_seconds, mtbf=policy.planned_mtbf, persist=result.persist_seconds)
+    )
     assert policy.interval == pytest.approx(min(max(expected, result.persist_seconds), 1800.0))
     manager.close()
 
@@ -116,17 +120,23 @@ def test_auto_before_any_failure_plans_for_an_hour_that_grows_with_each_failure_
     assert policy.interval == 0.0  # the first save comes at once, to measure what a save costs
     policy.saved(2, 10.0)
     policy.measured(stall=0.05, persist=0.5)  # an async save: a 50 ms staging copy
-    assert policy.interval == pytest.approx(optimal_interval(0.05, 3600.0, persist=0.5))
+    assert policy.interval == pytest.approx(
+        optimal_interval(Costs(ckpt_stall=0.05, mtbf=3600.0, persist=0.5))
+    )
     assert policy.interval < 30.0
     assert policy.due(40, 10.0 + policy.interval)  # the next save comes that soon
     policy.saved(40, 10.0 + 86400.0)  # a day later, still no failure: the prior grows by that day
     policy.measured(stall=0.05, persist=0.5)
     assert policy.planned_mtbf == pytest.approx(3600.0 + 86400.0)
-    assert policy.interval == pytest.approx(optimal_interval(0.05, 3600.0 + 86400.0, persist=0.5))
+    assert policy.interval == pytest.approx(
+        optimal_interval(Costs(ckpt_stall=0.05, mtbf=3600.0 + 86400.0, persist=0.5))
+    )
     policy.observe_mtbf(1800.0)  # an observed failure rate replaces the prior (no growth any more)
     policy.saved(41, 10.0 + 2 * 86400.0)
     policy.measured(stall=0.05, persist=0.5)
-    assert policy.interval == pytest.approx(optimal_interval(0.05, 1800.0, persist=0.5))
+    assert policy.interval == pytest.approx(
+        optimal_interval(Costs(ckpt_stall=0.05, mtbf=1800.0, persist=0.5))
+    )
 
 
 def test_a_prior_from_the_fleet_s_failure_rate_still_applies_and_gpus_alone_warns() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from goodput.checkpoint._collectives import Collectives
 from goodput.checkpoint.durable import DurableCheckpointer
 from goodput.checkpoint.durable.layout import CheckpointLayout
 from goodput.checkpoint.policy import EverySteps
-from goodput.checkpoint.tier import Cadence, Damage
+from goodput.checkpoint.tier import Cadence, Damage, Restored
 
 
 def _state(seed: int) -> TrainingState:
@@ -80,13 +79,6 @@ def test_a_faster_tier_restores_no_step_older_than_the_newest_durable_one(tmp_pa
     second.close()
 
 
-@dataclass(frozen=True)
-class _Found:
-    step: int
-    tier: str = "scratch"
-    source: str = "scratch"
-
-
 class ScratchTier:
     """Whole states kept in a dict of this process (``saved``, which outlives a manager), every ``every`` steps:
     a third tier, with a cadence of its own."""
@@ -116,11 +108,11 @@ class ScratchTier:
         self.committed = [s for s in self.committed if at_most is None or s <= at_most]
         return self.committed[0] if self.committed else None
 
-    def restore(self, *, at_least: int | None = None) -> _Found | None:
+    def restore(self, *, at_least: int | None = None) -> Restored | None:
         if not self.committed or (at_least is not None and self.committed[0] < at_least):
             return None
         self.state.load_state_dict(copy.deepcopy(self.saved[self.committed[0]]))
-        return _Found(self.committed[0])
+        return Restored(self.committed[0], "scratch", "scratch")
 
     def damage(self) -> Damage:
         return Damage()

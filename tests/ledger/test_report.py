@@ -32,9 +32,10 @@ def test_prediction_uses_the_measured_figures() -> None:
     assert acc.failures == 2 and pred.mtbf_source == "observed"
     assert pred.mtbf_seconds == pytest.approx(acc.wall_seconds / 2)
     assert pred.interval_seconds == pytest.approx(300.0)
-    expected = planning.goodput_daly(300.0, 8.0, acc.wall_seconds / 2, restart=30.0, persist=2.0, detect=0.0)
+    costs = planning.Costs(ckpt_stall=8.0, mtbf=acc.wall_seconds / 2, restart=30.0, persist=2.0, detect=0.0)
+    expected = planning.goodput_daly(300.0, costs)
     assert pred.planner_goodput == pytest.approx(expected, rel=1e-6)
-    best = planning.optimal_interval(8.0, acc.wall_seconds / 2, restart=30.0, persist=2.0)
+    best = planning.optimal_interval(costs)
     assert pred.optimal_interval_seconds == pytest.approx(best, rel=1e-6)
     # the planner's time starts after the first attempt's init (6 s); the clean end (1 s, other) it does not model
     assert pred.modelled_share == pytest.approx(1.0 - 6.0 / acc.wall_seconds, rel=1e-6)

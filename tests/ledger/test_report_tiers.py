@@ -48,7 +48,8 @@ def test_without_a_memory_tier_the_prediction_is_daly_s() -> None:
     pred, acc = report.prediction, report.accounting
     assert pred.durable_share == 1.0 and pred.durable_share_source == "none"
     assert acc.memory_interval_seconds is None
-    daly = planning.goodput_daly(300.0, 8.0, acc.wall_seconds / 2, restart=30.0, persist=2.0)
+    costs = planning.Costs(ckpt_stall=8.0, mtbf=acc.wall_seconds / 2, restart=30.0, persist=2.0)
+    daly = planning.goodput_daly(300.0, costs)
     assert pred.planner_goodput == pytest.approx(daly, rel=1e-6)
     assert "durable-tier failures" not in report.render()
 
@@ -67,9 +68,8 @@ def test_failures_the_memory_tier_recovers_lose_half_its_interval() -> None:
     assert acc.memory_stall_seconds == pytest.approx(STALL)
     assert pred.durable_share == 0.0 and pred.durable_share_source == "observed"
     assert pred.covered_loss_seconds == pytest.approx(tau1 / 2)
-    covered = planning.goodput_covered(
-        300.0, 8.0, acc.wall_seconds / 2, durable_share=0.0, covered_loss=tau1 / 2, restart=30.0, persist=2.0
-    )
+    costs = planning.Costs(ckpt_stall=8.0, mtbf=acc.wall_seconds / 2, restart=30.0, persist=2.0)
+    covered = planning.goodput_covered(300.0, costs, durable_share=0.0, covered_loss=tau1 / 2)
     assert pred.planner_goodput == pytest.approx(covered * tau1 / (tau1 + STALL), rel=1e-6)
     assert pred.optimal_interval_seconds is None  # no failure needed the durable tier
     assert "durable-tier failures       0.0% (as restored)" in report.render()
@@ -79,7 +79,9 @@ def test_only_the_failures_the_durable_tier_recovered_plan_its_interval() -> Non
     pred = build_report(_with_memory(synthetic_run(), ("memory", "durable"))).prediction
     mtbf = pred.mtbf_seconds
     assert mtbf is not None and pred.durable_share == 0.5
-    best = planning.optimal_interval(8.0, mtbf / 0.5, restart=30.0, persist=2.0)
+    best = planning.optimal_interval(
+        planning.Costs(ckpt_stall=8.0, mtbf=mtbf / 0.5, restart=30.0, persist=2.0)
+    )
     assert pred.optimal_interval_seconds == pytest.approx(best, rel=1e-6)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from goodput import ConfigError, PlanInputs, goodput_daly, optimal_interval, simulate_goodput, young_interval
 from goodput.planning import (
+    Costs,
     daily_waste,
     daly_interval,
     goodput_first_order,
@@ -56,47 +58,50 @@ def test_waste_per_failure_and_lost_work() -> None:
 def test_issue_anchor_8_6_failures_a_day_2h_interval_is_64_percent() -> None:
     # Free checkpoints and restarts: each failure loses 1 h; 8.6 a day waste 8.6 h of 24 -> 1 - 8.6/24 = 0.641667.
     mtbf = mtbf_from_rate(8.6)
-    assert daily_waste(2 * HOUR, 0.0, mtbf) == pytest.approx(8.6 * HOUR, rel=1e-12)
-    assert goodput_first_order(2 * HOUR, 0.0, mtbf) == pytest.approx(0.641667, abs=1e-6)
+    assert daily_waste(2 * HOUR, Costs(ckpt_stall=0.0, mtbf=mtbf)) == pytest.approx(8.6 * HOUR, rel=1e-12)
+    assert goodput_first_order(2 * HOUR, Costs(ckpt_stall=0.0, mtbf=mtbf)) == pytest.approx(
+        0.641667, abs=1e-6
+    )
 
 
 def test_first_order_goodput_with_every_cost() -> None:
     # tau 1 h, C 60 s, R 600 s, D 120 s, W 180 s, M 10 h: C/tau = 60/3600 = 0.016667;
     # (600 + 120 + 1800 + 180) / 36000 = 2700/36000 = 0.075; G = 1 - 0.016667 - 0.075 = 0.908333.
-    g = goodput_first_order(3600, 60, 36000, restart=600, detect=120, persist=180)
+    costs = Costs(ckpt_stall=60, mtbf=36000, restart=600, detect=120, persist=180)
+    g = goodput_first_order(3600, costs)
     assert g == pytest.approx(0.908333, abs=1e-6)
     # Daily waste = 86400 * (0.016667 + 0.075) = 1440 + 6480 = 7920 s.
-    assert daily_waste(3600, 60, 36000, restart=600, detect=120, persist=180) == pytest.approx(
-        7920, rel=1e-12
-    )
+    assert daily_waste(3600, costs) == pytest.approx(7920, rel=1e-12)
 
 
 def test_daly_goodput_hand_worked() -> None:
     # Pick tau + C = M ln 2, so exp((tau + C)/M) - 1 = 1 and one segment takes M * e^(R'/M) in expectation.
     # M = 1 h, C = 0: tau = 3600 ln 2 = 2495.3 s, segment 3600 s, goodput = ln 2 = 0.693147.
     tau = HOUR * LN2
-    assert goodput_daly(tau, 0.0, HOUR) == pytest.approx(LN2, rel=1e-12)
+    assert goodput_daly(tau, Costs(ckpt_stall=0.0, mtbf=HOUR)) == pytest.approx(LN2, rel=1e-12)
     # R' = R + D + W = 3600 ln 2 (1200 ln 2 each; W < tau so no wait): factor e^(ln 2) = 2, goodput ln2 / 2.
     third = 1200 * LN2
-    assert goodput_daly(tau, 0.0, HOUR, restart=third, detect=third, persist=third) == pytest.approx(LN2 / 2)
+    costs = Costs(ckpt_stall=0.0, mtbf=HOUR, restart=third, detect=third, persist=third)
+    assert goodput_daly(tau, costs) == pytest.approx(LN2 / 2)
     # Ten such intervals take ten segments: 36000 s * 2.
-    assert daly_expected_time(10 * tau, tau, 0.0, HOUR, restart=third, detect=third, persist=third) == (
-        pytest.approx(72_000, rel=1e-12)
-    )
+    assert daly_expected_time(10 * tau, tau, costs) == pytest.approx(72_000, rel=1e-12)
 
 
 def test_daly_goodput_of_the_issue_anchor() -> None:
     # 2 h against M = 86400/8.6: tau/M = 7200*8.6/86400 = 0.716667; e^0.7 = 2.013753, e^0.016667 = 1.016806,
     # so e^0.716667 - 1 = 1.047597 and goodput = 0.716667 / 1.047597 = 0.684105 (first order says 0.6417).
-    assert goodput_daly(2 * HOUR, 0.0, mtbf_from_rate(8.6)) == pytest.approx(0.684105, abs=2e-6)
+    assert goodput_daly(2 * HOUR, Costs(ckpt_stall=0.0, mtbf=mtbf_from_rate(8.6))) == pytest.approx(
+        0.684105, abs=2e-6
+    )
 
 
 def test_daly_waits_for_the_previous_save_when_the_interval_is_shorter_than_persist() -> None:
     # tau 60 s, W 100 s: every checkpoint waits 40 s more, so the stall is C + 40 s. With M huge the
     # goodput tends to tau / (tau + C + 40) = 60 / 110 for C = 10.
-    assert goodput_daly(60, 10, 1e12, persist=100) == pytest.approx(60 / 110, rel=1e-6)
+    costs = Costs(ckpt_stall=10, mtbf=1e12, persist=100)
+    assert goodput_daly(60, costs) == pytest.approx(60 / 110, rel=1e-6)
     # First order charges the same wait: 1 - (10 + 40)/60 = 1/6 when failures are negligible.
-    assert goodput_first_order(60, 10, 1e12, persist=100) == pytest.approx(1 / 6, rel=1e-6)
+    assert goodput_first_order(60, costs) == pytest.approx(1 / 6, rel=1e-6)
 
 
 def test_young_and_daly_intervals_hand_worked() -> None:
@@ -111,15 +116,15 @@ def test_young_and_daly_intervals_hand_worked() -> None:
 def test_exact_optimum_hand_worked() -> None:
     # Setting d/dtau [(e^((tau+C)/M) - 1) / tau] = 0 gives e^(u+c) (1 - u) = 1 with u = tau/M, c = C/M.
     # Choose u = 1/2: e^(1/2 + c) = 2 -> c = ln 2 - 1/2 = 0.193147. With M = 1 h: C = 695.33 s, optimum 1800 s.
-    assert optimal_interval(HOUR * (LN2 - 0.5), HOUR) == pytest.approx(1800, rel=1e-6)
+    assert optimal_interval(Costs(ckpt_stall=HOUR * (LN2 - 0.5), mtbf=HOUR)) == pytest.approx(1800, rel=1e-6)
 
 
 def test_optimum_is_never_shorter_than_persist() -> None:
     # Young here is sqrt(2 * 10 * 1e6) = 4472 s, but a save takes 1e5 s to persist.
-    assert optimal_interval(10, 1e6, persist=1e5) == pytest.approx(1e5)
+    assert optimal_interval(Costs(ckpt_stall=10, mtbf=1e6, persist=1e5)) == pytest.approx(1e5)
     # No stall, no persist: checkpoint as often as possible.
-    assert optimal_interval(0.0, 1e6) == 0.0
-    assert optimal_interval(0.0, 1e6, persist=30) == 30
+    assert optimal_interval(Costs(ckpt_stall=0.0, mtbf=1e6)) == 0.0
+    assert optimal_interval(Costs(ckpt_stall=0.0, mtbf=1e6, persist=30)) == 30
 
 
 @pytest.mark.parametrize(
@@ -130,11 +135,11 @@ def test_optimum_is_never_shorter_than_persist() -> None:
 def test_optimal_interval_refuses_nonsense(kwargs: dict[str, float], field: str) -> None:
     args = {"ckpt_stall": 10.0, "mtbf": 3600.0} | kwargs
     with pytest.raises(ConfigError, match=field):
-        optimal_interval(args.pop("ckpt_stall"), args.pop("mtbf"), **args)
+        optimal_interval(Costs(**args))
 
 
 def test_optimal_interval_without_failures_is_never() -> None:
-    assert optimal_interval(10.0, math.inf) == math.inf
+    assert optimal_interval(Costs(ckpt_stall=10.0, mtbf=math.inf)) == math.inf
 
 
 # ---------------------------------------------------------------- properties
@@ -173,10 +178,11 @@ def test_failure_probability_grows_with_afr_and_days(
 def test_goodput_falls_as_checkpoint_and_restart_cost_more(
     tau: float, c: float, r: float, extra: float, mtbf: float
 ) -> None:
+    costs = Costs(ckpt_stall=c, mtbf=mtbf, restart=r)
     for model in (goodput_daly, goodput_first_order):
-        assert model(tau, c + extra, mtbf, restart=r) <= model(tau, c, mtbf, restart=r)
-        assert model(tau, c, mtbf, restart=r + extra) <= model(tau, c, mtbf, restart=r)
-    assert 0.0 <= goodput_daly(tau, c, mtbf, restart=r) < 1.0
+        assert model(tau, replace(costs, ckpt_stall=c + extra)) <= model(tau, costs)
+        assert model(tau, replace(costs, restart=r + extra)) <= model(tau, costs)
+    assert 0.0 <= goodput_daly(tau, costs) < 1.0
 
 
 @settings(max_examples=60, deadline=None)
@@ -184,11 +190,12 @@ def test_goodput_falls_as_checkpoint_and_restart_cost_more(
 def test_exact_optimum_minimises_the_model(ratio: float, mtbf: float, persist_ratio: float) -> None:
     c = ratio * mtbf
     persist = persist_ratio * young_interval(c, mtbf)
-    best = optimal_interval(c, mtbf, restart=0.1 * mtbf, persist=persist)
+    costs = Costs(ckpt_stall=c, mtbf=mtbf, restart=0.1 * mtbf, persist=persist)
+    best = optimal_interval(costs)
     assert best >= persist
 
     def g(tau: float) -> float:
-        return goodput_daly(tau, c, mtbf, restart=0.1 * mtbf, persist=persist)
+        return goodput_daly(tau, costs)
 
     top = g(best)
     grid = np.geomspace(persist if persist > 0 else mtbf * 1e-6, 5 * mtbf, 3000)
@@ -203,7 +210,8 @@ def test_exact_optimum_minimises_the_model(ratio: float, mtbf: float, persist_ra
 def test_young_daly_and_exact_agree_when_checkpoints_are_cheap(ratio: float, mtbf: float) -> None:
     # Daly / Young = 1 - (2/3) sqrt(C/2M) + (C/2M)/9: they part by about sqrt(C/2M).
     c = ratio * mtbf
-    young, daly, exact = young_interval(c, mtbf), daly_interval(c, mtbf), optimal_interval(c, mtbf)
+    young, daly = young_interval(c, mtbf), daly_interval(c, mtbf)
+    exact = optimal_interval(Costs(ckpt_stall=c, mtbf=mtbf))
     assert abs(daly / young - 1) <= math.sqrt(c / (2 * mtbf))
     assert abs(exact / young - 1) <= math.sqrt(c / mtbf)
     assert abs(exact / daly - 1) <= 1e-3
@@ -261,11 +269,9 @@ def test_plan_inputs_mtbf_and_probability() -> None:
 def test_simulated_wall_time_matches_daly(
     tau: float, stall: float, mtbf: float, restart: float, detect: float, persist: float
 ) -> None:
-    costs = {"restart": restart, "detect": detect, "persist": persist}
-    sim = simulate_goodput(
-        intervals=60, interval=tau, ckpt_stall=stall, mtbf=mtbf, runs=4000, seed=7, **costs
-    )
-    expected = daly_expected_time(60 * tau, tau, stall, mtbf, **costs)
+    costs = Costs(ckpt_stall=stall, mtbf=mtbf, restart=restart, detect=detect, persist=persist)
+    sim = simulate_goodput(costs, intervals=60, interval=tau, runs=4000, seed=7)
+    expected = daly_expected_time(60 * tau, tau, costs)
     assert abs(sim.wall_mean - expected) <= 4 * sim.wall_stderr
     assert sim.failures_mean > 1  # the check means something only if failures happen
     assert sim.goodput_p5 <= sim.goodput_p50 <= sim.goodput_p95
@@ -274,34 +280,30 @@ def test_simulated_wall_time_matches_daly(
 def test_simulation_confirms_the_exact_model_not_the_first_order_one_at_high_failure_rates() -> None:
     # The issue's anchor: 8.6 failures a day, 2 h intervals, no costs. Daly says 68.41%, first order 64.17%.
     mtbf = mtbf_from_rate(8.6)
-    sim = simulate_goodput(intervals=100, interval=2 * HOUR, ckpt_stall=0, mtbf=mtbf, runs=2000, seed=3)
-    daly = goodput_daly(2 * HOUR, 0, mtbf)
-    expected_wall = daly_expected_time(100 * 2 * HOUR, 2 * HOUR, 0, mtbf)
+    costs = Costs(ckpt_stall=0, mtbf=mtbf)
+    sim = simulate_goodput(costs, intervals=100, interval=2 * HOUR, runs=2000, seed=3)
+    daly = goodput_daly(2 * HOUR, costs)
+    expected_wall = daly_expected_time(100 * 2 * HOUR, 2 * HOUR, costs)
     assert abs(sim.wall_mean - expected_wall) <= 4 * sim.wall_stderr
     assert abs(sim.goodput_mean - daly) < 0.01
-    assert sim.goodput_mean - goodput_first_order(2 * HOUR, 0, mtbf) > 0.03
+    assert sim.goodput_mean - goodput_first_order(2 * HOUR, costs) > 0.03
 
 
 def test_simulation_without_failures_is_the_schedule() -> None:
     # tau 60 s, stall 5 s, persist 100 s, 3 intervals, no failures (M = 1e15 s): the first checkpoint ends at 65 s,
     # each later one waits for the previous save (period max(60, 100) + 5 = 105 s): 65 + 2 * 105 = 275 s.
-    sim = simulate_goodput(intervals=3, interval=60, ckpt_stall=5, persist=100, mtbf=1e15, runs=10, seed=0)
+    costs = Costs(ckpt_stall=5, persist=100, mtbf=1e15)
+    sim = simulate_goodput(costs, intervals=3, interval=60, runs=10, seed=0)
     assert sim.wall_mean == pytest.approx(275)
     assert sim.goodput_mean == pytest.approx(180 / 275)
     assert sim.failures_mean == 0
 
 
 def test_simulation_is_reproducible_by_seed() -> None:
-    kwargs = {
-        "intervals": 20,
-        "interval": 600.0,
-        "ckpt_stall": 10.0,
-        "mtbf": 3600.0,
-        "restart": 60.0,
-        "runs": 200,
-    }
-    assert simulate_goodput(seed=5, **kwargs) == simulate_goodput(seed=5, **kwargs)  # type: ignore[arg-type]
-    assert simulate_goodput(seed=5, **kwargs) != simulate_goodput(seed=6, **kwargs)  # type: ignore[arg-type]
+    costs = Costs(ckpt_stall=10.0, mtbf=3600.0, restart=60.0)
+    kwargs = {"intervals": 20, "interval": 600.0, "runs": 200}
+    assert simulate_goodput(costs, seed=5, **kwargs) == simulate_goodput(costs, seed=5, **kwargs)  # type: ignore[arg-type]
+    assert simulate_goodput(costs, seed=5, **kwargs) != simulate_goodput(costs, seed=6, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -317,11 +319,12 @@ def test_simulation_is_reproducible_by_seed() -> None:
 )
 def test_simulation_refuses_bad_inputs(bad: dict[str, float]) -> None:
     kwargs = {"intervals": 5, "interval": 60.0, "ckpt_stall": 1.0, "mtbf": 600.0, "runs": 10} | bad
+    costs = Costs(**{k: kwargs.pop(k) for k in ("ckpt_stall", "mtbf", "restart", "persist") if k in kwargs})
     with pytest.raises(ConfigError, match=next(iter(bad))):
-        simulate_goodput(**kwargs)  # type: ignore[arg-type]
+        simulate_goodput(costs, **kwargs)  # type: ignore[arg-type]
 
 
 def test_simulation_refuses_a_job_that_never_finishes() -> None:
     # An interval 100 times the MTBF gets through with probability e^-100: the job would never end.
     with pytest.raises(ConfigError, match="never"):
-        simulate_goodput(intervals=2, interval=100 * HOUR, ckpt_stall=0, mtbf=HOUR, runs=2)
+        simulate_goodput(Costs(ckpt_stall=0, mtbf=HOUR), intervals=2, interval=100 * HOUR, runs=2)

@@ -16,7 +16,7 @@ import torch
 import goodput as gp
 from goodput.ledger.accounting import account
 from goodput.ledger.ledger import Ledger, read_events
-from goodput.planning import optimal_interval
+from goodput.planning import Costs, optimal_interval
 from goodput.run._setup import interval_mtbf
 
 
@@ -66,9 +66,11 @@ def test_a_second_attempt_plans_with_the_first_attempts_save_costs(tmp_path: Pat
     assert resumed["reason"] == "an earlier attempt's save costs"
     assert (resumed["stall_seconds"], resumed["persist_seconds"]) == (stall, persist)
     # planned as the policy plans a measured save: the prior MTBF (an hour, plus the failure-free seconds seen)
-    assert resumed["interval_seconds"] >= optimal_interval(stall, 3600.0, persist=persist)
+    assert resumed["interval_seconds"] >= optimal_interval(
+        Costs(ckpt_stall=stall, mtbf=3600.0, persist=persist)
+    )
     assert resumed["interval_seconds"] == pytest.approx(
-        optimal_interval(stall, 3600.0, persist=persist), rel=0.01
+        optimal_interval(Costs(ckpt_stall=stall, mtbf=3600.0, persist=persist)), rel=0.01
     )
 
 

@@ -189,14 +189,16 @@ class AutoInterval(EveryInterval):
             self._update("the failure rate was updated")
 
     def _update(self, why: str) -> None:
-        from goodput.planning import optimal_interval
+        from goodput.planning import Costs, optimal_interval
 
         if not self._stalls:
             return
         stall = statistics.median(self._stalls)
         persist = statistics.median(self._persists)
         mtbf = self.planned_mtbf / max(self.failure_share, 1e-9)
-        best = optimal_interval(stall, mtbf, restart=self.restart, persist=persist, detect=self.detect)
+        best = optimal_interval(
+            Costs(ckpt_stall=stall, mtbf=mtbf, restart=self.restart, persist=persist, detect=self.detect)
+        )
         new = min(max(best, persist), self.max_interval)
         if abs(new - self.interval) > 1e-9 * max(1.0, self.interval):
             log.info(

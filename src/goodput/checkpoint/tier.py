@@ -51,17 +51,17 @@ class Damage:
     overwritten: bool = False
 
 
-class Restored(Protocol):
-    """Which step a tier restored, and from where (``tier``: for the ledger; ``source``: this rank's own)."""
+@dataclass(frozen=True)
+class Restored:
+    """Which step a tier restored, and from where (``tier``: for the ledger; ``source``: this rank's own).
 
-    @property
-    def step(self) -> int: ...
+    The memory tier's ``tier`` is ``"peer"`` when any rank's part came from a peer node's replica, its
+    ``source`` ``"peer"`` when this rank's did; the durable tier's are both ``"durable"``.
+    """
 
-    @property
-    def tier(self) -> str: ...
-
-    @property
-    def source(self) -> str: ...
+    step: int
+    tier: str
+    source: str
 
 
 class CheckpointTier(Protocol):

@@ -95,11 +95,11 @@ def plot_plan(plan: dict[str, Any], inputs: PlanInputs, intervals: list[float], 
     import matplotlib.pyplot as plt
     import numpy as np
 
-    mtbf, costs = inputs.mtbf, inputs.costs()
+    costs = inputs.costs()
     low, high = _span(plan, intervals)
     taus = np.geomspace(max(low, inputs.persist, 1e-3), high, 400)
-    exact = np.array([goodput_daly(t, inputs.ckpt_stall, mtbf, **costs) for t in taus]) * 100
-    first = np.array([goodput_first_order(t, inputs.ckpt_stall, mtbf, **costs) for t in taus]) * 100
+    exact = np.array([goodput_daly(t, costs) for t in taus]) * 100
+    first = np.array([goodput_first_order(t, costs) for t in taus]) * 100
     hours = taus / HOUR
 
     fig, ax = plt.subplots(figsize=(9, 5.5), dpi=120)

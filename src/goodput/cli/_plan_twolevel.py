@@ -12,7 +12,7 @@ from typing import Any
 from goodput.cli._plan_plot import short_duration
 from goodput.errors import ConfigError
 from goodput.planning.model import DAY, PlanInputs
-from goodput.planning.twolevel import durable_share, plan_two_level, simulate_two_level
+from goodput.planning.twolevel import TwoLevelCosts, durable_share, plan_two_level, simulate_two_level
 from goodput.units import parse_duration
 
 __all__ = ["add_arguments", "two_level_lines", "two_level_section"]
@@ -54,16 +54,18 @@ def two_level_section(
         else inputs.restart
     )
     share = durable_share(args.node_loss_share, replicated=not args.no_replicas)
-    costs = {"c1": c1, "w1": w1, "c2": inputs.ckpt_stall, "w2": inputs.persist, "r1": r1, "r2": inputs.restart,
-             "detect": inputs.detect}  # fmt: skip
-    plan = plan_two_level(mtbf=inputs.mtbf, share=share, **costs)
+    costs = TwoLevelCosts(
+        c1=c1, w1=w1, c2=inputs.ckpt_stall, w2=inputs.persist, mtbf=inputs.mtbf, share=share, r1=r1,
+        r2=inputs.restart, detect=inputs.detect,
+    )  # fmt: skip
+    plan = plan_two_level(costs)
     out: dict[str, Any] = {"durable_share": share, **plan.to_dict()}
     if simulate is not None:
         assert inputs.days is not None  # run() asks for --days with --simulate
         intervals = max(1, min(_MAX_SIM_INTERVALS, round(inputs.days * DAY / plan.memory_interval)))
         mean, stderr = simulate_two_level(
-            intervals=intervals, tau1=plan.memory_interval, every=plan.durable_every, mtbf=inputs.mtbf,
-            share=share, runs=simulate, seed=seed, **costs,
+            costs, intervals=intervals, tau1=plan.memory_interval, every=plan.durable_every, runs=simulate,
+            seed=seed,
         )  # fmt: skip
         out["simulated"] = {"goodput_mean": mean, "goodput_stderr": stderr, "intervals": intervals}
     return out

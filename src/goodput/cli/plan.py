@@ -182,14 +182,15 @@ def _intervals(texts: list[str] | None) -> list[float]:
 
 
 def _row(inputs: PlanInputs, interval: float) -> dict[str, Any]:
-    mtbf, costs = inputs.mtbf, inputs.costs()
+    costs = inputs.costs()
+    waste = waste_per_failure(interval, restart=inputs.restart, persist=inputs.persist, detect=inputs.detect)
     return {
         "interval_hours": interval / HOUR,
         "lost_work_per_failure_hours": lost_work_per_failure(interval, persist=inputs.persist) / HOUR,
-        "expected_waste_per_failure_hours": waste_per_failure(interval, **costs) / HOUR,
-        "daily_waste_hours": daily_waste(interval, inputs.ckpt_stall, mtbf, **costs) / HOUR,
-        "goodput": goodput_daly(interval, inputs.ckpt_stall, mtbf, **costs),
-        "goodput_first_order": goodput_first_order(interval, inputs.ckpt_stall, mtbf, **costs),
+        "expected_waste_per_failure_hours": waste / HOUR,
+        "daily_waste_hours": daily_waste(interval, costs) / HOUR,
+        "goodput": goodput_daly(interval, costs),
+        "goodput_first_order": goodput_first_order(interval, costs),
     }
 
 
@@ -198,15 +199,7 @@ def _simulated(inputs: PlanInputs, interval: float, runs: int, seed: int) -> dic
 
     assert inputs.days is not None  # run() asks for --days with --simulate
     intervals = max(1, round(inputs.days * DAY / interval))
-    result = simulate_goodput(
-        intervals=intervals,
-        interval=interval,
-        ckpt_stall=inputs.ckpt_stall,
-        mtbf=inputs.mtbf,
-        runs=runs,
-        seed=seed,
-        **inputs.costs(),
-    )
+    result = simulate_goodput(inputs.costs(), intervals=intervals, interval=interval, runs=runs, seed=seed)
     return result.to_dict()
 
 
@@ -215,7 +208,7 @@ def build_plan(
 ) -> dict[str, Any]:
     """The whole plan as one JSON-able dict (hours and fractions)."""
     mtbf, costs = inputs.mtbf, inputs.costs()
-    exact = optimal_interval(inputs.ckpt_stall, mtbf, **costs)
+    exact = optimal_interval(costs)
     rows = [_row(inputs, interval) for interval in intervals]
     if simulate is not None:
         for row, interval in zip(rows, intervals, strict=True):
@@ -245,7 +238,7 @@ def build_plan(
         "recommended": {
             "interval_hours": exact / HOUR,
             # With no stall and no persist time the optimum is 0; goodput tends to exp(-(R + D)/M) there.
-            "goodput": goodput_daly(exact, inputs.ckpt_stall, mtbf, **costs)
+            "goodput": goodput_daly(exact, costs)
             if exact > 0
             else math.exp(-(inputs.restart + inputs.detect) / mtbf),
         },

@@ -84,7 +84,7 @@ from goodput.ledger.figures import (
 from goodput.ledger.ranks import merge_ranks
 from goodput.ledger.series import goodput_over_time
 from goodput.ledger.spans import Attempt, Spans, kept_steps, layout, new_launch, outcome
-from goodput.ledger.tiling import UNDER_RESHAPE, Segment, rolled_back
+from goodput.ledger.tiling import UNDER_RESHAPE, Segment, Tiling, rolled_back
 
 __all__ = [
     "CATEGORIES",
@@ -267,7 +267,7 @@ def account(
     carried: list[Segment] = []  # a failed attempt's downtime, charged to the restart that follows it
     for i, (a, s) in enumerate(zip(attempts, spans, strict=True)):
         failed = outcomes[i] == "failed"
-        own = tile_attempt(a, s, (typical, step_median), keeps[i], failed, chunk)
+        own = tile_attempt(Tiling(a, s, (typical, step_median), keeps[i], failed), chunk)
         before = [seg._replace(attempt=a.number) for seg in carried]
         if i > 0 and a.begin > attempts[i - 1].end:  # the time before an attempt is charged to it
             gap = "between_launches" if launches[i] != launches[i - 1] else "restart_downtime"

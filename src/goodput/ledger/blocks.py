@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from goodput.ledger.spans import Attempt, Spans
-from goodput.ledger.tiling import Segment, StepParts, intervals, step_parts, sweep
+from goodput.ledger.tiling import Segment, StepParts, Tiling, intervals, step_parts, sweep
 
 __all__ = ["CHUNKS", "EXACT_STEPS", "tile_attempt"]
 
@@ -26,23 +26,17 @@ CHUNKS = 20_000  # above it, about this many chunks of clean steps over the run
 _ORDER = ("data_wait", "warmup", "productive", "lost_work", "straggler_wait")
 
 
-def tile_attempt(
-    a: Attempt,
-    s: Spans,
-    typical: tuple[float, float],
-    keep: tuple[int | None, bool],
-    failed: bool,
-    chunk: int,
-) -> list[Segment]:
+def tile_attempt(t: Tiling, chunk: int) -> list[Segment]:
     """One attempt's segments: every step swept one by one when ``chunk`` is 1, else clean steps in chunks of
     up to ``chunk``."""
+    a, s = t.a, t.s
     if chunk <= 1 or not len(s.steps.start):
-        return sweep(intervals(a, s, typical, keep, failed), a.begin, a.end, a.number)
-    dirty = _overlapped(a, s, intervals(a, s, typical, keep, failed, only=np.zeros(len(s.steps.start), bool)))
-    segments = sweep(intervals(a, s, typical, keep, failed, only=dirty), a.begin, a.end, a.number)
-    carved = _carve(segments, s, step_parts(s, typical[0], keep), ~dirty, chunk)
+        return sweep(intervals(t), a.begin, a.end, a.number)
+    dirty = _overlapped(a, s, intervals(t, only=np.zeros(len(s.steps.start), bool)))
+    segments = sweep(intervals(t, only=dirty), a.begin, a.end, a.number)
+    carved = _carve(segments, s, step_parts(s, t.typical[0], t.keep), ~dirty, chunk)
     if carved is None:  # a clean step outside the attempt's background time: sweep every step
-        return sweep(intervals(a, s, typical, keep, failed), a.begin, a.end, a.number)
+        return sweep(intervals(t), a.begin, a.end, a.number)
     return carved
 
 

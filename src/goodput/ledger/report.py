@@ -65,24 +65,21 @@ class MeasuredModel:
         memory = 1.0 - self.memory_stall_share
         if self.mtbf is None:
             return tau / (tau + effective_stall(tau, self.stall, self.persist)) * memory
-        costs = {"restart": self.restart, "persist": self.persist, "detect": self.detect}
+        costs = self._costs(self.mtbf)
         if self.durable_share < 1.0:
             share, loss = self.durable_share, self.covered_loss
-            return memory * planning.goodput_covered(
-                tau, self.stall, self.mtbf, durable_share=share, covered_loss=loss, **costs
-            )
-        return planning.goodput_daly(tau, self.stall, self.mtbf, **costs) * memory
+            return memory * planning.goodput_covered(tau, costs, durable_share=share, covered_loss=loss)
+        return planning.goodput_daly(tau, costs) * memory
 
     def optimum(self) -> float | None:
         """The durable interval that maximises goodput, for the failures only the durable tier recovers."""
         if self.mtbf is None or self.durable_share <= 0.0:
             return None
-        return planning.optimal_interval(
-            self.stall,
-            self.mtbf / self.durable_share,
-            restart=self.restart,
-            persist=self.persist,
-            detect=self.detect,
+        return planning.optimal_interval(self._costs(self.mtbf / self.durable_share))
+
+    def _costs(self, mtbf: float) -> planning.Costs:
+        return planning.Costs(
+            ckpt_stall=self.stall, mtbf=mtbf, restart=self.restart, persist=self.persist, detect=self.detect
         )
 
 

@@ -110,17 +110,20 @@ def step_parts(s: Spans, compute_median: float, keep: tuple[int | None, bool]) -
     return StepParts(excess, lost, waited)
 
 
-def intervals(
-    a: Attempt,
-    s: Spans,
-    typical: tuple[float, float],
-    keep: tuple[int | None, bool],
-    failed: bool,
-    only: np.ndarray | None = None,
-) -> list[tuple[float, float, str]]:
-    """Every span of one attempt with its category; ``typical``: the run's median step compute and
-    median step duration; ``only``: which steps (a mask; default every one)."""
-    compute_median, step_median = typical
+class Tiling(NamedTuple):
+    """One attempt to tile, and what that needs of the run: ``typical``, the run's median step compute and
+    median step duration; ``keep``, its last kept step and whether steps above it are lost; whether it failed."""
+
+    a: Attempt
+    s: Spans
+    typical: tuple[float, float]
+    keep: tuple[int | None, bool]
+    failed: bool
+
+
+def intervals(t: Tiling, only: np.ndarray | None = None) -> list[tuple[float, float, str]]:
+    """Every span of one attempt with its category; ``only``: which steps (a mask; default every one)."""
+    a, s, (compute_median, step_median), keep, failed = t
     out: list[tuple[float, float, str]] = []
     steps = s.steps
     first_step = float(steps.start[0]) if len(steps.start) else (s.open_step[0] if s.open_step else a.end)

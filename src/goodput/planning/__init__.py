@@ -7,6 +7,7 @@ them. Nothing here does I/O, reads a clock or touches torch: inputs in, numbers 
 """
 
 from goodput.planning.model import (
+    Costs,
     PlanInputs,
     daily_waste,
     daly_interval,
@@ -22,6 +23,7 @@ from goodput.planning.shrink import goodput_shrink
 from goodput.planning.twolevel import durable_share, goodput_covered
 
 __all__ = [
+    "Costs",
     "PlanInputs",
     "daily_waste",
     "daly_interval",

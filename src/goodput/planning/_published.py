@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from goodput.planning._scale import LLAMA3_GPUS, Cluster, MeasuredRatios, cluster_goodput
-from goodput.planning.model import optimal_interval
+from goodput.planning.model import Costs, optimal_interval
 from goodput.planning.simulation import simulate_goodput
 
 __all__ = ["Reproduction", "daly_2006_optima", "llama3_effective_training_time", "reproductions"]
@@ -57,10 +57,8 @@ def llama3_effective_training_time(*, runs: int = 200, seed: int = 0) -> Reprodu
     """Llama 3's effective training time at 8.6 interruptions a day, by Monte Carlo over a 54-day job."""
     point = cluster_goodput(LLAMA3_GPUS, LLAMA3_CLUSTER, _AT_FLOOR, "baseline")
     intervals = round(54 * 86400 / (point.interval + point.stall))
-    sim = simulate_goodput(
-        intervals=intervals, interval=point.interval, ckpt_stall=point.stall, mtbf=point.mtbf,
-        restart=point.restart, runs=runs, seed=seed,
-    )  # fmt: skip
+    costs = Costs(ckpt_stall=point.stall, mtbf=point.mtbf, restart=point.restart)
+    sim = simulate_goodput(costs, intervals=intervals, interval=point.interval, runs=runs, seed=seed)
     return Reproduction(
         name="Llama 3 effective training time (16,384 GPUs, 8.6 interruptions a day)",
         source="Llama Team, The Llama 3 Herd of Models (2024), sections 3.3.1 and 3.3.4",
@@ -77,7 +75,7 @@ def daly_2006_optima() -> list[Reproduction]:
     """Daly's optimum intervals (5-minute checkpoint, 10-minute restart) at three MTBFs."""
     out = []
     for mtbf_min, published in ((24 * 60, 117.0), (6 * 60, 57.0), (15, 9.1)):
-        tau = optimal_interval(5 * _MINUTE, mtbf_min * _MINUTE, restart=10 * _MINUTE)
+        tau = optimal_interval(Costs(ckpt_stall=5 * _MINUTE, mtbf=mtbf_min * _MINUTE, restart=10 * _MINUTE))
         out.append(
             Reproduction(
                 name=f"Daly's optimum interval at an MTBF of {mtbf_min:g} minutes",

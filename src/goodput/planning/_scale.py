@@ -29,8 +29,8 @@ import math
 from dataclasses import dataclass, field
 
 from goodput.errors import ConfigError
-from goodput.planning.model import DAY, goodput_daly, optimal_interval
-from goodput.planning.twolevel import durable_share, plan_two_level
+from goodput.planning.model import DAY, Costs, goodput_daly, optimal_interval
+from goodput.planning.twolevel import TwoLevelCosts, durable_share, plan_two_level
 
 __all__ = [
     "LLAMA3_FAILURES_PER_DAY",
@@ -157,11 +157,9 @@ def cluster_goodput(gpus: int, cluster: Cluster, ratios: MeasuredRatios, strateg
     cold = cluster.cold_restart + read
     if strategy in ("baseline", "durable_async"):
         stall, persist = (write, 0.0) if strategy == "baseline" else (copy * ratios.async_stall, write)
-        tau = optimal_interval(stall, mtbf, restart=cold, persist=persist)
-        return ScalePoint(
-            gpus, strategy, goodput_daly(tau, stall, mtbf, restart=cold, persist=persist), mtbf, stall, persist,
-            cold, tau,
-        )  # fmt: skip
+        costs = Costs(ckpt_stall=stall, mtbf=mtbf, restart=cold, persist=persist)
+        tau = optimal_interval(costs)
+        return ScalePoint(gpus, strategy, goodput_daly(tau, costs), mtbf, stall, persist, cold, tau)
     peer = cluster.state_per_gpu / cluster.peer_bandwidth
     c1, w1 = copy * ratios.memory_stall, peer  # the replica goes to a peer node in the background
     restart = cluster.cold_restart
@@ -171,7 +169,9 @@ def cluster_goodput(gpus: int, cluster: Cluster, ratios: MeasuredRatios, strateg
     r1 = restart + max(copy * ratios.memory_restore, peer)
     share = durable_share(cluster.node_loss_share, replicated=True)
     c2 = copy * ratios.async_stall
-    plan = plan_two_level(c1=c1, w1=w1, c2=c2, w2=write, mtbf=mtbf, share=share, r1=r1, r2=cold)
+    plan = plan_two_level(
+        TwoLevelCosts(c1=c1, w1=w1, c2=c2, w2=write, mtbf=mtbf, share=share, r1=r1, r2=cold)
+    )
     memory = {
         "stall": c1,
         "persist": w1,

@@ -35,10 +35,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from goodput.errors import ConfigError
 
 __all__ = [
+    "Costs",
     "PlanInputs",
     "daily_waste",
     "daly_expected_time",
@@ -95,39 +97,39 @@ def waste_per_failure(
     return lost_work_per_failure(interval, persist=persist) + restart + detect
 
 
-def daily_waste(
-    interval: float,
-    ckpt_stall: float,
-    mtbf: float,
-    *,
-    restart: float = 0.0,
-    persist: float = 0.0,
-    detect: float = 0.0,
-) -> float:
+@dataclass(frozen=True, kw_only=True)
+class Costs:
+    """What checkpoints and failures cost a job, in seconds: the ``C``, ``M``, ``R``, ``W`` and ``D`` above.
+
+    Attributes:
+        ckpt_stall: blocking time of one checkpoint (C).
+        mtbf: mean time between failures of the job (M).
+        restart: time from noticing a failure to training again (R).
+        persist: time after the stall until a checkpoint is durable (W).
+        detect: time from a failure until it is noticed (D).
+    """
+
+    ckpt_stall: float
+    mtbf: float
+    restart: float = 0.0
+    persist: float = 0.0
+    detect: float = 0.0
+
+
+def daily_waste(interval: float, costs: Costs) -> float:
     """Seconds lost per day to checkpoint stalls and failures (first order: ``DAY * (1 - G)``).
 
     When ``interval < persist`` every save first waits ``persist - interval`` for the previous one.
     """
-    failures_per_day = DAY / mtbf
-    stalls = DAY * effective_stall(interval, ckpt_stall, persist) / interval
-    return stalls + failures_per_day * waste_per_failure(
-        interval, restart=restart, persist=persist, detect=detect
-    )
+    c = costs
+    stalls = DAY * effective_stall(interval, c.ckpt_stall, c.persist) / interval
+    lost = waste_per_failure(interval, restart=c.restart, persist=c.persist, detect=c.detect)
+    return stalls + DAY / c.mtbf * lost
 
 
-def goodput_first_order(
-    interval: float,
-    ckpt_stall: float,
-    mtbf: float,
-    *,
-    restart: float = 0.0,
-    persist: float = 0.0,
-    detect: float = 0.0,
-) -> float:
+def goodput_first_order(interval: float, costs: Costs) -> float:
     """First-order goodput ``1 - C/tau - (R + D + tau/2 + W)/M`` (negative where the model breaks down)."""
-    return (
-        1.0 - daily_waste(interval, ckpt_stall, mtbf, restart=restart, persist=persist, detect=detect) / DAY
-    )
+    return 1.0 - daily_waste(interval, costs) / DAY
 
 
 def effective_stall(interval: float, ckpt_stall: float, persist: float) -> float:
@@ -143,16 +145,7 @@ def _segment_time(interval: float, ckpt_stall: float, mtbf: float, restart_total
     return mtbf * math.exp(restart_total / mtbf) * math.expm1(exponent)
 
 
-def daly_expected_time(
-    work: float,
-    interval: float,
-    ckpt_stall: float,
-    mtbf: float,
-    *,
-    restart: float = 0.0,
-    persist: float = 0.0,
-    detect: float = 0.0,
-) -> float:
+def daly_expected_time(work: float, interval: float, costs: Costs) -> float:
     """Expected wall time to finish ``work`` seconds of compute (Daly 2006, eq. 20, with R' = R + D + W).
 
     ``work / interval`` intervals each end with a checkpoint; failures strike anywhere, restarts included.
@@ -160,29 +153,16 @@ def daly_expected_time(
     Args:
         work: failure-free compute time of the job.
         interval: compute time between checkpoints.
-        ckpt_stall: blocking time of one checkpoint.
-        mtbf: mean time between failures of the job.
-        restart: time from noticing a failure to training again.
-        persist: time after the stall until a checkpoint is durable.
-        detect: time from a failure until it is noticed.
+        costs: the checkpoint's and the failures' costs.
     """
-    stall = effective_stall(interval, ckpt_stall, persist)
-    return work / interval * _segment_time(interval, stall, mtbf, restart + detect + persist)
+    c = costs
+    stall = effective_stall(interval, c.ckpt_stall, c.persist)
+    return work / interval * _segment_time(interval, stall, c.mtbf, c.restart + c.detect + c.persist)
 
 
-def goodput_daly(
-    interval: float,
-    ckpt_stall: float,
-    mtbf: float,
-    *,
-    restart: float = 0.0,
-    persist: float = 0.0,
-    detect: float = 0.0,
-) -> float:
+def goodput_daly(interval: float, costs: Costs) -> float:
     """Goodput under Daly's exact expected-time model: useful compute over expected wall time, in [0, 1)."""
-    return interval / daly_expected_time(
-        interval, interval, ckpt_stall, mtbf, restart=restart, persist=persist, detect=detect
-    )
+    return interval / daly_expected_time(interval, interval, costs)
 
 
 def young_interval(ckpt_stall: float, mtbf: float) -> float:
@@ -201,25 +181,15 @@ def daly_interval(ckpt_stall: float, mtbf: float) -> float:
     return math.sqrt(2.0 * ckpt_stall * mtbf) * (1.0 + math.sqrt(ratio) / 3.0 + ratio / 9.0) - ckpt_stall
 
 
-def optimal_interval(
-    ckpt_stall: float,
-    mtbf: float,
-    *,
-    restart: float = 0.0,
-    persist: float = 0.0,
-    detect: float = 0.0,
-) -> float:
+def optimal_interval(costs: Costs) -> float:
     """The interval that maximises goodput under Daly's exact model, never shorter than ``persist``.
 
     A golden-section search on log(interval) over ``[persist, max(M, persist)]``: the true optimum always
     lies below ``M``. With no stall and no persist time the answer is 0 (checkpoint as often as possible).
 
     Args:
-        ckpt_stall: blocking time of one checkpoint (C).
-        mtbf: mean time between failures of the job (M).
-        restart: restart time (R); accepted for a complete picture, it does not move Daly's optimum.
-        persist: time until a checkpoint is durable (W); the lower bound of the answer.
-        detect: detection time (D); like ``restart``, it does not move the optimum.
+        costs: C and M; W, the lower bound of the answer; R and D, accepted for a complete picture, do not move
+            Daly's optimum.
 
     Returns:
         The compute time between checkpoints, in seconds (``inf`` when the job never fails).
@@ -227,14 +197,11 @@ def optimal_interval(
     Raises:
         ConfigError: when ``mtbf`` is not positive or a cost is negative or not a number.
     """
+    ckpt_stall, mtbf, persist = costs.ckpt_stall, costs.mtbf, costs.persist
     if not mtbf > 0.0:
         raise ConfigError(f"mtbf must be > 0 seconds, got {mtbf!r}")
-    for name, value in (
-        ("ckpt_stall", ckpt_stall),
-        ("restart", restart),
-        ("persist", persist),
-        ("detect", detect),
-    ):
+    for name in ("ckpt_stall", "restart", "persist", "detect"):
+        value = getattr(costs, name)
         if not (math.isfinite(value) and value >= 0.0):
             raise ConfigError(f"{name} must be a duration >= 0 seconds, got {value!r}")
     if math.isinf(mtbf):
@@ -359,9 +326,25 @@ class PlanInputs:
             return None
         return -math.expm1(-self.days * DAY / self.mtbf)
 
-    def costs(self) -> dict[str, float]:
-        """The keyword arguments the model functions take: restart, persist, detect."""
-        return {"restart": self.restart, "persist": self.persist, "detect": self.detect}
+    def costs(self) -> Costs:
+        """The costs the model functions take: this job's stall, MTBF, restart, persist and detection."""
+        return Costs(
+            ckpt_stall=self.ckpt_stall,
+            mtbf=self.mtbf,
+            restart=self.restart,
+            persist=self.persist,
+            detect=self.detect,
+        )
+
+
+class FloatRecord:
+    """A base of the dataclasses of numbers the planner answers with: ``to_dict`` gives each field as a float."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, float]:
+        """A JSON-able copy."""
+        return {name: float(getattr(self, name)) for name in self.__dataclass_fields__}
 
 
 def _check_gpus(name: str, value: object) -> None:

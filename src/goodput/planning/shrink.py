@@ -22,15 +22,16 @@ once more, so the form holds while the missing ranks stay well below ``N``.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from goodput.errors import ConfigError
+from goodput.planning.model import FloatRecord
 
 __all__ = ["ShrinkGoodput", "goodput_shrink"]
 
 
 @dataclass(frozen=True)
-class ShrinkGoodput:
+class ShrinkGoodput(FloatRecord):
     """The model's answer: time and capacity goodput, the badput of one failure (``K``) in seconds, and
     ``short_share``: the mean number of missing ranks over the job's time (``(T - S)/M``)."""
 
@@ -38,9 +39,6 @@ class ShrinkGoodput:
     capacity_goodput: float
     waste_per_failure: float
     short_share: float
-
-    def to_dict(self) -> dict[str, float]:
-        return {k: float(v) for k, v in asdict(self).items()}
 
 
 def goodput_shrink(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from goodput.errors import ConfigError
-from goodput.planning.model import daly_expected_time
+from goodput.planning.model import Costs, FloatRecord, daly_expected_time
 
 __all__ = ["SimulationResult", "simulate_goodput"]
 
@@ -29,7 +29,7 @@ _MAX_EXPECTED_FAILURES = 100_000
 
 
 @dataclass(frozen=True)
-class SimulationResult:
+class SimulationResult(FloatRecord):
     """What the Monte Carlo runs measured (times in seconds).
 
     Attributes:
@@ -56,10 +56,6 @@ class SimulationResult:
     goodput_p95: float
     failures_mean: float
 
-    def to_dict(self) -> dict[str, float]:
-        """A JSON-able copy."""
-        return {name: float(getattr(self, name)) for name in self.__dataclass_fields__}
-
 
 def _check(name: str, value: float, *, positive: bool) -> None:
     ok = math.isfinite(value) and (value > 0 if positive else value >= 0)
@@ -67,31 +63,16 @@ def _check(name: str, value: float, *, positive: bool) -> None:
         raise ConfigError(f"{name} must be {'> 0' if positive else '>= 0'} seconds, got {value!r}")
 
 
-def _validate(
-    intervals: int,
-    interval: float,
-    ckpt_stall: float,
-    mtbf: float,
-    restart: float,
-    persist: float,
-    detect: float,
-    runs: int,
-) -> None:
+def _validate(intervals: int, interval: float, costs: Costs, runs: int) -> None:
     """Refuse inputs that make no job, or a job that would practically never finish."""
     if intervals < 1 or runs < 2:
         raise ConfigError(f"intervals must be >= 1 and runs >= 2, got intervals={intervals!r}, runs={runs!r}")
-    for name, value in (("interval", interval), ("mtbf", mtbf)):
+    for name, value in (("interval", interval), ("mtbf", costs.mtbf)):
         _check(name, value, positive=True)
-    for name, value in (
-        ("ckpt_stall", ckpt_stall),
-        ("restart", restart),
-        ("persist", persist),
-        ("detect", detect),
-    ):
-        _check(name, value, positive=False)
-    expected_wall = daly_expected_time(
-        intervals * interval, interval, ckpt_stall, mtbf, restart=restart, persist=persist, detect=detect
-    )
+    for name in ("ckpt_stall", "restart", "persist", "detect"):
+        _check(name, getattr(costs, name), positive=False)
+    mtbf = costs.mtbf
+    expected_wall = daly_expected_time(intervals * interval, interval, costs)
     if not expected_wall / mtbf <= _MAX_EXPECTED_FAILURES:
         raise ConfigError(
             f"a job of {intervals} intervals of {interval:g} s with an MTBF of {mtbf:g} s expects "
@@ -101,27 +82,14 @@ def _validate(
 
 
 def simulate_goodput(
-    *,
-    intervals: int,
-    interval: float,
-    ckpt_stall: float,
-    mtbf: float,
-    restart: float = 0.0,
-    persist: float = 0.0,
-    detect: float = 0.0,
-    runs: int = 1000,
-    seed: int = 0,
+    costs: Costs, *, intervals: int, interval: float, runs: int = 1000, seed: int = 0
 ) -> SimulationResult:
     """Simulate ``runs`` jobs of ``intervals`` checkpointed intervals and summarise their goodput.
 
     Args:
+        costs: the checkpoint's and the failures' costs.
         intervals: intervals (each ending with a checkpoint) the job needs; its work is ``intervals * interval``.
         interval: compute time between checkpoints.
-        ckpt_stall: blocking time of one checkpoint.
-        mtbf: mean time between failures of the job.
-        restart: time from noticing a failure to training again.
-        persist: time after the stall until a checkpoint is durable.
-        detect: time from a failure until it is noticed.
         runs: jobs to simulate (at least 2, for an error estimate).
         seed: seed of the numpy Generator; the same seed gives the same result.
 
@@ -129,9 +97,9 @@ def simulate_goodput(
         ConfigError: on a non-positive interval, MTBF, run or interval count, a negative cost, or a job so long
             against the MTBF that it expects more than 100,000 failures (it would practically never finish).
     """
-    _validate(intervals, interval, ckpt_stall, mtbf, restart, persist, detect, runs)
+    _validate(intervals, interval, costs, runs)
     rng = np.random.default_rng(seed)
-    wall, failures = _simulate(rng, intervals, interval, ckpt_stall, mtbf, restart + detect, persist, runs)
+    wall, failures = _simulate(rng, intervals, interval, costs, runs)
     work = intervals * interval
     goodput = work / wall
     root = math.sqrt(runs)
@@ -151,14 +119,7 @@ def simulate_goodput(
 
 
 def _simulate(
-    rng: np.random.Generator,
-    n: int,
-    tau: float,
-    stall: float,
-    mtbf: float,
-    down: float,
-    persist: float,
-    runs: int,
+    rng: np.random.Generator, n: int, tau: float, costs: Costs, runs: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Wall times and failure counts of ``runs`` jobs, all advanced together one failure at a time.
 
@@ -166,6 +127,7 @@ def _simulate(
     ``tau + stall + (j - 1) * period`` and is durable ``persist`` later, with ``period = max(tau, persist) +
     stall`` (the wait for the previous save to persist is part of the period).
     """
+    stall, mtbf, persist, down = costs.ckpt_stall, costs.mtbf, costs.persist, costs.restart + costs.detect
     period = max(tau, persist) + stall
     first_end = tau + stall
     done = np.zeros(runs, dtype=np.int64)  # durable intervals

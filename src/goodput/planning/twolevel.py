@@ -30,14 +30,15 @@ their restart. With every failure needing the durable tier it is :func:`goodput.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from goodput.errors import ConfigError
-from goodput.planning.model import goodput_daly, optimal_interval
+from goodput.planning.model import Costs, FloatRecord, goodput_daly, optimal_interval
 
 __all__ = [
+    "TwoLevelCosts",
     "TwoLevelPlan",
     "durable_share",
     "goodput_covered",
@@ -54,38 +55,39 @@ def durable_share(node_loss_share: float, *, replicated: bool) -> float:
     return node_loss_share**2 if replicated else node_loss_share
 
 
-def goodput_two_level(
-    tau1: float,
-    tau2: float,
-    *,
-    c1: float,
-    w1: float,
-    c2: float,
-    w2: float,
-    mtbf: float,
-    share: float,
-    r1: float = 0.0,
-    r2: float = 0.0,
-    detect: float = 0.0,
-) -> float:
+@dataclass(frozen=True, kw_only=True)
+class TwoLevelCosts:
+    """What the two tiers cost and the failures they meet (seconds; the symbols of the module docstring).
+
+    Attributes:
+        c1, w1, r1: the memory tier's stall, persist and restart.
+        c2, w2, r2: the durable tier's stall, persist and restart.
+        mtbf: mean time between failures of the job, all of them.
+        share: the share of failures only the durable tier recovers.
+        detect: time from any failure until it is noticed.
+    """
+
+    c1: float
+    w1: float
+    c2: float
+    w2: float
+    mtbf: float
+    share: float
+    r1: float = 0.0
+    r2: float = 0.0
+    detect: float = 0.0
+
+
+def goodput_two_level(tau1: float, tau2: float, costs: TwoLevelCosts) -> float:
     """First-order goodput of two-level checkpointing (the waste formula of the module docstring)."""
-    stalls = c1 / tau1 + (c2 / tau2 if math.isfinite(tau2) else 0.0)
-    memory = (1.0 - share) / mtbf * (tau1 / 2.0 + w1 + r1 + detect)
-    durable = share / mtbf * (tau2 / 2.0 + w2 + r2 + detect) if share > 0 else 0.0
+    c, share = costs, costs.share
+    stalls = c.c1 / tau1 + (c.c2 / tau2 if math.isfinite(tau2) else 0.0)
+    memory = (1.0 - share) / c.mtbf * (tau1 / 2.0 + c.w1 + c.r1 + c.detect)
+    durable = share / c.mtbf * (tau2 / 2.0 + c.w2 + c.r2 + c.detect) if share > 0 else 0.0
     return 1.0 - stalls - memory - durable
 
 
-def goodput_covered(
-    interval: float,
-    ckpt_stall: float,
-    mtbf: float,
-    *,
-    durable_share: float,
-    covered_loss: float,
-    restart: float = 0.0,
-    persist: float = 0.0,
-    detect: float = 0.0,
-) -> float:
+def goodput_covered(interval: float, costs: Costs, *, durable_share: float, covered_loss: float) -> float:
     """Goodput of a durable tier saved every ``interval`` when only ``durable_share`` of failures need it.
 
     Those failures (rate ``durable_share / M``) cost what Daly's exact model gives at ``M / durable_share``;
@@ -93,9 +95,8 @@ def goodput_covered(
     and is detected, and takes that time out of the wall time (first order: these failures are short).
 
     Args:
-        interval, ckpt_stall, restart, persist, detect: as :func:`goodput.planning.goodput_daly` (the durable
-            tier's interval, stall C and persist W; the restart R and detection D of any failure).
-        mtbf: mean time between failures of the job, all of them.
+        interval, costs: as :func:`goodput.planning.goodput_daly` (the durable tier's interval, stall C and
+            persist W; the restart R and detection D of any failure; the MTBF of all failures).
         durable_share: the share of failures the memory tier (or a survivor's state) cannot recover.
         covered_loss: work lost by one failure it does recover, in seconds.
 
@@ -106,19 +107,18 @@ def goodput_covered(
         raise ConfigError(f"the durable share must be in [0, 1], got {durable_share!r}")
     if not (math.isfinite(covered_loss) and covered_loss >= 0.0):
         raise ConfigError(f"covered_loss must be >= 0 seconds, got {covered_loss!r}")
-    costs = {"restart": restart, "persist": persist, "detect": detect}
     if durable_share == 1.0:
-        return goodput_daly(interval, ckpt_stall, mtbf, **costs)
+        return goodput_daly(interval, costs)
     if durable_share > 0.0:
-        base = goodput_daly(interval, ckpt_stall, mtbf / durable_share, **costs)
+        base = goodput_daly(interval, replace(costs, mtbf=costs.mtbf / durable_share))
     else:  # no failure reaches the durable tier: its saves cost only their stall (and the wait for W)
-        base = interval / (interval + ckpt_stall + max(0.0, persist - interval))
-    covered = (1.0 - durable_share) / mtbf * (covered_loss + restart + detect)
+        base = interval / (interval + costs.ckpt_stall + max(0.0, costs.persist - interval))
+    covered = (1.0 - durable_share) / costs.mtbf * (covered_loss + costs.restart + costs.detect)
     return base * max(0.0, 1.0 - covered)
 
 
 @dataclass(frozen=True)
-class TwoLevelPlan:
+class TwoLevelPlan(FloatRecord):
     """The two intervals and what they give (seconds; ``durable_every`` memory intervals per durable save).
 
     ``single_level_goodput`` is the durable tier alone at its own single-level optimum, for comparison.
@@ -133,79 +133,47 @@ class TwoLevelPlan:
     lost_work_per_failure: float
     single_level_lost_work_per_failure: float
 
-    def to_dict(self) -> dict[str, float]:
-        return {name: float(getattr(self, name)) for name in self.__dataclass_fields__}
 
-
-def plan_two_level(
-    *,
-    c1: float,
-    w1: float,
-    c2: float,
-    w2: float,
-    mtbf: float,
-    share: float,
-    r1: float = 0.0,
-    r2: float = 0.0,
-    detect: float = 0.0,
-    max_interval: float = math.inf,
-) -> TwoLevelPlan:
+def plan_two_level(costs: TwoLevelCosts, *, max_interval: float = math.inf) -> TwoLevelPlan:
     """The memory and durable intervals that maximise goodput, and the single-level plan they replace.
 
     Raises:
         ConfigError: a negative cost, a non-positive MTBF or a share outside [0, 1].
     """
-    for name, value in (
-        ("c1", c1),
-        ("w1", w1),
-        ("c2", c2),
-        ("w2", w2),
-        ("r1", r1),
-        ("r2", r2),
-        ("detect", detect),
-    ):
+    for name in ("c1", "w1", "c2", "w2", "r1", "r2", "detect"):
+        value = getattr(costs, name)
         if not (math.isfinite(value) and value >= 0):
             raise ConfigError(f"{name} must be >= 0 seconds, got {value!r}")
+    c1, w1, c2, w2, mtbf, share = costs.c1, costs.w1, costs.c2, costs.w2, costs.mtbf, costs.share
     if not mtbf > 0:
         raise ConfigError(f"mtbf must be > 0 seconds, got {mtbf!r}")
     if not 0.0 <= share <= 1.0:
         raise ConfigError(f"the durable share must be in [0, 1], got {share!r}")
-    tau1 = max(optimal_interval(max(c1, 1e-9), mtbf / max(1.0 - share, 1e-12), persist=w1), w1, 1e-9)
-    tau1 = min(tau1, max_interval)
-    raw2 = optimal_interval(max(c2, 1e-9), mtbf / share, persist=w2) if share > 0 else math.inf
+    tau1 = min(max(_level_optimum(c1, mtbf / max(1.0 - share, 1e-12), w1), w1, 1e-9), max_interval)
+    raw2 = _level_optimum(c2, mtbf / share, w2) if share > 0 else math.inf
     raw2 = min(max(raw2, w2, tau1), max_interval)
     every = max(1, round(raw2 / tau1)) if math.isfinite(raw2) else 0
     tau2 = every * tau1 if every else math.inf
-    costs = {"c1": c1, "w1": w1, "c2": c2, "w2": w2, "r1": r1, "r2": r2, "detect": detect}
-    single = min(max(optimal_interval(max(c2, 1e-9), mtbf, persist=w2), w2), max_interval)
+    single = min(max(_level_optimum(c2, mtbf, w2), w2), max_interval)
     return TwoLevelPlan(
         memory_interval=tau1,
         durable_interval=tau2,
         durable_every=every,
-        goodput=goodput_two_level(tau1, tau2, mtbf=mtbf, share=share, **costs),
+        goodput=goodput_two_level(tau1, tau2, costs),
         single_level_interval=single,
-        single_level_goodput=goodput_two_level(single, single, mtbf=mtbf, share=1.0, **costs),
+        single_level_goodput=goodput_two_level(single, single, replace(costs, share=1.0)),
         lost_work_per_failure=(1 - share) * (tau1 / 2 + w1) + (share * (tau2 / 2 + w2) if share else 0.0),
         single_level_lost_work_per_failure=single / 2 + w2,
     )
 
 
+def _level_optimum(stall: float, mtbf: float, persist: float) -> float:
+    """One level's single-level optimum, for its stall (at least 1 ns), failure rate and persist time."""
+    return optimal_interval(Costs(ckpt_stall=max(stall, 1e-9), mtbf=mtbf, persist=persist))
+
+
 def simulate_two_level(
-    *,
-    intervals: int,
-    tau1: float,
-    every: int,
-    c1: float,
-    w1: float,
-    c2: float,
-    w2: float,
-    mtbf: float,
-    share: float,
-    r1: float = 0.0,
-    r2: float = 0.0,
-    detect: float = 0.0,
-    runs: int = 300,
-    seed: int = 0,
+    costs: TwoLevelCosts, *, intervals: int, tau1: float, every: int, runs: int = 300, seed: int = 0
 ) -> tuple[float, float]:
     """Monte Carlo goodput (mean, standard error) of a two-level job of ``intervals`` memory intervals.
 
@@ -214,14 +182,11 @@ def simulate_two_level(
     that recovers it whose persist time had passed, then spends ``detect`` plus that tier's restart (a failure
     during which starts the downtime over). Assumes ``w1 <= tau1`` (one save in flight never waits).
     """
-    if intervals < 1 or runs < 2 or not (tau1 > 0 and mtbf > 0):
+    if intervals < 1 or runs < 2 or not (tau1 > 0 and costs.mtbf > 0):
         raise ConfigError("simulate_two_level needs intervals >= 1, runs >= 2, tau1 > 0 and mtbf > 0")
     rng = np.random.default_rng(seed)
-    ends, durable = _schedule(intervals, tau1, every, c1, c2)
-    goodput = np.array([
-        intervals * tau1 / _one_job(rng, ends, durable, w1, w2, mtbf, share, r1 + detect, r2 + detect)
-        for _ in range(runs)
-    ])  # fmt: skip
+    ends, durable = _schedule(intervals, tau1, every, costs.c1, costs.c2)
+    goodput = np.array([intervals * tau1 / _one_job(rng, ends, durable, costs) for _ in range(runs)])
     return float(goodput.mean()), float(goodput.std(ddof=1) / math.sqrt(runs))
 
 
@@ -232,17 +197,9 @@ def _schedule(n: int, tau1: float, every: int, c1: float, c2: float) -> tuple[np
     return np.cumsum(segment), durable
 
 
-def _one_job(
-    rng: np.random.Generator,
-    ends: np.ndarray,
-    durable: np.ndarray,
-    w1: float,
-    w2: float,
-    mtbf: float,
-    share: float,
-    down1: float,
-    down2: float,
-) -> float:
+def _one_job(rng: np.random.Generator, ends: np.ndarray, durable: np.ndarray, costs: TwoLevelCosts) -> float:
+    w1, w2, mtbf, share = costs.w1, costs.w2, costs.mtbf, costs.share
+    down1, down2 = costs.r1 + costs.detect, costs.r2 + costs.detect
     n = len(ends)
     mem_done, dur_done, wall = 0, 0, 0.0
     while True:

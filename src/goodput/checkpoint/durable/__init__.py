@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 from goodput._lazy import lazy_names
 
-__all__ = ["DurableCheckpointer", "DurableRestore", "StagedSource"]
+__all__ = ["DurableCheckpointer", "StagedSource"]
 
 if TYPE_CHECKING:
-    from goodput.checkpoint.durable.checkpointer import DurableCheckpointer, DurableRestore, StagedSource
+    from goodput.checkpoint.durable.checkpointer import DurableCheckpointer, StagedSource
 else:
     __getattr__, __dir__ = lazy_names(
         __name__, dict.fromkeys(__all__, "goodput.checkpoint.durable.checkpointer"), globals(), __all__

@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from torch.distributed.checkpoint import CheckpointException
@@ -32,11 +31,11 @@ from goodput.checkpoint.durable.manifest import CheckpointInfo, FileEntry, Manif
 from goodput.checkpoint.durable.strategy import Completion, SaveContext, make_strategy
 from goodput.checkpoint.policy import SavePolicy
 from goodput.checkpoint.state import TrainingState
-from goodput.checkpoint.tier import Cadence, Damage
+from goodput.checkpoint.tier import Cadence, Damage, Restored
 from goodput.errors import CheckpointError, SaveFailed
 from goodput.faults import fault_point
 
-__all__ = ["DurableCheckpointer", "DurableRestore", "StagedSource"]
+__all__ = ["DurableCheckpointer", "StagedSource"]
 
 log = logging.getLogger("goodput.checkpoint.manager")  # the manager's logger: one name for its messages
 
@@ -50,15 +49,6 @@ class StagedSource(Protocol):
     def staged_state(self, step: int) -> dict[str, Any] | None: ...
 
     def hold(self, future: Future[Any]) -> None: ...
-
-
-@dataclass(frozen=True)
-class DurableRestore:
-    """A step the durable tier restored (``tier`` and ``source`` are ``"durable"``)."""
-
-    step: int
-    tier: str = "durable"
-    source: str = "durable"
 
 
 class DurableCheckpointer:
@@ -385,7 +375,7 @@ class DurableCheckpointer:
         self.reader.parts = {"find": self._clock() - started}
         return candidates[0][0] if candidates else None
 
-    def restore(self, *, at_least: int | None = None) -> DurableRestore | None:
+    def restore(self, *, at_least: int | None = None) -> Restored | None:
         """Load the newest valid checkpoint ``find`` listed (no older than ``at_least``); a damaged one is passed
         over (named in a warning) and saved over when training reaches its step again."""
         for step, url in self.candidates:
@@ -401,7 +391,7 @@ class DurableCheckpointer:
                 "restore_parts", step=step, **{f"{k}_seconds": v for k, v in self.reader.parts.items()}
             )
             fault_point("restore", step)  # loaded, not yet in use
-            return DurableRestore(step)
+            return Restored(step, "durable", "durable")
         return None
 
     def damage(self) -> Damage:

@@ -22,7 +22,6 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
@@ -34,25 +33,15 @@ from goodput.checkpoint.memory.replica import ReplicaLink, Topology
 from goodput.checkpoint.memory.store import MemoryStore, MemoryTier, PartIncomplete
 from goodput.checkpoint.policy import SavePolicy
 from goodput.checkpoint.state import TrainingState
-from goodput.checkpoint.tier import Cadence, Damage
+from goodput.checkpoint.tier import Cadence, Damage, Restored
 from goodput.errors import CheckpointCorrupt, StateMismatch
 from goodput.faults import fault_point
 
-__all__ = ["MemoryCheckpointer", "MemoryRestore"]
+__all__ = ["MemoryCheckpointer"]
 
 log = logging.getLogger(__name__)
 
 Emit = Callable[..., None]
-
-
-@dataclass(frozen=True)
-class MemoryRestore:
-    """Where a memory-tier restore came from: ``tier`` is ``"peer"`` when any rank's part came from a peer
-    node's replica, else ``"memory"``; ``source`` is this rank's own source."""
-
-    step: int
-    tier: str
-    source: str
 
 
 class MemoryCheckpointer:
@@ -287,7 +276,7 @@ class MemoryCheckpointer:
         choice = _agree(self._inventories, self.world_size, set(), -1)
         return choice[0] if choice is not None else None
 
-    def restore(self, *, at_least: int | None = None) -> MemoryRestore | None:
+    def restore(self, *, at_least: int | None = None) -> Restored | None:
         """Load the newest step ``find`` agreed on (not older than ``at_least``) that every rank loads.
 
         Returns None when there is none (the next tier is asked); ``failures`` then lists the marked parts found
@@ -320,7 +309,7 @@ class MemoryCheckpointer:
                 tier = "peer" if any(h != r for r, h in enumerate(holders)) else "memory"
                 source = "peer" if holders[self.rank] != self.rank else "memory"
                 self.committed = [step]
-                return MemoryRestore(step, tier, source)
+                return Restored(step, tier, source)
             self.overwritten = self.overwritten or in_place  # some rank's live state may hold its bytes
             for r, detail in damaged:
                 log.warning("memory tier: skipping rank %d's part of step %d: %s", r, step, detail)
