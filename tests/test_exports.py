@@ -22,6 +22,7 @@ FROZEN = [
     "CheckpointError",
     "CheckpointManager",
     "ConfigError",
+    "Costs",
     "CrashLoop",
     "DataError",
     "DevicePrefetcher",

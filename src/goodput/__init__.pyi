@@ -54,6 +54,7 @@ from goodput.ledger.exporters import available_exporters as available_exporters
 from goodput.ledger.report import Report as Report
 from goodput.ledger.report import build_report as build_report
 from goodput.ledger.report import load_report as load_report
+from goodput.planning import Costs as Costs
 from goodput.planning import PlanInputs as PlanInputs
 from goodput.planning import goodput_daly as goodput_daly
 from goodput.planning import optimal_interval as optimal_interval
@@ -78,6 +79,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointManager",
     "ConfigError",
+    "Costs",
     "CrashLoop",
     "DataError",
     "DevicePrefetcher",

@@ -49,6 +49,7 @@ PUBLIC: dict[str, str] = {
     "load_report": "goodput.ledger.report",
     # the planner
     "PlanInputs": "goodput.planning",
+    "Costs": "goodput.planning",
     "optimal_interval": "goodput.planning",
     "young_interval": "goodput.planning",
     "goodput_daly": "goodput.planning",
