@@ -223,7 +223,7 @@ def _run(
     from goodput.drill.soak_store import StoreFaults
 
     run_dir = os.path.join(work, "soak")
-    store = StoreFaults(plan.schedule, latest=lambda: _latest_step(run_dir, since=0.0))
+    store = StoreFaults(plan.schedule, latest=lambda: _latest_step(run_dir, since=0.0), say=say)
     store_env = store.begin()  # the durable tier on the faulty store, when the schedule holds a store fault
     empty = Reference.empty()
     context = DrillContext(

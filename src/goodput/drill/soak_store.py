@@ -107,12 +107,14 @@ class StoreFaults(threading.Thread):
     for) it starts nothing and :meth:`begin` is empty: the job keeps its own checkpoint root."""
 
     def __init__(
-        self, schedule: Sequence[SoakFault], *, latest: Callable[[], int] = lambda: -1, serve: bool = False
-    ) -> None:
+        self, schedule: Sequence[SoakFault], *, latest: Callable[[], int] = lambda: -1, serve: bool = False,
+        say: Callable[[str], None] = lambda _: None,
+    ) -> None:  # fmt: skip
         super().__init__(name="goodput-soak-store", daemon=True)
         self.faults = [f for f in schedule if f.kind in STORE]
         self.serve = serve or bool(self.faults)
         self.latest = latest
+        self.say = say
         self.windows: list[StoreWindow] = []
         self._halt = threading.Event()
         self._server: S3Server | None = None
@@ -172,6 +174,7 @@ class StoreFaults(threading.Thread):
         before = self._newest()
         refused_before = sum(proxy.injected().values())
         opened = time.time()
+        self.say(f"injected: {fault.text()}")
         if fault.kind == "full":
             proxy.fail_next(1 << 60, status=507, code="InsufficientStorage", match=writes)
         else:
@@ -188,6 +191,9 @@ class StoreFaults(threading.Thread):
         proxy.set(latency_s=0.0)
         closed = time.time()
         refused = sum(proxy.injected().values()) - refused_before
+        self.say(
+            f"{fault.kind}: the store answers normally again after {closed - opened:.1f}s, {refused} refused"
+        )
         return StoreWindow(
             kind=fault.kind, step=fault.step, opened=opened, closed=closed, refused=refused, before=before,
             after=self._newest(),
