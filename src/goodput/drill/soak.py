@@ -7,7 +7,9 @@ to train for DURATION (a user's script trains its own length, the schedule sprea
 under ``goodput launch --restart warm`` with the schedule's fault plan; the soak sends each preemption's SIGTERM
 itself once the job has trained past its step, and runs the same command again after it, as a scheduler would;
 so for a SIGKILL of the warm agent or of ``goodput launch`` (after which no process of the job may be left).
-A thread samples the job's processes and the node meanwhile (:mod:`goodput.drill.soak_leaks`). A violation
+A thread samples the job's processes and the node meanwhile (:mod:`goodput.drill.soak_leaks`); with store faults
+in the schedule, another opens their windows on the S3 server the durable tier then saves to
+(:mod:`goodput.drill.soak_store`). A violation
 stops the soak at once and writes :data:`~goodput.drill.soak_plan.REPLAY_FILE` in the current folder, which
 ``goodput drill --soak --replay FILE`` runs again with the same schedule.
 """
@@ -29,6 +31,7 @@ from goodput.drill.soak_plan import (
     KINDS,
     REPLAY_FILE,
     SENT,
+    STORE,
     Checks,
     SoakFault,
     SoakPlan,
@@ -37,6 +40,7 @@ from goodput.drill.soak_plan import (
     read_replay,
 )
 from goodput.drill.soak_report import Outcome, judge_run, print_tables
+from goodput.drill.soak_store import measuring_store, store_missing
 from goodput.drill.supervisors import agent_pid, left_after
 from goodput.errors import ConfigError
 from goodput.job.codes import EXIT_PREEMPTED
@@ -141,8 +145,12 @@ def _draw(
     reference of a script of the user's (it ran as the soak will), of the built-in script none (60 steps)."""
     demo = script[0] == DEMO_SCRIPT
     measured = (*script, "--steps", str(CALIBRATION_STEPS)) if demo else script
+    if missing := store_missing(kinds):
+        kinds = [k for k in kinds if k not in STORE]
+        say(f"soak: no store faults ({', '.join(STORE)}): {missing}")
     say(f"soak: measuring the step time: {' '.join(measured)} once, uninterrupted ...")
-    reference = reference_run(measured, nproc=nproc, nnodes=1, seed=seed, work=work, say=say)
+    with measuring_store(kinds) as env:  # the store faults' soak saves to S3: measured so too
+        reference = reference_run(measured, nproc=nproc, nnodes=1, seed=seed, work=work, say=say, env=env)
     if reference is None:
         return None
     step_seconds, first, checks = _measured(reference)
@@ -212,13 +220,18 @@ def _run(
     say: Callable[[str], None],
 ) -> Outcome:  # fmt: skip
     from goodput.drill.soak_leaks import Sampler
+    from goodput.drill.soak_store import StoreFaults
 
     run_dir = os.path.join(work, "soak")
+    store = StoreFaults(plan.schedule, latest=lambda: _latest_step(run_dir, since=0.0), say=say)
+    store_env = store.begin()  # the durable tier on the faulty store, when the schedule holds a store fault
     empty = Reference.empty()
     context = DrillContext(
         script=script, nproc=nproc, nnodes=1, seed=plan.seed, work_dir=work, reference=empty, say=say
     )
-    spec = LaunchSpec(faults=fault_plan(plan.schedule), restarts=len(plan.schedule) + 2, warm=True)
+    spec = LaunchSpec(
+        faults=fault_plan(plan.schedule), restarts=len(plan.schedule) + 2, warm=True, env=store_env
+    )
     watch = _Watch(began=time.monotonic(), sent=[f for f in plan.schedule if f.kind in SENT])
     sampler = Sampler(
         run_dir, script[0], clock=lambda: time.monotonic() - watch.began,
@@ -242,11 +255,12 @@ def _run(
                 f"[{time.monotonic() - watch.began:6.1f}s] {fault.kind} ended the launch (exit {status}): the same command again"
             )
     finally:
+        store.end()
         sampler.stop()
         sampler.save(os.path.join(work, SAMPLES_FILE))
     return judge_run(
         plan, run_dir, status=status, seconds=time.monotonic() - watch.began, sampler=sampler,
-        stopped=watch.violation, relaunched=tuple(watch.relaunched), reference=reference,
+        stopped=watch.violation, relaunched=tuple(watch.relaunched), reference=reference, store=store.windows,
     )  # fmt: skip
 
 

@@ -15,7 +15,7 @@ import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from goodput.drill.soak_plan import KINDS, SoakFault
+from goodput.drill.soak_plan import KINDS, STORE, SoakFault
 from goodput.verify.demo import trained_twice
 from goodput.verify.records import RunRecords
 from goodput.verify.shrink import effective
@@ -128,6 +128,8 @@ class KindRow:
             level) at each scheduled spike it missed where that figure was above half the spike's factor (the
             drill's spike scenario injects only below it): on that loss a spike of that factor can pass unseen
             (a step whose own loss lies under the level), so it goes unanswered without a violation.
+        unreached: for the store's kinds, the windows the job's end closed before the store was asked
+            anything (:mod:`goodput.drill.soak_store`): untested, no violation.
     """
 
     kind: str
@@ -137,6 +139,7 @@ class KindRow:
     recover: tuple[float, ...] = ()
     lost: tuple[float, ...] = ()
     undetectable: tuple[float, ...] = ()
+    unreached: int = 0
 
 
 def undetectable_spikes(events: Sequence[Mapping[str, Any]]) -> dict[int, float]:
@@ -186,7 +189,7 @@ def kind_rows(
             continue
         found.setdefault(kind, []).append((detect, recover, lost))
     rows = []
-    for kind in KINDS:
+    for kind in (k for k in KINDS if k not in STORE):  # the store's rows: goodput.drill.soak_store
         scheduled = sum(1 for f in schedule if f.kind == kind)
         seen = found.get(kind, [])
         count = fired.get(kind, 0) if kind == "slow" else len(seen)

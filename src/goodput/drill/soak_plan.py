@@ -5,7 +5,8 @@ soak's length and the script's measured step time, so a replay file that holds t
 draws the same faults again. Every fault is placed at a step, the measured step time turning each drawn second
 into a step: the in-process faults (``kill``, ``hang``, ``nan``, ``spike``, ``bitflip``, ``slow``) become one
 fault plan (:mod:`goodput.faults`) that every launch of the soak is given; the soak sends the others itself once
-the job has trained past their step (:data:`SENT`), and runs the same command again after each.
+the job has trained past their step (:data:`SENT`), and runs the same command again after each; the store's
+faults (:data:`STORE`) open a window of the durable store's refusals or throttling at their step instead.
 
 A bit flip is found only by the guard's next replica check and undone only by a rollback to a checkpoint at or
 before the last check that agreed; a restart, a relaunch or another rollback before that check can carry the
@@ -29,6 +30,8 @@ __all__ = [
     "KINDS",
     "REPLAY_FILE",
     "SENT",
+    "STORE",
+    "STORE_WINDOW_SECONDS",
     "Checks",
     "SoakFault",
     "SoakPlan",
@@ -37,12 +40,20 @@ __all__ = [
     "read_replay",
 ]
 
-KINDS = ("kill", "hang", "nan", "spike", "bitflip", "slow", "preempt", "agent", "launcher")
+KINDS = (
+    "kill", "hang", "nan", "spike", "bitflip", "slow", "preempt", "agent", "launcher", "full", "throttled",
+)  # fmt: skip
 SENT = {  # the kinds the soak sends itself, after the job has trained past their step; then the command again
     "preempt": "SIGTERM to goodput launch",
     "agent": "SIGKILL of the warm agent",
     "launcher": "SIGKILL of goodput launch",
 }
+STORE = {  # the kinds the durable store answers, for a window from their step (goodput.drill.soak_store)
+    "full": "the store refuses every write, 507 Insufficient Storage",
+    "throttled": "the store answers 50 ms late and 503 SlowDown twice after every 4 requests",
+}
+# a store fault's window: at least this long, and until the store refused a request
+STORE_WINDOW_SECONDS = 5.0
 _RANKED = ("kill", "hang", "nan", "slow", "bitflip")  # the kinds that hit one rank
 REPLAY_FILE = "soak-replay.json"
 SLOW_SECONDS = 2.0  # a slow rank's pause at its step: below any hang timeout, above a step's noise
@@ -72,7 +83,7 @@ class SoakFault:
     def plan(self) -> str:
         """The fault in :mod:`goodput.faults` syntax; empty for the kinds the soak sends itself."""
         where = f"step={self.step}" + (f",rank={self.rank}" if self.rank is not None else "")
-        if self.kind in SENT:
+        if self.kind in SENT or self.kind in STORE:
             return ""
         return {
             "kill": f"kill@{where}",
@@ -86,6 +97,8 @@ class SoakFault:
     def text(self) -> str:
         """The fault in a few words, for progress lines."""
         on = f" rank {self.rank}" if self.rank is not None else ""
+        if self.kind in STORE:
+            return f"{self.kind} at step {self.step} ({STORE[self.kind]}, {STORE_WINDOW_SECONDS:g}s or more)"
         what = f"{SENT[self.kind]}, then the same command again" if self.kind in SENT else self.plan()
         return f"{self.kind}{on} at step {self.step} ({what})"
 

@@ -23,6 +23,7 @@ from goodput.drill.soak_checks import (
 )
 from goodput.drill.soak_leaks import peaks
 from goodput.drill.soak_plan import SoakPlan
+from goodput.drill.soak_store import StoreWindow, store_problems, store_rows
 from goodput.drill.supervisors import left_after, ram_folders
 
 if TYPE_CHECKING:
@@ -49,12 +50,12 @@ class Outcome:
 
 def judge_run(
     plan: SoakPlan, run_dir: str, *, status: int, seconds: float, sampler: Sampler, stopped: str,
-    relaunched: Sequence[str] = (), reference: RunRecords | None = None,
+    relaunched: Sequence[str] = (), reference: RunRecords | None = None, store: Sequence[StoreWindow] = (),
 ) -> Outcome:  # fmt: skip
     """Every check of the soak on the finished job in ``run_dir`` (``stopped``: the violation that stopped it
     early, whose job's account is still given, its lineage left unjudged; ``relaunched``: the kind of fault that
     ended each launch but the last; ``reference``: the same command's uninterrupted run, whose records the final
-    lineage must equal, step by step and in its final state)."""
+    lineage must equal, step by step and in its final state; ``store``: the store faults' windows)."""
     from goodput.ledger import read_events
     from goodput.ledger.accounting import account
     from goodput.verify.records import read_records
@@ -77,7 +78,7 @@ def judge_run(
         kind_rows(
             plan.schedule, acc.attempts, first_rank, fired_faults(run_dir), relaunched, hung_attempts(events)
         )
-    )
+    ) + tuple(store_rows(plan.schedule, store, events))
     result = "the final state: not compared with an uninterrupted run (a replay, or the built-in script without --reference)"
     if not stopped:
         try:
@@ -92,7 +93,7 @@ def judge_run(
                 found += [] if identical else [result]
         except FileNotFoundError:
             found.append("the job recorded no step")
-        found += _count_problems(kinds)
+        found += _count_problems(kinds) + store_problems(store, events)
     biggest = largest_losses(acc.categories, 4)
     text = (
         f"ledger: wall {acc.wall_seconds:.1f}s in {acc.launches} launch(es), {len(acc.attempts)} attempts, "
@@ -138,7 +139,7 @@ def _count_problems(kinds: Sequence[KindRow]) -> list[str]:
         f"{r.kind}: {r.scheduled} scheduled, {r.seen} seen"
         + (f" ({len(r.undetectable)} not detectable on this loss)" if r.undetectable else "")
         for r in kinds
-        if r.seen + len(r.undetectable) < r.scheduled
+        if r.seen + len(r.undetectable) + r.unreached < r.scheduled
         or (r.seen > r.scheduled and r.kind not in ("nan", "spike"))
     ]
 
@@ -249,6 +250,12 @@ def print_tables(outcome: Outcome, plan: SoakPlan) -> None:
             print(
                 f"spikes not detectable on this loss: {len(r.undetectable)} (the spike rule's own figure at their "
                 f"steps needed a rise of {needs}, more than half the spike's factor; docs/numeric-faults.md)"
+            )
+    for r in outcome.kinds:
+        if r.unreached:
+            print(
+                f"{r.kind}: {r.unreached} window(s) closed by the job's end before the store was asked anything "
+                f"(not tested)"
             )
     verdict = "every check held" if not outcome.violations else f"{len(outcome.violations)} violation(s)"
     print(f"soak: {plan.steps} steps, {outcome.seconds:.0f}s, {outcome_text(outcome.status)}: {verdict}")

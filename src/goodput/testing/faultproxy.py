@@ -145,9 +145,15 @@ class FaultProxy:
                 self._settings.bandwidth_bps = bandwidth_bps or None
 
     def fail_next(
-        self, n: int, *, status: int = 503, code: str = "SlowDown", match: str | None = None
+        self,
+        n: int,
+        *,
+        status: int = 503,
+        code: str = "SlowDown",
+        match: str | Callable[[str, str], bool] | None = None,
     ) -> None:
-        """Answer the next ``n`` requests (whose path contains ``match``) with an S3-style error."""
+        """Answer the next ``n`` requests (whose path contains ``match``; a callable: for which
+        ``match(method, path)`` is true) with an S3-style error."""
         self._add(_Fault("fail", n, status=status, code=code, match=_matcher(match)))
 
     def drop_next(self, n: int, *, match: str | None = None) -> None:
@@ -284,9 +290,9 @@ class FaultProxy:
             self._log.append(record)
 
 
-def _matcher(match: str | None) -> Callable[[str, str], bool] | None:
-    if match is None:
-        return None
+def _matcher(match: str | Callable[[str, str], bool] | None) -> Callable[[str, str], bool] | None:
+    if match is None or callable(match):
+        return match
     return lambda method, path: match in path
 
 
@@ -403,9 +409,13 @@ def _error_response(method: str, status: int, code: str) -> bytes:
         f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
         f"<Message>injected by goodput's fault proxy</Message><RequestId>faultproxy</RequestId></Error>"
     ).encode()
-    reason = {500: "Internal Server Error", 503: "Slow Down", 403: "Forbidden", 404: "Not Found"}.get(
-        status, "Error"
-    )
+    reason = {
+        500: "Internal Server Error",
+        503: "Slow Down",
+        403: "Forbidden",
+        404: "Not Found",
+        507: "Insufficient Storage",
+    }.get(status, "Error")
     head = (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
         "x-amz-request-id: faultproxy\r\n\r\n"

@@ -25,7 +25,7 @@ from typing import Any
 
 from goodput._ports import free_port
 
-__all__ = ["S3Server", "free_port"]
+__all__ = ["S3Server", "free_port", "weed_binary"]
 
 # weed derives each gRPC port as the HTTP port + 10000; keep both inside the valid range.
 _GRPC_OFFSET = 10000
@@ -34,7 +34,12 @@ _GRPC_OFFSET = 10000
 _SOCKETS = "/tmp"
 
 
-def _weed_binary() -> str:
+def weed_binary() -> str:
+    """The ``weed`` binary's path (beside this Python's, else on PATH).
+
+    Raises:
+        RuntimeError: it is not installed.
+    """
     here = os.path.join(os.path.dirname(sys.executable), "weed")
     found = here if os.path.exists(here) else shutil.which("weed")
     if found is None:
@@ -102,7 +107,7 @@ class S3Server:
         store = os.path.join(self.data_dir, "store")
         os.makedirs(store, exist_ok=True)
         cmd = [
-            _weed_binary(),
+            weed_binary(),
             "mini",
             f"-dir={store}",
             "-ip=127.0.0.1",

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from torch.distributed.checkpoint import CheckpointException
 
 import goodput
-from goodput._storage_errors import refusals_named
+from goodput._storage_errors import is_refusal, refusals_named
 from goodput.checkpoint._collectives import Collectives
 from goodput.checkpoint._contention import BackgroundCpu
 from goodput.checkpoint._saving import FAILURES, SaveResult, describe, raiser
@@ -115,14 +115,24 @@ class DurableCheckpointer:
     def prepare(self) -> None:
         """Rank 0, before any training: remove crashed saves' folders and, under a remote root, write and remove
         a probe object. Credentials the store refuses (none, wrong ones, read-only) stop the job here with one
-        line (``AccessRefused``, fatal: no restarted attempt can fix them), not at every attempt or first save."""
+        line (``AccessRefused``, fatal: no restarted attempt can fix them), not at every attempt or first save.
+        A remote store that refuses the probe for another reason (full, throttling past its retries) is one
+        warning: the attempt restores and trains, and its saves fail or commit as the store allows, as when it
+        fills up mid-run; failing here would make every restart while it lasts a crash of its own."""
         config, layout = self.config, self.layout
         with refusals_named(config.root, config.storage_options, verb="write checkpoints to"):
             layout.clean_partials(stale_after=config.seconds("partial_grace"))
             if not layout.local:
                 probe = layout.join(f".goodput-probe-{self.token}")
-                layout.fs.pipe_file(probe, b"")
-                layout.fs.rm_file(probe)
+                try:
+                    layout.fs.pipe_file(probe, b"")
+                    layout.fs.rm_file(probe)
+                except OSError as err:
+                    if is_refusal(err):
+                        raise
+                    log.warning(
+                        "the checkpoint store refused a probe write, training goes on: %s", describe(err)
+                    )
 
     def _add(self, step: int) -> None:
         self.committed = sorted({*self.committed, step}, reverse=True)
