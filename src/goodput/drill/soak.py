@@ -38,6 +38,7 @@ from goodput.drill.soak_plan import (
     draw_schedule,
     fault_plan,
     read_replay,
+    soak_kinds,
 )
 from goodput.drill.soak_report import Outcome, judge_run, print_tables
 from goodput.drill.soak_store import measuring_store, store_missing
@@ -66,21 +67,27 @@ def soak(
     replay: str | None = None,
     kinds: Sequence[str] = KINDS,
     reference: bool = False,
+    nnodes: int = 1,
     say: Callable[[str], None] = print,
 ) -> int:
     """Soak ``script`` (the built-in demo when empty) for ``duration`` seconds with a fault every ``mtbf``
     seconds on average (or the schedule of the ``replay`` file), of the given ``kinds``; 0 when every check held,
     1 on a violation (the replay file written in the current folder). The final lineage is compared with the
     same command's uninterrupted run: a script of yours has it from measuring its step time; the built-in
-    script, sized to the soak, runs it first only with ``reference`` (it doubles the time).
+    script, sized to the soak, runs it first only with ``reference`` (it doubles the time). With ``nnodes`` 2
+    the job runs as two node launches on this machine (:mod:`goodput.drill.soak_nodes`).
 
     Raises:
         ConfigError: a missing script or replay file, a non-empty work folder, a duration or mtbf out of range,
             an unknown kind.
     """
-    if (unknown := sorted(set(kinds) - set(KINDS))) or not kinds:
+    if nnodes not in (1, 2):
+        raise ConfigError(f"--soak runs on --nnodes 1 or 2, got {nnodes}")
+    known = soak_kinds(nnodes)
+    if (unknown := sorted(set(kinds) - set(known))) or not kinds:
         raise ConfigError(
-            f"--kinds {','.join(unknown) or '(none)'}: not a soak's fault kind ({', '.join(KINDS)})"
+            f"--kinds {','.join(unknown) or '(none)'}: not a soak's fault kind on {nnodes} node(s) "
+            f"({', '.join(known)})"
         )
     if os.path.isdir(work_dir) and os.listdir(work_dir):
         raise ConfigError(f"{work_dir} is not empty (an earlier drill?): choose an empty --work-dir")
@@ -88,20 +95,26 @@ def soak(
     uninterrupted: Reference | None = None
     if replay is not None:
         plan, script = _replayed(replay, script)
+        if unknown := sorted({f.kind for f in plan.schedule} - set(known)):
+            raise ConfigError(
+                f"--replay {replay}: {', '.join(unknown)} is not a soak's fault kind on {nnodes} node(s) "
+                f"({', '.join(known)})"
+            )
     else:
         if duration is None or duration <= 0 or mtbf <= 0:
             raise ConfigError(f"need --soak DURATION > 0 and --mtbf > 0, got {duration} and {mtbf}")
         script = tuple(script) or (DEMO_SCRIPT,)
         drawn = _draw(
-            script, duration=duration, mtbf=mtbf, seed=seed, nproc=nproc, work=work_dir, kinds=kinds, say=say
-        )
+            script, duration=duration, mtbf=mtbf, seed=seed, nproc=nproc, nnodes=nnodes, work=work_dir,
+            kinds=kinds, say=say,
+        )  # fmt: skip
         if drawn is None:
             return 1
         plan, script, uninterrupted = drawn
     if script[0].endswith(".py") and not os.path.isfile(script[0]):
         raise ConfigError(f"the training script {script[0]!r} does not exist")
     say(
-        f"soak: {' '.join(script)}, {nproc} ranks, --restart warm, {plan.steps} steps (about {plan.seconds:.0f}s "
+        f"soak: {' '.join(script)}, {nproc} ranks x {nnodes} node(s), --restart warm, {plan.steps} steps (about {plan.seconds:.0f}s "
         f"of training at {plan.step_seconds * 1000:.1f} ms a step), {len(plan.schedule)} faults (seed "
         f"{plan.seed}, mtbf {plan.mtbf:g}s), in {work_dir}"
     )
@@ -110,18 +123,30 @@ def soak(
     if uninterrupted is None and reference and script[0] == DEMO_SCRIPT:
         say(f"soak: the reference: {' '.join(script)} once, uninterrupted ...")
         uninterrupted = reference_run(
-            script, nproc=nproc, nnodes=1, seed=plan.seed, work=os.path.join(work_dir, "reference"), say=say
+            script,
+            nproc=nproc,
+            nnodes=nnodes,
+            seed=plan.seed,
+            work=os.path.join(work_dir, "reference"),
+            say=say,
         )
         if uninterrupted is None:
             return 1
     records = uninterrupted.records if uninterrupted is not None else None
-    outcome = _run(plan, script, nproc=nproc, work=work_dir, reference=records, say=say)
+    if nnodes == 2:
+        from goodput.drill.soak_nodes import run_two_nodes
+
+        outcome = run_two_nodes(plan, script, nproc=nproc, work=work_dir, reference=records, say=say)
+    else:
+        outcome = _run(plan, script, nproc=nproc, work=work_dir, reference=records, say=say)
     print_tables(outcome, plan)
     if not outcome.violations:
         return 0
     path = os.path.abspath(REPLAY_FILE)
     with open(path, "w") as f:
-        json.dump({**plan.to_json(outcome.violations[0]), "script": list(script)}, f, indent=2)
+        json.dump(
+            {**plan.to_json(outcome.violations[0]), "script": list(script), "nnodes": nnodes}, f, indent=2
+        )
     for line in outcome.violations:
         say(f"soak: VIOLATION: {line}")
     say(f"soak: the schedule is in {path}: 'goodput drill --soak --replay {REPLAY_FILE}' runs it again")
@@ -138,19 +163,26 @@ def _replayed(path: str, script: Sequence[str]) -> tuple[SoakPlan, tuple[str, ..
 
 
 def _draw(
-    script: tuple[str, ...], *, duration: float, mtbf: float, seed: int, nproc: int, work: str,
+    script: tuple[str, ...], *, duration: float, mtbf: float, seed: int, nproc: int, nnodes: int, work: str,
     kinds: Sequence[str], say: Callable[[str], None],
 ) -> tuple[SoakPlan, tuple[str, ...], Reference | None] | None:  # fmt: skip
     """Measure the script's step time in an uninterrupted run and draw the schedule from it; that run is the
-    reference of a script of the user's (it ran as the soak will), of the built-in script none (60 steps)."""
+    reference of a script of the user's (it ran as the soak will), of the built-in script none (60 steps). On
+    two nodes the built-in script keeps its global batch through a shrink (``--global-batch``)."""
+    from goodput.drill.soak_nodes import demo_global_batch, draw_two_nodes
+
     demo = script[0] == DEMO_SCRIPT
+    if demo and nnodes == 2:
+        script = (*script, "--global-batch", str(demo_global_batch(nproc)))
     measured = (*script, "--steps", str(CALIBRATION_STEPS)) if demo else script
     if missing := store_missing(kinds):
         kinds = [k for k in kinds if k not in STORE]
         say(f"soak: no store faults ({', '.join(STORE)}): {missing}")
     say(f"soak: measuring the step time: {' '.join(measured)} once, uninterrupted ...")
     with measuring_store(kinds) as env:  # the store faults' soak saves to S3: measured so too
-        reference = reference_run(measured, nproc=nproc, nnodes=1, seed=seed, work=work, say=say, env=env)
+        reference = reference_run(
+            measured, nproc=nproc, nnodes=nnodes, seed=seed, work=work, say=say, env=env
+        )
     if reference is None:
         return None
     step_seconds, first, checks = _measured(reference)
@@ -164,10 +196,16 @@ def _draw(
             f"those (a longer soak needs a longer run of the script)"
         )
     seconds = min(duration, steps * step_seconds)
-    schedule = draw_schedule(
-        seed=seed, mtbf=mtbf, seconds=seconds, step_seconds=step_seconds, steps=steps, first_step=first,
-        world=nproc, kinds=kinds, checks=checks,
-    )  # fmt: skip
+    if nnodes == 2:
+        schedule = draw_two_nodes(
+            seed=seed, mtbf=mtbf, seconds=seconds, step_seconds=step_seconds, steps=steps, first_step=first,
+            nproc=nproc, kinds=kinds, checks=checks,
+        )  # fmt: skip
+    else:
+        schedule = draw_schedule(
+            seed=seed, mtbf=mtbf, seconds=seconds, step_seconds=step_seconds, steps=steps, first_step=first,
+            world=nproc, kinds=kinds, checks=checks,
+        )  # fmt: skip
     if not schedule:
         raise ConfigError(
             f"no fault falls within the script's {seconds:.0f}s of training at --mtbf {mtbf:g}s, so the soak would "

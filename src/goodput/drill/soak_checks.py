@@ -56,10 +56,12 @@ def lineage_problems(records: RunRecords, steps: int, *, skipped_steps: int = 0)
     missing = [s for s in range(1, steps + 1) if s not in by_step]
     if missing:
         problems.append(f"{len(missing)} step(s) missing from the lineage, the first {missing[:5]}")
-    short = [s for s in by_step if sum(1 for r in kept.values() if s in r) != world]
+    # a step trained after a shrink or a grow has the world its ranks recorded
+    worlds = {s: r.world or world for rank_steps in kept.values() for s, r in rank_steps.items()}
+    short = [s for s in by_step if sum(1 for r in kept.values() if s in r) != worlds[s]]
     if short:
         problems.append(
-            f"{len(short)} step(s) trained by fewer than {world} ranks, the first {sorted(short)[:5]}"
+            f"{len(short)} step(s) trained by fewer ranks than their world, the first {sorted(short)[:5]}"
         )
     twice = _repeats(dict(sorted(by_step.items())), skipped_steps)
     if twice:
@@ -163,13 +165,18 @@ def kind_rows(
     fired: Mapping[str, int],
     relaunched: Sequence[str] = (),
     hung: Collection[int] = (),
+    node_ranks: int = 0,
 ) -> list[KindRow]:
     """The per-kind table from the ledger's attempts (:class:`goodput.ledger.accounting.AttemptSummary`, in
     order), its ``rollback`` events, the fired markers and the kind of fault that ended each launch but the last
     (``relaunched``; a relaunch with none named counts as a preemption). A restart after an attempt in which a
-    rank declared a hang (``hung``: those attempts' numbers) answered a ``hang``, any other a ``kill``."""
+    rank declared a hang (``hung``: those attempts' numbers) answered a ``hang``, any other a ``kill``. With
+    ``node_ranks`` (a soak on two nodes of that many ranks) the table has a ``node`` row: a shrink that dropped
+    a node's ranks answered a ``node``, one that dropped fewer a ``kill`` (its node's spare not ready in time);
+    a grow is the way back, no fault."""
     relaunches = list(relaunched)
     rollbacks = [e for e in events if e["event"] == "rollback"]
+    shrinks = [e for e in events if e["event"] == "shrink"]
     found: dict[str, list[tuple[float, float, float]]] = {}
     for previous, attempt in itertools.pairwise(attempts):
         before, after = previous.categories, attempt.categories
@@ -178,6 +185,11 @@ def kind_rows(
             event = rollbacks.pop(0)
             kind = _NUMERIC_KINDS.get(str(event.get("kind")), str(event.get("kind")))
             recover = float(event.get("seconds_total") or 0.0)
+        elif attempt.began == "shrink" and node_ranks:
+            failed = len(shrinks.pop(0).get("failed_ranks") or ()) if shrinks else 0
+            kind = "node" if failed >= node_ranks else "kill"
+            start = after.get("init", 0.0) + after.get("checkpoint_restore", 0.0)
+            recover = start + before.get("restart_downtime", 0.0)
         elif attempt.began == "restart":
             kind = "hang" if previous.number in hung else "kill"
             start = after.get("init", 0.0) + after.get("checkpoint_restore", 0.0)
@@ -189,7 +201,9 @@ def kind_rows(
             continue
         found.setdefault(kind, []).append((detect, recover, lost))
     rows = []
-    for kind in (k for k in KINDS if k not in STORE):  # the store's rows: goodput.drill.soak_store
+    for kind in (*KINDS, "node") if node_ranks else KINDS:
+        if kind in STORE:  # the store's rows: goodput.drill.soak_store
+            continue
         scheduled = sum(1 for f in schedule if f.kind == kind)
         seen = found.get(kind, [])
         count = fired.get(kind, 0) if kind == "slow" else len(seen)

@@ -28,6 +28,7 @@ from goodput.errors import ConfigError
 
 __all__ = [
     "KINDS",
+    "NODE_KINDS",
     "REPLAY_FILE",
     "SENT",
     "STORE",
@@ -38,6 +39,7 @@ __all__ = [
     "draw_schedule",
     "fault_plan",
     "read_replay",
+    "soak_kinds",
 ]
 
 KINDS = (
@@ -47,6 +49,7 @@ SENT = {  # the kinds the soak sends itself, after the job has trained past thei
     "preempt": "SIGTERM to goodput launch",
     "agent": "SIGKILL of the warm agent",
     "launcher": "SIGKILL of goodput launch",
+    "node": "SIGKILL of node 1's launcher, agent, ranks and spares at once",  # --nnodes 2: goodput.drill.soak_nodes
 }
 STORE = {  # the kinds the durable store answers, for a window from their step (goodput.drill.soak_store)
     "full": "the store refuses every write, 507 Insufficient Storage",
@@ -54,6 +57,8 @@ STORE = {  # the kinds the durable store answers, for a window from their step (
 }
 # a store fault's window: at least this long, and until the store refused a request
 STORE_WINDOW_SECONDS = 5.0
+# the kinds a soak on two nodes mixes (the store's faults are one node's soak's, for now)
+NODE_KINDS = (*(k for k in KINDS if k not in SENT and k not in STORE), "node")
 _RANKED = ("kill", "hang", "nan", "slow", "bitflip")  # the kinds that hit one rank
 REPLAY_FILE = "soak-replay.json"
 SLOW_SECONDS = 2.0  # a slow rank's pause at its step: below any hang timeout, above a step's noise
@@ -190,6 +195,13 @@ def fault_plan(schedule: Sequence[SoakFault]) -> str:
     """The in-process faults of ``schedule`` as one fault plan (every launch of the soak gets the same one: a
     fault fires once per run and rank, its marker kept in the run folder)."""
     return "; ".join(p for f in schedule if (p := f.plan()))
+
+
+def soak_kinds(nnodes: int) -> tuple[str, ...]:
+    """The fault kinds a soak on ``nnodes`` nodes mixes (its default ``--kinds``): on two nodes the in-process
+    kinds and ``node`` (:mod:`goodput.drill.soak_nodes`); a preemption and a kill of the agent or the launcher
+    are the one-node soak's."""
+    return NODE_KINDS if nnodes == 2 else KINDS
 
 
 def read_replay(path: str) -> SoakPlan:

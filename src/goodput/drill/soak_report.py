@@ -51,11 +51,13 @@ class Outcome:
 def judge_run(
     plan: SoakPlan, run_dir: str, *, status: int, seconds: float, sampler: Sampler, stopped: str,
     relaunched: Sequence[str] = (), reference: RunRecords | None = None, store: Sequence[StoreWindow] = (),
+    node_ranks: int = 0,
 ) -> Outcome:  # fmt: skip
     """Every check of the soak on the finished job in ``run_dir`` (``stopped``: the violation that stopped it
     early, whose job's account is still given, its lineage left unjudged; ``relaunched``: the kind of fault that
     ended each launch but the last; ``reference``: the same command's uninterrupted run, whose records the final
-    lineage must equal, step by step and in its final state; ``store``: the store faults' windows)."""
+    lineage must equal, step by step and in its final state; ``store``: the store faults' windows; ``node_ranks``:
+    the ranks of each node of a soak on two nodes, whose table has a ``node`` row)."""
     from goodput.ledger import read_events
     from goodput.ledger.accounting import account
     from goodput.verify.records import read_records
@@ -76,7 +78,13 @@ def judge_run(
         found.append(problem)
     kinds = tuple(
         kind_rows(
-            plan.schedule, acc.attempts, first_rank, fired_faults(run_dir), relaunched, hung_attempts(events)
+            plan.schedule,
+            acc.attempts,
+            first_rank,
+            fired_faults(run_dir),
+            relaunched,
+            hung_attempts(events),
+            node_ranks,
         )
     ) + tuple(store_rows(plan.schedule, store, events))
     result = "the final state: not compared with an uninterrupted run (a replay, or the built-in script without --reference)"

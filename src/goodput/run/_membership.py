@@ -49,9 +49,10 @@ class Membership:
         self.preempt = PreemptionWatch(rank=self.info.rank, world_size=self.info.world_size)
         register_pid(self.info.rank)
         end_with_launcher()  # this process ends with its parent under goodput launch (also when not booted by it)
-        # One numbering for the job: every rank of this round records the same attempt (a warm worker's ledger
-        # numbers its own); a spare's attempt begins when it was handed its rank.
-        self.attempt = None if self.worker is not None else agreed_attempt(run_dir)
+        # One numbering for the job: every rank of this round records the same attempt, a spare handed a rank
+        # the one its generation's survivors open (``rejoin``); a spare's attempt begins when it was handed it.
+        self.run_dir = run_dir
+        self.attempt = agreed_attempt(run_dir, self.preempt.group)
         self.began = self.worker.began if self.worker is not None else None
 
     def rejoin(self, leave: Callable[[], None]) -> DistInfo:
@@ -61,8 +62,10 @@ class Membership:
         leave()
         self.info = dist_info()
         self.preempt.rank, self.preempt.world_size = self.info.rank, self.info.world_size
-        # Every rank of the new generation makes the watch's group at the same point as a spare does on joining.
+        # Every rank of the new generation makes the watch's group and agrees on its attempt at the same point
+        # as a spare does on joining.
         self.preempt.join_group()
+        self.attempt = agreed_attempt(self.run_dir, self.preempt.group)
         return self.info
 
     def close(self) -> None:

@@ -68,7 +68,7 @@ class WarmHook(RunHook):
                 self.leave()
 
         run.info = membership.rejoin(leave)
-        run.begin_attempt("warm", began=self.worker.joined_wall)
+        run.begin_attempt("warm", began=self.worker.joined_wall, attempt=membership.attempt)
 
     def before_restore(self, run: Run, state: TrainingState) -> int | None:
         if not self.worker.live_recovery:

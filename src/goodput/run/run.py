@@ -292,9 +292,10 @@ class Run:
         self.ledger.failure_detected(failure)
         self.ledger.close("failed")
 
-    def begin_attempt(self, kind: str, *, began: float) -> None:
-        """Open a new ledger attempt in this process (``kind``: ``"warm"`` or ``"rollback"``) and tell the hooks."""
-        self.ledger = Ledger(self.run_dir, rank=self.info.rank, began=began)
+    def begin_attempt(self, kind: str, *, began: float, attempt: int | None = None) -> None:
+        """Open a new ledger attempt in this process (``kind``: ``"warm"`` or ``"rollback"``; ``attempt``: its
+        number, as the generation's ranks agreed it; None: one more than this rank's last) and tell the hooks."""
+        self.ledger = Ledger(self.run_dir, rank=self.info.rank, began=began, attempt=attempt)
         self.attempt = self.ledger.attempt
         for hook in self.hooks:
             hook.on_attempt(self, kind)

@@ -123,6 +123,11 @@ class PreemptionWatch:
         work = dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
         return work, both
 
+    @property
+    def group(self) -> Any:
+        """The gloo group of every rank the watch agrees over (None: a world of one rank)."""
+        return self._group
+
     def join_group(self) -> None:
         """Make the group the ranks agree on (a collective over the current default group)."""
         self.leave_group()

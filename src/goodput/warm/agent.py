@@ -213,19 +213,20 @@ class WarmAgent:
         if self.node_rank == 0 and not self.joiner:
             self.publish("cold", failed=[], nodes=self.layout)
         claim_folder(record_folder(self.address, self.prefix))  # and sweep a SIGKILLed launch's
+        status = 1
         try:
             for rank in self.ranks:
                 self.start_worker(rank)
             self.fill_spares()
             status = self._monitor()
         finally:
-            if self.beats is not None:
-                self.beats.stop()
             self.stop(list(self.workers.values()) + self.spares)
             self.forks.close()
             remove_folder(record_folder(self.address, self.prefix))
-        if status == 0 and self.prefix:
-            wait_for_nodes(self.store, self.resize.nodes_in_job())
+            if status == 0 and self.prefix:  # beating on: a node still ending its own would call it lost
+                wait_for_nodes(self.store, self.resize.nodes_in_job())
+            if self.beats is not None:
+                self.beats.stop()
         return status
 
     def _monitor(self) -> int:
@@ -251,17 +252,19 @@ class WarmAgent:
                     f"no restarts left (--max-restarts {self.launch.max_restarts}): the job stops",
                 )
                 return 1
-            self.restarts += 1
             reason = self._cold_reason()
             if reason in (None, _DURING) and self.resize.answer(
                 set(failed) | set(lost), detected, during=bool(reason), node_lost=bool(lost)
             ):
+                self.restarts += 1
                 continue
             if lost:  # no shrink: no spare of this node may take another node's ranks
+                self.resize.told(lost)  # said once; nothing restarts for it
                 self.record("node_lost", ranks=lost, reason=reason)
                 self.notice([], f"ranks {lost} lost with their node; they cannot shrink away ({reason})")
                 if not failed:
                     continue
+            self.restarts += 1
             if reason is None:
                 self._warm_restart(sorted(failed), detected)
             else:

@@ -68,6 +68,10 @@ class Resizer:
         silent = agent.beats.silent(agent.store, sorted(agent.layout), agent.warm.pg_timeout)
         return sorted(r for node in silent if node not in self._lost_told for r in agent.layout[node])
 
+    def told(self, lost: list[int]) -> None:
+        """The nodes of the ``lost`` ranks are reported lost without a shrink: not again."""
+        self._lost_told |= {n for n, ranks in self.agent.layout.items() if ranks and set(ranks) <= set(lost)}
+
     # ---- a failure -------------------------------------------------------------------------------------------
     def answer(self, failed: set[int], detected: float, *, during: bool, node_lost: bool = False) -> bool:
         """Shrink instead of a hand-over (no spare ready in time) or of a cold restart (``during``: a failure

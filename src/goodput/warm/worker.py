@@ -113,7 +113,7 @@ class WarmWorker:
         self._watch: EndWatch | None = None
         self._hangup: Hangup | None = None  # breaks the current gloo generation's connections
         self.step_of: Callable[[], int] | None = None  # the last completed step (Run's), for the records
-        self._outputs_hook: Any = None  # the model's forward hook that records the RNG at each backward's start
+        self._outputs_hook: Any = None  # the forward hook that records the RNG when a backward begins
 
     # ---- joining -------------------------------------------------------------------------------------------
     def _wait_for_rank(self) -> None:
