@@ -16,6 +16,7 @@ import pytest
 from goodput.bench._peers_count import exactness
 from goodput.bench._peers_faults import draw_schedule
 from goodput.cli import bench
+from goodput.drill.runs import processes_of
 
 
 def _step(step: int, samples: list[int]) -> dict[str, object]:
@@ -148,6 +149,9 @@ def test_a_short_run_applies_one_schedule_to_every_contender(capsys, tmp_path, c
         assert result["ratios"]["shrink_over_torchft_lost_per_failure"] == {"40s": round(shrink / torchft, 3)}
     assert rows["baseline", "none"]["samples_twice"] == 0 and rows["baseline", "none"]["steps_redone"] == 0
     assert 0 < rows["baseline", "40s"]["goodput"] <= 1
+    # nothing of any run outlives the bench (a rank's forked data-loader worker once did)
+    left = {str(run): processes_of(str(run)) for run in tmp_path.glob("peers-*/*-*") if run.is_dir()}
+    assert not any(left.values()), left
 
 
 def _kept(folder, steps: int) -> None:

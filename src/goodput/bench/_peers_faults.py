@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Killer", "draw_schedule"]
+__all__ = ["Killer", "draw_schedule", "sweep"]
 
 
 def draw_schedule(
@@ -66,6 +66,19 @@ def _alive(pid: int, run_dir: str) -> bool:
     return state != "Z" and f"GOODPUT_RUN_DIR={run_dir}".encode() in environ
 
 
+def sweep(run_dir: str) -> list[int]:
+    """SIGKILL what is left of a finished run: every live process whose environment names ``run_dir`` (a data
+    loader worker forked by a rank its launcher killed may otherwise wait on its inherited sockets for good)."""
+    run_dir = os.path.abspath(run_dir)
+    left = [int(name) for name in os.listdir("/proc") if name.isdigit() and _alive(int(name), run_dir)]
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    return left
+
+
 class Killer:
     """Applies ``schedule`` to the job writing its ledger under ``run_dir``, from ``start`` (monotonic)."""
 
@@ -82,6 +95,7 @@ class Killer:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
+        sweep(self.run_dir)  # the run has ended (or failed): nothing of it may outlive it
 
     def _loop(self) -> None:
         killed: set[int] = set()
