@@ -23,6 +23,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from goodput.drill.drill import DEMO_SCRIPT, reference_run
 from goodput.drill.runs import LaunchSpec, start_launch
@@ -45,6 +46,9 @@ from goodput.drill.soak_store import measuring_store, store_missing
 from goodput.drill.supervisors import agent_pid, left_after
 from goodput.errors import ConfigError
 from goodput.job.codes import EXIT_PREEMPTED
+
+if TYPE_CHECKING:
+    from goodput.drill.soak_leaks import Sampler
 from goodput.verify.records import RunRecords
 
 __all__ = ["CALIBRATION_STEPS", "SAMPLES_FILE", "soak"]
@@ -253,11 +257,23 @@ class _Watch:
     violation: str = ""
 
 
+def _watching(plan: SoakPlan, run_dir: str, program: str) -> tuple[_Watch, Sampler]:
+    """The soak's watch of the job, and its leak sampler started (a warm-up of a sixth of the plan, 10-600 s)."""
+    from goodput.drill.soak_leaks import Sampler
+
+    watch = _Watch(began=time.monotonic(), sent=[f for f in plan.schedule if f.kind in SENT])
+    sampler = Sampler(
+        run_dir, program, clock=lambda: time.monotonic() - watch.began,
+        warmup=max(10.0, min(600.0, plan.seconds / 6)),
+    )  # fmt: skip
+    sampler.start()
+    return watch, sampler
+
+
 def _run(
     plan: SoakPlan, script: tuple[str, ...], *, nproc: int, work: str, reference: RunRecords | None,
     say: Callable[[str], None],
 ) -> Outcome:  # fmt: skip
-    from goodput.drill.soak_leaks import Sampler
     from goodput.drill.soak_store import StoreFaults
 
     run_dir = os.path.join(work, "soak")
@@ -270,12 +286,7 @@ def _run(
     spec = LaunchSpec(
         faults=fault_plan(plan.schedule), restarts=len(plan.schedule) + 2, warm=True, env=store_env
     )
-    watch = _Watch(began=time.monotonic(), sent=[f for f in plan.schedule if f.kind in SENT])
-    sampler = Sampler(
-        run_dir, script[0], clock=lambda: time.monotonic() - watch.began,
-        warmup=max(10.0, min(600.0, plan.seconds / 6)),
-    )  # fmt: skip
-    sampler.start()
+    watch, sampler = _watching(plan, run_dir, script[0])
     status = 0
     try:
         for _ in range(len(watch.sent) + 1):

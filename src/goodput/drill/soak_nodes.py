@@ -31,8 +31,8 @@ from goodput._ports import free_port
 from goodput.drill.node import _listening, lose_node
 from goodput.drill.runs import LaunchSpec, start_launch
 from goodput.drill.scenario import DrillContext, Reference
-from goodput.drill.soak import SAMPLES_FILE, _latest_step, _report_progress, _Watch
-from goodput.drill.soak_plan import NODE_KINDS, SENT, Checks, SoakFault, SoakPlan, draw_schedule, fault_plan
+from goodput.drill.soak import SAMPLES_FILE, _latest_step, _report_progress, _Watch, _watching
+from goodput.drill.soak_plan import NODE_KINDS, Checks, SoakFault, SoakPlan, draw_schedule, fault_plan
 from goodput.drill.soak_report import Outcome, judge_run
 from goodput.verify.records import RunRecords, read_records
 from goodput.verify.shrink import effective
@@ -144,7 +144,6 @@ def run_two_nodes(
 ) -> Outcome:  # fmt: skip
     """Run the soak's job as two node launches with ``plan``'s faults and judge it (:func:`judge_run`, the
     lineage's global batch, and the global batches or the records against ``reference``)."""
-    from goodput.drill.soak_leaks import Sampler
 
     run_dir = os.path.join(work, "soak")
     context = DrillContext(
@@ -153,12 +152,7 @@ def run_two_nodes(
     nodes = _Nodes(
         context, run_dir, f"127.0.0.1:{free_port()}", fault_plan(plan.schedule), len(plan.schedule)
     )
-    watch = _Watch(began=time.monotonic(), sent=[f for f in plan.schedule if f.kind in SENT])
-    sampler = Sampler(
-        run_dir, script[0], clock=lambda: time.monotonic() - watch.began,
-        warmup=max(10.0, min(600.0, plan.seconds / 6)),
-    )  # fmt: skip
-    sampler.start()
+    watch, sampler = _watching(plan, run_dir, script[0])
     try:
         status = _follow(nodes, watch, lambda: sampler.leaked, plan, say)
     finally:
