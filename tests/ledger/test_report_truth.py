@@ -198,7 +198,8 @@ def test_a_real_warm_run_that_shrinks_to_one_and_grows_back_is_reported_as_the_a
     tmp_path: Path,
 ) -> None:
     """``goodput launch --restart warm --spares 0 --shrink-after 0`` on 3 ranks, ranks 2 and 1 SIGKILLed: the
-    agent shrinks 3 -> 2 -> 1 and grows back 1 -> 2 -> 3 (its log, warm/agent.jsonl, is the truth)."""
+    agent shrinks 3 -> 2 -> 1 and grows back to 3 (its log, warm/agent.jsonl, is the truth): 1 -> 2 -> 3, or
+    1 -> 3 in one grow when the second replacement finished its imports before the first grow (a loaded machine)."""
     import json
 
     from tests.warm.test_shrink import _warm
@@ -210,7 +211,8 @@ def test_a_real_warm_run_that_shrinks_to_one_and_grows_back_is_reported_as_the_a
     seen = [
         (e["event"], e["world_before"], e["world_after"]) for e in agent if e["event"] in ("shrink", "grow")
     ]
-    assert seen == [("shrink", 3, 2), ("shrink", 2, 1), ("grow", 1, 2), ("grow", 2, 3)]
+    assert seen[:2] == [("shrink", 3, 2), ("shrink", 2, 1)]
+    assert seen[2:] in ([("grow", 1, 2), ("grow", 2, 3)], [("grow", 1, 3)]), seen
     report = load_report(run_dir)
     acc, text = report.accounting, report.render()
     assert [(r.kind, r.world_before, r.world_after) for r in acc.reshapes] == seen
