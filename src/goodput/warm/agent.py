@@ -42,13 +42,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from goodput._env import WARM_GEN, WARM_ROLE, WARM_SPARE_ID
 from goodput.job.folder import write_notice
 from goodput.launch.launcher import LaunchConfig
 from goodput.launch.output import describe_exit
 from goodput.warm.forked import ForkedProcess, SpareForks, reap_adopted, spawn
 from goodput.warm.idle import can_return, make_idle, make_normal
 from goodput.warm.nodes import NodeBeats, first_layout, wait_for_nodes
-from goodput.warm.protocol import WARM_GEN, WARM_ROLE, WARM_SPARE_ID, Assignment, Generation
+from goodput.warm.protocol import Assignment, Generation
 from goodput.warm.record import claim_folder, record_folder, remove_folder
 from goodput.warm.resize import Resizer
 from goodput.warm.rounds import Round, next_round, node_counts, rendezvous

@@ -1,13 +1,13 @@
 """The warm-restart protocol between the agent (``goodput.warm.agent``) and its workers and spares
-(``goodput.warm.worker``): every store key, every payload and every ``GOODPUT_WARM_*`` variable, declared once
-and typed.
+(``goodput.warm.worker``): every store key and every payload, declared once and typed.
 
 The agent's TCP store outlives every worker; the keys below are all the two sides exchange through it (the
 meaning of each is in ``goodput.warm.worker``'s docstring), and ``goodput.warm.store.WarmStore`` is the one
 place that reads or writes them. A key holds either a counter (the store's own ``add``), a plain number, or
 one of the payloads below as JSON tagged with what it is and ``FORMAT``: a payload of another format (another
 goodput version in the same job, or a writer that is not goodput) is refused with ``ProtocolMismatch``.
-The variables are the agent's word to a process it starts (see ``goodput._env``). Torch-free.
+The ``GOODPUT_WARM_*`` variables, the agent's word to a process it starts, are declared in ``goodput._env``.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -16,16 +16,6 @@ import dataclasses
 import json
 from typing import Any, Generic, TypeVar
 
-from goodput._env import (
-    WARM_GEN,
-    WARM_MIN_WORLD,
-    WARM_PG_TIMEOUT,
-    WARM_PREFIX,
-    WARM_REFORM_TIMEOUT,
-    WARM_ROLE,
-    WARM_SPARE_ID,
-    WARM_STORE,
-)
 from goodput.errors import ProtocolMismatch
 
 __all__ = [
@@ -38,14 +28,6 @@ __all__ = [
     "NODES_DONE_KEY",
     "ROUNDS_KEY",
     "SHARDED_KEY",
-    "WARM_GEN",
-    "WARM_MIN_WORLD",
-    "WARM_PG_TIMEOUT",
-    "WARM_PREFIX",
-    "WARM_REFORM_TIMEOUT",
-    "WARM_ROLE",
-    "WARM_SPARE_ID",
-    "WARM_STORE",
     "Assignment",
     "Generation",
     "Layout",

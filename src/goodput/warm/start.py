@@ -17,16 +17,19 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from goodput._env import ALLOW_FRESH_START, CRASH_LOOP, FAULTS, RUN_DIR
-from goodput.errors import ConfigError
-from goodput.launch.launcher import LaunchConfig
-from goodput.warm.protocol import (
+from goodput._env import (
+    ALLOW_FRESH_START,
+    CRASH_LOOP,
+    FAULTS,
+    RUN_DIR,
     WARM_MIN_WORLD,
     WARM_PG_TIMEOUT,
     WARM_PREFIX,
     WARM_REFORM_TIMEOUT,
     WARM_STORE,
 )
+from goodput.errors import ConfigError
+from goodput.launch.launcher import LaunchConfig
 from goodput.warm.record import record_folder, remove_folder
 
 if TYPE_CHECKING:

@@ -49,8 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from goodput.warm.hangup import Hangup
-from goodput.warm.protocol import (
+from goodput._env import (
     WARM_GEN,
     WARM_PG_TIMEOUT,
     WARM_PREFIX,
@@ -58,8 +57,9 @@ from goodput.warm.protocol import (
     WARM_ROLE,
     WARM_SPARE_ID,
     WARM_STORE,
-    Generation,
 )
+from goodput.warm.hangup import Hangup
+from goodput.warm.protocol import Generation
 from goodput.warm.record import RecordFiles, record_folder
 from goodput.warm.store import WarmStore, operations, operations_since
 from goodput.warm.watch import EndWatch, abort_communicators, install_optimizer_guard

@@ -19,7 +19,7 @@ def new_group() -> Any:
 
     import torch.distributed as dist
 
-    from goodput.warm.protocol import WARM_PG_TIMEOUT
+    from goodput._env import WARM_PG_TIMEOUT
 
     seconds = os.environ.get(WARM_PG_TIMEOUT.name)  # unset outside warm restarts: torch's default
     timeout = datetime.timedelta(seconds=float(seconds)) if seconds else None
