@@ -1,5 +1,5 @@
 """The soak's pure parts: the schedule drawn from a seed, the leak rule over a process's readings, and the
-lineage's exactly-once check, each on inputs made to break it."""
+lineage's exactly-once check, each on inputs made to break it; and the limit a soak's launches wait under."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -404,3 +405,22 @@ def test_the_lineage_of_a_shrunk_and_grown_job_is_judged_on_each_step_s_own_worl
     assert global_batch_problems(short) == [
         "1 step(s) trained a global batch other than 4 samples, the first [3]"
     ]
+
+
+def test_a_launch_past_the_drill_limit_is_killed_and_one_with_no_limit_is_waited_for() -> None:
+    """A soak's uninterrupted run lasts as long as the soak (an hour, say), so it is given no limit: a scenario's
+    launch past the drill's is killed as hung. Each child exits by itself once this test's pipe closes."""
+    import subprocess
+    import time
+
+    from goodput.drill.runs import LaunchSpec, finish
+
+    assert LaunchSpec().limit is not None
+    waiting = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    for limit, status in ((LaunchSpec().limit, -9), (None, 0)):
+        proc = subprocess.Popen(waiting, stdin=subprocess.PIPE)
+        began = time.monotonic() - (LaunchSpec().limit or 0) - 1  # as if past the drill's limit already
+        if limit is None:
+            assert proc.stdin is not None
+            proc.stdin.close()  # it ends on its own, however long it has run
+        assert finish(proc, began, limit).status == status

@@ -153,9 +153,10 @@ def _indent(say: Callable[[str], None]) -> Callable[[str], None]:
 
 def reference_run(
     script: tuple[str, ...], *, nproc: int, nnodes: int, seed: int, work: str, say: Callable[[str], None],
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None, limit: float | None = LaunchSpec.limit,
 ) -> Reference | None:  # fmt: skip
-    """Run the script uninterrupted (``env``: more environment for it); None (and why, said) when it fails."""
+    """Run the script uninterrupted (``env``: more environment for it; ``limit``: the seconds it may take, None:
+    any); None (and why, said) when it fails."""
     from goodput.ledger import read_events
 
     run_dir = os.path.join(work, "uninterrupted")
@@ -163,7 +164,7 @@ def reference_run(
     bootstrap = DrillContext(
         script=script, nproc=nproc, nnodes=nnodes, seed=seed, work_dir=run_dir, reference=empty, say=say
     )
-    done = run_launch(bootstrap, run_dir, LaunchSpec(restarts=0, env=dict(env or {})))
+    done = run_launch(bootstrap, run_dir, LaunchSpec(restarts=0, env=dict(env or {}), limit=limit))
     if done.status != 0:
         say(f"the uninterrupted run {outcome_text(done.status)}; its output is in {run_dir}/output.log")
         return None

@@ -53,6 +53,8 @@ class LaunchSpec:
         nodes: the nodes of the job this launch is one node of (its rendezvous in ``flags``); 1: a launch of
             every rank (``nproc`` x ``nnodes`` of the drill) on this node.
         log: the file in the run folder its output goes to.
+        limit: the seconds it may take before it counts as hung and is killed; None: no limit (a soak's
+            uninterrupted run, as long as the soak).
     """
 
     faults: str = ""
@@ -62,6 +64,7 @@ class LaunchSpec:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     nodes: int = 1
     log: str = OUTPUT_LOG
+    limit: float | None = _TIMEOUT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,14 +105,14 @@ def start_launch(context: DrillContext, run_dir: str, spec: LaunchSpec) -> subpr
     return started(proc)
 
 
-def finish(proc: subprocess.Popen[bytes], began: float) -> Finished:
-    """Wait for a launch to end (at most the drill's limit: then it is killed, status -9).
+def finish(proc: subprocess.Popen[bytes], began: float, limit: float | None = _TIMEOUT) -> Finished:
+    """Wait for a launch to end (at most ``limit`` seconds from ``began``: then it is killed, status -9).
 
     Raises:
         Stopped: the drill was asked to stop meanwhile (the launch stopped too).
     """
     try:
-        status = proc.wait(timeout=max(1.0, _TIMEOUT - (time.monotonic() - began)))
+        status = proc.wait(timeout=None if limit is None else max(1.0, limit - (time.monotonic() - began)))
     except subprocess.TimeoutExpired:
         proc.kill()
         status = proc.wait()
@@ -120,7 +123,7 @@ def finish(proc: subprocess.Popen[bytes], began: float) -> Finished:
 def run_launch(context: DrillContext, run_dir: str, spec: LaunchSpec) -> Finished:
     """Launch the script into ``run_dir`` and wait for it to end."""
     began = time.monotonic()
-    return finish(start_launch(context, run_dir, spec), began)
+    return finish(start_launch(context, run_dir, spec), began, spec.limit)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -133,6 +133,7 @@ def soak(
             seed=plan.seed,
             work=os.path.join(work_dir, "reference"),
             say=say,
+            limit=None,  # as long as the soak: no drill limit
         )
         if uninterrupted is None:
             return 1
@@ -184,8 +185,8 @@ def _draw(
         say(f"soak: no store faults ({', '.join(STORE)}): {missing}")
     say(f"soak: measuring the step time: {' '.join(measured)} once, uninterrupted ...")
     with measuring_store(kinds) as env:  # the store faults' soak saves to S3: measured so too
-        reference = reference_run(
-            measured, nproc=nproc, nnodes=nnodes, seed=seed, work=work, say=say, env=env
+        reference = reference_run(  # a script of the user's: as long as the soak, so no drill limit
+            measured, nproc=nproc, nnodes=nnodes, seed=seed, work=work, say=say, env=env, limit=None
         )
     if reference is None:
         return None
