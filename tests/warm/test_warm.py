@@ -86,7 +86,7 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> str:
     return run_dir
 
 
-def _assert_warm_and_identical(run_dir: str, baseline: str) -> None:
+def _assert_warm_and_identical(run_dir: str, baseline: str, restored: int = 20) -> None:
     events = _agent(run_dir)
     assert [e["event"] for e in events] == ["warm_restart", "warm_restart_done"], events
     assert events[0]["failed"] == [1]
@@ -106,7 +106,7 @@ def _assert_warm_and_identical(run_dir: str, baseline: str) -> None:
     # Both ranks recorded the warm restart's parts; the survivor restored the step the killed rank finished.
     warm = _warm_restarts(run_dir)
     assert sorted(e["role"] for e in warm) == ["replacement", "survivor"]
-    assert {e["restored_step"] for e in warm} == {20}
+    assert {e["restored_step"] for e in warm} == {restored}
 
 
 @pytest.mark.slow
@@ -201,9 +201,12 @@ def test_exception_on_one_rank_restarts_warm(tmp_path: os.PathLike[str], baselin
 @pytest.mark.slow
 def test_hung_rank_is_replaced_and_survivor_restarts_warm(tmp_path: os.PathLike[str], baseline: str) -> None:
     run_dir = str(tmp_path)
-    # The survivor's collective fails after 4 s; the hung rank's watchdog ends it after 8 s.
-    _launch(run_dir, "hang@step=20,rank=1", hang_timeout="8")
-    _assert_warm_and_identical(run_dir, baseline)
+    # The survivor's collective fails after 4 s; the hung rank's watchdog ends it after 40 s: longer than the
+    # survivor's collective and re-form timeouts together (4 + 30 s), as with the defaults (30 + 30 against 300 s),
+    # so the survivor must wait for the hung rank's end rather than give up and turn the hang into a cold restart.
+    _launch(run_dir, "hang@step=15,rank=1", hang_timeout="40")  # between saves (at 10 and 20)
+    assert [e["event"] for e in _agent(run_dir) if e["event"].endswith("_restart")] == ["warm_restart"]
+    _assert_warm_and_identical(run_dir, baseline, restored=15)
 
 
 @pytest.mark.slow

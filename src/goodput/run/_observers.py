@@ -73,7 +73,7 @@ def builtin_hooks(
     if recorder is not None:
         hooks.append(RecordsHook(recorder))
     if worker is not None:
-        hooks.append(WarmHook(worker))
+        hooks.append(WarmHook(worker, hang_timeout))
     if any(f.action == "nodeloss" for f in plan):
         hooks.append(NodeLossDrill())
     if crash is not None:

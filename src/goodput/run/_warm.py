@@ -34,8 +34,11 @@ __all__ = ["WarmHook", "exit_failed", "generation_loaders", "resized_event"]
 class WarmHook(RunHook):
     """The worker side of warm restarts for one ``Run`` (see the module docstring)."""
 
-    def __init__(self, worker: WarmWorker) -> None:
+    def __init__(self, worker: WarmWorker, hang_timeout: float | None = None) -> None:
         self.worker = worker
+        self.hang_timeout = (
+            hang_timeout  # the script's: how long a hung peer lives before its watchdog ends it
+        )
         self._pending: Any = None  # a survivor's state, held from its failure to the next restore
         self._next: int | None = None  # the generation this survivor left its failed one for
         self._first: float | None = None  # when the recovered generation started, until its first step
@@ -52,8 +55,10 @@ class WarmHook(RunHook):
             self._pending = self.worker.snapshot(run.step, run.state)
 
     def leave(self) -> None:
-        """Leave the failed generation and wait to join the next one."""
-        self._next = self.worker.leave()
+        """Leave the failed generation and wait to join the next one: at least as long as a hung peer takes
+        to be ended by its watchdog (the script's hang timeout) and handed over."""
+        wait = 0.0 if self.hang_timeout is None else self.hang_timeout + self.worker.reform_timeout
+        self._next = self.worker.leave(at_least=wait)
 
     def rejoin(self, run: Run, err: BaseException, membership: Membership) -> None:
         """After a peer's failure (``err``): close the failed attempt, keep this survivor's state, leave the

@@ -282,7 +282,10 @@ class Run:
                     raise
                 if not is_peer_failure(err):
                     exit_failed(self, err)
-                warm.rejoin(self, err, self._job)  # this process and its state go on
+                try:
+                    warm.rejoin(self, err, self._job)  # this process and its state go on
+                except Exception as lost:  # no next generation: exit now, not through a shutdown that waits
+                    exit_failed(self, lost)  # on threads still bound to the dead group (an async save's)
                 self._manager = None  # bound to the dead group; a save in flight there is abandoned
                 self._end.closed = False
                 self.faults = edges.arm_faults(self, self._plan)

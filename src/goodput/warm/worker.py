@@ -304,8 +304,12 @@ class WarmWorker:
             return None
         return Snapshot(step=step, parts=state.live_state_dict(loader=self._last_loader))
 
-    def leave(self) -> int:
+    def leave(self, at_least: float = 0.0) -> int:
         """Tear down the failed group and wait for the agent to name the next generation; join it (its number).
+
+        ``at_least``: seconds to wait however short the re-form timeout is: a peer that hangs (rather than dies)
+        is ended by its own watchdog only after the script's hang timeout, and only then can the agent hand its
+        rank over; a survivor that gave up sooner would turn the hang into a cold restart.
 
         Raises:
             TimeoutError: when no next generation is published within the re-form timeout (the agent then
@@ -327,9 +331,10 @@ class WarmWorker:
             else:
                 dist.destroy_process_group()
         self._ctl = None
-        nxt = self.store.wait_for_successor(self.gen, self.reform_timeout)
+        limit = max(self.reform_timeout, at_least)
+        nxt = self.store.wait_for_successor(self.gen, limit)
         if nxt is None:
-            raise TimeoutError(f"no warm restart of generation {self.gen} within {self.reform_timeout}s")
+            raise TimeoutError(f"no warm restart of generation {self.gen} within {limit:g}s")
         self.gen = nxt
         self.join(survivor=True)
         return nxt
