@@ -51,7 +51,7 @@ def pause_before(tries: int, left: float) -> float | None:
 
 
 def _failed(step: int, root: str, options: Mapping[str, Any], failed: SaveFailed) -> str:
-    """ "the final save of step N to URL failed", the URL and the error without credentials."""
+    """Both lines' start: the step, the store's URL and the error, without credentials."""
     reason = scrub(failed.reason or str(failed), secret_values(options))
     reason = reason if len(reason) <= _REASON_CHARS else reason[:_REASON_CHARS] + "..."
     return f"the final save of step {step} to {redact_url(root)} failed: {reason}"
@@ -73,6 +73,6 @@ def gave_up(
     """The line when the bound is spent: what failed, how often, and the checkpoint a restart resumes from."""
     previous = "none" if newest is None else f"step {newest}"
     return (
-        f"{_failed(step, root, options, failed)} ({tries} tries in all); the previous checkpoint ({previous}) "
-        f"is untouched; {FINAL_SAVE_TIMEOUT.name} sets how long the final save tries again"
+        f"{_failed(step, root, options, failed)} ({tries} {'try' if tries == 1 else 'tries'} in all); the "
+        f"previous checkpoint ({previous}) is untouched; {FINAL_SAVE_TIMEOUT.name} sets how long the final save tries again"
     )
