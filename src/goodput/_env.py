@@ -44,6 +44,13 @@ CRASH_LOOP = EnvVar(
     "3",
     "user, goodput launch",
 )
+FINAL_SAVE_TIMEOUT = EnvVar(
+    "GOODPUT_FINAL_SAVE_TIMEOUT",
+    "seconds the final save (run.close(), a manager's close(step=)) tries again, with backoff, while the store "
+    "refuses it, before it fails (0: at once)",
+    "300",
+    "user",
+)
 PREEMPT_SIGNAL = EnvVar(
     "GOODPUT_PREEMPT_SIGNAL",
     "the signal that asks every rank to save and stop",
@@ -133,6 +140,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     RUN_DIR,
     FAULTS,
     CRASH_LOOP,
+    FINAL_SAVE_TIMEOUT,
     PREEMPT_SIGNAL,
     ALLOW_FRESH_START,
     CHECKPOINT_ROOT,

@@ -82,7 +82,17 @@ class NoValidCheckpoint(CheckpointError):
 
 
 class SaveFailed(CheckpointError):
-    """A save failed; the previous committed checkpoint is untouched."""
+    """A save failed; the previous committed checkpoint is untouched.
+
+    Attributes:
+        step: the step whose save failed (None when unknown).
+        reason: what failed, as the ranks reported it (None when unknown).
+    """
+
+    def __init__(self, message: str, *, step: int | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.reason = reason
 
 
 class DataError(GoodputError):

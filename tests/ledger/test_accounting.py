@@ -293,3 +293,24 @@ def test_a_clean_attempt_whose_steps_are_redone_still_lost_them() -> None:
     a1.add("attempt_end", 6.5, status="ok")
     acc = account(a0.events + a1.events)
     assert acc.failures == 0 and acc.categories["lost_work"] == pytest.approx(1.0)
+
+
+def test_a_final_save_tried_again_is_stall_until_it_commits() -> None:
+    """Steps 1-2 (1-3, 1 s each) then the final save of step 2 at close: staged 3-3.5, its upload refused at 4,
+    a pause 4-5 (``retry``), tried again 5-5.5 and committed at 6; attempt_end 6.5.
+
+    No step ran after either try, so training was blocked from 3 to 6: stall 3, the pause included and counted as
+    no save of its own; init 0.5, restore 0.5, productive 2, other 0.5 (6-6.5). Sum 6.5 = wall."""
+    a = _Attempt(0, process_start=0.0, start=0.0)
+    a.add("init_done", 0.5).add("restore_start", 0.5).add("restore_end", 1.0, step=None)
+    a.step(1, 1.0, 2.0).step(2, 2.0, 3.0)
+    a.save(2, 3.0, 3.5, durable=None).add("checkpoint_failed", 4.0, step=2, error="507 InsufficientStorage")
+    a.add("checkpoint_stall", 4.0, phase="start", step=2, retry=1)
+    a.add("checkpoint_stall", 5.0, phase="end", step=2, retry=1, seconds=1.0)
+    a.save(2, 5.0, 5.5, durable=6.0)
+    acc = account(a.add("attempt_end", 6.5, status="ok").events)
+    assert acc.categories == _approx(
+        _expect(init=0.5, checkpoint_restore=0.5, productive=2.0, checkpoint_stall=3.0, other=0.5)
+    )
+    assert [(s.step, s.durable) for s in acc.saves] == [(2, None), (2, pytest.approx(6.0))]
+    assert acc.failures == 0

@@ -46,6 +46,20 @@ def test_beats_keep_a_busy_process_alive() -> None:
     assert exits == []
 
 
+def test_a_phase_inside_a_phase_gives_the_outer_one_back() -> None:
+    # each try of a final save is a phase inside the close's own: once a try ends, the close is still a phase,
+    # judged by the phase's limit (0.3 s here), not a step's (60 s)
+    hung: list[str | None] = []
+    fired = threading.Event()
+    wd = Watchdog(60.0, phase_timeout=0.3, on_hang=lambda s, p: hung.append(p), exit=lambda code: fired.set())
+    with wd.phase("checkpoint_save"):
+        with wd.phase("checkpoint_save"):
+            pass
+        assert fired.wait(10)  # a wait for the watchdog's verdict, not a synchronisation by time
+    wd.close()
+    assert hung == ["checkpoint_save"]
+
+
 def test_timeout_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="timeout"):
         Watchdog(0)

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from goodput.checkpoint._collectives import Collectives
+from goodput.checkpoint._final_save import final_save_timeout, gave_up, pause_before, trying_again
 from goodput.checkpoint._groups import release_groups
 from goodput.checkpoint._saving import SaveResult, quiet_single_process
 from goodput.checkpoint._tiers import open_tiers
@@ -81,6 +82,7 @@ class CheckpointManager:
         self.config = config
         self.state = state
         self._clock = clock
+        self._final_timeout = final_save_timeout()  # read now: a bad value stops the job before it trains
         self._listeners: list[Listener] = [on_event] if on_event is not None else []
         self._coll = Collectives(process_group)
         self.rank, self.world_size = self._coll.rank, self._coll.world_size
@@ -333,27 +335,34 @@ class CheckpointManager:
         if self._closed:
             raise CheckpointError("this CheckpointManager is closed")
 
-    def close(self, step: int | None = None, *, finished: bool = True, warn: bool = True) -> None:
+    def close(
+        self, step: int | None = None, *, finished: bool = True, warn: bool = True, guard: Guard | None = None
+    ) -> None:
         """Save the final step, wait until the last save is durable and retention has finished; release
         buffers and groups.
 
         Args:
             step: the run's final step: saved first unless it is already committed, so the end of the run is
-                not lost between two scheduled saves (every rank passes the same step). None saves nothing new
-                and warns when the newest step given to ``maybe_save``/``save`` has no checkpoint.
+                not lost between two scheduled saves (every rank passes the same step); a refused save of it is
+                tried again for up to ``$GOODPUT_FINAL_SAVE_TIMEOUT`` seconds (``_final_save``), and an earlier
+                failed save no longer matters once it is committed. None saves nothing new and warns when the
+                newest step given to ``maybe_save``/``save`` has no checkpoint.
+            guard: each try of the final save runs inside ``guard()`` (``goodput.Run``: the watchdog's phase).
 
         ``finished``: the run is over, so its memory-tier folder on this node is removed (False keeps it, e.g.
         when the job stops to be resumed). ``warn=False``: the caller reports an unsaved end in its own words.
 
         Raises:
-            SaveFailed: when the final save or the last one in flight failed (everything is released anyway).
+            SaveFailed: the final save still failed when the bound was spent (its one line says so), or, with
+                no ``step``, the save in flight failed (everything is released anyway).
         """
         if self._closed:
             return
         try:
-            previous = self._record.settle()  # a failure there is raised after the final save, not instead
+            previous = self._record.settle()  # with no final step, raised once the rest is done
             if step is not None:
-                self.save(step)
+                self._save_final(step, guard)
+                previous = None  # the end is saved: an earlier failure was reported where it happened
             self.wait()
             if isinstance(previous, SaveFailed):
                 raise previous
@@ -372,6 +381,34 @@ class CheckpointManager:
             for tier in self.tiers:
                 tier.close(finished=finished)
             self._release_groups(join=self._settle_schedules())
+
+    def _save_final(self, step: int, guard: Guard | None) -> None:
+        """Save ``step`` until it is durable, trying again while the bound lasts: every rank sees the same
+        ``SaveFailed`` (agreed) and rank 0's clock decides each pause. A pause is ``checkpoint_stall``."""
+        began, tries = self._clock(), 0
+        while True:
+            tries += 1
+            try:
+                with guard() if guard is not None else contextlib.nullcontext():
+                    if step not in self.committed:
+                        self.save(step)
+                    self.wait()
+                return
+            except SaveFailed as err:
+                failed = err
+            left = self._final_timeout - (self._clock() - began)
+            pause = self._coll.bcast(pause_before(tries, left))
+            store = (step, self.config.root, self.config.storage_options, failed)
+            if pause is None:
+                line = gave_up(*store, tries, max(self.committed, default=None))
+                if self.rank == 0:
+                    log.error("%s", line)
+                raise SaveFailed(line, step=step, reason=failed.reason) from failed
+            if self.rank == 0:
+                log.warning("%s", trying_again(*store, pause, left))
+            self._emit("checkpoint_stall", phase="start", step=step, retry=tries)
+            time.sleep(pause)
+            self._emit("checkpoint_stall", phase="end", step=step, retry=tries, seconds=pause)
 
     def _settle_schedules(self) -> bool:
         """Wait briefly for each schedule's decision in flight; False when one never arrived."""

@@ -33,10 +33,12 @@ Event schema (one JSON object per line)::
     step_end         step, fetch_seconds (time waiting for the batch, at the start of the step), loss?
     checkpoint_stall_start   step               training is blocked by a save from here ...
     checkpoint_stall_end     step, seconds?     ... to here (also spelled checkpoint_stall, phase start/end)
+                             retry?: a pause before a refused final save is tried again (stall, no save)
     checkpoint_durable       step, persist_seconds?   the save of ``step`` is committed. C (the stall) runs
                              to durable when no step ran in between (a synchronous save's commit);
                              otherwise W (persist, overlapping training) is stall end to durable
-    checkpoint_failed        step, error        a save failed (tallied as a custom event)
+    checkpoint_failed        step, error        a save failed (tallied as a custom event); with no step
+                             since its stall ended (the final save), the stall runs to here
     checkpoint_config        strategy, interval_seconds?, every_steps?
     checkpoint_interval      interval_seconds, reason, stall_seconds?, persist_seconds?, tier? ("memory")
                              the live policy changed the interval, planned with these save costs

@@ -182,6 +182,9 @@ class Spans:
         # memory-tier saves: stall time, but not durable saves (C, W and the interval are the durable tier's)
         self.memory_stalls: list[tuple[float, float]] = []
         self._memory_open: float | None = None
+        # the pauses before a refused final save is tried again (``retry``): stall time, not saves
+        self.retry_pauses: list[tuple[float, float]] = []
+        self._pause_open: float | None = None
         self.durable: list[tuple[float, int]] = []
         self.detect: list[tuple[float, float]] = []
         self.status: str | None = None
@@ -228,6 +231,12 @@ class Spans:
                 if self._memory_open is not None:
                     self.memory_stalls.append((self._memory_open, t))
                 self._memory_open = None
+            elif name == "checkpoint_stall_start" and event.get("retry") is not None:
+                self._pause_open = t
+            elif name == "checkpoint_stall_end" and event.get("retry") is not None:
+                if self._pause_open is not None:
+                    self.retry_pauses.append((self._pause_open, t))
+                self._pause_open = None
             elif name == "checkpoint_stall_start":
                 self.saves.append([step, t, None, None, True, None])
             elif name == "checkpoint_stall_end":
@@ -246,6 +255,9 @@ class Spans:
                 self.status = str(event.get("status", "ok"))
             elif name in RESHAPES:
                 self._reshape(t, event)
+            elif name == "checkpoint_failed":
+                self._failed(step, t)
+                self.info.append(event)  # tallied as a custom event too
             elif name not in BUILT_IN:  # declarations and custom events, kept for the report
                 self.info.append(event)
                 self.preempted = self.preempted or name == "preempted"
@@ -310,6 +322,16 @@ class Spans:
             save[2] = t  # no step ran between the stall's end and durable: training was blocked till now
         if step is not None:
             self.durable.append((t, int(step)))
+
+    def _failed(self, step: Any, t: float) -> None:
+        """A save failed at ``t``: when no step ran since its stall ended (the run's end waiting for its final
+        save), training was blocked until the failure, as it is until a durable one's commit."""
+        self._last_step_start = max(self._last_step_start, self._record_times.last_start(t))
+        for save in reversed(self.saves):
+            if save[4] and save[3] is None and (step is None or save[0] is None or save[0] == step):
+                if save[2] is not None and self._last_step_start < save[2] < t:
+                    save[2] = t
+                return
 
 
 def _arrays(steps: list[tuple[float, float, float, float]]) -> StepArrays:

@@ -131,6 +131,7 @@ def intervals(t: Tiling, only: np.ndarray | None = None) -> list[tuple[float, fl
     restore = "rollback" if rolled_back(s) else "checkpoint_restore"
     out.extend((lo, hi, restore) for lo, hi in s.restores)
     out.extend((lo, hi, "checkpoint_stall") for lo, hi in s.memory_stalls)
+    out.extend((lo, hi, "checkpoint_stall") for lo, hi in s.retry_pauses)
     for save in s.saves:
         if save[4]:
             out.append((save[1], a.end if save[2] is None else save[2], "checkpoint_stall"))

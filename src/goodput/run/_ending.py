@@ -3,7 +3,8 @@
 Kept apart from ``run.py`` so that the Run holds the order of a step and this module the end's own state
 (whether the run is closed, which step was saved last).
 
-* ``close()`` saves the last step unless it is saved, waits until it is durable and tells the hooks
+* ``close()`` saves the last step unless it is saved, waits until it is durable (a store that refuses that save
+  is given ``$GOODPUT_FINAL_SAVE_TIMEOUT`` seconds: the manager tries it again meanwhile) and tells the hooks
   (``on_finish``); then the run lets go of what it holds: the hooks in reverse order (``on_close``), the
   ledger, the fault plan, the process group. An exception out of ``with Run(...)`` only lets go.
 * A preemption stop saves the agreed step, waits until it is durable, records ``preempted`` in the ledger,
@@ -80,9 +81,8 @@ class RunEnd:
             if run.state is not None:  # restored: a checkpoint manager is open
                 if status == "ok":
                     self.loop.loop_end_rewound(run, closing=True)
-                self.save_last(run)
-                with run.phase("checkpoint_save"):
-                    run.manager.close()
+                with run.phase("checkpoint_save"):  # the final save, tried again while the store refuses it
+                    run.manager.close(run.step, guard=lambda: run.phase("checkpoint_save"))
             for hook in run.hooks:
                 hook.on_finish(run)
         finally:

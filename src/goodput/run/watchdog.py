@@ -77,12 +77,14 @@ class Watchdog:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """A long phase (e.g. ``checkpoint_save``) that may take up to ``phase_timeout``."""
+        """A long phase (e.g. ``checkpoint_save``) that may take up to ``phase_timeout``; entered again inside
+        one (each try of a final save), it renews the time allowed and gives the outer phase back at its end."""
+        outer = self._phase
         self._phase, self._last = name, time.monotonic()
         try:
             yield
         finally:
-            self._phase, self._last = None, time.monotonic()
+            self._phase, self._last = outer, time.monotonic()
 
     def close(self) -> None:
         """Stop watching."""

@@ -292,7 +292,9 @@ class DurableCheckpointer:
         if outcome[0] != "ok":
             self._emit("checkpoint_failed", step=step, error=outcome[1])
             failed = SaveFailed(
-                f"saving step {step} failed ({outcome[1]}); the previous checkpoint is untouched"
+                f"saving step {step} failed ({outcome[1]}); the previous checkpoint is untouched",
+                step=step,
+                reason=outcome[1],
             )
             log.warning("%s", failed)  # once, here, whoever catches it (``Run`` trains on)
             raise failed
