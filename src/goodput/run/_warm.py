@@ -123,6 +123,10 @@ class WarmHook(RunHook):
             self._first = None
         return False
 
+    def on_finish(self, run: Run) -> None:
+        committed = run.manager.committed if run.state is not None else []
+        self.worker.closed(run.step, run.total_steps, committed)
+
     def on_close(self, run: Run, status: str) -> None:
         self.worker.stop_watch()
         self.worker.record_at_backward(None)
