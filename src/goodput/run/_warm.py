@@ -20,6 +20,7 @@ from goodput.data.loader import ResumableLoader
 from goodput.faults import fault_point
 from goodput.job.folder import FATAL_ERRORS, report_failure
 from goodput.run.hooks import RunHook
+from goodput.warm.boot import collect_failed
 from goodput.warm.worker import WarmWorker
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class WarmHook(RunHook):
         if not self.worker.live_recovery:
             return None
         start = time.monotonic()
+        if self._next is not None:  # a survivor: what its failed generation held is unreachable now
+            collect_failed()
         if self.worker.resized:  # a loader kept across generations takes its share of the new world
             regroup(state.loader, run.info.rank, run.info.world_size)
         self._recovering = True
