@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from goodput.errors import ProtocolMismatch
 from goodput.warm import protocol
-from goodput.warm.protocol import Assignment, Generation
+from goodput.warm.protocol import Assignment, Complete, Generation
 from goodput.warm.store import WarmStore, operations
 
 
@@ -85,6 +85,17 @@ def test_a_generation_ends_once_and_its_survivors_learn_the_winner(
     assert not second.end_generation(0, 2)  # another node's agent ended generation 0 first
     assert survivor.ended(0) and not survivor.ended(1)
     assert survivor.wait_for_successor(0, timeout=5) == 1
+
+
+def test_the_job_s_completion_is_said_once_the_first_rank_s_word_stands(
+    tcp_store: tuple[str, dist.TCPStore],
+) -> None:
+    address, _ = tcp_store
+    agent, first, second = (WarmStore.connect(address, "") for _ in range(3))
+    assert agent.complete() is None  # no rank closed at the last step yet
+    first.mark_complete(Complete(rank=1, step=40, gen=2))
+    second.mark_complete(Complete(rank=0, step=40, gen=2))  # a second rank closing at the same step
+    assert agent.complete() == Complete(rank=1, step=40, gen=2)
 
 
 def test_the_last_rank_to_arrive_completes_the_generation(tcp_store: tuple[str, dist.TCPStore]) -> None:

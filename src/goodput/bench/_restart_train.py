@@ -106,6 +106,11 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="rank 1 SIGKILLs itself after this step's optimizer step, before step_done (first process only)",
     )
+    p.add_argument(
+        "--log-resources",
+        action="store_true",
+        help="also log this process's open files and threads at each step (the samples log's fds, threads)",
+    )
     return p.parse_args(argv)
 
 
@@ -173,7 +178,12 @@ def _train(run: Run, args: argparse.Namespace, dataset: Samples) -> None:
             sched.step()
             if args.step_seconds:
                 time.sleep(args.step_seconds)
-            log.write(json.dumps({"step": run.step + 1, "samples": ids, "pid": os.getpid()}) + "\n")
+            record = {"step": run.step + 1, "samples": ids, "pid": os.getpid()}
+            if args.log_resources:
+                record.update(
+                    fds=len(os.listdir("/proc/self/fd")), threads=len(os.listdir("/proc/self/task"))
+                )
+            log.write(json.dumps(record) + "\n")
             run.step_done(loss=float(loss.detach()))
     run.close()
     if not args.fsdp:  # (sharded tensors would need a gather to hash)

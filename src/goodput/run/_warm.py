@@ -20,6 +20,7 @@ from goodput.data.loader import ResumableLoader
 from goodput.faults import fault_point
 from goodput.job.folder import FATAL_ERRORS, report_failure
 from goodput.run.hooks import RunHook
+from goodput.warm.boot import collect_failed
 from goodput.warm.worker import WarmWorker
 
 if TYPE_CHECKING:
@@ -79,6 +80,8 @@ class WarmHook(RunHook):
         if not self.worker.live_recovery:
             return None
         start = time.monotonic()
+        if self._next is not None:  # a survivor: what its failed generation held is unreachable now
+            collect_failed()
         if self.worker.resized:  # a loader kept across generations takes its share of the new world
             regroup(state.loader, run.info.rank, run.info.world_size)
         self._recovering = True
@@ -127,6 +130,10 @@ class WarmHook(RunHook):
             run.ledger.event("warm_first_step", step=step, seconds=seconds)
             self._first = None
         return False
+
+    def on_finish(self, run: Run) -> None:
+        committed = run.manager.committed if run.state is not None else []
+        self.worker.closed(run.step, run.total_steps, committed)
 
     def on_close(self, run: Run, status: str) -> None:
         self.worker.stop_watch()

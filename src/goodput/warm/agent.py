@@ -15,7 +15,7 @@ This agent keeps torch.distributed.elastic's parts and changes that one decision
   their own process, form the new generation's group and recover live from a surviving replica;
 * when the warm path cannot recover (a failure during a warm restart, the group not recovered within the
   re-form timeout, a worker that already finished), it falls back to a cold restart of the whole group, like
-  torchrun's, from the newest checkpoint.
+  torchrun's, from the newest checkpoint; unless the job is complete (``goodput.warm.ending``).
 
 Every decision is appended to ``RUN_DIR/warm/agent.jsonl`` (one JSON object a line), and each worker's ledger
 records the restart's parts as seen by that rank.
@@ -46,6 +46,7 @@ from goodput._env import WARM_GEN, WARM_ROLE, WARM_SPARE_ID
 from goodput.job.folder import write_notice
 from goodput.launch.launcher import LaunchConfig
 from goodput.launch.output import describe_exit
+from goodput.warm.ending import JobEnd, finished_while_pending
 from goodput.warm.forked import ForkedProcess, SpareForks, reap_adopted, spawn
 from goodput.warm.idle import can_return, make_idle, make_normal
 from goodput.warm.nodes import NodeBeats, first_layout, wait_for_nodes
@@ -129,6 +130,7 @@ class WarmAgent:
         self._spares_started = warm.first_spare_delay <= 0 or self.joiner
         self.resize = Resizer(self)
         self.forks = SpareForks(launch, self.record)  # the node's spare template (goodput.warm.forked)
+        self.ending = JobEnd(self)  # a complete job's end while ranks fail or a restart is pending
 
     def set_layout(self, layout: dict[int, list[int]]) -> None:
         """Take ``layout`` (node -> global ranks) as the current generation's: this node's ranks, the world."""
@@ -238,6 +240,10 @@ class WarmAgent:
             self.resize.follow_current()
             failed = self.poll_workers()
             lost = self.resize.lost_ranks()  # of nodes lost whole: no agent of theirs reports them
+            if (ended := self.ending.check(failed)) is not None:  # complete: nothing left to restart
+                if ended:
+                    return 0
+                continue
             if not failed and not lost:
                 if self._done():
                     return 0
@@ -248,10 +254,8 @@ class WarmAgent:
             detected = time.time()
             if self.restarts >= self.launch.max_restarts:
                 self.record("give_up", failed=failed, restarts=self.restarts)
-                self.notice(
-                    sorted(failed),
-                    f"no restarts left (--max-restarts {self.launch.max_restarts}): the job stops",
-                )
+                stops = f"no restarts left (--max-restarts {self.launch.max_restarts}): the job stops"
+                self.notice(sorted(failed), stops)
                 return 1
             reason = self._cold_reason()
             if reason in (None, _DURING) and self.resize.answer(
@@ -324,11 +328,12 @@ class WarmAgent:
     def _check_pending(self) -> None:
         if self.pending is None or self._confirm_recovered():
             return
-        if time.monotonic() > self.pending[1]:
+        reason = finished_while_pending(self)  # a rank that ended well never joins: cold at once
+        if reason is None and time.monotonic() > self.pending[1]:
+            reason = f"warm restart not recovered within {self.warm.reform_timeout}s"
+        if reason is not None:
             self.restarts += 1
-            self._cold_restart(
-                [], time.time(), f"warm restart not recovered within {self.warm.reform_timeout}s"
-            )
+            self._cold_restart([], time.time(), reason)
 
     # ---- restarts ----------------------------------------------------------------------------------------
     def _unrecovered(self) -> bool:
@@ -418,13 +423,8 @@ class WarmAgent:
         self.cold_restarts += 1
         self.publish("cold", failed=failed, detected_wall=detected, reason=reason, nodes=self.layout)
         self.record(
-            "cold_restart",
-            gen=self.gen,
-            failed=failed,
-            reason=reason,
-            detected_wall=detected,
-            store_ops=operations(),
-        )
+            "cold_restart", gen=self.gen, failed=failed, reason=reason, detected_wall=detected, store_ops=operations(),
+        )  # fmt: skip
         self.notice(failed, f"cold restart of every rank ({reason})")
         for rank in self.ranks:
             self.start_worker(rank)

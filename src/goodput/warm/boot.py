@@ -19,7 +19,7 @@ import os
 import runpy
 import sys
 
-__all__ = ["HELD_THRESHOLDS", "hold", "main", "release"]
+__all__ = ["HELD_THRESHOLDS", "collect_failed", "hold", "main", "release"]
 
 HELD_THRESHOLDS = (50_000, 50, 1_000)  # gen0 every 50k allocations (default 700); gen2 rarely
 
@@ -41,6 +41,18 @@ def release() -> None:
         gc.set_threshold(*_saved)
         _saved = None
         gc.freeze()
+
+
+def collect_failed() -> None:
+    """Collect the objects a failed generation left in this surviving process, now.
+
+    Its DDP wrapper, optimizer and checkpoint manager hold its process groups, and they are in reference
+    cycles, which only a full collection frees: with the many long-lived objects of a trained process that
+    comes rarely, and until then each group's gloo threads and sockets stay open, a dozen of each per warm
+    restart. Call it once the failed generation's objects are unreachable (the next generation's restore);
+    its connections are hung up by then (``goodput.warm.hangup``), so no group's destructor waits on one.
+    """
+    gc.collect()
 
 
 def main(argv: list[str]) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 from goodput.errors import ProtocolMismatch
 
 __all__ = [
+    "COMPLETE_KEY",
     "COUNTER_KEY",
     "CURRENT_KEY",
     "FIRST_ROUND_KEY",
@@ -29,6 +30,7 @@ __all__ = [
     "ROUNDS_KEY",
     "SHARDED_KEY",
     "Assignment",
+    "Complete",
     "Generation",
     "Layout",
     "Successor",
@@ -60,6 +62,7 @@ ROUNDS_KEY = (
 FIRST_ROUND_KEY = "goodput/first"  # in a rendezvous round's own store: "1" when the round started the job
 JOINED_KEY = "node/joined"  # a counter of the nodes that joined the running job (each takes a new node id)
 SHARDED_KEY = "job/sharded"  # set by a rank whose model holds no full replica (FSDP): the job cannot shrink
+COMPLETE_KEY = "job/complete"  # the ``Complete`` a rank writes once it closed at the last step, committed
 
 LIVE_KINDS = ("warm", "shrink", "grow")  # the generations that recover from the survivors' replicas
 
@@ -113,13 +116,28 @@ class Successor:
     gen: int
 
 
-_Payload = TypeVar("_Payload", Generation, Assignment, Successor)
+@dataclasses.dataclass(frozen=True)
+class Complete:
+    """The job's end (``COMPLETE_KEY``): rank ``rank`` of generation ``gen`` closed its run at ``step``, the job's
+    last, with that step's checkpoint committed. A restart still pending then has nothing left to recover."""
+
+    rank: int
+    step: int
+    gen: int
+
+
+_Payload = TypeVar("_Payload", Generation, Assignment, Successor, Complete)
 _Of = TypeVar("_Of", int, str)
-_KINDS: dict[type, str] = {Generation: "generation", Assignment: "assignment", Successor: "successor"}
+_KINDS: dict[type, str] = {
+    Generation: "generation",
+    Assignment: "assignment",
+    Successor: "successor",
+    Complete: "complete",
+}
 _INT_KEYED = ("nodes", "ranks")  # JSON objects have string keys; these maps have int keys
 
 
-def encode(payload: Generation | Assignment | Successor) -> str:
+def encode(payload: Generation | Assignment | Successor | Complete) -> str:
     """``payload`` as it travels in the store: JSON tagged with what it is and ``FORMAT``."""
     fields = dataclasses.asdict(payload)
     for name in _INT_KEYED:

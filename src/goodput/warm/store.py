@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from goodput.warm import protocol
-from goodput.warm.protocol import Assignment, Generation, Successor
+from goodput.warm.protocol import Assignment, Complete, Generation, Successor
 
 __all__ = ["WarmStore", "operations", "operations_since"]
 
@@ -202,6 +202,16 @@ class WarmStore:
     def sharded(self) -> bool:
         """Whether a rank said its model holds no full replica."""
         return self._check([protocol.SHARDED_KEY])
+
+    def mark_complete(self, done: Complete) -> None:
+        """The job is complete: a rank closed at its last step with that step committed (the first says)."""
+        self._set_once(protocol.COMPLETE_KEY, protocol.encode(done))
+
+    def complete(self) -> Complete | None:
+        """The job's ``Complete``, once a rank wrote it; None before."""
+        if not self._check([protocol.COMPLETE_KEY]):
+            return None
+        return protocol.decode(Complete, self._get(protocol.COMPLETE_KEY), protocol.COMPLETE_KEY)
 
     # ---- nodes -------------------------------------------------------------------------------------------
     def join_node(self) -> int:

@@ -20,6 +20,8 @@ agent's TCP store, which outlives every worker. The protocol, in store keys (eac
 * ``spare/<k>/ready``, ``spare/<k>/assign``: a spare announces itself, then waits inside ``Run()`` (torch and the
   script's imports already loaded) until the agent hands it a rank and a generation.
 * ``stepped/<rank>``    set once, at a rank's first completed step (the agent starts the first spares then).
+* ``job/complete``      the ``Complete`` of the first rank that closed its run at the job's last step with that
+  step committed: a restart the agent still has pending then has nothing to recover, so the job ends.
 
 Each rank's RNG state after its last completed step is written at every ``step_done`` to a node-local RAM file
 (:mod:`goodput.warm.record`), outside the process, so a replacement (a spare of the same node) can take over
@@ -59,7 +61,7 @@ from goodput._env import (
     WARM_STORE,
 )
 from goodput.warm.hangup import Hangup
-from goodput.warm.protocol import Generation
+from goodput.warm.protocol import Complete, Generation
 from goodput.warm.record import RecordFiles, record_folder
 from goodput.warm.store import WarmStore, operations, operations_since
 from goodput.warm.watch import EndWatch, abort_communicators, install_optimizer_guard
@@ -241,6 +243,13 @@ class WarmWorker:
         if from_checkpoint:
             self._rng.reset()
             self._rng_records.write(step, self._rng.capture())
+
+    def closed(self, step: int, total_steps: int | None, committed: list[int]) -> None:
+        """This rank closed its run at ``step`` (``committed``: the steps its checkpoints hold committed). At
+        the job's last step, committed, the job is complete: say so, so that a peer's failure meanwhile (its
+        restart pending, or about to be) ends the job instead of restarting it."""
+        if total_steps is not None and step >= total_steps and step in committed:
+            self.store.mark_complete(Complete(rank=self.rank, step=step, gen=self.gen))
 
     def state_registered(self, state: Any) -> None:
         """Tell the agent, once, when this rank's model is sharded (FSDP/DTensor): no survivor would hold a
