@@ -54,14 +54,7 @@ from goodput.warm.protocol import Assignment, Generation
 from goodput.warm.record import claim_folder, record_folder, remove_folder
 from goodput.warm.resize import Resizer
 from goodput.warm.rounds import Round, next_round, node_counts, rendezvous
-from goodput.warm.start import (
-    WarmConfig,
-    boot_args,
-    check_warm,
-    kill_group,
-    launch_warm,
-    worker_env,
-)
+from goodput.warm.start import WarmConfig, boot_args, check_warm, kill_group, launch_warm, worker_env
 from goodput.warm.store import WarmStore, operations
 
 __all__ = ["AGENT_LOG", "WarmAgent", "WarmConfig", "launch_warm"]
@@ -239,6 +232,7 @@ class WarmAgent:
             time.sleep(self.launch.monitor_interval)
             self.resize.follow_current()
             failed = self.poll_workers()
+            self._confirm_recovered()  # a restart that recovered is done, before a rank's end is judged
             lost = self.resize.lost_ranks()  # of nodes lost whole: no agent of theirs reports them
             if (ended := self.ending.check(failed)) is not None:  # complete: nothing left to restart
                 if ended:
