@@ -48,7 +48,7 @@ def collect_failed() -> None:
 
     Its DDP wrapper, optimizer and checkpoint manager hold its process groups, and they are in reference
     cycles, which only a full collection frees: with the many long-lived objects of a trained process that
-    comes rarely, and until then each group's gloo threads and sockets stay open, a dozen of each per warm
+    comes rarely, and until then each group's gloo threads and sockets stay open, more with every warm
     restart. Call it once the failed generation's objects are unreachable (the next generation's restore);
     its connections are hung up by then (``goodput.warm.hangup``), so no group's destructor waits on one.
     """
