@@ -35,6 +35,10 @@ def train(run: gp.Run, steps: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument(
+        "--hang-timeout", type=float, default=300.0, help="Run(hang_timeout=): seconds without a step"
+    )
+    p.add_argument("--numeric", action="store_true", help="Run(numeric=True): the guard at its defaults")
     args = p.parse_args()
     np.random.seed(0)
     torch.use_deterministic_algorithms(True)
@@ -42,6 +46,8 @@ def main() -> None:
     run = gp.Run(
         checkpoint=gp.CheckpointConfig(root=os.path.join(run_dir, "checkpoints"), every=2),
         total_steps=args.steps,
+        hang_timeout=args.hang_timeout,
+        numeric=args.numeric,
         backend="gloo",  # a CPU model, also on a machine with GPUs
     )
     run.warm(lambda r: train(r, args.steps))

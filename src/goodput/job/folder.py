@@ -186,9 +186,11 @@ def register_pid(rank: int) -> None:
     write_marker(os.path.join(PIDS_DIR, f"rank-{rank}"), str(os.getpid()))
 
 
-def install_error_report(rank: int) -> None:
+def install_error_report(rank: int | Callable[[], int]) -> None:
     """Report this process's uncaught exception: to torch's error file (``$TORCHELASTIC_ERROR_FILE``, which
     torchrun and ``goodput launch`` read), and, for an error a restart cannot fix, as the launch's ``FATAL``.
+    ``rank``: the rank to name, or a function giving the one this process holds when the error comes (a hot
+    spare takes its rank after it started; a shrink or grow renumbers the ranks).
 
     goodput's own errors that a user acts on (``FATAL_ERRORS``, ``CrashLoop``) print one line, not a traceback;
     a peer's reaction to a rank that already stopped the launch (``FATAL``) prints nothing: the launcher quotes
@@ -197,11 +199,12 @@ def install_error_report(rank: int) -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], err: BaseException, tb: TracebackType | None) -> None:
-        line = report_failure(rank, err)
+        now = rank() if callable(rank) else rank
+        line = report_failure(now, err)
         if isinstance(err, (*FATAL_ERRORS, CrashLoop, NumericFault, StragglerStop)):
             if launch_dir() is None:  # under goodput launch, the launcher prints the one line
                 # sys.__stderr__: torch's own excepthook (init_process_group's) captures sys.stderr around ours.
-                print(f"goodput: rank {rank}: {line}", file=sys.__stderr__ or sys.stderr, flush=True)
+                print(f"goodput: rank {now}: {line}", file=sys.__stderr__ or sys.stderr, flush=True)
                 code = _STOP_CODES.get(type(err), EXIT_FATAL)
                 _exit_now(EXIT_USAGE if isinstance(err, ConfigError) else code)
             return

@@ -25,6 +25,7 @@ import dataclasses
 import inspect
 import os
 import sys
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,7 @@ __all__ = [
     "interval_mtbf",
     "observe_failures",
     "open_manager",
+    "rank_now",
     "record_state",
     "resolve_run_dir",
     "restored_step",
@@ -87,6 +89,19 @@ def resolve_run_dir(explicit: str | None) -> str:
     if os.path.exists(run_dir) and not os.path.isdir(run_dir):
         raise ConfigError(f"run folder {run_dir!r} is a file; pass a folder")
     return run_dir
+
+
+def rank_now(run: Run) -> Callable[[], int]:
+    """A function giving the rank ``run``'s process holds when it is called: a hot spare's is handed to it after
+    it started, a shrink or grow renumbers the ranks; the launch's ``RANK`` before the run has joined its job.
+    It holds ``run`` weakly (the excepthook that calls it lives as long as the process)."""
+    ref = weakref.ref(run)
+
+    def rank() -> int:
+        info = getattr(ref(), "info", None)
+        return int(info.rank) if info is not None else int(os.environ.get("RANK", "0"))
+
+    return rank
 
 
 def checked_numeric(numeric: object) -> NumericConfig | None:

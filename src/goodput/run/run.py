@@ -18,7 +18,6 @@ leaving the job (``_membership``), the edges of a run (``_setup``), the batch lo
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
@@ -92,7 +91,7 @@ class Run:
         numeric: NumericConfig | bool = False,
         stragglers: StragglerConfig | None = None,
     ) -> None:
-        install_error_report(int(os.environ.get("RANK", "0")))
+        install_error_report(edges.rank_now(self))
         run_dir = edges.resolve_run_dir(run_dir)
         if total_steps is not None and total_steps < 1:
             raise ConfigError(f"total_steps must be >= 1, got {total_steps}")

@@ -1,0 +1,42 @@
+"""The error file of a hot spare names the rank it took, not the one its process had when it started.
+
+``Run`` installs the excepthook that writes torch's error file when the process starts, before a spare is
+handed a rank (and a shrink or grow may renumber a survivor later). Real processes: rank 1 is SIGKILLed, the
+spare takes rank 1, and after training it raises an uncaught error.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+from typing import Any
+
+import pytest
+
+from goodput.job.folder import last_error
+from tests.helpers.launching import SCRIPTS, warm_launch
+
+SCRIPT = os.path.join(SCRIPTS, "late_error_train.py")
+
+
+@pytest.mark.slow
+def test_a_spare_that_took_rank_1_names_rank_1_in_its_error_file(tmp_path: Any) -> None:
+    run_dir = str(tmp_path / "run")
+    cmd = [*warm_launch(run_dir), "--faults", "kill@step=5,rank=1", "--", SCRIPT, "--steps", "12"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    assert "warm hand-over to spare" in proc.stderr, proc.stderr[-3000:]  # the spare took rank 1
+    files = glob.glob(os.path.join(run_dir, "launches", "*", "logs", "**", "error.json"), recursive=True)
+    found = []
+    for path in files:
+        with open(path) as f:
+            message = json.load(f)["message"]
+        if "late error after training" in message["message"]:
+            found.append((path, message["extraInfo"]["goodput_rank"]))
+    assert len(found) == 1, (files, proc.stderr[-3000:])
+    path, rank = found[0]
+    assert f"{os.sep}spare" in path and rank == "1", found  # written by the spare, naming the rank it held
+    launch = os.path.dirname(path.split(f"{os.sep}logs{os.sep}")[0] + f"{os.sep}logs")
+    quoted = last_error(launch)
+    assert quoted is not None and quoted.startswith("rank 1: RuntimeError: late error"), quoted
