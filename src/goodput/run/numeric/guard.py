@@ -115,6 +115,10 @@ class NumericGuard(RunHook):
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self.on_close(run, "restore")
+        # Every rank judges from the same memory, and a new attempt's hot spare starts with none: a survivor of a
+        # warm restart forgets the steps before it too (the spike rule's window, which warms up again, the
+        # rollbacks counted, the ranks named), or its verdict on a spike could differ from the spare's.
+        self._losses, self._episodes, self._named, self._unnamed, self._prints = [], [], {}, set(), {}
         self._run, self._state = run, state
         world = run.info.world_size
         self._comparable = replicated(state.model)
