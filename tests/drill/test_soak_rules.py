@@ -168,7 +168,7 @@ def test_a_missed_spike_is_a_violation_unless_the_rule_s_own_figure_said_it_coul
     rows = kind_rows(spikes, [], [missed(100, 700.0), missed(200, 20.0)], {})
     spike = next(r for r in rows if r.kind == "spike")
     assert spike.seen == 0 and spike.undetectable == (700.0,)
-    assert _count_problems(rows) == ["spike: 2 scheduled, 0 seen (1 not detectable on this loss)"]
+    assert _count_problems(rows) == ["spike: 2 scheduled, 0 seen (1 not detectable)"]
     both = kind_rows(spikes, [], [missed(100, 700.0), missed(100, 700.0), missed(200, 26.0)], {})
     assert next(r for r in both if r.kind == "spike").undetectable == (700.0, 26.0)  # once per step
     assert _count_problems(both) == []

@@ -190,7 +190,7 @@ def _draw(
         )
     if reference is None:
         return None
-    step_seconds, first, checks = _measured(reference)
+    step_seconds, first, checks, rollbacks = _measured(reference)
     if "bitflip" in kinds and checks is None:
         kinds = [k for k in kinds if k != "bitflip"]
         say("soak: no bit flips: the script's guard compares no replicas (NumericConfig(check_every=N) does)")
@@ -204,12 +204,12 @@ def _draw(
     if nnodes == 2:
         schedule = draw_two_nodes(
             seed=seed, mtbf=mtbf, seconds=seconds, step_seconds=step_seconds, steps=steps, first_step=first,
-            nproc=nproc, kinds=kinds, checks=checks,
+            nproc=nproc, kinds=kinds, checks=checks, rollbacks=rollbacks,
         )  # fmt: skip
     else:
         schedule = draw_schedule(
             seed=seed, mtbf=mtbf, seconds=seconds, step_seconds=step_seconds, steps=steps, first_step=first,
-            world=nproc, kinds=kinds, checks=checks,
+            world=nproc, kinds=kinds, checks=checks, rollbacks=rollbacks,
         )  # fmt: skip
     if not schedule:
         raise ConfigError(
@@ -225,9 +225,10 @@ def _draw(
     return plan, script, reference
 
 
-def _measured(reference: Reference) -> tuple[float, int, Checks | None]:
+def _measured(reference: Reference) -> tuple[float, int, Checks | None, tuple[int, int] | None]:
     """(seconds per step while training, the first step a fault may hit: past the first save and the spike
-    rule's warm-up, the guard's replica checks or None) of the uninterrupted run."""
+    rule's warm-up, the guard's replica checks or None, its ``(max_rollbacks, rollback_window)`` or None) of the
+    uninterrupted run."""
     from goodput.ledger import read_events
     from goodput.ledger.accounting import account
 
@@ -242,7 +243,11 @@ def _measured(reference: Reference) -> tuple[float, int, Checks | None]:
     first = max([first_save, *warmups]) + 2
     every = int(configs[0].get("check_every") or 0) if configs else 0
     checks = Checks(every=every, first=-(-first_save // every) * every) if every > 0 else None
-    return max(training / max(reference.steps, 1), 1e-4), first, checks
+    most, window = (
+        (configs[0].get("max_rollbacks"), configs[0].get("rollback_window")) if configs else (None, None)
+    )
+    rollbacks = (int(most), int(window)) if most is not None and window is not None else None
+    return max(training / max(reference.steps, 1), 1e-4), first, checks, rollbacks
 
 
 @dataclasses.dataclass

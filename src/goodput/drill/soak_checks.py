@@ -31,6 +31,9 @@ __all__ = [
     "tiling_problem",
 ]
 
+# ``spike_missed``'s reason while the rule warms up: goodput.run.numeric.spikes.WARMING_UP (which imports torch)
+WARMING_UP = "the spike rule was warming up"
+
 _NUMERIC_KINDS = {
     "nonfinite": "nan",
     "spike": "spike",
@@ -129,7 +132,8 @@ class KindRow:
         undetectable: for ``spike``, the rises the spike rule needed (its own figure, as a factor of the loss's
             level) at each scheduled spike it missed where that figure was above half the spike's factor (the
             drill's spike scenario injects only below it): on that loss a spike of that factor can pass unseen
-            (a step whose own loss lies under the level), so it goes unanswered without a violation.
+            (a step whose own loss lies under the level), so it goes unanswered without a violation; None for
+            one that came while the rule warmed up after a restart (``NumericConfig.spike_warmup``).
         unreached: for the store's kinds, the windows the job's end closed before the store was asked
             anything (:mod:`goodput.drill.soak_store`): untested, no violation.
     """
@@ -140,21 +144,22 @@ class KindRow:
     detect: tuple[float, ...] = ()
     recover: tuple[float, ...] = ()
     lost: tuple[float, ...] = ()
-    undetectable: tuple[float, ...] = ()
+    undetectable: tuple[float | None, ...] = ()
     unreached: int = 0
 
 
-def undetectable_spikes(events: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+def undetectable_spikes(events: Sequence[Mapping[str, Any]]) -> dict[int, float | None]:
     """Step -> the rise the spike rule needed there, at each missed spike (the ledger's ``spike_missed``, once
-    per step) whose factor was below twice that rise."""
-    needed: dict[int, float] = {}
+    per step) whose factor was below twice that rise; None at one that came while the rule warmed up (after a
+    restart: a soak places no spike in the job's first warm-up)."""
+    needed: dict[int, float | None] = {}
     for e in events:
-        if (
-            e["event"] == "spike_missed"
-            and e.get("rise") is not None
-            and 2 * float(e["rise"]) > float(e["factor"])
-        ):
+        if e["event"] != "spike_missed":
+            continue
+        if e.get("rise") is not None and 2 * float(e["rise"]) > float(e["factor"]):
             needed[int(e["step"])] = float(e["rise"])
+        elif str(e.get("why", "")).startswith(WARMING_UP):
+            needed[int(e["step"])] = None
     return dict(sorted(needed.items()))
 
 

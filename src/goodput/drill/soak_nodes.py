@@ -63,13 +63,13 @@ _POLL = 0.2  # seconds between the soak's looks at the job
 
 def draw_two_nodes(
     *, seed: int, mtbf: float, seconds: float, step_seconds: float, steps: int, first_step: int, nproc: int,
-    kinds: Sequence[str] = NODE_KINDS, checks: Checks | None = None,
+    kinds: Sequence[str] = NODE_KINDS, checks: Checks | None = None, rollbacks: tuple[int, int] | None = None,
 ) -> tuple[SoakFault, ...]:  # fmt: skip
     """The schedule of a two-node soak: :func:`draw_schedule` over both nodes' ranks, less the faults drawn
     into the :data:`NODE_WINDOW_SECONDS` after a ``node`` fault (the next ``node`` fault included)."""
     drawn = draw_schedule(
         seed=seed, mtbf=mtbf, seconds=seconds, step_seconds=step_seconds, steps=steps, first_step=first_step,
-        world=2 * nproc, kinds=kinds, checks=checks,
+        world=2 * nproc, kinds=kinds, checks=checks, rollbacks=rollbacks,
     )  # fmt: skip
     window = math.ceil(NODE_WINDOW_SECONDS / step_seconds)
     kept: list[SoakFault] = []

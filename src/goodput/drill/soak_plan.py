@@ -29,6 +29,7 @@ from goodput.errors import ConfigError
 __all__ = [
     "KINDS",
     "NODE_KINDS",
+    "NUMERIC",
     "REPLAY_FILE",
     "SENT",
     "STORE",
@@ -55,6 +56,7 @@ STORE = {  # the kinds the durable store answers, for a window from their step (
     "full": "the store refuses every write, 507 Insufficient Storage",
     "throttled": "the store answers 50 ms late and 503 SlowDown twice after every 4 requests",
 }
+NUMERIC = ("nan", "spike", "bitflip")  # the kinds the numeric guard answers with a rollback
 # a store fault's window: at least this long, and until the store refused a request
 STORE_WINDOW_SECONDS = 5.0
 # the kinds a soak on two nodes mixes (the store's faults are one node's soak's, for now)
@@ -144,12 +146,16 @@ class Checks:
 
 def draw_schedule(
     *, seed: int, mtbf: float, seconds: float, step_seconds: float, steps: int, first_step: int, world: int,
-    kinds: Sequence[str] = KINDS, checks: Checks | None = None,
+    kinds: Sequence[str] = KINDS, checks: Checks | None = None, rollbacks: tuple[int, int] | None = None,
 ) -> tuple[SoakFault, ...]:  # fmt: skip
     """Faults at exponential gaps of mean ``mtbf`` over ``seconds`` of training, each of a kind (of ``kinds``)
     and rank drawn from ``seed``, at distinct steps from ``first_step`` (a checkpoint and the spike rule's
     warm-up before it) to the last but two (a fault must find steps after it); a bit flip (only with
-    ``checks``) halfway between two checks, in a window of its own (the module's docstring)."""
+    ``checks``) halfway between two checks, in a window of its own (the module's docstring). With
+    ``rollbacks`` (the guard's ``(max_rollbacks, rollback_window)``), a numeric fault (each a rollback) drawn
+    where the window's steps around it already hold ``max_rollbacks - 1`` of them (one, if that is 1) is left
+    out: the guard stops a run whose rollbacks come that close, rightly, and a soak tests recovery, not that
+    stop; the room left is for a rollback of the guard's own."""
     if mtbf <= 0 or step_seconds <= 0:
         raise ConfigError(f"need --mtbf > 0 and a positive step time, got {mtbf} and {step_seconds}")
     if "bitflip" in kinds and checks is None:
@@ -173,6 +179,10 @@ def draw_schedule(
             fits = not any(
                 _overlap(_span(SoakFault(kind=kind, seconds=0, step=step), lag), w) for w in windows
             )
+        if fits and rollbacks is not None and kind in NUMERIC:
+            most, window_steps = rollbacks
+            near = sum(1 for f in faults if f.kind in NUMERIC and abs(f.step - step) < window_steps)
+            fits = near < max(most - 1, 1)
         if step < steps - 2 and fits and all(f.step != step for f in faults):
             faults.append(SoakFault(kind=kind, seconds=round(at, 3), step=step, rank=rank))
             if kind == "bitflip":

@@ -145,7 +145,7 @@ def _count_problems(kinds: Sequence[KindRow]) -> list[str]:
     injected are the guard's own findings on the loss, not counted."""
     return [
         f"{r.kind}: {r.scheduled} scheduled, {r.seen} seen"
-        + (f" ({len(r.undetectable)} not detectable on this loss)" if r.undetectable else "")
+        + (f" ({len(r.undetectable)} not detectable)" if r.undetectable else "")
         for r in kinds
         if r.seen + len(r.undetectable) + r.unreached < r.scheduled
         or (r.seen > r.scheduled and r.kind not in ("nan", "spike"))
@@ -253,11 +253,17 @@ def print_tables(outcome: Outcome, plan: SoakPlan) -> None:
             f"numeric rollbacks nobody injected (the guard's own findings on this loss): {', '.join(extra)}"
         )
     for r in outcome.kinds:
-        if r.undetectable:
-            needs = ", ".join(f"{x:.0f}x" for x in r.undetectable)
+        rises = [x for x in r.undetectable if x is not None]
+        if rises:
+            needs = ", ".join(f"{x:.0f}x" for x in rises)
             print(
-                f"spikes not detectable on this loss: {len(r.undetectable)} (the spike rule's own figure at their "
+                f"spikes not detectable on this loss: {len(rises)} (the spike rule's own figure at their "
                 f"steps needed a rise of {needs}, more than half the spike's factor; docs/numeric-faults.md)"
+            )
+        if warming := len(r.undetectable) - len(rises):
+            print(
+                f"spikes not detectable while the rule warmed up after a restart: {warming} (NumericConfig"
+                "(spike_warmup=); docs/numeric-faults.md)"
             )
     for r in outcome.kinds:
         if r.unreached:

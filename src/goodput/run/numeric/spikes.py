@@ -1,7 +1,7 @@
 """What the numeric guard can see, in the ledger, so that a verdict on a run quotes the run's own figures:
 
-* ``numeric_config`` (at each restore): the replica check's period and the spike rule's settings, which place a
-  drill's faults where the guard can find them;
+* ``numeric_config`` (at each restore): the replica check's period, the spike rule's settings and the rollbacks
+  the guard takes before it stops, which place a drill's faults where the guard can find and answer them;
 * ``spike_rule`` (when the warm-up ends and every ``spike_warmup`` steps): the smallest rise, as a factor of the loss's current
   level, that the spike rule would catch now (``goodput report`` shows the latest);
 * ``spike_missed``: a drill's ``spike`` fault that the rule did not call a spike, and why.
@@ -18,7 +18,9 @@ from goodput.run.numeric.rules import spike_rise, spike_threshold
 if TYPE_CHECKING:
     from goodput.run.numeric.config import NumericConfig
 
-__all__ = ["SpikeWatch"]
+__all__ = ["WARMING_UP", "SpikeWatch"]
+
+WARMING_UP = "the spike rule was warming up"  # how ``spike_missed`` says the rule did not apply yet
 
 
 class SpikeWatch:
@@ -32,7 +34,8 @@ class SpikeWatch:
         c = self.config
         ledger.event(
             "numeric_config", check_every=c.check_every, spike_k=c.spike_k, spike_window=c.spike_window,
-            spike_warmup=c.spike_warmup, spike_min_rise=c.spike_min_rise,
+            spike_warmup=c.spike_warmup, spike_min_rise=c.spike_min_rise, max_rollbacks=c.max_rollbacks,
+            rollback_window=c.rollback_window,
         )  # fmt: skip
 
     def injected(self, step: int, factor: float | None) -> None:
@@ -73,7 +76,7 @@ class SpikeWatch:
         if c.spike_k is None:
             return "the spike rule is off (NumericConfig(spike_k=None))"
         if len(history) < c.spike_warmup:
-            return f"the spike rule was warming up ({len(history)} of spike_warmup={c.spike_warmup} steps)"
+            return f"{WARMING_UP} ({len(history)} of spike_warmup={c.spike_warmup} steps)"
         rise = spike_rise(history, k=c.spike_k, min_rise=c.spike_min_rise)
         needs = f"a rise of {rise:.1f}x over its level" if rise is not None else "a larger rise"
         return (
