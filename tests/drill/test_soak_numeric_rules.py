@@ -1,6 +1,6 @@
 """The soak and the numeric guard's own limits: a schedule leaves the guard room to answer every numeric fault
 (it stops a run whose rollbacks come too close, exit 65), and a spike that came while the rule warmed up after a
-restart is counted as not detectable, not as a fault the guard failed to answer."""
+relaunch is counted as not detectable, not as a fault the guard failed to answer."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_no_window_of_the_guard_s_rollback_budget_holds_more_numeric_faults_than
         assert max(sum(1 for t in steps if s <= t < s + window) for s in steps) <= room, (most, steps)
 
 
-def test_a_spike_in_the_rule_s_warm_up_after_a_restart_is_not_detectable_and_one_the_rule_missed_is_a_fault() -> (
+def test_a_spike_in_the_rule_s_warm_up_after_a_relaunch_is_not_detectable_and_one_the_rule_missed_is_a_fault() -> (
     None
 ):
     spikes = [SoakFault(kind="spike", seconds=s, step=100 * s, rank=None) for s in (1, 2)]

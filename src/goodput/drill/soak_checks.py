@@ -133,7 +133,7 @@ class KindRow:
             level) at each scheduled spike it missed where that figure was above half the spike's factor (the
             drill's spike scenario injects only below it): on that loss a spike of that factor can pass unseen
             (a step whose own loss lies under the level), so it goes unanswered without a violation; None for
-            one that came while the rule warmed up after a restart (``NumericConfig.spike_warmup``).
+            one that came while the rule warmed up after a relaunch (``NumericConfig.spike_warmup``).
         unreached: for the store's kinds, the windows the job's end closed before the store was asked
             anything (:mod:`goodput.drill.soak_store`): untested, no violation.
     """
@@ -151,7 +151,7 @@ class KindRow:
 def undetectable_spikes(events: Sequence[Mapping[str, Any]]) -> dict[int, float | None]:
     """Step -> the rise the spike rule needed there, at each missed spike (the ledger's ``spike_missed``, once
     per step) whose factor was below twice that rise; None at one that came while the rule warmed up (after a
-    restart: a soak places no spike in the job's first warm-up)."""
+    relaunch, whose processes start without its window: a soak places no spike in the job's first warm-up)."""
     needed: dict[int, float | None] = {}
     for e in events:
         if e["event"] != "spike_missed":

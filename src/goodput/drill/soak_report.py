@@ -262,7 +262,7 @@ def print_tables(outcome: Outcome, plan: SoakPlan) -> None:
             )
         if warming := len(r.undetectable) - len(rises):
             print(
-                f"spikes not detectable while the rule warmed up after a restart: {warming} (NumericConfig"
+                f"spikes not detectable while the rule warmed up after a relaunch: {warming} (NumericConfig"
                 "(spike_warmup=); docs/numeric-faults.md)"
             )
     for r in outcome.kinds:

@@ -21,8 +21,8 @@ class NumericConfig:
         spike_k: a step's mean loss above its recent level + ``spike_k`` x its noise is a spike (None: no spike
             rule): 6 is six sigma of its noise (the ledger's ``spike_rule`` says the rise that takes).
         spike_window: the recent steps whose losses form the window.
-        spike_warmup: steps with a loss before the rule applies: after every attempt's start, on every rank (a
-            warm restart's survivors too); a rollback keeps the window's steps up to the one it restored.
+        spike_warmup: steps with a loss before the rule applies: after a start of every process (a warm
+            restart's hot spare takes the survivors' window); a rollback keeps the steps up to the one it restored.
         spike_min_rise: a spike is also at least this fraction above the level (a flat loss has no noise).
         check_every: fingerprint the parameters and compare the replicas every this many steps (None: never).
         max_rollbacks: rollbacks within ``rollback_window`` steps (of one attempt) after which the run stops.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Exchange", "new_group", "start_gather"]
+__all__ = ["Exchange", "new_group", "shared_window", "start_gather"]
 
 
 def new_group() -> Any:
@@ -53,3 +53,24 @@ def start_gather(step: int, row: list[int], group: Any) -> Exchange:
     out = torch.empty(dist.get_world_size(group), len(row), dtype=torch.int64)
     tensor = torch.tensor(row, dtype=torch.int64)
     return Exchange(step, dist.all_gather_single(out.view(-1), tensor, group=group, async_op=True), out)
+
+
+def shared_window(window: list[tuple[int, float]], group: Any) -> list[tuple[int, float]]:
+    """The spike rule's window of ``(step, mean loss)`` that every rank of ``group`` judges from: the longest any
+    rank holds (a warm restart's survivors hold the same one, a hot spare or a fresh process none). Every rank
+    of the group calls it at the same point; None: this rank alone."""
+    import torch
+    import torch.distributed as dist
+
+    if group is None:
+        return window
+    sizes = torch.empty(dist.get_world_size(group), dtype=torch.int64)
+    dist.all_gather_into_tensor(sizes, torch.tensor([len(window)], dtype=torch.int64), group=group)
+    source = int(torch.argmax(sizes))  # the first rank that holds the longest
+    count = int(sizes[source])
+    if count == 0:
+        return []
+    mine = dist.get_rank(group) == source
+    rows = torch.tensor(window if mine else [(0.0, 0.0)] * count, dtype=torch.float64)
+    dist.broadcast(rows, src=dist.get_global_rank(group, source), group=group)
+    return [(int(step), float(loss)) for step, loss in rows.tolist()]

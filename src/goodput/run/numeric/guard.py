@@ -42,7 +42,7 @@ from goodput.run._warm import WarmHook
 from goodput.run.hooks import RunHook, find_hook
 from goodput.run.numeric.carry import Carried
 from goodput.run.numeric.config import NumericConfig
-from goodput.run.numeric.exchange import Exchange, new_group, start_gather
+from goodput.run.numeric.exchange import Exchange, new_group, shared_window, start_gather
 from goodput.run.numeric.grads import BucketCheck
 from goodput.run.numeric.ops import (
     Episode,
@@ -115,9 +115,10 @@ class NumericGuard(RunHook):
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self.on_close(run, "restore")
-        # Every rank judges from the same memory, and a new attempt's hot spare starts with none: a survivor of a
-        # warm restart forgets the steps before it too (the spike rule's window, which warms up again, the
-        # rollbacks counted, the ranks named), or its verdict on a spike could differ from the spare's.
+        # Every rank judges from the same memory, and a new attempt's hot spare starts with none: the survivors of
+        # a warm restart hand it their spike window (below), and forget the rest (the rollbacks counted, the ranks
+        # named), or one rank's verdict on a step could differ from another's.
+        window = [(s, x) for s, x in self._losses if restored is not None and s <= restored]
         self._losses, self._episodes, self._named, self._unnamed, self._prints = [], [], {}, set(), {}
         self._run, self._state = run, state
         world = run.info.world_size
@@ -128,6 +129,7 @@ class NumericGuard(RunHook):
         refuse_unseen_bitflip(self._flips and not self._alone, self._comparable)  # on every rank alike
         self._watch.restored(run.ledger)
         self._group = new_group() if world > 1 and dist.is_initialized() else None
+        self._losses = shared_window(window, self._group)
         self._agree(restored or 0)
         if self.config.grads and state.optimizer is not None:
             self._hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
