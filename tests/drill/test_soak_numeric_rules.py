@@ -49,3 +49,49 @@ def test_the_soak_reads_the_warm_up_reason_the_guard_writes() -> None:
     from goodput.run.numeric.spikes import WARMING_UP as WRITTEN
 
     assert WRITTEN == WARMING_UP
+
+
+def test_the_restart_that_hands_a_rank_named_corrupt_to_a_spare_is_the_bit_flip_s_answer_not_a_kill() -> None:
+    from goodput.ledger.accounting import AttemptSummary
+
+    def attempt(number: int, began: str) -> AttemptSummary:
+        return AttemptSummary(
+            number=number, start=float(number), end=number + 1.0, outcome="failed", steps=10, first_step=None,
+            last_step=None, restored_step=None, failure_reason=None, categories={}, began=began,
+        )  # fmt: skip
+
+    schedule = [SoakFault(kind="bitflip", seconds=1, step=474, rank=1)]
+    # attempt 0 names rank 1 by majority (its verdict, then the rollback opens attempt 1); rank 1 leaves for a
+    # hot spare, whose restart opens attempt 2; a later restart (attempt 3) is a failure of its own
+    events = [{"event": "sdc_handover", "attempt": 0, "rank": 0, "named_rank": 1, "step": 476}]
+    attempts = [attempt(0, "start"), attempt(1, "rollback"), attempt(2, "restart"), attempt(3, "restart")]
+    rollback = {"event": "rollback", "attempt": 1, "kind": "sdc", "seconds_total": 0.1}
+    rows = {r.kind: r for r in kind_rows(schedule, attempts, [*events, rollback], {})}
+    assert (rows["bitflip"].seen, rows["kill"].seen) == (1, 1), rows
+    assert _count_problems(list(rows.values())) == ["kill: 0 scheduled, 1 seen"]
+
+
+def test_a_lineage_is_compared_with_the_reference_up_to_the_first_window_the_guard_skipped() -> None:
+    from goodput.drill.soak_checks import first_skipped, until
+    from goodput.verify.compare import compare_records
+    from goodput.verify.records import RunRecords, StepRecord
+
+    def records(ids: list[int], final: str) -> RunRecords:
+        steps = {
+            0: {
+                s: StepRecord(step=s, rank=0, attempt=0, resumed=0, samples=str(i), count=1, loss="0", rng={}, ids=(i,))
+                for s, i in enumerate(ids, 1)
+            }
+        }  # fmt: skip
+        return RunRecords(steps=steps, final={0: {"step": len(ids), "state": {"model": final}}}, attempts=[0])
+
+    reference = records([5, 1, 4, 2, 0, 3], "a")
+    skipped = records([5, 1, 2, 0, 3, 4], "b")  # steps 3 and on: the data after the window the guard skipped
+    cut = first_skipped([{"event": "skip", "first_step": 3, "last_step": 3}, {"event": "step_done"}])
+    assert cut == 3 and first_skipped([{"event": "step_done"}]) is None
+    assert compare_records(reference, skipped)  # whole: they differ
+    assert not compare_records(until(reference, cut), until(skipped, cut))  # before the window: the same
+    assert compare_records(
+        until(reference, cut), until(records([5, 0, 4, 2, 1, 3], "a"), cut)
+    )  # step 2 differs
+    assert until(reference, None) is reference

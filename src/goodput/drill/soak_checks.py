@@ -24,11 +24,13 @@ __all__ = [
     "KindRow",
     "as_reference_at",
     "fired_faults",
+    "first_skipped",
     "hung_attempts",
     "kind_rows",
     "lineage_problems",
     "skipped_windows",
     "tiling_problem",
+    "until",
 ]
 
 # ``spike_missed``'s reason while the rule warms up: goodput.run.numeric.spikes.WARMING_UP (which imports torch)
@@ -178,9 +180,13 @@ def kind_rows(
     rank declared a hang (``hung``: those attempts' numbers) answered a ``hang``, any other a ``kill``. With
     ``node_ranks`` (a soak on two nodes of that many ranks) the table has a ``node`` row: a shrink that dropped
     a node's ranks answered a ``node``, one that dropped fewer a ``kill`` (its node's spare not ready in time);
-    a grow is the way back, no fault."""
+    a grow is the way back, no fault. A restart after an attempt in which the guard handed a rank it named
+    corrupt to a hot spare (``sdc_handover``) is part of that bit flip's answer, no fault of its own."""
     relaunches = list(relaunched)
     rollbacks = [e for e in events if e["event"] == "rollback"]
+    # a bit flip's verdict that named the corrupt rank hands it to a hot spare once the rollback's attempt (the
+    # next) has begun: the restart after that attempt is the flip's answer
+    handed = {int(e["attempt"]) + 1 for e in events if e["event"] == "sdc_handover"}
     shrinks = [e for e in events if e["event"] == "shrink"]
     found: dict[str, list[tuple[float, float, float]]] = {}
     for previous, attempt in itertools.pairwise(attempts):
@@ -195,6 +201,8 @@ def kind_rows(
             kind = "node" if failed >= node_ranks else "kill"
             start = after.get("init", 0.0) + after.get("checkpoint_restore", 0.0)
             recover = start + before.get("restart_downtime", 0.0)
+        elif attempt.began == "restart" and previous.number in handed:
+            continue
         elif attempt.began == "restart":
             kind = "hang" if previous.number in hung else "kill"
             start = after.get("init", 0.0) + after.get("checkpoint_restore", 0.0)
@@ -233,6 +241,20 @@ def hung_attempts(events: Iterable[Mapping[str, Any]]) -> set[int]:
         for e in events
         if e["event"] == "failure_detected" and str(e.get("reason", "")).startswith("hang")
     }
+
+
+def first_skipped(events: Iterable[Mapping[str, Any]]) -> int | None:
+    """The first step of the first data window the numeric guard skipped (None: it skipped none)."""
+    return min((int(e["first_step"]) for e in events if e["event"] == "skip"), default=None)
+
+
+def until(records: RunRecords, step: int | None) -> RunRecords:
+    """``records`` before ``step`` (None: all of them), without the final state: from a skipped window on, the
+    data order differs from an uninterrupted run's by design (each later epoch is that much shorter)."""
+    if step is None:
+        return records
+    kept = {rank: {s: r for s, r in by_step.items() if s < step} for rank, by_step in records.steps.items()}
+    return dataclasses.replace(records, steps=kept, final={})
 
 
 def as_reference_at(records: RunRecords, reference: RunRecords, steps: Collection[int]) -> RunRecords:

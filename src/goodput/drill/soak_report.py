@@ -14,12 +14,14 @@ from goodput.drill.soak_checks import (
     KindRow,
     as_reference_at,
     fired_faults,
+    first_skipped,
     hung_attempts,
     kind_rows,
     lineage_problems,
     skipped_windows,
     tiling_problem,
     undetectable_spikes,
+    until,
 )
 from goodput.drill.soak_leaks import peaks
 from goodput.drill.soak_plan import SoakPlan
@@ -97,7 +99,10 @@ def judge_run(
             found += lineage_problems(records, plan.steps, skipped_steps=skipped)
             if reference is not None:
                 unseen = undetectable_spikes(first_rank)
-                result, identical = _against(reference, as_reference_at(records, reference, unseen))
+                cut = first_skipped(first_rank)
+                patched = as_reference_at(records, reference, unseen)
+                result, identical = _against(until(reference, cut), until(patched, cut))
+                result += "" if cut is None else skipped_note(cut)
                 found += [] if identical else [result]
         except FileNotFoundError:
             found.append("the job recorded no step")
@@ -110,6 +115,14 @@ def judge_run(
     )
     outcome = _outcome(status, seconds, kinds, sampler, text, tuple(skipped_windows(first_rank)), found)
     return dataclasses.replace(outcome, result=result)
+
+
+def skipped_note(cut: int) -> str:
+    """What a comparison cut at the guard's first skipped window leaves out, for its line."""
+    return (
+        f" (compared up to step {cut - 1}: the guard skipped the data of step {cut} on, so the data order differs "
+        "from there by design)"
+    )
 
 
 def _against(reference: RunRecords, records: RunRecords) -> tuple[str, bool]:
