@@ -292,8 +292,9 @@ class CheckpointManager:
         """
         self._check_open()
         quiet_single_process()
-        for tier in self.tiers:
-            tier.wait()
+        for tier in self.tiers:  # a save in flight that failed was logged there: restore what is committed
+            with contextlib.suppress(SaveFailed):
+                tier.wait()
         start = self._clock()
         newest = [tier.find(at_most=at_most) for tier in reversed(self.tiers)][::-1]  # the record lists first
         for i, tier in enumerate(self.tiers):
