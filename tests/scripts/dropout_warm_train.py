@@ -40,17 +40,22 @@ def main() -> None:
     )
     p.add_argument("--numeric", action="store_true", help="Run(numeric=True): the guard at its defaults")
     args = p.parse_args()
+    run = make_run(args.steps, hang_timeout=args.hang_timeout, numeric=args.numeric)
+    run.warm(lambda r: train(r, args.steps))
+
+
+def make_run(steps: int, *, hang_timeout: float = 300.0, numeric: bool = False) -> gp.Run:
+    """The script's ``Run``: a checkpoint every 2 steps in the launch's run folder, deterministic kernels."""
     np.random.seed(0)
     torch.use_deterministic_algorithms(True)
     run_dir = os.environ["GOODPUT_RUN_DIR"]
-    run = gp.Run(
+    return gp.Run(
         checkpoint=gp.CheckpointConfig(root=os.path.join(run_dir, "checkpoints"), every=2),
-        total_steps=args.steps,
-        hang_timeout=args.hang_timeout,
-        numeric=args.numeric,
+        total_steps=steps,
+        hang_timeout=hang_timeout,
+        numeric=numeric,
         backend="gloo",  # a CPU model, also on a machine with GPUs
     )
-    run.warm(lambda r: train(r, args.steps))
 
 
 if __name__ == "__main__":

@@ -8,11 +8,7 @@ before a spare is handed its rank: the error file must name the rank the process
 import argparse
 import os
 
-import numpy as np
-import torch
-from dropout_warm_train import train
-
-import goodput as gp
+from dropout_warm_train import make_run, train
 
 
 def main() -> None:
@@ -20,19 +16,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--fail-rank", type=int, default=1)
     args = p.parse_args()
-    np.random.seed(0)
-    torch.use_deterministic_algorithms(True)
-    run_dir = os.environ["GOODPUT_RUN_DIR"]
-    run = gp.Run(
-        checkpoint=gp.CheckpointConfig(root=os.path.join(run_dir, "checkpoints"), every=2),
-        total_steps=args.steps,
-        backend="gloo",
-    )
+    run = make_run(args.steps)
     run.warm(lambda r: train(r, args.steps))
     if run.info.rank != args.fail_rank:
         return
     try:  # once per job: the process that takes the rank next ends well
-        os.close(os.open(os.path.join(run_dir, "late-error-raised"), os.O_CREAT | os.O_EXCL))
+        os.close(os.open(os.path.join(run.run_dir, "late-error-raised"), os.O_CREAT | os.O_EXCL))
     except FileExistsError:
         return
     raise RuntimeError(f"late error after training, holding rank {run.info.rank} (pid {os.getpid()})")
