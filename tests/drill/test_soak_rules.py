@@ -106,6 +106,17 @@ def test_a_count_that_keeps_growing_leaks_and_one_that_rose_once_does_not() -> N
     assert leaks(growing, warmup=10, now=32)  # judged once it has lived three warm-ups, as the docs say
     once = _series([4] * 30 + [36] * 30)  # a hot spare that took a rank
     assert not leaks(once, warmup=10, now=59)
+    # a hot spare waits with one thread, then takes a rank: its start-up under load spans two warm-ups
+    waited = [Sample(float(t), 7, "worker", fds=4, threads=1) for t in range(20)]
+    waited += [
+        Sample(float(t), 7, "worker", fds=17 if t < 30 else 36, threads=10 if t < 30 else 20)
+        for t in range(20, 60)
+    ]
+    assert not any(leaks(waited[: now + 1], warmup=10, now=now) for now in range(60))
+    busy = [
+        dataclasses.replace(s, threads=max(s.threads, 2)) for s in waited
+    ]  # the same rises, never waiting
+    assert any(leaks(busy[: now + 1], warmup=10, now=now) for now in range(60))
 
 
 def test_resident_memory_leaks_only_past_five_percent_of_steady_growth() -> None:

@@ -49,9 +49,14 @@ def _window(series: Sequence[Sample], start: float, end: float) -> list[Sample]:
 
 def leaks(series: Sequence[Sample], *, warmup: float, now: float) -> list[str]:
     """Why one process's readings (in time order) show a leak, as of ``now`` (empty: none, or too young)."""
-    if not series or now - series[0].seconds < 3 * warmup:
+    if not series:
         return []
-    first = series[0].seconds
+    # A process that shows one thread is waiting (a forked hot spare before it takes a rank, an interpreter before
+    # its first import): its warm-up counts from its first reading with more, or a start-up that spans two
+    # warm-ups under load reads as two rises.
+    first = next((s.seconds for s in series if s.threads != 1), series[0].seconds)
+    if now - first < 3 * warmup:
+        return []
     base = _window(series, first + warmup, first + 2 * warmup)
     # the warm-up before the recent one, but never inside the base: a window that overlaps it cannot rise above it
     middle = _window(series, max(now - 2 * warmup, first + 2 * warmup), now - warmup)
