@@ -2,9 +2,8 @@
 
 Rank 1 is SIGKILLed at step 30 and a hot spare takes its place; at step 33 every rank's loss is spiked 50x. The
 spare has no loss history of its own, so its spike rule would be warming up while the survivor judges the step
-from 30 steps of losses and calls a spike: one rank rolling back while the other trains on, and the job hung
-(as it did before the survivors handed their window to the spare). Both must call it a spike and roll back, and
-the job must complete.
+from 30 steps of losses and calls a spike: one rank rolling back while the other trains on hangs the job. Both
+must call it a spike and roll back, and the job must complete.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ def test_a_rollback_that_meets_a_failed_save_in_flight_restores_what_is_committe
     """The asynchronous save of step 10 fails in its upload (as a full store refuses it); the NaN at step 11 is
     found at step 12, before the next save, so the rollback meets that failed save still in flight. The failure
     was logged where it happened: the rollback restores the newest committed step and the job trains on, with no
-    restart (a soak's NaN inside a full store's window had the ranks exit on it, and a warm restart followed)."""
+    restart (as a NaN inside a full store's window must)."""
     run_dir = str(tmp_path / "run")
     faults = "raise@phase=async_upload,step=10;nan@step=11,rank=1"
     cmd = [*warm_launch(run_dir), "--faults", faults, "--", SCRIPT, "--steps", "16", "--numeric"]

@@ -32,10 +32,8 @@ from goodput.drill.node import _listening, lose_node
 from goodput.drill.runs import LaunchSpec, start_launch
 from goodput.drill.scenario import DrillContext, Reference
 from goodput.drill.soak import SAMPLES_FILE, _latest_step, _report_progress, _Watch, _watching
-from goodput.drill.soak_checks import first_skipped, until
 from goodput.drill.soak_plan import NODE_KINDS, Checks, SoakFault, SoakPlan, draw_schedule, fault_plan
-from goodput.drill.soak_report import Outcome, judge_run, skipped_note
-from goodput.ledger import read_events
+from goodput.drill.soak_report import Outcome, compared_until, judge_run
 from goodput.verify.records import RunRecords, read_records
 from goodput.verify.shrink import effective
 
@@ -171,9 +169,7 @@ def run_two_nodes(
     found = global_batch_problems(records)
     result = outcome.result
     if changed and reference is not None:
-        cut = first_skipped(read_events(run_dir, rank=0))
-        result, same = worlds_against(until(reference, cut), until(records, cut))
-        result += "" if cut is None else skipped_note(cut)
+        result, same = compared_until(worlds_against, reference, records, outcome.first_skip)
         found += [] if same else [result]
     return dataclasses.replace(outcome, result=result, violations=(*outcome.violations, *found))
 

@@ -4,7 +4,7 @@ the sampler read (:mod:`goodput.drill.soak_leaks`), and nothing of the job left 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from goodput.drill.drill import aligned
@@ -48,6 +48,7 @@ class Outcome:
     skipped: tuple[str, ...]
     violations: tuple[str, ...]
     result: str = ""
+    first_skip: int | None = None  # the first step of the guard's first skipped data window
 
 
 def judge_run(
@@ -90,6 +91,7 @@ def judge_run(
         )
     ) + tuple(store_rows(plan.schedule, store, events))
     result = "the final state: not compared with an uninterrupted run (a replay, or the built-in script without --reference)"
+    cut = first_skipped(first_rank)
     if not stopped:
         try:
             skipped = sum(
@@ -98,11 +100,8 @@ def judge_run(
             records = read_records(run_dir)
             found += lineage_problems(records, plan.steps, skipped_steps=skipped)
             if reference is not None:
-                unseen = undetectable_spikes(first_rank)
-                cut = first_skipped(first_rank)
-                patched = as_reference_at(records, reference, unseen)
-                result, identical = _against(until(reference, cut), until(patched, cut))
-                result += "" if cut is None else skipped_note(cut)
+                patched = as_reference_at(records, reference, undetectable_spikes(first_rank))
+                result, identical = compared_until(_against, reference, patched, cut)
                 found += [] if identical else [result]
         except FileNotFoundError:
             found.append("the job recorded no step")
@@ -114,15 +113,24 @@ def judge_run(
         f"goodput {acc.goodput:.1%} ({_predicted(run_dir)}); lost: {biggest or 'nothing'}"
     )
     outcome = _outcome(status, seconds, kinds, sampler, text, tuple(skipped_windows(first_rank)), found)
-    return dataclasses.replace(outcome, result=result)
+    return dataclasses.replace(outcome, result=result, first_skip=cut)
 
 
-def skipped_note(cut: int) -> str:
-    """What a comparison cut at the guard's first skipped window leaves out, for its line."""
-    return (
-        f" (compared up to step {cut - 1}: the guard skipped the data of step {cut} on, so the data order differs "
-        "from there by design)"
-    )
+def compared_until(
+    compare: Callable[[RunRecords, RunRecords], tuple[str, bool]],
+    reference: RunRecords,
+    records: RunRecords,
+    cut: int | None,
+) -> tuple[str, bool]:
+    """``compare`` (a line, and whether the lineages agree) of both lineages before ``cut``, the first step of
+    the guard's first skipped window (None: whole), its line saying where the comparison stopped and why."""
+    line, same = compare(until(reference, cut), until(records, cut))
+    if cut is not None:
+        line += (
+            f" (compared up to step {cut - 1}: the guard skipped the data of step {cut} on, so the data order "
+            "differs from there by design)"
+        )
+    return line, same
 
 
 def _against(reference: RunRecords, records: RunRecords) -> tuple[str, bool]:
