@@ -183,8 +183,8 @@ class Supervisor:
         env[PREEMPT_SIGNAL_ENV] = self.preempt_signal.name
         env[LAUNCHER_PID_ENV] = str(os.getpid())
         env.update(job_temp_env(self.scratch))
-        if self.command is None:  # torchrun's own uncaught error (its workers get files of their own)
-            env[ERROR_FILE_ENV] = os.path.join(self.folder, AGENT_ERROR_FILE)
+        # the agent's own uncaught error, torchrun's or the warm agent's (their workers get files of their own)
+        env[ERROR_FILE_ENV] = os.path.join(self.folder, AGENT_ERROR_FILE)
         return env
 
     def _on_signal(self, signum: int, frame: Any) -> None:

@@ -24,7 +24,15 @@ def main(argv: list[str]) -> int:
     # process of the job must not end the agent. A handler, unlike SIG_IGN, is not inherited by the workers.
     signal.signal(parse_signal(launch.preempt_signal), lambda signum, frame: None)
     hold()  # the agent imports torch before it starts the workers: with the collector held back (_gcboot)
-    agent = WarmAgent(launch, WarmConfig(**spec["warm"]))
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    # torch's @record, as on torchrun's main: an uncaught error (the rendezvous's, when a node cannot join or
+    # loses the store's host) goes to $TORCHELASTIC_ERROR_FILE, where the launcher reads its verdict.
+    return int(record(_run)(launch, WarmConfig(**spec["warm"])))
+
+
+def _run(launch: LaunchConfig, warm: WarmConfig) -> int:
+    agent = WarmAgent(launch, warm)
     release()
     return agent.run()
 

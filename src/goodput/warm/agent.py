@@ -53,7 +53,7 @@ from goodput.warm.nodes import NodeBeats, first_layout, wait_for_nodes
 from goodput.warm.protocol import Assignment, Generation
 from goodput.warm.record import claim_folder, record_folder, remove_folder
 from goodput.warm.resize import Resizer
-from goodput.warm.rounds import Round, next_round, node_counts, rendezvous
+from goodput.warm.rounds import Round, next_round, node_counts, rendezvous, stop_keep_alive
 from goodput.warm.start import WarmConfig, boot_args, check_warm, kill_group, launch_warm, worker_env
 from goodput.warm.store import WarmStore, operations
 
@@ -220,9 +220,12 @@ class WarmAgent:
             self.forks.close()
             remove_folder(record_folder(self.address, self.prefix))
             if status == 0 and self.prefix:  # beating on: a node still ending its own would call it lost
-                wait_for_nodes(self.store, self.resize.nodes_in_job())
+                wait_for_nodes(
+                    self.store, self.resize.nodes_in_job, lambda: self.resize.admit_waiting(now=True)
+                )
             if self.beats is not None:
                 self.beats.stop()
+            stop_keep_alive(self.rdzv)
         return status
 
     def _monitor(self) -> int:

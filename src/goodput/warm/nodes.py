@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 BEAT_SECONDS = 0.5
+_JOIN_SECONDS = 10.0  # a beat is one store call: a dead host fails it at once, a silent one at its timeout
 
 
 def first_layout(nnodes: int, nproc: int) -> Layout:
@@ -89,18 +90,25 @@ class NodeBeats:
         return lost
 
     def stop(self) -> None:
-        """Stop beating (the agent is leaving)."""
+        """Stop beating (the agent is leaving), and wait for the thread: one still in a store call when the process
+        exits ends it with SIGABRT (exit 250)."""
         self._stop.set()
+        self._thread.join(timeout=_JOIN_SECONDS)
 
 
-def wait_for_nodes(store: WarmStore, nodes: int) -> None:
-    """Count this node as done and keep its connection up (at most 60 s) until ``nodes`` nodes are done: one
+def wait_for_nodes(store: WarmStore, nodes: Callable[[], int], admit: Callable[[], None]) -> None:
+    """Count this node as done and keep its connection up (at most 60 s) until ``nodes()`` nodes are done: one
     agent hosts the rendezvous store, and must not close it before every node's workers are done (the host's
-    agent may leave as soon as the count is full: a closed store then means "all done")."""
+    agent may leave as soon as the count is full: a closed store then means "all done"). Meanwhile ``admit``
+    takes a node waiting in the rendezvous into a round (it counts in ``nodes()`` then): one that came as the job
+    ended finds it done and leaves with exit 0, instead of timing out in the rendezvous."""
     import torch.distributed as dist
 
     with contextlib.suppress(dist.DistError):
         store.node_done()
         deadline = time.monotonic() + 60
-        while store.nodes_done() < nodes and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            admit()
+            if store.nodes_done() >= nodes():
+                break
             time.sleep(0.1)

@@ -28,7 +28,7 @@ import zlib
 from goodput._env import LAUNCH_ID
 from goodput.job.owner import record_owner, sweep_stale
 
-__all__ = ["RecordFiles", "claim_folder", "record_folder", "remove_folder"]
+__all__ = ["RecordFiles", "claim_folder", "record_folder", "remove_folder", "sweep_folders"]
 
 _HEADER = struct.Struct("<qQI")  # step, length, crc32
 
@@ -40,19 +40,28 @@ def record_folder(store_address: str, prefix: str, launch: str | None = None) ->
     and every worker and spare of the node), so the launcher can remove it even after it had to kill the agent;
     without one, after the job's store.
     """
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     launch = launch if launch is not None else LAUNCH_ID.get()
     key = f"launch|{launch}" if launch else f"{store_address}|{prefix}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return os.path.join(base, f"goodput-warm-{os.getuid()}-{digest}")
+    return os.path.join(_base(), f"goodput-warm-{os.getuid()}-{digest}")
+
+
+def _base() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
 def claim_folder(folder: str) -> None:
     """Create this job's record folder with this process (the agent) as its owner, after removing the folders
     of this user's earlier jobs whose owners are provably gone (a SIGKILLed launcher's)."""
-    sweep_stale(os.path.dirname(folder), f"goodput-warm-{os.getuid()}-")
+    sweep_folders()
     os.makedirs(folder, exist_ok=True)
     record_owner(folder)
+
+
+def sweep_folders() -> None:
+    """Remove the record folders of this user's earlier jobs whose owners are provably gone (also at a launch's
+    start: its agent may fail before it claims a folder, a node that finds no job to join)."""
+    sweep_stale(_base(), f"goodput-warm-{os.getuid()}-")
 
 
 def remove_folder(folder: str) -> None:

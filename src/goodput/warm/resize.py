@@ -213,11 +213,12 @@ class Resizer:
         agent.notice([], f"{len(ready)} spare(s) ready: {grown}")
         agent.fill_spares()
 
-    def admit_waiting(self) -> None:
+    def admit_waiting(self, now: bool = False) -> None:
         """Join the rendezvous's next round when a node waits in it, as torchrun's agent does: the round admits
-        the node (its agent then grows the job with its own spares); the workers train on meanwhile."""
+        the node (its agent then grows the job with its own spares); the workers train on meanwhile. A look at
+        most once a second, unless ``now`` (the job's end, when the agent would otherwise leave before it)."""
         agent = self.agent
-        if agent.rdzv is None or not self.on or time.monotonic() < self._next_poll:
+        if agent.rdzv is None or not self.on or (time.monotonic() < self._next_poll and not now):
             return
         self._next_poll = time.monotonic() + 1.0  # each look reads the rendezvous state from the store
         waiting = agent.rdzv.num_nodes_waiting()

@@ -22,7 +22,7 @@ from goodput.errors import ConfigError
 from goodput.launch.launcher import LaunchConfig, rdzv_conf
 from goodput.warm.store import WarmStore
 
-__all__ = ["Round", "next_round", "node_counts", "rendezvous"]
+__all__ = ["Round", "next_round", "node_counts", "rendezvous", "stop_keep_alive"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,3 +69,13 @@ def next_round(handler: Any, store: WarmStore) -> Round:
     if info.rank == 0:
         round_store.mark_first_round(store.count_round() == 1)
     return Round(rank=info.rank, nodes=info.world_size, first=round_store.first_round())
+
+
+def stop_keep_alive(handler: Any) -> None:
+    """Stop the handler's keep-alive thread and wait for it (the agent is leaving). It beats in the store every
+    ``keep_alive_interval``; one still inside that store call when the process exits aborts it (SIGABRT, the
+    launch's exit 250), which a node leaving as the store's host closes it meets. torch's handler has no public
+    call that stops the thread without also closing the rendezvous to nodes that may still join."""
+    stop = getattr(handler, "_stop_heartbeats", None)
+    if stop is not None:
+        stop()

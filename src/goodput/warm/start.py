@@ -30,7 +30,7 @@ from goodput._env import (
 )
 from goodput.errors import ConfigError
 from goodput.launch.launcher import LaunchConfig
-from goodput.warm.record import record_folder, remove_folder
+from goodput.warm.record import record_folder, remove_folder, sweep_folders
 
 if TYPE_CHECKING:
     from goodput.warm.agent import WarmAgent
@@ -111,6 +111,7 @@ def launch_warm(launch: LaunchConfig, warm: WarmConfig) -> int:
     check_before_launch(launch)
     spec = json.dumps({"launch": dataclasses.asdict(launch), "warm": dataclasses.asdict(warm)})
     supervisor = Supervisor(launch, command=[sys.executable, "-m", "goodput.warm", spec])
+    sweep_folders()
     try:
         return supervisor.run()
     finally:
@@ -123,6 +124,9 @@ def worker_env(agent: WarmAgent, **extra: str) -> dict[str, str]:
     variables, the fault plan and crash-loop limit, and the warm protocol's store and timeouts."""
     launch, warm = agent.launch, agent.warm
     env = dict(os.environ)
+    env.pop(
+        "TORCHELASTIC_ERROR_FILE", None
+    )  # the agent's own (goodput.launch.rendezvous); each worker gets its own
     if launch.run_dir is not None:
         env[RUN_DIR.name] = os.path.abspath(launch.run_dir)
     env.update(
