@@ -49,6 +49,26 @@ def test_a_soak_on_two_nodes_survives_a_node_lost_and_its_command_run_again(tmp_
     assert "categories tile it" in proc.stdout
 
 
+def test_a_node_lost_near_the_end_comes_back_as_the_job_completes(tmp_path: Path) -> None:
+    # node 1 is lost 250 steps (about 8 s) before the end: its command, run again, reaches the rendezvous as the
+    # job ends (mostly: its agent is admitted, finds the job done, exit 0) or after node 0 closed the store
+    # (exit 75: it found no job to join); each way the job completes and nothing of the lost node is left behind.
+    # Before: node 0's agent left without admitting it, its agent failed with a traceback (exit 1) and the killed
+    # launch's /dev/shm folder stayed; or a node's agent aborted in a store call as it left (exit 250).
+    schedule = (
+        SoakFault(kind="kill", seconds=1.0, step=150, rank=3),
+        SoakFault(kind="node", seconds=3.0, step=1450),
+    )
+    plan = SoakPlan(seed=0, mtbf=10.0, seconds=51.0, steps=1700, step_seconds=0.03, schedule=schedule)
+    script = [DEMO_SCRIPT, "--steps", str(plan.steps), "--global-batch", str(demo_global_batch(2))]
+    (tmp_path / "given.json").write_text(json.dumps({**plan.to_json(), "script": script}))
+    command = [sys.executable, "-m", "goodput", "drill", "--soak", "--replay", "given.json", "--nnodes", "2"]
+    command += ["--work-dir", str(tmp_path / "work")]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=540, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "every check held" in proc.stdout and "node 1's command again" in proc.stderr, proc.stderr[-3000:]
+
+
 def test_a_node_fault_on_one_node_is_refused_in_one_line(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "goodput", "drill", "--soak", "1m", "--kinds", "kill,node"]
     proc = subprocess.run(

@@ -34,6 +34,7 @@ from goodput.drill.scenario import DrillContext, Reference
 from goodput.drill.soak import SAMPLES_FILE, _latest_step, _report_progress, _Watch, _watching
 from goodput.drill.soak_plan import NODE_KINDS, Checks, SoakFault, SoakPlan, draw_schedule, fault_plan
 from goodput.drill.soak_report import Outcome, compared_until, judge_run
+from goodput.job.codes import EXIT_PREEMPTED
 from goodput.verify.records import RunRecords, read_records
 from goodput.verify.shrink import effective
 
@@ -246,7 +247,15 @@ def _follow(
             lose_node(nodes.procs[LOST_NODE])
             say(f"{at} injected: {fault.text()}")
     ran = nodes.procs if lost is None else nodes.procs[:LOST_NODE]
-    return next((s for s in (proc.wait() for proc in ran) if s != 0), 0)
+    statuses = [proc.wait() for proc in ran]
+    if len(statuses) > LOST_NODE and statuses[0] == 0 and statuses[LOST_NODE] == EXIT_PREEMPTED:
+        # the job completed on node 0 before node 1's command, run again, reached its rendezvous: that command
+        # found the store gone (the launcher's "lost the node that hosts its store"), and nothing was lost
+        say(
+            f"node {LOST_NODE}'s command again found the job's store gone: the job completed before it joined"
+        )
+        statuses[LOST_NODE] = 0
+    return next((s for s in statuses if s != 0), 0)
 
 
 def _world(run_dir: str) -> int:
