@@ -28,7 +28,9 @@ def main(argv: list[str]) -> int:
 
     # torch's @record, as on torchrun's main: an uncaught error (the rendezvous's, when a node cannot join or
     # loses the store's host) goes to $TORCHELASTIC_ERROR_FILE, where the launcher reads its verdict.
-    return int(record(_run)(launch, WarmConfig(**spec["warm"])))
+    status = record(_run)(launch, WarmConfig(**spec["warm"]))
+    assert status is not None  # the decorator passes _run's value through (typed as optional)
+    return status
 
 
 def _run(launch: LaunchConfig, warm: WarmConfig) -> int:
