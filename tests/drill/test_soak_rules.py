@@ -435,3 +435,24 @@ def test_a_launch_past_the_drill_limit_is_killed_and_one_with_no_limit_is_waited
             assert proc.stdin is not None
             proc.stdin.close()  # it ends on its own, however long it has run
         assert finish(proc, began, limit).status == status
+
+
+def test_a_late_node_is_excused_only_when_its_launcher_found_the_store_gone(tmp_path: Path) -> None:
+    from goodput.drill.soak_nodes import _found_store_gone
+    from goodput.job.codes import EXIT_PREEMPTED
+    from goodput.launch.rendezvous import rendezvous_lost
+
+    # the launcher's own lines, from the agent error files a late node's agent writes in each case
+    lines = {}
+    for kind in ("RendezvousConnectionError", "RendezvousTimeoutError"):
+        folder = tmp_path / kind
+        (folder / "pids").mkdir(parents=True)
+        (folder / "pids" / "rank-0").write_text("1")  # ranks started: a lost node, not one never gathered
+        (folder / "agent-error.json").write_text(json.dumps({"message": {"message": f"{kind}: "}}))
+        lines[kind] = rendezvous_lost(str(folder), endpoint="127.0.0.1:1", timeout=60)
+    log = tmp_path / "node-1.log"
+    for kind, excused in (("RendezvousConnectionError", True), ("RendezvousTimeoutError", False)):
+        log.write_text(f"goodput launch: rank 3 killed by SIGKILL\nnoise\ngoodput launch: {lines[kind]}\n")
+        assert _found_store_gone(str(tmp_path), EXIT_PREEMPTED) is excused, (kind, lines[kind])
+        assert not _found_store_gone(str(tmp_path), 1)  # any other exit counts
+    assert not _found_store_gone(str(tmp_path / "none"), EXIT_PREEMPTED)  # no log: counts

@@ -248,14 +248,31 @@ def _follow(
             say(f"{at} injected: {fault.text()}")
     ran = nodes.procs if lost is None else nodes.procs[:LOST_NODE]
     statuses = [proc.wait() for proc in ran]
-    if len(statuses) > LOST_NODE and statuses[0] == 0 and statuses[LOST_NODE] == EXIT_PREEMPTED:
-        # the job completed on node 0 before node 1's command, run again, reached its rendezvous: that command
-        # found the store gone (the launcher's "lost the node that hosts its store"), and nothing was lost
+    if (
+        len(statuses) > LOST_NODE
+        and statuses[0] == 0
+        and _found_store_gone(nodes.run_dir, statuses[LOST_NODE])
+    ):
+        # the job completed on node 0 before node 1's command, run again, reached its rendezvous, and nothing was
+        # lost; a command that waited in the rendezvous while the job ran and was never admitted still counts
         say(
             f"node {LOST_NODE}'s command again found the job's store gone: the job completed before it joined"
         )
         statuses[LOST_NODE] = 0
     return next((s for s in statuses if s != 0), 0)
+
+
+def _found_store_gone(run_dir: str, status: int) -> bool:
+    """Whether node 1's last launch ended because the rendezvous store's host had left (its launcher's last line,
+    exit 75), not because its rendezvous timed out or its job failed."""
+    if status != EXIT_PREEMPTED:
+        return False
+    try:
+        with open(os.path.join(run_dir, f"node-{LOST_NODE}.log"), errors="replace") as f:
+            said = [line for line in f if line.startswith("goodput launch: ")]
+    except OSError:
+        return False
+    return bool(said) and "lost the node that hosts its store" in said[-1]
 
 
 def _world(run_dir: str) -> int:
