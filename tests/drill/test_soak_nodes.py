@@ -53,8 +53,6 @@ def test_a_node_lost_near_the_end_comes_back_as_the_job_completes(tmp_path: Path
     # node 1 is lost 250 steps (about 8 s) before the end: its command, run again, reaches the rendezvous as the
     # job ends (mostly: its agent is admitted, finds the job done, exit 0) or after node 0 closed the store
     # (exit 75: it found no job to join); each way the job completes and nothing of the lost node is left behind.
-    # Before: node 0's agent left without admitting it, its agent failed with a traceback (exit 1) and the killed
-    # launch's /dev/shm folder stayed; or a node's agent aborted in a store call as it left (exit 250).
     schedule = (
         SoakFault(kind="kill", seconds=1.0, step=150, rank=3),
         SoakFault(kind="node", seconds=3.0, step=1450),

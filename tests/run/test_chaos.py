@@ -92,8 +92,8 @@ def test_two_nodes_restart_together_and_resume(
     restored = [e["step"] for e in events if e["event"] == "restore_end"]
     # The restart resumed from the newest checkpoint the first attempt committed: step 20's async upload may
     # still be in flight when rank 1 dies at step 22 (then it never commits), so 16 or 20. Step 20 can also
-    # commit in the instant before the restart's SIGKILL reaches rank 0, before rank 0 logs it durable (seen in
-    # CI): the restore is never older than the newest logged durable, and may be one newer.
+    # commit in the instant before the restart's SIGKILL reaches rank 0, before rank 0 logs it durable: the
+    # restore is never older than the newest logged durable, and may be one newer.
     durable = [int(e["step"]) for e in events if e["event"] == "checkpoint_durable" and e["attempt"] == 0]
     assert restored[0] is None and restored[-1] >= max(durable) and restored[-1] in (16, 20), (
         restored,

@@ -35,6 +35,7 @@ from goodput.drill.soak import SAMPLES_FILE, _latest_step, _report_progress, _Wa
 from goodput.drill.soak_plan import NODE_KINDS, Checks, SoakFault, SoakPlan, draw_schedule, fault_plan
 from goodput.drill.soak_report import Outcome, compared_until, judge_run
 from goodput.job.codes import EXIT_PREEMPTED
+from goodput.launch.rendezvous import STORE_HOST_LOST
 from goodput.verify.records import RunRecords, read_records
 from goodput.verify.shrink import effective
 
@@ -272,7 +273,7 @@ def _found_store_gone(run_dir: str, status: int) -> bool:
             said = [line for line in f if line.startswith("goodput launch: ")]
     except OSError:
         return False
-    return bool(said) and "lost the node that hosts its store" in said[-1]
+    return bool(said) and STORE_HOST_LOST in said[-1]
 
 
 def _world(run_dir: str) -> int:

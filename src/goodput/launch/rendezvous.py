@@ -24,13 +24,14 @@ import os
 from goodput.job.codes import EXIT_PREEMPTED
 from goodput.job.folder import PIDS_DIR
 
-__all__ = ["AGENT_ERROR_FILE", "ERROR_FILE_ENV", "rendezvous_lost"]
+__all__ = ["AGENT_ERROR_FILE", "ERROR_FILE_ENV", "STORE_HOST_LOST", "rendezvous_lost"]
 
 AGENT_ERROR_FILE = "agent-error.json"  # in the launch folder
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+STORE_HOST_LOST = "the rendezvous lost the node that hosts its store"  # the verdict's words for that case
 
 _LOST = {
-    "RendezvousConnectionError": "the rendezvous lost the node that hosts its store ({endpoint})",
+    "RendezvousConnectionError": STORE_HOST_LOST + " ({endpoint})",
     "RendezvousTimeoutError": "the rendezvous lost a node: none came back within --rdzv-timeout {timeout:g}s",
 }
 _RESUME = (

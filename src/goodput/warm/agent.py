@@ -208,7 +208,7 @@ class WarmAgent:
 
         if self.node_rank == 0 and not self.joiner:
             self.publish("cold", failed=[], nodes=self.layout)
-        claim_folder(record_folder(self.address, self.prefix))  # and sweep a SIGKILLed launch's
+        claim_folder(record_folder(self.address, self.prefix))
         status = 1
         try:
             for rank in self.ranks:

@@ -91,7 +91,7 @@ class NodeBeats:
 
     def stop(self) -> None:
         """Stop beating (the agent is leaving), and wait for the thread: one still in a store call when the process
-        exits ends it with SIGABRT (exit 250)."""
+        exits aborts it (SIGABRT)."""
         self._stop.set()
         self._thread.join(timeout=_JOIN_SECONDS)
 

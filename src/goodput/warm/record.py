@@ -51,16 +51,15 @@ def _base() -> str:
 
 
 def claim_folder(folder: str) -> None:
-    """Create this job's record folder with this process (the agent) as its owner, after removing the folders
-    of this user's earlier jobs whose owners are provably gone (a SIGKILLed launcher's)."""
-    sweep_folders()
+    """Create this job's record folder with this process (the agent) as its owner (``launch_warm`` swept the
+    folders of earlier jobs before it started the agent)."""
     os.makedirs(folder, exist_ok=True)
     record_owner(folder)
 
 
 def sweep_folders() -> None:
-    """Remove the record folders of this user's earlier jobs whose owners are provably gone (also at a launch's
-    start: its agent may fail before it claims a folder, a node that finds no job to join)."""
+    """Remove the record folders of this user's earlier jobs whose owners are provably gone (a SIGKILLed
+    launcher's), at a warm launch's start: before its agent, which may fail before it claims a folder."""
     sweep_stale(_base(), f"goodput-warm-{os.getuid()}-")
 
 

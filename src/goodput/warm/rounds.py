@@ -73,9 +73,9 @@ def next_round(handler: Any, store: WarmStore) -> Round:
 
 def stop_keep_alive(handler: Any) -> None:
     """Stop the handler's keep-alive thread and wait for it (the agent is leaving). It beats in the store every
-    ``keep_alive_interval``; one still inside that store call when the process exits aborts it (SIGABRT, the
-    launch's exit 250), which a node leaving as the store's host closes it meets. torch's handler has no public
-    call that stops the thread without also closing the rendezvous to nodes that may still join."""
+    ``keep_alive_interval``; one still inside that store call when the process exits aborts it (SIGABRT), as when
+    the store's host closes it at the job's end. torch's handler has no public call that stops the thread without
+    also closing the rendezvous to nodes that may still join."""
     stop = getattr(handler, "_stop_heartbeats", None)
     if stop is not None:
         stop()

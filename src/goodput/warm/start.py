@@ -30,6 +30,7 @@ from goodput._env import (
 )
 from goodput.errors import ConfigError
 from goodput.launch.launcher import LaunchConfig
+from goodput.launch.rendezvous import ERROR_FILE_ENV
 from goodput.warm.record import record_folder, remove_folder, sweep_folders
 
 if TYPE_CHECKING:
@@ -124,9 +125,7 @@ def worker_env(agent: WarmAgent, **extra: str) -> dict[str, str]:
     variables, the fault plan and crash-loop limit, and the warm protocol's store and timeouts."""
     launch, warm = agent.launch, agent.warm
     env = dict(os.environ)
-    env.pop(
-        "TORCHELASTIC_ERROR_FILE", None
-    )  # the agent's own (goodput.launch.rendezvous); each worker gets its own
+    env.pop(ERROR_FILE_ENV, None)  # the agent's own error file; elastic gives each worker one of its own
     if launch.run_dir is not None:
         env[RUN_DIR.name] = os.path.abspath(launch.run_dir)
     env.update(
