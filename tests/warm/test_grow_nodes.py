@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,12 +37,13 @@ def _node(
     hold: str = "8",
     faults: str = "",
     spare_after: int = 0,
+    extra: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """One node's launch; before step ``hold`` a group smaller than MAX nodes waits for the grow (so that the
     run does not end first)."""
     cmd = [sys.executable, "-m", "goodput", "launch", "--restart", "warm", "--nnodes", nnodes, "--nproc", "1"]
     cmd += ["--rdzv-endpoint", endpoint, "--rdzv-id", "grow-nodes", "--run-dir", run_dir, "--spares", "0"]
-    cmd += ["--shrink-after", "0", "--collective-timeout", "4", "--faults", faults]
+    cmd += ["--shrink-after", "0", "--collective-timeout", "4", "--faults", faults, *extra]
     cmd += ["--", SCRIPT, "--steps", str(STEPS), "--spare-after-step", str(spare_after)]
     cmd += ["--hold-for-grow", hold, "--step-seconds", "0.05"] if hold else ["--hold-for-spare", "4"]
     with open(os.path.join(run_dir, f"node-{node}.log"), "ab") as log:
@@ -126,6 +128,71 @@ def test_a_lost_node_launched_again_grows_the_shrunk_job_back(tmp_path: os.PathL
     records = _records(run_dir)
     assert len({r["pid"] for r in records if r["samples"] and r["world"] == 1}) == 1
     _same_as_reference(run_dir, ref_dir, STEPS)
+
+
+def _agent_of(launcher: subprocess.Popen[bytes]) -> int:
+    """The warm agent (``python -m goodput.warm``) that ``launcher`` started."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == launcher.pid and b"goodput.warm" in argv[:4]:
+            return int(entry)
+    raise AssertionError(f"no warm agent under launcher {launcher.pid}")
+
+
+def test_a_node_dropped_by_the_rendezvous_while_it_stalled_still_admits_the_lost_node(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """The two-node soak's schedule (seed 3, its third node loss): node 1 is lost whole, and node 0's agent
+    stalls longer than the keep-alive allows (3 missed 1 s beats; here a SIGSTOP of 5 s). torch's rendezvous then
+    drops node 0 too and never beats for it again; node 1's command, run again, waits as the next round's only
+    participant. Node 0's agent must see that the rendezvous no longer lists it and join that round: the job
+    grows back and completes, instead of node 1 timing out in the rendezvous while node 0 trains alone."""
+    run_dir, ref_dir = os.path.join(tmp_path, "run"), os.path.join(tmp_path, "ref")
+    os.makedirs(run_dir)
+    endpoint = f"127.0.0.1:{free_port()}"
+    again = {"nnodes": "2", "hold": "12", "extra": ("--rdzv-timeout", "40s")}
+    procs = [_node(run_dir, endpoint, 0, faults=PAUSE, **again)]
+    try:
+        _wait("the store to listen", lambda: _listening(endpoint), procs)
+        procs.append(_node(run_dir, endpoint, 1, faults=PAUSE, **again))
+        _wait("step 6 on two nodes", lambda: _trained(run_dir, 6, ranks=2), procs)
+        lose_node(procs[1])
+        _wait("a step on one node", lambda: any(r["world"] == 1 for r in _records(run_dir)), procs[:1])
+        agent = _agent_of(procs[0])
+        os.kill(agent, signal.SIGSTOP)
+        try:
+            # the stall: outlast the keep-alive's 3 s (polled: a stopped process shows state T)
+            stopped = time.monotonic()
+            _wait("the agent to stop", lambda: _state(agent) == "T", procs[:1])
+            # a stall is wall time: there is nothing to wait on
+            time.sleep(max(0.0, 5.0 - (time.monotonic() - stopped)))
+        finally:
+            os.kill(agent, signal.SIGCONT)
+        procs[1] = _node(run_dir, endpoint, 1, **again)
+        # node 1 first: not admitted, it ends with exit 75 after its 40 s rendezvous timeout
+        assert procs[1].wait(timeout=150) == 0, _logs(run_dir)
+        assert procs[0].wait(timeout=60) == 0, _logs(run_dir)
+    finally:
+        for proc in procs:
+            proc.kill()
+    schedule = _schedule(_per_step(run_dir))  # every step's global batch of 12, no sample twice
+    assert [world for _, world in schedule] == [2, 1, 2], schedule
+    with open(os.path.join(run_dir, "warm", "agent.jsonl")) as f:
+        rounds = [e for e in map(json.loads, f) if e["event"] == "rendezvous_round"]
+    assert any(e["dropped"] for e in rounds), rounds  # node 0 joined because it was dropped
+    _same_as_reference(run_dir, ref_dir, STEPS)
+
+
+def _state(pid: int) -> str:
+    """The process's state letter in ``/proc/<pid>/stat`` (``T``: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_a_node_that_joins_as_the_job_ends_is_ended_with_it(tmp_path: os.PathLike[str]) -> None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from goodput.warm.nodes import Layout, first_layout, renumbered
 from goodput.warm.protocol import Generation
-from goodput.warm.rounds import next_round
+from goodput.warm.rounds import next_round, to_join
 from goodput.warm.store import operations
 
 if TYPE_CHECKING:
@@ -215,15 +215,16 @@ class Resizer:
 
     def admit_waiting(self, now: bool = False) -> None:
         """Join the rendezvous's next round when a node waits in it, as torchrun's agent does: the round admits
-        the node (its agent then grows the job with its own spares); the workers train on meanwhile. A look at
+        the node (its agent then grows the job with its own spares); the workers train on meanwhile. Also when
+        the rendezvous dropped this node (:func:`goodput.warm.rounds.to_join`). A look at
         most once a second, unless ``now`` (the job's end, when the agent would otherwise leave before it)."""
         agent = self.agent
         if agent.rdzv is None or not self.on or (time.monotonic() < self._next_poll and not now):
             return
         self._next_poll = time.monotonic() + 1.0  # each look reads the rendezvous state from the store
-        waiting = agent.rdzv.num_nodes_waiting()
-        if waiting:
-            agent.record("rendezvous_round", waiting=waiting)
+        waiting, dropped = to_join(agent.rdzv)
+        if waiting or dropped:
+            agent.record("rendezvous_round", waiting=waiting, dropped=dropped)
             joined = next_round(agent.rdzv, agent.store)
             self._round_nodes = joined.nodes
             agent.record("rendezvous_round_done", nodes=joined.nodes)

@@ -5,7 +5,9 @@ The first round starts the job with the nodes there (``--nnodes MIN:MAX``: at le
 ``last_call_timeout`` of the MIN-th). A node that comes later (a new ``goodput launch`` with the same endpoint
 and id: a replacement machine, or one more) finds the round complete and waits in the handler's wait list; the
 running agents see it in ``num_nodes_waiting()`` and each joins the next round, as torchrun's agent does. A
-node lost whole leaves the rendezvous when its keep-alive expires. The round only admits the node: it is taken
+node lost whole leaves the rendezvous when its keep-alive expires; so does a running node whose agent stalled
+longer than the keep-alive allows (torch then never beats for it again), and its agent joins the next round as
+soon as another node is there to form it (:func:`to_join`). The round only admits the node: it is taken
 into the training at a step boundary by a ``grow`` generation of its own spares (``goodput.warm.resize``), and
 its ranks receive the state from a replica; the running workers never stop for the round.
 
@@ -22,7 +24,7 @@ from goodput.errors import ConfigError
 from goodput.launch.launcher import LaunchConfig, rdzv_conf
 from goodput.warm.store import WarmStore
 
-__all__ = ["Round", "next_round", "node_counts", "rendezvous", "stop_keep_alive"]
+__all__ = ["Round", "next_round", "node_counts", "rendezvous", "stop_keep_alive", "to_join"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +71,26 @@ def next_round(handler: Any, store: WarmStore) -> Round:
     if info.rank == 0:
         round_store.mark_first_round(store.count_round() == 1)
     return Round(rank=info.rank, nodes=info.world_size, first=round_store.first_round())
+
+
+def to_join(handler: Any) -> tuple[int, bool]:
+    """Why this running node should join the rendezvous's next round: (the nodes waiting in it, whether the
+    rendezvous dropped this node while another node is there to form a round with). It reads the rendezvous
+    state from the store.
+
+    A node whose keep-alive went unanswered for ``keep_alive_interval x keep_alive_max_attempt`` (its agent
+    stalled: a loaded machine, a paused process) is removed from the round by whichever node reads the state
+    next, and torch's handler never beats for it again. Were both nodes of a two-node round removed that way
+    (the other lost whole), a node launched again would wait as the next round's only participant, and this
+    node, not in any list, would never see it waiting. torch's handler keeps its state private
+    (``_state_holder``, ``_this_node``); without them this says only who waits."""
+    waiting = handler.num_nodes_waiting()
+    state = getattr(getattr(handler, "_state_holder", None), "state", None)
+    node = getattr(handler, "_this_node", None)
+    if state is None or node is None:
+        return waiting, False
+    others = set(state.participants) | set(state.wait_list)
+    return waiting, node not in state.participants and bool(others - {node})
 
 
 def stop_keep_alive(handler: Any) -> None:
