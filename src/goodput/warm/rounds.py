@@ -6,8 +6,8 @@ The first round starts the job with the nodes there (``--nnodes MIN:MAX``: at le
 and id: a replacement machine, or one more) finds the round complete and waits in the handler's wait list; the
 running agents see it in ``num_nodes_waiting()`` and each joins the next round, as torchrun's agent does. A
 node lost whole leaves the rendezvous when its keep-alive expires; so does a running node whose agent stalled
-longer than the keep-alive allows (torch then never beats for it again), and its agent joins the next round as
-soon as another node is there to form it (:func:`to_join`). The round only admits the node: it is taken
+longer than the keep-alive allows (torch then never beats for it again); its agent joins the next round that
+another node forms (:func:`to_join`). The round only admits the node: it is taken
 into the training at a step boundary by a ``grow`` generation of its own spares (``goodput.warm.resize``), and
 its ranks receive the state from a replica; the running workers never stop for the round.
 
@@ -75,22 +75,26 @@ def next_round(handler: Any, store: WarmStore) -> Round:
 
 def to_join(handler: Any) -> tuple[int, bool]:
     """Why this running node should join the rendezvous's next round: (the nodes waiting in it, whether the
-    rendezvous dropped this node while another node is there to form a round with). It reads the rendezvous
+    rendezvous dropped this node while another node waits in a round it has opened). It reads the rendezvous
     state from the store.
 
     A node whose keep-alive went unanswered for ``keep_alive_interval x keep_alive_max_attempt`` (its agent
     stalled: a loaded machine, a paused process) is removed from the round by whichever node reads the state
     next, and torch's handler never beats for it again. Were both nodes of a two-node round removed that way
     (the other lost whole), a node launched again would wait as the next round's only participant, and this
-    node, not in any list, would never see it waiting. torch's handler keeps its state private
-    (``_state_holder``, ``_this_node``); without them this says only who waits."""
+    node, in no list, would never see it waiting. Only a round still forming counts: its participants are in
+    their join, alive, so this node's join completes it at once. A node dropped from a complete round is not
+    asked to join: a participant there may be a node lost a moment ago and not yet expired, and the join would
+    wait for it with the agent's monitoring stopped; such a node joins when that round ends and another forms.
+    torch's handler keeps its state private (``_state_holder``, ``_this_node``); without them this says only
+    who waits."""
     waiting = handler.num_nodes_waiting()
     state = getattr(getattr(handler, "_state_holder", None), "state", None)
     node = getattr(handler, "_this_node", None)
     if state is None or node is None:
         return waiting, False
-    others = set(state.participants) | set(state.wait_list)
-    return waiting, node not in state.participants and bool(others - {node})
+    forming = not state.complete and bool(set(state.participants) - {node})
+    return waiting, forming and node not in state.participants
 
 
 def stop_keep_alive(handler: Any) -> None:
