@@ -1,6 +1,7 @@
 """``goodput drill --soak`` from the user's side (real ``goodput launch`` jobs, 2 gloo ranks, SIGKILL, SIGTERM): a
-short soak of the built-in script with faults of several kinds holds every check, and a script that leaks an
-open file at every step is stopped with the replay file written."""
+two-minute soak of the built-in script with faults of every kind but the stores' holds every check, replays of
+the kinds in one job and of the store faults each hold, and a script that leaks an open file at every step is
+stopped with the replay file written."""
 
 from __future__ import annotations
 
@@ -30,31 +31,28 @@ def _fault_rows(stdout: str) -> dict[str, tuple[int, int]]:
     return {m[1]: (int(m[2]), int(m[3])) for m in re.finditer(r"^(\w+) +(\d+) +(\d+) ", table, re.M)}
 
 
-def test_a_short_soak_of_mixed_faults_holds_every_check_and_its_table_counts_the_schedule(
+def test_a_two_minute_soak_of_every_kind_but_the_stores_holds_every_check_and_its_table_counts_the_schedule(
     tmp_path: Path,
 ) -> None:
-    # seed 1: 9 faults in 30 s at a 5 s mean: kills, NaNs, slow ranks and a preemption (docs/drill.md, Soak).
-    # The gaps are drawn in units of the mean, so halving both keeps the schedule's kinds, ranks and order and
-    # halves only the training between faults; the job's agent and first workers still live the three 10 s
-    # warm-ups after which the leak checks judge a process.
-    # --kinds: the five kinds the seed drew before hangs, bit flips and agent and launcher kills joined
-    kinds = ("kill", "nan", "spike", "slow", "preempt")
+    # seed 28 at a 10 s mean: 13 faults in 2 minutes of training, one of each kind the soak knows but the store
+    # faults (their replay below puts the durable tier on S3, where the same job trains several times slower):
+    # kills, hangs, NaNs, a spike, bit flips, a slow rank, preemptions, SIGKILLs of the agent and of the launcher
+    # (docs/drill.md, Soak). The kinds and their order come from the seed; the steps from the measured step time.
+    kinds = tuple(kind for kind in KINDS if kind not in ("full", "throttled"))
     work = str(tmp_path / "work")
     proc = _soak(
-        tmp_path, "30s", "--mtbf", "5s", "--seed", "1", "--kinds", ",".join(kinds), "--work-dir", work
+        tmp_path, "2m", "--mtbf", "10s", "--seed", "28", "--kinds", ",".join(kinds), "--work-dir", work
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert not (tmp_path / REPLAY_FILE).exists()
     scheduled = re.findall(r"^  \d+\. (\w+)", proc.stderr, re.MULTILINE)
-    assert len(scheduled) >= 4 and len(set(scheduled)) >= 3, scheduled
+    assert len(scheduled) >= 10 and len(set(scheduled)) >= 8, scheduled
     rows = _fault_rows(proc.stdout)
     assert set(scheduled) <= set(kinds)
     for kind in KINDS:
+        # each answered: numeric kinds maybe more often (the guard's own rollbacks)
         assert rows[kind][0] == scheduled.count(kind), (kind, rows, scheduled)
-        assert rows[kind][1] >= rows[kind][0], (
-            kind,
-            rows,
-        )  # each answered (numeric: maybe more, the guard's own)
+        assert rows[kind][1] >= rows[kind][0], (kind, rows)
     assert "categories tile it" in proc.stdout and "every check held" in proc.stdout
     assert proc.stderr.count("injected:") == len(scheduled), proc.stderr
     # the built-in script reads its points from memory: no cache to hold to a budget, and the node line says so
@@ -80,9 +78,8 @@ def test_a_hang_a_bit_flip_and_the_agent_and_launcher_killed_in_one_job_are_each
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "the final state: identical to the uninterrupted run's" in proc.stdout, proc.stdout
     rows = _fault_rows(proc.stdout)
-    for (
-        fault
-    ) in schedule:  # each answered once: a restart after the hang was declared, a rollback, 2 relaunches
+    # each answered once: a restart after the hang was declared, a rollback, 2 relaunches
+    for fault in schedule:
         assert rows[fault.kind] == (1, 1), (fault.kind, rows)
     assert rows["kill"] == (0, 0), rows  # the hang's restart is not taken for a kill
     assert proc.stderr.count("ended the launch") == 2 and "every check held" in proc.stdout, proc.stderr
