@@ -49,10 +49,14 @@ def test_a_two_minute_soak_of_every_kind_but_the_stores_holds_every_check_and_it
     assert len(scheduled) >= 10 and len(set(scheduled)) >= 8, scheduled
     rows = _fault_rows(proc.stdout)
     assert set(scheduled) <= set(kinds)
+    # a spike the rule cannot call one (smaller than the loss's own tail, or while the rule warms up again after
+    # a relaunch) is said so, with the rule's figure, and not counted against the soak (docs/drill.md)
+    unseen = sum(int(n) for n in re.findall(r"^spikes not detectable [^:]*: (\d+)", proc.stdout, re.M))
+    assert unseen <= scheduled.count("spike"), proc.stdout
     for kind in KINDS:
         # each answered: numeric kinds maybe more often (the guard's own rollbacks)
         assert rows[kind][0] == scheduled.count(kind), (kind, rows, scheduled)
-        assert rows[kind][1] >= rows[kind][0], (kind, rows)
+        assert rows[kind][1] + (unseen if kind == "spike" else 0) >= rows[kind][0], (kind, rows, proc.stdout)
     assert "categories tile it" in proc.stdout and "every check held" in proc.stdout
     assert proc.stderr.count("injected:") == len(scheduled), proc.stderr
     # the built-in script reads its points from memory: no cache to hold to a budget, and the node line says so
