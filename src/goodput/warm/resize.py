@@ -216,8 +216,8 @@ class Resizer:
     def admit_waiting(self, now: bool = False) -> None:
         """Join the rendezvous's next round when a node waits in it, as torchrun's agent does: the round admits
         the node (its agent then grows the job with its own spares); the workers train on meanwhile. Also when
-        the rendezvous dropped this node (:func:`goodput.warm.rounds.to_join`). A look at
-        most once a second, unless ``now`` (the job's end, when the agent would otherwise leave before it)."""
+        the rendezvous dropped this node (:func:`goodput.warm.rounds.to_join`). A look at most once a second,
+        unless ``now`` (the job's end, when the agent would otherwise leave before it)."""
         agent = self.agent
         if agent.rdzv is None or not self.on or (time.monotonic() < self._next_poll and not now):
             return
