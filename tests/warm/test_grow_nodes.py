@@ -8,6 +8,7 @@ through checkpoints."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import time
 import pytest
 
 from goodput.drill.node import free_port, lose_node
+from goodput.job.signals import descendants
 from tests.warm.test_shrink import SCRIPT, _events, _per_step, _records, _same_as_reference, _schedule
 from tests.warm.test_shrink_nodes import _listening, _trained, _wait
 
@@ -132,24 +134,17 @@ def test_a_lost_node_launched_again_grows_the_shrunk_job_back(tmp_path: os.PathL
 
 def _agent_of(launcher: subprocess.Popen[bytes]) -> int:
     """The warm agent (``python -m goodput.warm``) that ``launcher`` started."""
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == launcher.pid and b"goodput.warm" in argv[:4]:
-            return int(entry)
+    for pid in descendants(launcher.pid):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"goodput.warm" in f.read().split(b"\0")[:4]:
+                return pid
     raise AssertionError(f"no warm agent under launcher {launcher.pid}")
 
 
 def test_a_node_dropped_by_the_rendezvous_while_it_stalled_still_admits_the_lost_node(
     tmp_path: os.PathLike[str],
 ) -> None:
-    """The two-node soak's schedule (seed 3, its third node loss): node 1 is lost whole, and node 0's agent
-    stalls longer than the keep-alive allows (3 missed 1 s beats; here a SIGSTOP of 5 s). torch's rendezvous then
+    """Node 1 is lost whole, and node 0's agent stalls longer than the keep-alive allows (3 missed 1 s beats; here a SIGSTOP of 5 s). torch's rendezvous then
     drops node 0 too and never beats for it again; node 1's command, run again, waits as the next round's only
     participant. Node 0's agent must see that the rendezvous no longer lists it and join that round: the job
     grows back and completes, instead of node 1 timing out in the rendezvous while node 0 trains alone."""

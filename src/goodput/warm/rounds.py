@@ -83,9 +83,10 @@ def to_join(handler: Any) -> tuple[int, bool]:
     next, and torch's handler never beats for it again. Were both nodes of a two-node round removed that way
     (the other lost whole), a node launched again would wait as the next round's only participant, and this
     node, in no list, would never see it waiting. Only a round still forming counts: its participants are in
-    their join, alive, so this node's join completes it once it holds MIN nodes (at once on two). A node dropped from a complete round is not
-    asked to join: a participant there may be a node lost a moment ago and not yet expired, and the join would
-    wait for it with the agent's monitoring stopped; such a node joins when that round ends and another forms.
+    their join, alive, so this node's join completes it once it holds MIN nodes (at once on two). A node
+    dropped from a complete round is not asked to join: a participant there may be a node lost a moment ago and
+    not yet expired, and the join would wait for it with the agent's monitoring stopped; such a node joins when
+    that round ends and another forms.
     torch's handler keeps its state private (``_state_holder``, ``_this_node``); without them this says only
     who waits."""
     waiting = handler.num_nodes_waiting()
