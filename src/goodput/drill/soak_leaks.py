@@ -3,7 +3,8 @@ child processes) and the node (/dev/shm entries, the run folder's size, the temp
 bytes in the data cache the job declared: :mod:`goodput.drill.soak_cache`), read from /proc and the disk by a
 thread of the soak's own process, and the rule that calls a series a leak.
 
-The rule (:func:`leaks`) is pure. A process is judged once it has lived three warm-ups:
+The rule (:func:`leaks`) is pure. A process is judged once it has lived four warm-ups (its start-up, a base,
+and two whole warm-ups after the base: a shorter one would judge a few readings of a start-up or a recovery):
 each figure leaks when it keeps growing: the lowest reading of each of its last two warm-ups above the highest of
 the one before (a figure that rose once, a hot spare that took a rank, a pool started late, is no leak), and
 resident memory only when it grew so by more than 5% over its second warm-up.
@@ -55,11 +56,10 @@ def leaks(series: Sequence[Sample], *, warmup: float, now: float) -> list[str]:
     # its first import): its warm-up counts from its first reading with more, or a start-up that spans two
     # warm-ups under load reads as two rises.
     first = next((s.seconds for s in series if s.threads != 1), series[0].seconds)
-    if now - first < 3 * warmup:
+    if now - first < 4 * warmup:
         return []
     base = _window(series, first + warmup, first + 2 * warmup)
-    # the warm-up before the recent one, but never inside the base: a window that overlaps it cannot rise above it
-    middle = _window(series, max(now - 2 * warmup, first + 2 * warmup), now - warmup)
+    middle = _window(series, now - 2 * warmup, now - warmup)  # the warm-up before the recent one, after the base
     recent = _window(series, now - warmup, now + 1)
     if not base or not middle or not recent:
         return []

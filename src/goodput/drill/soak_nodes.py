@@ -35,7 +35,7 @@ from goodput.drill.soak import SAMPLES_FILE, _latest_step, _report_progress, _Wa
 from goodput.drill.soak_plan import NODE_KINDS, Checks, SoakFault, SoakPlan, draw_schedule, fault_plan
 from goodput.drill.soak_report import Outcome, compared_until, judge_run
 from goodput.job.codes import EXIT_PREEMPTED
-from goodput.launch.rendezvous import STORE_HOST_LOST
+from goodput.launch.rendezvous import NEVER_GATHERED, STORE_HOST_LOST
 from goodput.verify.records import RunRecords, read_records
 from goodput.verify.shrink import effective
 
@@ -223,9 +223,12 @@ def _follow(
     limit = time.monotonic() + 600.0 + 10 * plan.seconds
     # when node 1 was lost, and the shrinks the agents had recorded then; None: not lost, or running again
     lost: tuple[float, int] | None = None
+    ended = outlived = False  # whether node 0's command has ended; whether node 1's still ran then
     while any(proc.poll() is None for proc in nodes.procs):
         time.sleep(_POLL)  # polling the job's folder, not a synchronisation by time
         at = f"[{time.monotonic() - watch.began:6.1f}s]"
+        if not ended and nodes.procs[0].poll() is not None:
+            ended, outlived = True, nodes.procs[LOST_NODE].poll() is None
         _report_progress(nodes.run_dir, watch, plan, say)
         if leaked() or time.monotonic() > limit:
             watch.violation = leaked() or f"the job ran past {limit - watch.began:.0f}s"
@@ -252,7 +255,7 @@ def _follow(
     if (
         len(statuses) > LOST_NODE
         and statuses[0] == 0
-        and _found_store_gone(nodes.run_dir, statuses[LOST_NODE])
+        and _found_store_gone(nodes.run_dir, statuses[LOST_NODE], outlived=outlived)
     ):
         # the job completed on node 0 before node 1's command, run again, reached its rendezvous, and nothing was
         # lost; a command that waited in the rendezvous while the job ran and was never admitted still counts
@@ -263,9 +266,12 @@ def _follow(
     return next((s for s in statuses if s != 0), 0)
 
 
-def _found_store_gone(run_dir: str, status: int) -> bool:
+def _found_store_gone(run_dir: str, status: int, *, outlived: bool) -> bool:
     """Whether node 1's last launch ended because the rendezvous store's host had left (its launcher's last line,
-    exit 75), not because its rendezvous timed out or its job failed."""
+    exit 75), not because its rendezvous timed out or its job failed. Also when it came after that host had left
+    (on one machine it then hosts a store of its own, alone) and waited out its first round: that is a timeout,
+    but only one that ended after node 0's launch did (``outlived``); one inside the job's store while node 0 still
+    ran would be a node never admitted."""
     if status != EXIT_PREEMPTED:
         return False
     try:
@@ -273,7 +279,7 @@ def _found_store_gone(run_dir: str, status: int) -> bool:
             said = [line for line in f if line.startswith("goodput launch: ")]
     except OSError:
         return False
-    return bool(said) and STORE_HOST_LOST in said[-1]
+    return bool(said) and (STORE_HOST_LOST in said[-1] or (outlived and NEVER_GATHERED in said[-1]))
 
 
 def _world(run_dir: str) -> int:

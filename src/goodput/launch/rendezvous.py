@@ -24,11 +24,12 @@ import os
 from goodput.job.codes import EXIT_PREEMPTED
 from goodput.job.folder import PIDS_DIR
 
-__all__ = ["AGENT_ERROR_FILE", "ERROR_FILE_ENV", "STORE_HOST_LOST", "rendezvous_lost"]
+__all__ = ["AGENT_ERROR_FILE", "ERROR_FILE_ENV", "NEVER_GATHERED", "STORE_HOST_LOST", "rendezvous_lost"]
 
 AGENT_ERROR_FILE = "agent-error.json"  # in the launch folder
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 STORE_HOST_LOST = "the rendezvous lost the node that hosts its store"  # the verdict's words for that case
+NEVER_GATHERED = "the rendezvous never gathered every node"  # and for a first round that timed out
 
 _LOST = {
     "RendezvousConnectionError": STORE_HOST_LOST + " ({endpoint})",
@@ -39,7 +40,7 @@ _RESUME = (
     "newest checkpoint (exit {code})"
 )
 _NEVER_GATHERED = (
-    "the rendezvous never gathered every node: one did not arrive within --rdzv-timeout {timeout:g}s; start the "
+    NEVER_GATHERED + ": one did not arrive within --rdzv-timeout {timeout:g}s; start the "
     "same command, with --rdzv-endpoint {endpoint}, on every node (exit {code}: a scheduler may requeue)"
 )
 
