@@ -59,7 +59,8 @@ def leaks(series: Sequence[Sample], *, warmup: float, now: float) -> list[str]:
     if now - first < 4 * warmup:
         return []
     base = _window(series, first + warmup, first + 2 * warmup)
-    middle = _window(series, now - 2 * warmup, now - warmup)  # the warm-up before the recent one, after the base
+    # the warm-up before the recent one, after the base
+    middle = _window(series, now - 2 * warmup, now - warmup)
     recent = _window(series, now - warmup, now + 1)
     if not base or not middle or not recent:
         return []
