@@ -106,7 +106,7 @@ def test_a_count_that_keeps_growing_leaks_and_one_that_rose_once_does_not() -> N
     assert leaks(growing, warmup=10, now=40)  # judged once it has lived four warm-ups, as the docs say
     # an agent's open files as a two-node soak read them under load: a start-up longer than its warm-up, a rank
     # killed at 17 s and its spare replaced (27 -> 33), the readings a second apart from 1 s: one rise after the
-    # base, no leak whenever it is judged (a window of a few readings once called it one at 31.5 s)
+    # base, no leak whenever it is judged (each window a whole warm-up, never a few readings)
     fds = [3, 3, 16, 16, *[21] * 7, 29, 31, 31, 31, 31, 29, 27, 27, 28, 32, *[33] * 10, *[23] * 25]
     agent = [Sample(1.0 + 1.01 * t, 7918, "agent", fds=n, threads=5) for t, n in enumerate(fds)]
     assert not any(leaks(agent[: t + 1], warmup=10, now=s.seconds) for t, s in enumerate(agent))
