@@ -27,6 +27,9 @@ __all__ = ["FaultProxy", "RequestRecord"]
 
 _BODYLESS = {204, 304}
 _RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a TCP reset
+_REASONS = {500: "Internal Server Error", 503: "Slow Down", 403: "Forbidden", 404: "Not Found"}
+_REASONS[507] = "Insufficient Storage"
+_Match = str | Callable[[str, str], bool] | None
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ class FaultProxy:
         link = _Link(link_bps) if link_bps else None
         self._settings = _Settings(latency_s=latency_s, bandwidth_bps=bandwidth_bps, link=link)
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+        self._busy = 0  # requests read and not yet recorded
         self._log: list[RequestRecord] = []
         self._injected: dict[str, int] = {}
         self._server: socket.socket | None = None
@@ -121,11 +126,14 @@ class FaultProxy:
         threading.Thread(target=self._accept, args=(server,), name="faultproxy", daemon=True).start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, drain_s: float = 2.0) -> None:
+        """Stop listening, let requests being answered be recorded (a client can hold its whole response
+        before the handler records it), then cut every connection."""
         if self._server is not None:
             self._server.close()
             self._server = None
         with self._lock:
+            self._settled.wait_for(lambda: self._busy == 0, timeout=drain_s)
             for sock in list(self._open):
                 _close(sock)
 
@@ -144,14 +152,7 @@ class FaultProxy:
             if bandwidth_bps is not None:
                 self._settings.bandwidth_bps = bandwidth_bps or None
 
-    def fail_next(
-        self,
-        n: int,
-        *,
-        status: int = 503,
-        code: str = "SlowDown",
-        match: str | Callable[[str, str], bool] | None = None,
-    ) -> None:
+    def fail_next(self, n: int, *, status: int = 503, code: str = "SlowDown", match: _Match = None) -> None:
         """Answer the next ``n`` requests (whose path contains ``match``; a callable: for which
         ``match(method, path)`` is true) with an S3-style error."""
         self._add(_Fault("fail", n, status=status, code=code, match=_matcher(match)))
@@ -211,7 +212,14 @@ class FaultProxy:
                 request = _read_message_head(reader)
                 if request is None:
                     return
-                upstream = self._one_request(client, reader, request, upstream, conn_id)
+                with self._lock:
+                    self._busy += 1
+                try:
+                    upstream = self._one_request(client, reader, request, upstream, conn_id)
+                finally:
+                    with self._lock:
+                        self._busy -= 1
+                        self._settled.notify_all()
                 if upstream is None:
                     return
         except OSError:
@@ -409,13 +417,7 @@ def _error_response(method: str, status: int, code: str) -> bytes:
         f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
         f"<Message>injected by goodput's fault proxy</Message><RequestId>faultproxy</RequestId></Error>"
     ).encode()
-    reason = {
-        500: "Internal Server Error",
-        503: "Slow Down",
-        403: "Forbidden",
-        404: "Not Found",
-        507: "Insufficient Storage",
-    }.get(status, "Error")
+    reason = _REASONS.get(status, "Error")
     head = (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
         "x-amz-request-id: faultproxy\r\n\r\n"
