@@ -1,13 +1,31 @@
 """The warm-restart protocol between the agent (``goodput.warm.agent``) and its workers and spares
 (``goodput.warm.worker``): every store key and every payload, declared once and typed.
 
-The agent's TCP store outlives every worker; the keys below are all the two sides exchange through it (the
-meaning of each is in ``goodput.warm.worker``'s docstring), and ``goodput.warm.store.WarmStore`` is the one
-place that reads or writes them. A key holds either a counter (the store's own ``add``), a plain number, or
-one of the payloads below as JSON tagged with what it is and ``FORMAT``: a payload of another format (another
-goodput version in the same job, or a writer that is not goodput) is refused with ``ProtocolMismatch``.
-The ``GOODPUT_WARM_*`` variables, the agent's word to a process it starts, are declared in ``goodput._env``.
-Torch-free.
+The agent's TCP store outlives every worker; the keys below are all the two sides exchange through it, and
+``goodput.warm.store.WarmStore`` is the one place that reads or writes them. A key holds either a counter (the
+store's own ``add``), a plain number, or one of the payloads below as JSON tagged with what it is and ``FORMAT``:
+a payload of another format (another goodput version in the same job, or a writer that is not goodput) is
+refused with ``ProtocolMismatch``. The ``GOODPUT_WARM_*`` variables, the agent's word to a process it starts,
+are declared in ``goodput._env``. Torch-free. The keys:
+
+* ``gen/<g>/info``      the ``Generation`` the agent writes before generation ``g`` forms: ``kind`` ("cold": every
+  process is new and restores from the newest checkpoint; "warm": survivors and a replacement recover live),
+  the failed ranks and the agent's detection and hand-over times.
+* ``gen/<g>/next``      the ``Successor`` ``g2``: generation ``g`` has ended; its survivors join ``g2``. Each rank
+  watches for it in a thread (:mod:`goodput.warm.watch`): from then on no optimizer step applies, and a
+  collective blocked on the dead peer, or on a survivor that left, returns at once (NCCL: the communicators
+  are aborted; gloo: the generation's connections are hung up, :mod:`goodput.warm.hangup`).
+* ``pg/<g>/...``        the store namespace of generation ``g``'s process group (a fresh prefix per
+  generation, so nobody reads a dead peer's address).
+* ``gen/<g>/settled``   set by the last rank to arrive in ``g`` (``gen/<g>/everyone`` beside it) or, when ``g``
+  ends before it formed, by the agent: each rank blocks on this one key until its group can form or never will.
+* ``gen/<g>/recovered`` a counter each rank bumps when it has recovered: the agent's sign the warm restart
+  worked (else, after a timeout, it restarts the whole group cold).
+* ``spare/<k>/ready``, ``spare/<k>/assign``: a spare announces itself, then waits inside ``Run()`` (torch and the
+  script's imports already loaded) until the agent hands it a rank and a generation.
+* ``stepped/<rank>``    set once, at a rank's first completed step (the agent starts the first spares then).
+* ``job/complete``      the ``Complete`` of the first rank that closed its run at the job's last step with that
+  step committed: a restart the agent still has pending then has nothing to recover, so the job ends.
 """
 
 from __future__ import annotations

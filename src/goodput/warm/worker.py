@@ -1,43 +1,19 @@
 """Warm restarts, the worker's side: survivors keep their process, a hot spare takes the dead rank's place.
 
 Under ``goodput launch --restart warm`` (see ``goodput.warm.agent``) every worker and spare talks to the
-agent's TCP store, which outlives every worker. The protocol, in store keys (each read and written through
-``goodput.warm.store.WarmStore``; the payloads are ``goodput.warm.protocol``'s dataclasses):
-
-* ``gen/<g>/info``      the ``Generation`` the agent writes before generation ``g`` forms: ``kind`` ("cold": every
-  process is new and restores from the newest checkpoint; "warm": survivors and a replacement recover live),
-  the failed ranks and the agent's detection and hand-over times.
-* ``gen/<g>/next``      the ``Successor`` ``g2``: generation ``g`` has ended; its survivors join ``g2``. Each rank
-  watches for it in a thread (:mod:`goodput.warm.watch`): from then on no optimizer step applies, and a
-  collective blocked on the dead peer, or on a survivor that left, returns at once (NCCL: the communicators
-  are aborted; gloo: the generation's connections are hung up, :mod:`goodput.warm.hangup`).
-* ``pg/<g>/...``        the store namespace of generation ``g``'s process group (a fresh prefix per
-  generation, so nobody reads a dead peer's address).
-* ``gen/<g>/settled``   set by the last rank to arrive in ``g`` (``gen/<g>/everyone`` beside it) or, when ``g``
-  ends before it formed, by the agent: each rank blocks on this one key until its group can form or never will.
-* ``gen/<g>/recovered`` a counter each rank bumps when it has recovered: the agent's sign the warm restart
-  worked (else, after a timeout, it restarts the whole group cold).
-* ``spare/<k>/ready``, ``spare/<k>/assign``: a spare announces itself, then waits inside ``Run()`` (torch and the
-  script's imports already loaded) until the agent hands it a rank and a generation.
-* ``stepped/<rank>``    set once, at a rank's first completed step (the agent starts the first spares then).
-* ``job/complete``      the ``Complete`` of the first rank that closed its run at the job's last step with that
-  step committed: a restart the agent still has pending then has nothing to recover, so the job ends.
+agent's TCP store, which outlives every worker; its keys and what each means: ``goodput.warm.protocol``.
 
 Each rank's RNG state after its last completed step is written at every ``step_done`` to a node-local RAM file
-(:mod:`goodput.warm.record`), outside the process, so a replacement (a spare of the same node) can take over
-its dead predecessor's random streams exactly.
+(:mod:`goodput.warm.record`), so a replacement on the same node takes over its predecessor's streams exactly.
 
 Live recovery (``kind == "warm"``): every rank of the new group says which step it holds (a survivor: its last
 completed step; the replacement: none). The group adopts the highest; the lowest rank holding it broadcasts
-model, optimizer, scheduler, scaler, loader position and step to every rank, which load them into the
-objects the re-entered training function built. With DDP every rank contributed its gradients to any step one
-survivor completed, so adopting it loses no work: at most the failed step is redone. The state travels in
-``TrainingState``'s live form (``live_state_dict``: the parts' own state dicts, counters and extras, and the
-loader position of the last completed step), broadcast through :mod:`goodput.checkpoint.transfer` (checksummed,
-no pickle: loading it runs no code from the sender). Every rank then restores its RNG from its record
-(:mod:`goodput.warm.record`); after a shrink or a grow, from the record of the old rank with its new number,
-as a cold resume on the new world would (:mod:`goodput.warm.streams`). Sharded models (FSDP/DTensor parameters)
-hold no full replica, so they fall back to the newest checkpoint.
+``TrainingState``'s live form (model, optimizer, scheduler, scaler, loader position, step) through
+:mod:`goodput.checkpoint.transfer` (checksummed, no pickle) into the objects the re-entered training function
+built. With DDP every rank contributed its gradients to any step one survivor completed, so at most the failed
+step is redone. Every rank then restores its RNG from its record; after a shrink or a grow, from the old rank's
+with its new number, as a cold resume on the new world would (:mod:`goodput.warm.streams`). Sharded models
+(FSDP/DTensor parameters) hold no full replica, so they fall back to the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -106,6 +82,7 @@ class WarmWorker:
         self._last_loader: Any = None  # the loader's position after step ``_loader_step``
         self._loader_step: int | None = None
         self._failed_wall: float | None = None
+        self._unformed = False  # the generation last joined ended before it formed
         self._pending_rng: Callable[[], object] | None = None  # puts this rank's streams in place, once
         from goodput.checkpoint.rng import RngCapture  # torch: imported by the worker, not by the agent
 
@@ -137,6 +114,21 @@ class WarmWorker:
         )
 
     def join(self, backend: str | None = None, *, survivor: bool = False) -> None:
+        """Form generation ``self.gen``'s process group (:meth:`_form`); past each generation that ends before it
+        forms (a rank failed as it formed), its successor's, this rank taking its place there as a survivor."""
+        import torch.distributed as dist
+
+        while True:
+            self._unformed = False
+            try:
+                return self._form(backend, survivor=survivor)
+            except dist.DistError:
+                if not self._unformed:
+                    raise
+            self._next_generation(self.reform_timeout)
+            survivor = True
+
+    def _form(self, backend: str | None, *, survivor: bool) -> None:
         """Form generation ``self.gen``'s process group in its own store namespace.
 
         ``backend`` is remembered: the generations a warm restart forms later use the same one. With NCCL,
@@ -173,8 +165,7 @@ class WarmWorker:
         self.joined_wall = time.time()
 
     def _wait_for_all(self) -> None:
-        """Wait until every rank of the generation has arrived, so the short collective timeout never has to
-        cover a slow start (new processes of a cold generation import torch first: up to 10 minutes)."""
+        """Wait until every rank of the generation has arrived (a cold one's new processes import torch first)."""
         import torch.distributed as dist
 
         self.store.arrive(self.gen, self.world_size)
@@ -184,6 +175,7 @@ class WarmWorker:
         # once, and a waiting rank costs the store a few operations however long the others take.
         formed = self.store.wait_settled(self.gen, limit)
         if formed is False:
+            self._unformed = True
             raise dist.DistError(f"goodput: generation {self.gen} ended before it formed (a rank failed)")
         if formed is None:
             raise dist.DistStoreError(f"goodput: generation {self.gen} did not form within {limit:g}s")
@@ -316,13 +308,11 @@ class WarmWorker:
     def leave(self, at_least: float = 0.0) -> int:
         """Tear down the failed group and wait for the agent to name the next generation; join it (its number).
 
-        ``at_least``: seconds to wait however short the re-form timeout is: a peer that hangs (rather than dies)
-        is ended by its own watchdog only after the script's hang timeout, and only then can the agent hand its
-        rank over; a survivor that gave up sooner would turn the hang into a cold restart.
+        ``at_least``: seconds to wait however short the re-form timeout is: a hung peer is ended by its own
+        watchdog only after the script's hang timeout; a survivor that gave up sooner would make it a cold restart.
 
         Raises:
-            TimeoutError: when no next generation is published within the re-form timeout (the agent then
-                restarts the whole group cold).
+            TimeoutError: no next generation within the re-form timeout (the agent then restarts cold).
         """
         import torch.distributed as dist
 
@@ -341,12 +331,15 @@ class WarmWorker:
                 dist.destroy_process_group()
         self._ctl = None
         limit = max(self.reform_timeout, at_least)
+        self._next_generation(limit)
+        self.join(survivor=True)
+        return self.gen
+
+    def _next_generation(self, limit: float) -> None:
         nxt = self.store.wait_for_successor(self.gen, limit)
         if nxt is None:
             raise TimeoutError(f"no warm restart of generation {self.gen} within {limit:g}s")
         self.gen = nxt
-        self.join(survivor=True)
-        return nxt
 
     def stop_watch(self) -> None:
         """Stop watching the current generation's end (it is being left, or the run closed)."""
