@@ -125,10 +125,6 @@ WARM_PREFIX = _warm("GOODPUT_WARM_PREFIX", "this job's key prefix in the shared 
 WARM_ROLE = _warm("GOODPUT_WARM_ROLE", "worker or spare")
 WARM_GEN = _warm("GOODPUT_WARM_GEN", "the generation a worker joins")
 WARM_SPARE_ID = _warm("GOODPUT_WARM_SPARE_ID", "a spare's id (node-index)")
-WARM_STARTED = _warm(
-    "GOODPUT_WARM_STARTED",
-    "wall time a first worker forked from the node's template began: the template's start, its imports' time",
-)
 WARM_PG_TIMEOUT = _warm("GOODPUT_WARM_PG_TIMEOUT", "seconds a generation's collectives wait", "60")
 WARM_REFORM_TIMEOUT = _warm(
     "GOODPUT_WARM_REFORM_TIMEOUT", "seconds a survivor waits for the next generation", "60"
@@ -162,7 +158,6 @@ VARIABLES: tuple[EnvVar, ...] = (
     WARM_ROLE,
     WARM_GEN,
     WARM_SPARE_ID,
-    WARM_STARTED,
     WARM_PG_TIMEOUT,
     WARM_REFORM_TIMEOUT,
     WARM_MIN_WORLD,

@@ -39,15 +39,11 @@ def _launch(
     return proc.stderr
 
 
-def _warm(
-    run_dir: str, nproc: int, faults: str, hold: str = "", steps: int = STEPS, spare_after: str = ""
-) -> str:
+def _warm(run_dir: str, nproc: int, faults: str, hold: str = "", steps: int = STEPS) -> str:
     """A warm launch with no spare that shrinks at once; ``hold``: the steps before which a shrunk group waits
-    for a grow (the replacement's imports; without it the replacement never becomes ready); ``spare_after``:
-    the step after which a replacement is ready (default: at once with ``hold``; a forked one is ready within
-    the step that lost its rank)."""
+    for a grow (the replacement's imports; without it the replacement never becomes ready)."""
     extra = ("--restart", "warm", "--spares", "0", "--shrink-after", "0", "--collective-timeout", "4")
-    spare_after = spare_after or ("0" if hold else NEVER)
+    spare_after = "0" if hold else NEVER
     return _launch(run_dir, nproc, steps, *extra, faults=faults, spare_after=spare_after, hold=hold)
 
 

@@ -42,13 +42,11 @@ _SPARE = textwrap.dedent(
     """
     import json, os, random, sys, threading
     import torch
-    from goodput.ledger.live import process_start_wall
     facts = {
         "name": os.environ["SPARE_NAME"], "pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0),
         "random": random.random(), "threads": threading.active_count(),
         "tasks": len(os.listdir("/proc/self/task")), "torch_threads": torch.get_num_threads(),
-        "argv": sys.argv[1:], "main": __name__, "started": os.environ.get("GOODPUT_WARM_STARTED"),
-        "cmdline": open("/proc/self/cmdline").read().split(chr(0)), "process_start": process_start_wall(),
+        "argv": sys.argv[1:], "main": __name__,
     }
     with open(os.path.join(os.path.dirname(__file__), facts["name"] + ".json"), "w") as f:
         json.dump(facts, f)
@@ -94,48 +92,6 @@ def test_a_forked_spare_is_the_agents_child_with_its_own_session_streams_and_see
     assert [f["torch_threads"] for f in facts] == [int(spawned.stdout)] * 2
     logs = {p.parent.parent.parent.parent.name: p.read_text() for p in launch.glob("logs/*/*/*/0/stdout.log")}
     assert logs["a"] == "spare a says hello\n" and logs["b"] == "spare b says hello\n"
-
-
-# The agent's first workers: the template starts at once, and the first worker forked counts its start from it.
-_FIRST = textwrap.dedent(
-    """
-    import json, os, sys, time
-    from goodput.launch.launcher import LaunchConfig
-    from goodput.warm.forked import SpareForks
-    forks = SpareForks(LaunchConfig(script=tuple(sys.argv[1:])), lambda event, **f: None)
-    before = time.time()
-    ready = forks.first(dict(os.environ), 300, 1)
-    after = time.time()
-    made = [
-        forks.fork(name, dict(os.environ, SPARE_NAME=name, GOODPUT_WARM_ROLE=role))
-        for name, role in (("w0", "worker"), ("s0", "spare"), ("w1", "worker"))
-    ]
-    codes = [p.wait(120).failures[0].exitcode for p in made]
-    forks.close()
-    print(json.dumps({"before": before, "after": after, "ready": ready, "codes": codes}))
-    """
-)
-
-
-def test_the_first_workers_are_forked_and_their_start_is_the_templates(tmp_path: Path) -> None:
-    """The first worker is forked from the template started for it, and its ledger counts its start from the
-    template's (its imports' time is the job's, not hidden); a spare or a later worker counts from its own."""
-    script = tmp_path / "train.py"
-    script.write_text(_SPARE)
-    proc = subprocess.run(
-        [sys.executable, "-c", _FIRST, str(script), "--flag"], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.splitlines()[-1])
-    assert out["ready"] and out["codes"] == [3, 3, 3]
-    facts = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in ("w0", "s0", "w1")}
-    for fact in facts.values():
-        assert "goodput.warm.template" in fact["cmdline"]  # forked, not spawned
-    first = facts["w0"]
-    assert out["before"] <= float(first["started"]) <= out["after"] - 0.5  # the template's imports came after
-    assert first["process_start"] == float(first["started"])
-    for name in ("s0", "w1"):
-        assert facts[name]["started"] is None and facts[name]["process_start"] >= out["after"] - 0.05
 
 
 def test_a_template_whose_imports_start_a_thread_refuses_and_spares_are_spawned(tmp_path: Path) -> None:

@@ -140,20 +140,6 @@ def test_spares_forked_from_the_template_take_two_killed_ranks_and_the_run_ends_
     assert _final(run_dir) == _final(baseline)
 
 
-def test_the_first_workers_count_their_start_from_the_template_that_made_their_imports(baseline: str) -> None:
-    """The first workers are forked from the node's template, started for them: each ledger's first attempt
-    begins at the template's start, one time for both ranks, before either process existed."""
-    folder = os.path.join(baseline, "ledger")
-    starts = {
-        e["pid"]: e["process_start"]
-        for name in _jsonl(folder)
-        for e in _lines(os.path.join(folder, name))
-        if e["event"] == "attempt_start" and name.startswith("attempt-0000.")
-    }
-    _, pids = _trained(baseline)
-    assert set(starts) == {pids[0][0], pids[1][0]} and len(set(starts.values())) == 1, starts
-
-
 @pytest.mark.slow
 def test_a_rank_killed_inside_its_step_restarts_warm_with_every_sample_once(
     tmp_path: os.PathLike[str], baseline: str

@@ -11,15 +11,12 @@ import os
 import time
 from typing import Any
 
-from goodput._env import RESERVED_WORLD, WARM_STARTED
+from goodput._env import RESERVED_WORLD
 from goodput.errors import ConfigError
 
 
 def process_start_wall() -> float | None:
-    """Wall time at which this process started (Linux /proc), to count interpreter and import time; for a first
-    worker forked from the warm agent's template, which made its imports, the template's start."""
-    if started := WARM_STARTED.get():
-        return float(started)
+    """Wall time at which this process started (Linux /proc), to count interpreter and import time."""
     try:
         with open("/proc/self/stat") as f:
             stat = f.read()

@@ -5,9 +5,10 @@ torchrun's elastic agent (``LocalElasticAgent._invoke_run``) answers any worker'
 pays for new Python processes, ``import torch``, model construction and a checkpoint restore on every rank.
 This agent keeps torch.distributed.elastic's parts and changes that one decision:
 
-* every process has a slot of its own, so one can be replaced while the others run; workers and hot spares
-  are forked from a process that has imported what they import (``goodput.warm.forked``), and all coordinate
-  through a c10d ``TCPStore`` the agent hosts for the job's whole life (``goodput.warm.protocol``);
+* workers are started with elastic's ``start_processes`` (one process context per slot, so one slot can be
+  replaced while the others run), hot spares are forked from a process that has imported what a spare imports
+  (``goodput.warm.forked``), and all coordinate through a c10d ``TCPStore`` the agent hosts for the job's
+  whole life (the keys are in ``goodput.warm.protocol``);
 * on a worker's failure (non-zero exit, signal, or the hang watchdog's exit) the agent hands the dead rank to
   a spare that has already imported torch and the script's imports, publishes the next generation, and
   starts a new spare in the background; the survivors, whose collectives failed, leave the failed step in
@@ -16,7 +17,8 @@ This agent keeps torch.distributed.elastic's parts and changes that one decision
   re-form timeout, a worker that already finished), it falls back to a cold restart of the whole group, like
   torchrun's, from the newest checkpoint; unless the job is complete (``goodput.warm.ending``).
 
-Every decision is appended to ``RUN_DIR/warm/agent.jsonl``; each worker's ledger records the restart's parts.
+Every decision is appended to ``RUN_DIR/warm/agent.jsonl`` (one JSON object a line), and each worker's ledger
+records the restart's parts as seen by that rank.
 
 Several nodes: each node runs an agent (``--nnodes N --rdzv-endpoint HOST:PORT``); the agents meet through
 elastic's c10d rendezvous and share its store. Generations are numbered by a store counter; the agent that
@@ -59,7 +61,6 @@ __all__ = ["AGENT_LOG", "WarmAgent", "WarmConfig", "launch_warm"]
 
 AGENT_LOG = os.path.join("warm", "agent.jsonl")
 _DURING = "a failure during a warm restart"
-_TEMPLATE_SECONDS = 120.0  # the template's imports are a spawned worker's: one stuck this long is given up on
 
 
 @dataclasses.dataclass
@@ -131,9 +132,7 @@ class WarmAgent:
         self.ranks = layout.get(self.node_rank, [])
 
     # ---- processes ---------------------------------------------------------------------------------------
-    def _make(self, name: str, env: dict[str, str]) -> _Slot:  # forked from the template if it is ready
-        if (forked := self.forks.fork(name, env)) is not None:
-            return _Slot(ctx=forked, pid=forked.pid)
+    def _spawn(self, name: str, env: dict[str, str]) -> _Slot:
         ctx = spawn(self.launch, name, env, boot_args(self.launch.script))
         return _Slot(ctx=ctx, pid=ctx.pids()[0])
 
@@ -147,15 +146,15 @@ class WarmAgent:
             GROUP_RANK=str(self.node_rank),
             **{WARM_ROLE.name: "worker", WARM_GEN.name: str(self.gen)},
         )
-        self.workers[rank] = self._make(f"rank{rank}", env)
+        self.workers[rank] = self._spawn(f"rank{rank}", env)
 
     def start_spare(self) -> None:
         """Start one more hot spare (it imports, then waits for a rank)."""
         spare = self._next_spare
         self._next_spare += 1
         env = worker_env(self, **{WARM_ROLE.name: "spare", WARM_SPARE_ID.name: self.spare_id(spare)})
-        slot = self._make(f"spare{spare}", env)
-        forked = isinstance(slot.ctx, ForkedProcess)  # a forked one's short rest: the normal policy
+        forked = self.forks.fork(f"spare{spare}", env)  # its short rest of a start at the normal policy
+        slot = _Slot(ctx=forked, pid=forked.pid) if forked else self._spawn(f"spare{spare}", env)
         if self._idle_spares:  # a spawned one's imports use only CPU time the ranks leave (goodput.warm.idle)
             (make_normal if forked else make_idle)(slot.pid)
         slot.spare = spare
@@ -212,8 +211,6 @@ class WarmAgent:
         claim_folder(record_folder(self.address, self.prefix))
         status = 1
         try:
-            if self.ranks:  # the first workers forked from the template, which then makes the spares
-                self.forks.first(self._spare_env(), _TEMPLATE_SECONDS, len(self.ranks))
             for rank in self.ranks:
                 self.start_worker(rank)
             self.fill_spares()

@@ -1,11 +1,8 @@
-"""How the warm agent makes its processes: forked from a template, spawned when none can serve.
+"""How the warm agent makes its processes: workers spawned, hot spares forked from a template.
 
 A spawned process (torch.distributed.elastic's ``start_processes``, one context per slot) imports torch and the
-script's imports itself: seconds of CPU. The node's template (``goodput.warm.template``) imports them once and
-forks each process instead: the first workers (it starts with the agent at the normal policy, and the workers
-wait for its imports, which a spawned worker would spend as well), then every spare and replacement, each for
-the cost of a fork. Without first workers (a node joining a running job) it starts when the first spares are
-due. The agent becomes a child subreaper so that it
+script's imports itself: seconds of CPU. Spares instead come from the node's template (``goodput.warm.template``),
+started once when the first spares are due: each costs a fork. The agent becomes a child subreaper so that it
 adopts every forked spare; a :class:`ForkedProcess` gives it the part of elastic's process context it uses
 (``wait``, ``close``, ``pids``), with the same results. A template that cannot start, refuses to fork or dies
 is recorded in the agent's log, and spares are spawned as before.
@@ -24,7 +21,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from goodput._env import WARM_ROLE, WARM_STARTED
 from goodput.job.folder import LOGS_DIR, launch_dir
 from goodput.job.signals import become_subreaper
 from goodput.launch.launcher import LaunchConfig
@@ -114,7 +110,7 @@ def _result(pid: int, status: int, error_file: str) -> Any:
 
 
 class SpareForks:
-    """The node's template, from the agent's first workers (or first spares) to the agent's end.
+    """The node's template, from the first spares due to the agent's end.
 
     Args:
         launch: the job's launch.
@@ -127,7 +123,6 @@ class SpareForks:
         self._proc: subprocess.Popen[bytes] | None = None
         self._requests = self._replies = -1
         self._ready = False
-        self._first = (0, 0.0)  # (first workers not yet forked, when the template started for them)
         self.off: str | None = None if os.path.isfile(launch.script[0]) else "the command is not a script"
 
     def settled(self, env: Callable[[], dict[str, str]], idle: bool) -> bool:
@@ -136,20 +131,6 @@ class SpareForks:
         if self._proc is None and self.off is None:
             self._start(env(), idle)
         return self._check(0)
-
-    def first(self, env: dict[str, str], timeout: float, workers: int) -> bool:
-        """Start the template at the normal policy for the first ``workers``; whether it is ready within
-        ``timeout`` seconds (else they are spawned, and it goes on importing under ``SCHED_IDLE`` for the
-        spares). Their ledgers count their start from the template's (``GOODPUT_WARM_STARTED``)."""
-        self._first = (workers, time.time())
-        if self.off is None:
-            self._start(env, idle=False)
-        self._check(timeout)
-        if not self._ready:
-            self._first = (0, 0.0)  # spawned: each counts from its own start
-            if self._proc is not None and self.off is None:
-                make_idle(self._proc.pid)
-        return self._ready
 
     def finish(self, timeout: float) -> bool:
         """Whether a template is ready, waiting up to ``timeout`` seconds for one still importing, which
@@ -195,8 +176,8 @@ class SpareForks:
             make_idle(self._proc.pid)  # its imports use only CPU time the ranks leave; its forks inherit it
 
     def fork(self, name: str, env: dict[str, str]) -> ForkedProcess | None:
-        """A process (a worker or a spare) forked from the template, named ``name`` with environment ``env``;
-        None when no template is ready (then spawn it)."""
+        """A spare forked from the template, named ``name`` with environment ``env``; None when no template
+        is ready (then spawn it)."""
         if not self._ready or self.off is not None:
             return None
         assert self._proc is not None
@@ -204,9 +185,6 @@ class SpareForks:
             self._fail(f"it ended (exit code {self._proc.returncode})")
             return None
         out, err, error_file = _streams(self.launch, name, env)
-        if self._first[0] > 0 and env.get(WARM_ROLE.name) == "worker":  # one of the first workers
-            self._first = (self._first[0] - 1, self._first[1])
-            env = {**env, WARM_STARTED.name: f"{self._first[1]:.6f}"}
         request = json.dumps({"env": env, "stdout": out, "stderr": err}) + "\n"
         try:
             os.write(self._requests, request.encode())
