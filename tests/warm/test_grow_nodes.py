@@ -146,8 +146,9 @@ def test_a_node_dropped_by_the_rendezvous_while_it_stalled_still_admits_the_lost
 ) -> None:
     """Node 1 is lost whole, and node 0's agent stalls longer than the keep-alive allows (3 missed 1 s beats;
     here a SIGSTOP of 5 s). torch's rendezvous then drops node 0 too and never beats for it again; node 1's
-    command, run again, waits as the next round's only participant. Node 0's agent must see that the rendezvous no longer lists it and join that round: the job
-    grows back and completes, instead of node 1 timing out in the rendezvous while node 0 trains alone."""
+    command, run again, waits as the next round's only participant. Node 0's agent must see that the
+    rendezvous no longer lists it and join that round: the job grows back and completes, instead of node 1
+    timing out in the rendezvous while node 0 trains alone."""
     run_dir, ref_dir = os.path.join(tmp_path, "run"), os.path.join(tmp_path, "ref")
     os.makedirs(run_dir)
     endpoint = f"127.0.0.1:{free_port()}"

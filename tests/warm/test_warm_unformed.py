@@ -1,7 +1,7 @@
 """A generation that ends before it forms (a rank failed while the group formed, e.g. just after a grow was
 published): the ranks already waiting in it follow the agent to the next generation and form that one, in their
-place there as survivors, instead of exiting, which the agent would take for one more failure (seen: a job
-shrunk 3 -> 2 -> 1 and ran out of restarts once replacements were forked and grew it back at once)."""
+place there as survivors, instead of exiting, which the agent would take for one more failure (and shrink
+again, until it ran out of restarts)."""
 
 from __future__ import annotations
 

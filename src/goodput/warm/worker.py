@@ -82,7 +82,6 @@ class WarmWorker:
         self._last_loader: Any = None  # the loader's position after step ``_loader_step``
         self._loader_step: int | None = None
         self._failed_wall: float | None = None
-        self._unformed = False  # the generation last joined ended before it formed
         self._pending_rng: Callable[[], object] | None = None  # puts this rank's streams in place, once
         from goodput.checkpoint.rng import RngCapture  # torch: imported by the worker, not by the agent
 
@@ -116,20 +115,13 @@ class WarmWorker:
     def join(self, backend: str | None = None, *, survivor: bool = False) -> None:
         """Form generation ``self.gen``'s process group (:meth:`_form`); past each generation that ends before it
         forms (a rank failed as it formed), its successor's, this rank taking its place there as a survivor."""
-        import torch.distributed as dist
-
-        while True:
-            self._unformed = False
-            try:
-                return self._form(backend, survivor=survivor)
-            except dist.DistError:
-                if not self._unformed:
-                    raise
+        while not self._form(backend, survivor=survivor):
             self._next_generation(self.reform_timeout)
             survivor = True
 
-    def _form(self, backend: str | None, *, survivor: bool) -> None:
-        """Form generation ``self.gen``'s process group in its own store namespace.
+    def _form(self, backend: str | None, *, survivor: bool) -> bool:
+        """Form generation ``self.gen``'s process group in its own store namespace; False when the generation
+        ended before it formed.
 
         ``backend`` is remembered: the generations a warm restart forms later use the same one. With NCCL,
         ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` defaults to 2 (abort the communicators on an error or a timeout,
@@ -144,7 +136,8 @@ class WarmWorker:
         self.info = self.store.generation(self.gen)
         if survivor:
             self._renumber()
-        self._wait_for_all()
+        if not self._wait_for_all():
+            return False
         backend = self._backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
@@ -163,9 +156,11 @@ class WarmWorker:
         self._watch = EndWatch(WARM_STORE.get(), WARM_PREFIX.get(), self.gen, on_end=on_end)
         install_optimizer_guard(self._watch, self._record_before_step)
         self.joined_wall = time.time()
+        return True
 
-    def _wait_for_all(self) -> None:
-        """Wait until every rank of the generation has arrived (a cold one's new processes import torch first)."""
+    def _wait_for_all(self) -> bool:
+        """Wait until every rank of the generation has arrived (a cold one's new processes import torch first);
+        False when the agent ended it first (a rank failed)."""
         import torch.distributed as dist
 
         self.store.arrive(self.gen, self.world_size)
@@ -174,11 +169,9 @@ class WarmWorker:
         # generation (a rank that dies before it arrives: a shrink): the ranks that did arrive then leave at
         # once, and a waiting rank costs the store a few operations however long the others take.
         formed = self.store.wait_settled(self.gen, limit)
-        if formed is False:
-            self._unformed = True
-            raise dist.DistError(f"goodput: generation {self.gen} ended before it formed (a rank failed)")
         if formed is None:
             raise dist.DistStoreError(f"goodput: generation {self.gen} did not form within {limit:g}s")
+        return formed
 
     def _renumber(self) -> None:
         """Take this survivor's place in a shrunk or grown generation (the agent's ``ranks``: old -> new)."""
