@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import pytest
 
@@ -186,7 +187,8 @@ def test_a_split_run_reuses_the_fault_free_runs_of_the_folder_it_names(tmp_path)
 
 
 def test_repeated_fault_free_rounds_are_compared_by_their_medians() -> None:
-    from goodput.bench.peers import _ratios, _summary
+    from goodput.bench._peers_ratios import ratios as _ratios
+    from goodput.bench._peers_ratios import summary as _summary
 
     def row(contender: str, schedule: str, wall: float, round_: int = 0) -> dict[str, object]:
         extra = {"round": round_} if round_ else {}
@@ -223,7 +225,8 @@ def test_repeat_below_one_is_refused() -> None:
 
 
 def test_each_failure_s_cost_is_compared_with_torchft_s_under_the_same_schedule() -> None:
-    from goodput.bench.peers import _ratios, _summary
+    from goodput.bench._peers_ratios import ratios as _ratios
+    from goodput.bench._peers_ratios import summary as _summary
 
     def row(contender: str, schedule: str, wall: float, kills: int) -> dict[str, object]:
         return {"schedule": schedule, "contender": contender, "wall_seconds": wall, "samples_twice": 0,
@@ -246,7 +249,8 @@ def test_each_failure_s_cost_is_compared_with_torchft_s_under_the_same_schedule(
 def test_the_slowest_row_over_the_baseline_is_goodput_s_own() -> None:
     """The goal "slowest over the baseline <= 1" is goodput's: a slower peer's row (torchtitan's own
     checkpointer, torchft) does not stand for it."""
-    from goodput.bench.peers import _ratios, _summary
+    from goodput.bench._peers_ratios import ratios as _ratios
+    from goodput.bench._peers_ratios import summary as _summary
 
     walls = {"baseline": 50.0, "warm": 45.0, "shrink": 48.0, "titan": 60.0, "torchft": 55.0}
     rows = [
@@ -297,4 +301,53 @@ def test_a_schedule_a_run_ended_before_is_named_and_the_baseline_is_required() -
         args.handler(args)
     args = _args(["--contenders", "baseline,bogus"])
     with pytest.raises(ConfigError, match="unknown: bogus"):
+        args.handler(args)
+
+
+def test_several_seeds_are_compared_seed_by_seed_and_summed_up_by_their_medians() -> None:
+    """Under ``--seed 0,1,2`` each contender's cost per failure is divided by its peer's under the same seed (the
+    very same failures), and the schedule's ratio is the median of those, not a ratio of pooled figures."""
+    from goodput.bench._peers_ratios import ratios, summary
+    from goodput.bench.peers import unmet_schedules
+
+    def row(
+        contender: str, schedule: str, wall: float, kills: int, seed: int | None = None
+    ) -> dict[str, object]:
+        extra = {} if seed is None else {"seed": seed}
+        return {"schedule": schedule, "contender": contender, "wall_seconds": wall, "samples_twice": 0,
+                "samples_never": 0, "kills": [{"rank": 1}] * kills, **extra}  # fmt: skip
+
+    free = {"baseline": 50.0, "warm": 40.0, "torchft": 42.0, "shrink": 41.0}
+    rows = [row(c, "none", w, 0) for c, w in free.items()]
+    # (seed, kills, baseline, warm, torchft, shrink): seed 2 met one failure only and a slow warm run
+    runs = [(0, 4, 70.0, 44.0, 50.0, 45.0), (1, 2, 60.0, 42.0, 46.0, 45.0), (2, 1, 55.0, 46.0, 43.0, 42.0)]
+    for seed, kills, *walls in runs:
+        rows += [
+            row(c, "20s", w, kills, seed)
+            for c, w in zip(("baseline", "warm", "torchft", "shrink"), walls, strict=True)
+        ]
+    ratios(rows)
+    warm1 = next(r for r in rows if r["contender"] == "warm" and r.get("seed") == 1)
+    assert warm1["over_baseline"] == round(42.0 / 60.0, 3)  # the baseline under seed 1, not another seed's
+    assert warm1["lost_per_failure"] == 1.0
+    out = summary(rows)
+    # warm over torchft per seed: (4/4)/(8/4) = 0.5, (2/2)/(4/2) = 0.5, 6/1 = 6: the median 0.5
+    assert out["warm_over_torchft_lost_per_failure"] == {"20s": 0.5}
+    assert out["warm_over_torchft_lost_per_failure_by_seed"] == {"20s": [0.5, 0.5, 6.0]}
+    # warm over the baseline: 1/5, 1/5, 6/5
+    assert out["warm_over_baseline_lost_per_failure"] == {"20s": 0.2}
+    assert out["shrink_over_baseline_lost_per_failure_by_seed"] == {"20s": [0.2, 0.4, 0.2]}
+    # time to N over torchft's: 44/50, 42/46, 46/43 seed by seed
+    assert out["warm_over_torchft_time"] == {"none": round(40 / 42, 3), "20s": round(42 / 46, 3)}
+    assert out["step_efficiency"]["warm"] == {"20s": round(statistics.median([40 / 44, 40 / 42, 40 / 46]), 3)}
+    rows.append(row("torchft", "40s", 42.5, 0, 1))
+    assert list(unmet_schedules(rows)) == ["40s seed 1"]
+
+
+@pytest.mark.parametrize("seed", ["a,b", ","])
+def test_a_seed_that_is_not_a_list_of_integers_is_refused(seed: str) -> None:
+    from goodput.errors import ConfigError
+
+    args = _args(["--seed", seed])
+    with pytest.raises(ConfigError, match="--seed: give"):
         args.handler(args)

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["against_torchft", "exactness", "lineage", "read_records"]
+__all__ = ["exactness", "lineage", "read_records"]
 
 
 def read_records(run_dir: str) -> dict[int, list[dict[str, Any]]]:
@@ -90,26 +90,3 @@ def exactness(
         "steps_redone": len(rank0) - len(set(rank0)),
         "steps_missing": steps - len(learned),
     }
-
-
-def against_torchft(rows: list[dict[str, Any]], wall: dict[tuple[str, str], float]) -> dict[str, Any]:
-    """warm's and shrink's seconds lost per failure over torchft's, and warm's time over torchft's, per schedule."""
-    lost = {(r["contender"], r["schedule"]): r.get("lost_per_failure") for r in rows}
-    out: dict[str, Any] = {}
-    for contender in ("warm", "shrink"):
-        ratios = {}
-        for (c, schedule), value in lost.items():
-            theirs = lost.get(("torchft", schedule))
-            if c == contender and value is not None and theirs:
-                ratios[schedule] = round(value / theirs, 3)
-        if ratios:
-            out[f"{contender}_over_torchft_lost_per_failure"] = ratios
-    times = {
-        s: round(wall["warm", s] / wall["torchft", s], 3)
-        for (c, s) in wall
-        if c == "torchft" and ("warm", s) in wall
-    }
-    if times:
-        out["warm_over_torchft_time"] = times
-        out["no_faults_warm_over_torchft"] = times.get("none")
-    return out

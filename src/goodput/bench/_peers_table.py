@@ -36,5 +36,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def _name(row: dict[str, Any]) -> str:
-    """The schedule's name, with the round after the first (``none#2``)."""
+    """The schedule's name, with the round after the first (``none#2``) or the seed of several (``40s/2``)."""
+    if "seed" in row:
+        return f"{row['schedule']}/{row['seed']}"
     return f"{row['schedule']}#{row['round'] + 1}" if row.get("round") else str(row["schedule"])

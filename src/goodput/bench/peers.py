@@ -4,6 +4,7 @@
     goodput bench peers --schedules 40s --reference <a kept run's peers-<time> folder> [--json]
     goodput bench peers --schedules none --repeat 3 [--contenders baseline,warm] [--json]
     goodput bench peers --quick --contenders baseline,titan,warm [--json]
+    goodput bench peers --schedules 20s,40s --seed 0,1,2 --contenders baseline,warm,shrink,torchft [--json]
 
 One job (the demo's model and data, 2 ranks on CPU), run to ``--steps`` steps by each contender under each
 failure schedule. A schedule is drawn once from ``--seed`` (SIGKILLs of a random rank, exponential gaps with the
@@ -45,7 +46,9 @@ imports cost on cores the ranks train on, apart from the rest of the insurance.
 The fault-free runs can be repeated (``--repeat K``): the contenders run in K interleaved rounds (baseline,
 warm, bare, baseline, warm, bare, ...), so that a machine whose load drifts during the bench slows every
 contender alike, and each ratio is taken between the medians of the rounds' wall times (each round's own
-warm / bare ratio is listed too). The runs of failure schedules are run once.
+warm / bare ratio is listed too). The runs of failure schedules are run once per seed: with several seeds
+(``--seed 0,1,2``) each ratio against a peer is taken seed by seed, under the very same failures, and its
+median over the seeds is reported (``bench/_peers_ratios.py``), with the per-seed values beside it.
 
 A run too long for one sitting is split per schedule: ``--reference`` names the folder a ``--keep`` run left
 (its data and its fault-free runs), and the schedules given are run against those fault-free runs instead of
@@ -58,16 +61,16 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from typing import Any
 
 from goodput.bench._jobs import add_output_arguments, print_result, work_folder
-from goodput.bench._peers_count import against_torchft, exactness, lineage, read_records
+from goodput.bench._peers_count import exactness, lineage, read_records
 from goodput.bench._peers_faults import Killer, draw_schedule
 from goodput.bench._peers_heldout import heldout_loss, write_split
+from goodput.bench._peers_ratios import ratios, summary
 from goodput.bench._peers_table import print_table
 from goodput.bench._peers_titan_launch import titan_site
 from goodput.bench._peers_torchft_launch import lighthouse, peer_available, torchft_group
@@ -80,7 +83,6 @@ _PEERS = {
     "nvrx": "nvidia_resiliency_ext",
 }  # contender: the module the peers extra brings
 _NVRX_LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
-_GOODPUT = ("cold", "memory", "warm", "shrink")  # the contenders goodput launch runs
 _HERE = os.path.dirname(__file__)
 _BASELINE = os.path.join(_HERE, "_peers_baseline.py")
 _TITAN = os.path.join(_HERE, "_peers_titan.py")
@@ -99,6 +101,10 @@ _GOALS = {
     "goodput_samples_wrong": "== 0",
     "warm_over_torchft_lost_per_failure": "<= 0.5 at 20s and 40s",
     "shrink_over_torchft_lost_per_failure": "<= 1.0 at 20s and 40s",
+    "warm_over_baseline_lost_per_failure": "<= 0.2 at 20s and 40s",
+    "shrink_over_baseline_lost_per_failure": "<= 0.4 at 20s and 40s",
+    "warm_over_torchft_time": "<= 1 at 20s and 40s",
+    "step_efficiency": "warm's above torchft's at 15s",
     "no_faults_warm_over_torchft": "<= 1.02",
 }
 
@@ -119,7 +125,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="which to run (default: all; torchft and nvrx only where the peers extra is installed; titan "
         "installs torchtitan 0.3.0 into ~/.cache/goodput on first use and is skipped where it cannot)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the failure schedules (default 0)")
+    parser.add_argument(
+        "--seed",
+        default="0",
+        help="seed of the failure schedules (default 0); several (0,1,2): each schedule with failures is run "
+        "under each, and its ratios are the medians over the seeds",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -270,6 +281,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--steps must be >= 20, got {args.steps}")
     if args.repeat < 1:
         raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
+    try:
+        args.seeds = list(dict.fromkeys(int(s) for s in str(args.seed).split(",") if s.strip()))
+    except ValueError:
+        raise ConfigError(f"--seed: give integers separated by commas (0,1,2), got {args.seed!r}") from None
+    if not args.seeds:
+        raise ConfigError("--seed: give at least one integer")
     default = [c for c in CONTENDERS if c not in _PEERS or peer_available(_PEERS[c])]
     contenders = [c.strip() for c in (args.contenders or ",".join(default)).split(",") if c.strip()]
     for c in contenders:
@@ -306,38 +323,51 @@ def _measure(
         schedules = [s for s in schedules if s[1] is not None]
     else:
         data, heldout = write_split(work)
+    several = len(args.seeds) > 1
     for name, mtbf in reversed(schedules):  # "none" first: the references of the exactness counts
-        for round_ in range(args.repeat if mtbf is None else 1):
+        # the fault-free runs in rounds; a schedule with failures once per seed
+        for round_, seed in enumerate(args.seeds if mtbf is not None else [args.seeds[0]] * args.repeat):
             for contender in contenders + (["bare"] if mtbf is None and not args.quick else []):
                 row: dict[str, Any] = {"schedule": name, "contender": contender}
-                row.update({"round": round_} if round_ else {})
-                run_dir = os.path.join(work, f"{contender}-{name}" + (f"-{round_}" if round_ else ""))
+                row.update({"seed": seed} if several and mtbf is not None else {})
+                row.update({"round": round_} if round_ and mtbf is None else {})
+                suffix = (
+                    f"-{round_}" if round_ and mtbf is None else (f"-seed{seed}" if "seed" in row else "")
+                )
+                run_dir = os.path.join(work, f"{contender}-{name}{suffix}")
                 try:
                     path = args.titan_path if contender == "titan" else ""
-                    row.update(_launch(contender, data, run_dir, args.steps, mtbf, args.seed, path))
+                    row.update(_launch(contender, data, run_dir, args.steps, mtbf, seed, path))
                 except (RuntimeError, subprocess.TimeoutExpired) as err:  # the other runs still count
                     rows.append({**row, "error": str(err)})
                     continue
                 row["heldout_loss"] = heldout_loss(run_dir, heldout)
                 trained: Any = read_records(run_dir)
-                if not round_:
+                if mtbf is None and not round_:
                     records[contender, name] = trained
                 if (contender, "none") in records:
                     row.update(exactness(trained, records[contender, "none"], args.steps))
                 rows.append(row)
                 with open(os.path.join(work, "rows.jsonl"), "a") as f:  # progress, for a long run
                     f.write(json.dumps(row) + "\n")
-    _ratios(rows)
+    ratios(rows)
     names = sorted({r["schedule"] for r in rows} | {n for n, _ in schedules})
+    drawn = {
+        n + (f" seed {seed}" if several and n != "none" else ""): draw_schedule(
+            _mtbf(n), seed=seed, world_size=2, horizon=600.0
+        )
+        for n in names
+        for seed in (args.seeds if n != "none" else args.seeds[:1])
+    }
     return {
         "steps": args.steps,
         "baseline_every": max(1, args.steps // 20),
-        "seed": args.seed,
+        "seed": args.seeds if several else args.seeds[0],
         "reference": args.reference,
-        "schedules": {n: draw_schedule(_mtbf(n), seed=args.seed, world_size=2, horizon=600.0) for n in names},
+        "schedules": drawn,
         "skipped": args.skipped,
         "rows": rows,
-        "ratios": _summary(rows),
+        "ratios": summary(rows),
         "goals": _GOALS,
         "unmet_schedules": unmet_schedules(rows),
     }
@@ -347,11 +377,15 @@ def unmet_schedules(rows: list[dict[str, Any]]) -> dict[str, str]:
     """Schedule -> why it says nothing: a schedule with failures under which a contender's run ended before the
     first failure was due (its row is a fault-free run; the job is too short for that mean time between failures)."""
     out: dict[str, str] = {}
-    for name in dict.fromkeys(r["schedule"] for r in rows if r["schedule"] != "none"):
-        spared = [r for r in rows if r["schedule"] == name and "kills" in r and not r["kills"]]
+
+    def name(r: dict[str, Any]) -> str:
+        return r["schedule"] + (f" seed {r['seed']}" if "seed" in r else "")
+
+    for key in dict.fromkeys(name(r) for r in rows if r["schedule"] != "none"):
+        spared = [r for r in rows if name(r) == key and "kills" in r and not r["kills"]]
         if spared:
             longest = max(r["wall_seconds"] for r in spared)
-            out[name] = (
+            out[key] = (
                 f"{', '.join(r['contender'] for r in spared)} received no failure in {longest:.0f} s or less: "
                 f"raise --steps so that the job outlasts several of this schedule's failures"
             )
@@ -388,63 +422,3 @@ def _reference(
     if trained != {steps}:
         raise ConfigError(f"--reference {folder} trained {sorted(trained)} steps, not --steps {steps}")
     return rows, records
-
-
-def _median_walls(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
-    """Each (contender, schedule)'s wall time: the median over its rounds (one run: its own)."""
-    walls: dict[tuple[str, str], list[float]] = {}
-    for r in rows:
-        if r.get("wall_seconds") is not None:
-            walls.setdefault((r["contender"], r["schedule"]), []).append(r["wall_seconds"])
-    return {key: statistics.median(values) for key, values in walls.items()}
-
-
-def _ratios(rows: list[dict[str, Any]]) -> None:
-    """Each run's wall time over its own fault-free run's and over the baseline's under the same schedule (the
-    medians of their rounds)."""
-    wall = _median_walls(rows)
-    for r in rows:
-        if r.get("wall_seconds") is None:
-            continue
-        free, base = wall.get((r["contender"], "none")), wall.get(("baseline", r["schedule"]))
-        r["over_fault_free"] = round(r["wall_seconds"] / free, 3) if free else None
-        r["over_baseline"] = round(r["wall_seconds"] / base, 3) if base else None
-        kills = len(r.get("kills") or [])
-        r["lost_per_failure"] = round((r["wall_seconds"] - free) / kills, 2) if free and kills else None
-
-
-def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    rows = [r for r in rows if "samples_twice" in r]  # not a failed run
-    timed = [
-        r for r in rows if r.get("over_baseline") is not None and r["contender"] not in ("baseline", "bare")
-    ]
-    at40 = [r["over_baseline"] for r in timed if r["contender"] == "warm" and r["schedule"] == "40s"]
-    wall = _median_walls(rows)
-    bare = wall.get(("bare", "none"))
-    by_round = {
-        (r["contender"], r.get("round", 0)): r["wall_seconds"] for r in rows if r["schedule"] == "none"
-    }
-    goodput_rows = [r for r in rows if r["contender"] in _GOODPUT]
-    # every goodput contender's price without faults; shrink's fault-free run is warm with no hot spare
-    over_bare = {c: round(wall[c, "none"] / bare, 3) for c in _GOODPUT if bare and wall.get((c, "none"))}
-    return {
-        "warm_over_baseline_at_40s": at40[0] if at40 else None,
-        "shrink_over_baseline_at_40s": next(
-            (r["over_baseline"] for r in timed if r["contender"] == "shrink" and r["schedule"] == "40s"), None
-        ),
-        "slowest_over_baseline": max(  # goodput's slowest row: the peers' rows are theirs
-            (r["over_baseline"] for r in timed if r["contender"] in _GOODPUT), default=None
-        ),
-        "no_faults_warm_over_bare": over_bare.get("warm"),
-        "no_faults_over_bare": over_bare,
-        "no_faults_warm_over_bare_by_round": [
-            round(by_round["warm", n] / by_round["bare", n], 3)
-            for n in sorted({n for _, n in by_round})
-            if ("warm", n) in by_round and ("bare", n) in by_round
-        ],
-        **against_torchft(rows, wall),
-        "goodput_samples_wrong": sum(r["samples_twice"] + r["samples_never"] for r in goodput_rows),
-        "baseline_samples_wrong": sum(
-            r["samples_twice"] + r["samples_never"] for r in rows if r["contender"] == "baseline"
-        ),
-    }
