@@ -314,3 +314,25 @@ def test_a_final_save_tried_again_is_stall_until_it_commits() -> None:
     )
     assert [(s.step, s.durable) for s in acc.saves] == [(2, None), (2, pytest.approx(6.0))]
     assert acc.failures == 0
+
+
+def test_a_rollback_between_two_saves_does_not_lengthen_the_interval() -> None:
+    """A numeric rollback in the same process: attempt 1 begins, restores step 1 for 4 s (the save of step 2,
+    still in flight when attempt 0 ended, becomes durable meanwhile and is recorded by attempt 1), then trains
+    with a save after every step. The planner's interval is the compute between saves, 1 s (the steps the
+    rollback discarded included: they were compute when they ran); the restore is the rollback's cost, which
+    the planner charges to the failure, not time between saves."""
+    a0 = _Attempt(0, 0.0, 0.0)
+    a0.step(1, 1, 2).save(1, 2.0, 2.5, durable=2.6).step(2, 2.5, 3.5).save(2, 3.5, 4.0, durable=None).step(
+        3, 4, 5
+    )
+    a0.add("numeric_fault", 5.0, kind="nonfinite", step=3).add("failure_detected", 5.0, reason="numeric")
+    a0.add("attempt_end", 5.0, status="failed")
+    a1 = _Attempt(1, 5.0, 5.0)
+    a1.add("restore_start", 5.0).add("checkpoint_durable", 5.5, step=2).add("restore_end", 9.0, step=1)
+    a1.add("rollback", 9.0, kind="nonfinite", tier="durable", from_step=3, to_step=1, seconds=4.0)
+    a1.add("init_done", 9.0).step(2, 9, 10).save(2, 10.0, 10.5, durable=10.6).step(3, 10.5, 11.5)
+    a1.save(3, 11.5, 12.0, durable=12.1).step(4, 12, 13).add("attempt_end", 13.0, status="ok")
+    acc = account(a0.events + a1.events)
+    assert acc.categories["rollback"] + acc.categories["checkpoint_restore"] == pytest.approx(4.0)
+    assert acc.interval_seconds == pytest.approx(1.0)

@@ -386,7 +386,7 @@ def _assemble(
         restart_samples=len(restarted),
         rollback_seconds=mean_or_none(rollbacks),
         detect_seconds=categories["failure_detection"] / failures if failures else None,
-        interval_seconds=measured_interval(saves, info, spans),
+        interval_seconds=measured_interval(saves, info, spans, segments),
         at_risk_seconds=at_risk(spans, outcomes),
         step_stats=step_stats(spans),
         info=info,

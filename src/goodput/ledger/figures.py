@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,7 @@ from goodput.ledger.spans import Spans
 
 if TYPE_CHECKING:
     from goodput.ledger.accounting import SaveRecord
+    from goodput.ledger.tiling import Segment
 
 
 @dataclass(frozen=True)
@@ -66,17 +67,31 @@ def declared(spans: list[Spans]) -> dict[str, Any]:
     return info
 
 
+# what a failure costs, which the planner charges per failure (goodput.ledger.report), not to the interval
+_FAILURE = (
+    "failure_detection", "restart_downtime", "init", "checkpoint_restore", "rollback", "reshape", "between_launches",
+)  # fmt: skip
+
+
 def measured_interval(
-    saves: tuple[SaveRecord, ...], info: dict[str, Any], spans: list[Spans]
+    saves: tuple[SaveRecord, ...], info: dict[str, Any], spans: list[Spans], segments: Sequence[Segment] = ()
 ) -> float | None:
-    """Measured compute seconds between saves (stall end to next start) within attempts, else as configured."""
-    gaps = [
-        later.start - (earlier.start if earlier.stall_end is None else earlier.stall_end)
+    """Measured compute seconds between saves (stall end to next start) within attempts, else as configured.
+
+    The time of a gap that ``segments`` put in a failure's categories (its detection, a restore or a rollback
+    in place between two saves of one attempt) is left out, so the faults that fall between two saves do not
+    lengthen the interval the planner is given: they are charged as failures. The rest stays, as before: the
+    memory tier's stalls (the report takes their share of the interval), the training a later restore
+    discarded (it was compute between saves when it ran)."""
+    pairs = [
+        (earlier.start if earlier.stall_end is None else earlier.stall_end, later.start)
         for earlier, later in itertools.pairwise(saves)
         if earlier.attempt == later.attempt
     ]
-    if gaps:
-        return math.fsum(gaps) / len(gaps)
+    elsewhere = _elsewhere(segments)
+    compute = math.fsum(b - a - (elsewhere(b) - elsewhere(a)) for a, b in pairs)
+    if compute > 0:  # saves with nothing but other time between them (none trained) measure no interval
+        return compute / len(pairs)
     config = info.get("checkpoint_config", {})
     if config.get("interval_seconds"):
         return float(config["interval_seconds"])
@@ -84,6 +99,18 @@ def measured_interval(
     if config.get("every_steps") and len(durations):
         return float(config["every_steps"]) * float(np.median(durations))
     return None
+
+
+def _elsewhere(segments: Sequence[Segment]) -> Callable[[float], float]:
+    """t -> the seconds before t that ``segments`` (disjoint) put in a failure's categories."""
+    other = sorted(
+        (seg.start, seg.end) for seg in segments if seg.category in _FAILURE and seg.end > seg.start
+    )
+    if not other:
+        return lambda t: 0.0
+    xs = np.array([x for lo, hi in other for x in (lo, hi)])
+    ys = np.concatenate([[0.0], np.cumsum([x for lo, hi in other for x in (hi - lo, 0.0)])])[:-1]
+    return lambda t: float(np.interp(t, xs, ys))
 
 
 def memory_tier(spans: list[Spans]) -> tuple[float | None, float | None, float | None]:
