@@ -1,13 +1,14 @@
 """The run report: where the time went, measured against the planner, and what to change.
 
 :func:`build_report` is pure (events in, report out); :func:`load_report` reads a run folder. The planner
-(:mod:`goodput.planning`, Daly's exact model) is run with the *measured* checkpoint stall C, persist time W,
-restart time R, detection time D and the observed MTBF M, at the measured checkpoint interval and at its
-optimum. The planner models checkpoints and failures only. Its interval is the measured wall time between
-saves, which holds what it does not model (data_wait, warmup, straggler_wait, other) as if it were training, and
-its time starts after the first attempt's init. So the comparable ``predicted_goodput`` is the planner's goodput
-times ``modelled_share`` (the share of job time, wall time minus between_launches, past the first init), less
-``unmodelled_share`` (those categories' share of job time): exact for a run without failures.
+(:mod:`goodput.planning`, Daly's exact model) is run with the *measured* checkpoint stall C, persist time W, restart
+time R, detection time D and the observed MTBF M, at the measured checkpoint interval and at its optimum. The
+planner models checkpoints and failures only. Its interval is the measured wall time between saves (less the time of
+a failure between them, which it charges per failure), which holds what it does not model (data_wait, warmup,
+straggler_wait, other) as if it were training, and its time starts after the first attempt's init. So the comparable
+``predicted_goodput`` is the planner's goodput times ``modelled_share`` (the share of job time, wall time minus
+between_launches, past the first init), less ``unmodelled_share`` (those categories' share of job time): exact for a
+run without failures.
 
 A run that answered failures by shrinking in place (``shrink`` events: no spare was left) is predicted with
 :func:`goodput.planning.goodput_shrink` on top: its measured shrink and grow costs, detection, lost step and
