@@ -101,12 +101,10 @@ def against(rows: list[dict[str, Any]], wall: dict[tuple[str, str], float]) -> d
         free = round(wall["warm", "none"] / wall["torchft", "none"], 3)
         out["warm_over_torchft_time"] = {"none": free, **out.get("warm_over_torchft_time", {})}
         out["no_faults_warm_over_torchft"] = free
+    slowdown = _by_seed(rows, lambda r: r.get("over_fault_free"))
     efficiency: dict[str, Any] = {}
     for contender in sorted({r["contender"] for r in rows} - {"bare"}):
-        per_seed = {
-            (s, seed): 1 / v for (c, s, seed), v in _by_seed(rows, lambda r: r.get("over_fault_free")).items()
-            if c == contender and v
-        }  # fmt: skip
+        per_seed = {(s, seed): 1 / v for (c, s, seed), v in slowdown.items() if c == contender and v}
         _median_over_seeds(per_seed, contender, efficiency, 1)
     if efficiency:
         out["step_efficiency"] = efficiency
