@@ -251,7 +251,7 @@ def test_a_failure_free_prediction_is_the_measured_goodput_when_persist_times_va
     """As above, but the saves persist in 130 ms and 30 ms by turns (80 ms on average): after a slow one the next
     save waits 80 ms, after a fast one none, so the stall is 50 ms on average where a mean W's wait would be
     30 ms. The planner is given the stall less its own wait at the mean W, so at the measured interval its stall
-    is the measured one (given the stall less the measured wait, its goodput was 62.6% for 50%)."""
+    is the measured one."""
     a = Attempt(0, 0.0, 0.0, launch="L", restart_count=0)
     a.add("init_done", 1.0)
     t, durable = 1.0, 0.0
