@@ -3,9 +3,11 @@ way (after) against the way it had before (before), in alternating blocks of ste
 
 * Agreement, before: each step's word all-gathered on the guard's own gloo group, started at the step's end
   and read at the next (the main thread's issue and wait). After: the word rides the next step's first
-  gradient bucket (``run/numeric/carry.py``): the extra time of that bucket's hook (the bucket's averaged copy
-  with the word after it, against DDP's own in-place division when no word rides) plus boarding and reading
-  the word.
+  gradient bucket (``run/numeric/carry.py``): boarding and reading the word, plus the rider's own calls inside
+  the first bucket's hook (its payload, the bucket's storage grown for it, its departure), each timed where it
+  runs. Left untimed: the copy of the payload's few elements into the bucket and those elements' share of the
+  all-reduce. The hook's whole time is not compared between the two ways: the before-way's all-gather runs
+  beside it, and the two medians differed by more than the rider's calls take for identical code.
 * DDP gradient check, before: a callback per bucket on the collective's thread summing the reduced bucket,
   and the stack of the step's sums read once. After: ``BucketCheck.take`` before the optimizer step (the
   reduced buckets summed on the main thread, one read).
@@ -24,20 +26,31 @@ _BLOCK = 6  # steps per block of one way; the first of a block is not counted (t
 
 
 class _Timers:
-    """Taps of DDP's shared hook: the first bucket's hook time, and the before-way's callback sums."""
+    """The before-way's callback sums (a tap of DDP's shared hook), and the seconds spent in the rider's calls
+    (wrapped where the hook calls them) since the last :meth:`lap`."""
 
     def __init__(self) -> None:
         self.before = True
-        self.hook0: list[float] = []
         self.sums: list[Any] = []
         self.sum_seconds = 0.0
+        self.rider_seconds = 0.0
 
-    def outer(self, bucket: Any, reduce: Any) -> Any:
-        start = time.perf_counter()
-        future = reduce()
-        if bucket.index() == 0:
-            self.hook0.append(time.perf_counter() - start)
-        return future
+    def wrap(self, owner: Any, name: str) -> None:
+        """Time every call of ``owner.name`` from now on (an attribute of the instance shadows the method)."""
+        call = getattr(owner, name)
+
+        def timed(*args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return call(*args)
+            finally:
+                self.rider_seconds += time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+    def lap(self) -> float:
+        seconds, self.rider_seconds = self.rider_seconds, 0.0
+        return seconds
 
     def inner(self, bucket: Any, reduce: Any) -> Any:
         if not self.before:
@@ -62,17 +75,17 @@ def in_step_costs(
     import torch
     import torch.distributed as dist
 
-    from goodput.run._comm_hook import add_tap
+    from goodput.run._comm_hook import _shared, add_tap
     from goodput.run.numeric.exchange import start_gather
     from goodput.run.numeric.grads import BucketCheck
     from goodput.run.numeric.rules import encode_row
 
     timers = _Timers()
-    add_tap(
-        model, "bench-outer", timers.outer
-    )  # outermost: the numeric tap, the payload, the all-reduce's issue
     check = BucketCheck.install(model, group)
-    assert check is not None and check.carrier is not None, "the bench's DDP model carries no word"
+    shared = _shared(model)
+    assert check is not None and check.carrier is not None and shared is not None, "the model carries no word"
+    for owner, name in ((check.carrier, "payload"), (check.carrier, "departed"), (shared, "_grown")):
+        timers.wrap(owner, name)
     add_tap(model, "bench-inner", timers.inner)
     row = encode_row(1, 2.0, dist.get_rank(), 0.0)
     seen: dict[str, list[float]] = {}
@@ -82,9 +95,10 @@ def in_step_costs(
         if n % _BLOCK == 0 and pending is not None:
             pending.rows()  # the other way's last word (a word that never rode is all-gathered)
             pending = None
-        timers.hook0.clear()
         timers.sum_seconds = 0.0
+        timers.lap()
         backward()
+        rider_seconds = timers.lap()  # the payload went with the first bucket of this backward
         start = time.perf_counter()
         total: float | None
         if before:
@@ -102,15 +116,11 @@ def in_step_costs(
             rows = pending.rows()
             assert rows == [encode_row(1, 2.0, r, 0.0) for r in range(len(rows))], rows
         pending = start_gather(n, row, group) if before else check.carrier.board(n, row)
-        agree_seconds = time.perf_counter() - start
+        agree_seconds = time.perf_counter() - start + (0.0 if before else rider_seconds)
         if n % _BLOCK:
             way = "before" if before else "after"
-            seen.setdefault(f"hook {way}", []).append(timers.hook0[0])
             seen.setdefault(f"agreement, {way}", []).append(agree_seconds)
             seen.setdefault(f"gradient check, DDP, {way}", []).append(grad_seconds)
     if pending is not None:
         pending.rows()
-    median = {k: statistics.median(v) for k, v in seen.items()}
-    # the word's share of the first bucket's hook: its copy and payload against DDP's in-place division
-    median["agreement, after"] += median.pop("hook after") - median.pop("hook before")
-    return median
+    return {k: statistics.median(v) for k, v in seen.items()}
