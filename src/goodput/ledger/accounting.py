@@ -322,6 +322,27 @@ def _sum(segments: Iterable[Segment]) -> dict[str, float]:
     return {name: math.fsum(values) for name, values in parts.items()}
 
 
+def _save_records(attempts: list[Attempt], spans: list[Spans]) -> tuple[SaveRecord, ...]:
+    """Every save, in the attempt that began it. A save in flight when its attempt ended in the same process (a
+    rollback in place) turns durable in the next one, which records only that durable event: it is the earlier
+    attempt's save, with that durable time, not a save of the next."""
+    records: list[SaveRecord] = []
+    for a, s in zip(attempts, spans, strict=True):
+        for sv in s.saves:
+            step = None if sv[0] is None else int(sv[0])
+            if not sv[4] and sv[1] < a.begin:  # no stall here, begun before this attempt
+                begun = [
+                    i
+                    for i, r in enumerate(records)
+                    if r.durable is None and r.step == step and step is not None
+                ]
+                if begun:
+                    records[begun[-1]] = replace(records[begun[-1]], durable=sv[3])
+                    continue
+            records.append(SaveRecord(a.number, step, sv[1], sv[2], sv[3], sv[5]))
+    return tuple(records)
+
+
 def _assemble(
     attempts: list[Attempt],
     spans: list[Spans],
@@ -334,11 +355,7 @@ def _assemble(
     wall: float,
     launches: list[int],
 ) -> Accounting:
-    saves = tuple(
-        SaveRecord(a.number, None if sv[0] is None else int(sv[0]), sv[1], sv[2], sv[3], sv[5])
-        for a, s in zip(attempts, spans, strict=True)
-        for sv in s.saves
-    )
+    saves = _save_records(attempts, spans)
     failures = outcomes.count("failed") + sum(s.in_place_failures() for s in spans)
     in_place = [i > 0 and (rolled_back(s) or s.reshaped_start()) for i, s in enumerate(spans)]
     # R: every process start that answered a failure, a relaunch after a failed launch too (its start-up is
