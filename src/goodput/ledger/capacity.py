@@ -27,7 +27,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from goodput.ledger.figures import mean_or_none
 from goodput.ledger.spans import Attempt, Spans
@@ -236,10 +236,3 @@ def _regrow(shrinks: list[Reshape], grows: list[Reshape], end: float) -> tuple[l
             reduced.append(max(0.0, ready - lost.at))
     reduced += [max(0.0, end - lost.at) for lost in missing]
     return regrow, reduced
-
-
-def as_dicts(events: Sequence[Reshape]) -> list[dict[str, Any]]:
-    """The shrinks and grows as JSON-able dicts."""
-    from dataclasses import asdict
-
-    return [{**asdict(r), "failed_ranks": list(r.failed_ranks)} for r in events]

@@ -188,12 +188,6 @@ def written_files(writer: Any, metadata: Metadata, rank: int) -> dict[str, str |
     return {name: digests.get(name) for name in files_of_rank(metadata, rank)}
 
 
-def read_dcp_metadata(folder: str, ctx: SaveContext) -> Metadata:
-    """The ``.metadata`` of a DCP checkpoint, read safely."""
-    metadata: Metadata = make_reader(folder, ctx).read_metadata()
-    return metadata
-
-
 def files_of_rank(metadata: Metadata, rank: int) -> list[str]:
     """The files a rank wrote in a DCP save (from the save's global metadata), plus ``.metadata`` on rank 0."""
     names = {
