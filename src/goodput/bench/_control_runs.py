@@ -3,7 +3,8 @@
 Every figure comes from the run's own records: the workers' ledgers (``attempt_start``, ``step_end``,
 ``fault_injected``, ``warm_restart`` with its parts and ``store_ops``) and the agent's log
 (``RUN_DIR/warm/agent.jsonl``: ``warm_restart``/``shrink``/``grow`` and ``warm_restart_done``, each with the
-agent's ``store_ops`` so far). Pure reading: no clock, no process.
+agent's ``store_ops`` so far), and the machine's CPU samples the bench took while the run ran. Pure reading: no
+clock, no process.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import os
 from typing import Any
 
-__all__ = ["agent_events", "failure_ops", "handover", "memory_used", "rendezvous"]
+__all__ = ["agent_events", "busy_share", "failure_ops", "handover", "memory_used", "rendezvous"]
 
 PARTS = ("detection_seconds", "left_seconds", "handover_seconds", "reform_seconds", "restore_seconds")
 
@@ -61,6 +62,7 @@ def handover(events: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     firsts = [e["wall"] for e in events if e["event"] == "step_end" and e["wall"] > recovered]
     began = _began(events, rows)
     out["to_next_step_seconds"] = (min(firsts) - began) if firsts and began is not None else None
+    out["began_wall"], out["next_step_wall"] = began, min(firsts) if firsts else None
     out["worker_store_ops"] = sum(_total(e.get("store_ops")) for e in rows)
     return out
 
@@ -102,3 +104,17 @@ def memory_used(samples: list[int]) -> float | None:
     if len(samples) < 2:
         return None
     return (max(samples) - min(samples)) / (1 << 20)
+
+
+def busy_share(cpu: list[tuple[float, int, int]], began: float | None, ended: float | None) -> float | None:
+    """The share of the machine's CPU time (every core) that was busy from ``began`` to ``ended`` (wall times),
+    from ``(wall, busy jiffies, total jiffies)`` samples: between the last sample at or before ``began`` and the
+    first at or after ``ended`` (None: no such pair, or no time between them). Near 1: the recovery waited for
+    cores, and its wall time measures how many processes share them."""
+    if began is None or ended is None:
+        return None
+    before = [s for s in cpu if s[0] <= began]
+    after = [s for s in cpu if s[0] >= ended]
+    if not before or not after or after[0][2] <= before[-1][2]:
+        return None
+    return (after[0][1] - before[-1][1]) / (after[0][2] - before[-1][2])

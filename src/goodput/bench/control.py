@@ -14,7 +14,9 @@ Each run's figures come from its own records (``bench/_control_runs.py``): the s
 first step, and its part after the last rank's first attempt began), the recovery's parts over its ranks
 (detection, hand-over, re-form, restore: mean and slowest rank) and the failure to the next step, and the
 warm store's operations the recovery cost (every rank's ``store_ops`` in its ``warm_restart`` event, plus the
-agent's from its decision to the recovery's confirmation). The ratios the goals name:
+agent's from its decision to the recovery's confirmation), and the share of the machine's CPU that was busy
+from the failure to that step (sampled from ``/proc/stat``: near 1, the recovery waited for cores, so its time
+grows with the processes sharing them, not with the control plane). The ratios the goals name:
 ``ops_per_failure_per_rank`` for each N (flat or falling: linear in N or better) and
 ``handover_at_largest_over_smallest`` (goal <= 2 from 2 to 16 ranks). ``--step-seconds`` adds a sleep to each
 step: the ranks then mostly wait, as a rank waits on a GPU, instead of competing for the CPU; 0 measures the
@@ -86,16 +88,22 @@ def _modes(text: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _memory(samples: list[int]) -> Iterator[None]:
-    """Sample the machine's memory in use (KiB) every 0.2 s while the block runs."""
+def _machine(memory: list[int], cpu: list[tuple[float, int, int]]) -> Iterator[None]:
+    """Sample the machine every 0.05 s while the block runs: memory in use (KiB), and the CPU's busy and total
+    jiffies over all cores (``/proc/stat``) with the wall time."""
     stop = threading.Event()
 
     def sample() -> None:
         while True:
             with open("/proc/meminfo") as f:
                 info = {line.split(":")[0]: int(line.split()[1]) for line in f}
-            samples.append(info["MemTotal"] - info["MemAvailable"])
-            if stop.wait(0.2):
+            memory.append(info["MemTotal"] - info["MemAvailable"])
+            with open("/proc/stat") as f:
+                jiffies = [
+                    int(x) for x in f.readline().split()[1:9]
+                ]  # user nice system idle iowait irq softirq steal
+            cpu.append((time.time(), sum(jiffies) - jiffies[3] - jiffies[4], sum(jiffies)))
+            if stop.wait(0.05):
                 return
 
     thread = threading.Thread(target=sample, daemon=True)
@@ -118,13 +126,15 @@ def _launch(n: int, mode: str, run_dir: str, args: argparse.Namespace) -> dict[s
     batch = 8 * n if mode == "warm" else n * (n - 1)
     cmd += ["--step-seconds", str(args.step_seconds), "--global-batch", str(batch)]
     samples: list[int] = []
+    cpu: list[tuple[float, int, int]] = []
     launched = time.time()
-    with _memory(samples):
+    with _machine(samples, cpu):
         launch(cmd, f"{mode} run at {n} ranks")
     return {
         "launched": launched,
         "wall_seconds": time.time() - launched,
         "memory_gib": runs.memory_used(samples),
+        "cpu": cpu,
     }
 
 
@@ -144,6 +154,9 @@ def measure(n: int, mode: str, run_dir: str, launched: dict[str, Any]) -> dict[s
         part = runs.handover(events, kind)
         agent_ops = runs.failure_ops(agent, "warm_restart" if kind == "warm" else kind)
         if part["ranks"]:
+            part["cpu_busy"] = runs.busy_share(
+                launched["cpu"], part.pop("began_wall"), part.pop("next_step_wall")
+            )
             part["agent_store_ops"] = agent_ops
             part["store_ops"] = part["worker_store_ops"] + (agent_ops or 0)
             part["store_ops_per_rank"] = part["store_ops"] / n
@@ -210,7 +223,7 @@ def table(result: dict[str, Any]) -> list[str]:
     ]
     lines.append(
         f"{'N':>3} {'what':<7} {'start':>7} {'to step':>8} {'detect':>7} {'max left':>8} {'re-form':>8} "
-        f"{'restore':>8} {'ops':>6} {'ops/N':>6} {'mem GiB':>8}"
+        f"{'restore':>8} {'ops':>6} {'ops/N':>6} {'mem GiB':>8} {'CPU busy':>8}"
     )
     for n, row in result["by_ranks"].items():
         for kind in KINDS:
@@ -223,7 +236,8 @@ def table(result: dict[str, Any]) -> list[str]:
                 f"{_f(part.get('to_next_step_seconds')):>8} {_f(part.get('detection_seconds')):>7} "
                 f"{_f(part.get('max_left_seconds')):>8} {_f(part.get('reform_seconds')):>8} "
                 f"{_f(part.get('restore_seconds')):>8} {part.get('store_ops', '-'):>6} "
-                f"{_f(part.get('store_ops_per_rank'), 1):>6} {_f(run['memory_gib'], 2):>8}"
+                f"{_f(part.get('store_ops_per_rank'), 1):>6} {_f(run['memory_gib'], 2):>8} "
+                f"{_f(part.get('cpu_busy')):>8}"
             )
     for name, value in result["ratios"].items():
         if isinstance(value, dict):
