@@ -340,14 +340,13 @@ def test_a_rollback_between_two_saves_does_not_lengthen_the_interval() -> None:
 
 def test_a_save_in_flight_at_a_rollback_stays_the_save_of_the_attempt_that_began_it() -> None:
     """The save of step 2 is begun in attempt 0 (stall 3.5-4.0) and still in flight when a NaN ends attempt 0
-    in place; attempt 1 records its durable event at 5.5 with the persist time, 1.5 s, from the upload's
-    start. It is attempt 0's save, now durable, not an unstalled save of attempt 1."""
+    in place; attempt 1 records its durable event at 5.5 with the persist time, 2 s, from the save's start. It is attempt 0's save, now durable, not an unstalled save of attempt 1."""
     a0 = _Attempt(0, 0.0, 0.0)
     a0.step(1, 1, 2).save(1, 2.0, 2.5, durable=2.6).step(2, 2.5, 3.5).save(2, 3.5, 4.0, durable=None)
     a0.step(3, 4, 5).add("numeric_fault", 5.0, kind="nonfinite", step=3)
     a0.add("failure_detected", 5.0, reason="numeric").add("attempt_end", 5.0, status="failed")
     a1 = _Attempt(1, 5.0, 5.0)
-    a1.add("restore_start", 5.0).add("checkpoint_durable", 5.5, step=2, persist_seconds=1.5)
+    a1.add("restore_start", 5.0).add("checkpoint_durable", 5.5, step=2, persist_seconds=2.0)
     a1.add("restore_end", 9.0, step=2).add("init_done", 9.0).step(3, 9, 10).save(3, 10.0, 10.5, durable=10.6)
     a1.step(4, 10.5, 11.5).add("attempt_end", 11.5, status="ok")
     saves = account(a0.events + a1.events).saves

@@ -110,7 +110,8 @@ def busy_share(cpu: list[tuple[float, int, int]], began: float | None, ended: fl
     """The share of the machine's CPU time (every core) that was busy from ``began`` to ``ended`` (wall times),
     from ``(wall, busy jiffies, total jiffies)`` samples: between the last sample at or before ``began`` and the
     first at or after ``ended`` (None: no such pair, or no time between them). Near 1: the recovery waited for
-    cores, and its wall time measures how many processes share them."""
+    cores, and its wall time measures how many processes share them. ``/proc/stat`` counts every CPU of the
+    host: in a container held to fewer by a CPU quota, a saturated job shows a lower share."""
     if began is None or ended is None:
         return None
     before = [s for s in cpu if s[0] <= began]

@@ -13,19 +13,20 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"{result['steps']} steps, 2 ranks; baseline checkpoints every {result['baseline_every']} steps")
     for contender, reason in result.get("skipped", {}).items():
         print(f"{contender}: skipped: {reason}")
+    w = max([len("schedule"), *(len(_name(r)) for r in result["rows"])])
     print(
-        f"{'schedule':>10} {'contender':>9} {'wall s':>8} {'/free':>6} {'/base':>6} {'goodput':>8} "
+        f"{'schedule':>{w}} {'contender':>9} {'wall s':>8} {'/free':>6} {'/base':>6} {'goodput':>8} "
         f"{'kills':>5} {'lost/f':>6} {'twice':>5} {'never':>5} {'redone':>6} {'held-out':>8}"
     )
     for r in result["rows"]:
         if "note" in r or "error" in r or "samples_twice" not in r:
-            print(f"{_name(r):>10} {r['contender']:>9}  {r.get('note') or r.get('error', 'no reference')}")
+            print(f"{_name(r):>{w}} {r['contender']:>9}  {r.get('note') or r.get('error', 'no reference')}")
             continue
         gp = "-" if r["goodput"] is None else f"{100 * r['goodput']:.1f}%"
         lost = "-" if r.get("lost_per_failure") is None else f"{r['lost_per_failure']:.2f}"
         heldout = "-" if r.get("heldout_loss") is None else f"{r['heldout_loss']:.4f}"
         print(
-            f"{_name(r):>10} {r['contender']:>9} {r['wall_seconds']:8.1f} {r['over_fault_free'] or 0:6.2f} "
+            f"{_name(r):>{w}} {r['contender']:>9} {r['wall_seconds']:8.1f} {r['over_fault_free'] or 0:6.2f} "
             f"{r['over_baseline'] or 0:6.2f} {gp:>8} {len(r['kills']):5d} {lost:>6} {r['samples_twice']:5d} "
             f"{r['samples_never']:5d} {r['steps_redone']:6d} {heldout:>8}"
         )
