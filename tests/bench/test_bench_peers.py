@@ -344,6 +344,58 @@ def test_several_seeds_are_compared_seed_by_seed_and_summed_up_by_their_medians(
     assert list(unmet_schedules(rows)) == ["40s seed 1"]
 
 
+def test_the_ledger_s_cost_per_failure_is_its_failure_time_and_its_extra_start_ups() -> None:
+    """Within one run, the ledger's account of the failures: the time in a failure's categories, plus the start-up
+    and warm-up beyond the contender's fault-free run (a cold restart imports again), over the failures. Slower
+    steps in one run than in the other (the productive time) are in the wall-time figure, not in this one."""
+    from goodput.bench._peers_ratios import ratios, summary
+
+    def row(contender: str, schedule: str, wall: float, kills: int, **categories: float) -> dict[str, object]:
+        return {"schedule": schedule, "contender": contender, "wall_seconds": wall, "samples_twice": 0,
+                "samples_never": 0, "kills": [{"rank": 1}] * kills, "categories": categories}  # fmt: skip
+
+    rows = [
+        row("baseline", "none", 50.0, 0, productive=47.0, init=2.5, warmup=0.5),
+        row("warm", "none", 40.0, 0, productive=38.0, init=1.5, warmup=0.3, other=0.2),
+        # 4 cold restarts: 2 s of imports and 0.2 s of warm-up again each, 0.3 s downtime, 1 s of lost steps
+        row(
+            "baseline",
+            "20s",
+            70.0,
+            4,
+            productive=49.0,
+            init=10.5,
+            warmup=1.3,
+            restart_downtime=1.2,
+            lost_work=4.0,
+            checkpoint_restore=0.4,
+        ),
+        # 4 hand-overs, 0.2 s each, and 2.2 s of slower steps than in the fault-free run
+        row(
+            "warm",
+            "20s",
+            43.0,
+            4,
+            productive=40.2,
+            init=1.5,
+            warmup=0.2,
+            failure_detection=0.4,
+            checkpoint_restore=0.4,
+            other=0.3,
+        ),
+    ]
+    ratios(rows)
+    lost = {r["contender"]: r["ledger_lost_per_failure"] for r in rows if r["schedule"] == "20s"}
+    assert lost == {
+        "baseline": pytest.approx((8.0 + 0.8 + 1.2 + 4.0 + 0.4) / 4),
+        "warm": pytest.approx(0.8 / 4),
+    }
+    assert all("ledger_lost_per_failure" not in r for r in rows if r["schedule"] == "none")
+    out = summary(rows)
+    assert out["warm_over_baseline_ledger_lost_per_failure"] == {"20s": round(0.2 / 3.6, 3)}
+    assert out["warm_over_baseline_lost_per_failure"] == {"20s": round(0.75 / 5.0, 3)}  # the wall times'
+
+
 @pytest.mark.parametrize("seed", ["a,b", ","])
 def test_a_seed_that_is_not_a_list_of_integers_is_refused(seed: str) -> None:
     from goodput.errors import ConfigError

@@ -2,6 +2,11 @@
 
 Each run's wall time is divided by its own contender's fault-free wall time and by the baseline's under the same
 schedule and seed; ``lost_per_failure`` is its wall time minus the fault-free one, over the failures it received.
+``ledger_lost_per_failure`` is the same cost as the run's own ledger accounts it, within the one run: the time its
+ledger puts in a failure's categories (detection, restart downtime, restore, rollback, reshape, lost work) plus the
+start-up and warm-up beyond the fault-free run's, over the failures. It leaves out what the wall-time difference
+also holds: how fast two runs taken minutes apart stepped, which moves by a second or more per failure either
+way on a shared machine.
 A fault-free run repeated in rounds counts by the median of its rounds. A schedule run under several seeds
 (``--seed 0,1,2``) is summed up seed by seed first, each contender against a peer that met the very same
 failures, and then by the median of those ratios over the seeds; the per-seed ratios are listed beside it.
@@ -17,6 +22,8 @@ __all__ = ["GOODPUT", "median_walls", "ratios", "summary"]
 
 GOODPUT = ("cold", "memory", "warm", "shrink")  # the contenders goodput launch runs
 _Key = tuple[str, str, int]  # (contender, schedule, seed)
+_FAILURE = ("failure_detection", "restart_downtime", "checkpoint_restore", "rollback", "reshape", "lost_work")
+_BEYOND_FREE = ("init", "warmup")  # a run pays these once without faults; a restart pays them again
 
 
 def _key(row: dict[str, Any]) -> _Key:
@@ -36,6 +43,7 @@ def ratios(rows: list[dict[str, Any]]) -> None:
     """Set each run's ``over_fault_free``, ``over_baseline`` (the baseline under the same schedule and seed; the
     medians of the fault-free rounds) and ``lost_per_failure``."""
     free = median_walls(r for r in rows if r["schedule"] == "none")
+    once = _fault_free_once(rows)
     runs = {_key(r): r["wall_seconds"] for r in rows if r.get("wall_seconds") is not None}
     for r in rows:
         if r.get("wall_seconds") is None:
@@ -49,6 +57,22 @@ def ratios(rows: list[dict[str, Any]]) -> None:
         r["over_baseline"] = round(r["wall_seconds"] / base, 3) if base else None
         kills = len(r.get("kills") or [])
         r["lost_per_failure"] = round((r["wall_seconds"] - own) / kills, 2) if own and kills else None
+        categories, paid = r.get("categories"), once.get(r["contender"])
+        if kills and categories is not None and paid is not None:
+            spent = sum(categories.get(c, 0.0) for c in _FAILURE)
+            spent += sum(max(0.0, categories.get(c, 0.0) - paid[c]) for c in _BEYOND_FREE)
+            r["ledger_lost_per_failure"] = round(spent / kills, 3)
+
+
+def _fault_free_once(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each contender's start-up and warm-up in its fault-free runs (the median over rounds), from their
+    ledgers' categories."""
+    seen: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        if r["schedule"] == "none" and r.get("categories") is not None:
+            for c in _BEYOND_FREE:
+                seen.setdefault(r["contender"], {}).setdefault(c, []).append(r["categories"].get(c, 0.0))
+    return {k: {c: statistics.median(v) for c, v in cats.items()} for k, cats in seen.items()}
 
 
 def _by_seed(
@@ -80,16 +104,17 @@ def against(rows: list[dict[str, Any]], wall: dict[tuple[str, str], float]) -> d
     torchft's, and each contender's step efficiency (fault-free wall time over wall time), per schedule: the
     ratio seed by seed, then its median over the seeds."""
     seeds = len({int(r.get("seed", 0)) for r in rows if r["schedule"] != "none"})
-    lost = _by_seed(rows, lambda r: r.get("lost_per_failure"))
     out: dict[str, Any] = {}
-    for peer in ("torchft", "baseline"):
-        for contender in ("warm", "shrink"):
-            per_seed = {
-                (s, seed): v / lost[peer, s, seed]
-                for (c, s, seed), v in lost.items()
-                if c == contender and lost.get((peer, s, seed))
-            }
-            _median_over_seeds(per_seed, f"{contender}_over_{peer}_lost_per_failure", out, seeds)
+    for figure in ("lost_per_failure", "ledger_lost_per_failure"):
+        lost = _by_seed(rows, lambda r: r.get(figure))  # noqa: B023 (used at once)
+        for peer in ("torchft", "baseline"):
+            for contender in ("warm", "shrink"):
+                per_seed = {
+                    (s, seed): v / lost[peer, s, seed]
+                    for (c, s, seed), v in lost.items()
+                    if c == contender and lost.get((peer, s, seed))
+                }
+                _median_over_seeds(per_seed, f"{contender}_over_{peer}_{figure}", out, seeds)
     runs = _by_seed(rows, lambda r: r.get("wall_seconds"))
     times = {
         (s, seed): v / runs["torchft", s, seed]
