@@ -5,8 +5,7 @@ schedule and seed; ``lost_per_failure`` is its wall time minus the fault-free on
 ``ledger_lost_per_failure`` is the same cost as the run's own ledger accounts it, within the one run: the time its
 ledger puts in a failure's categories (detection, restart downtime, restore, rollback, reshape, lost work) plus the
 start-up and warm-up beyond the fault-free run's, over the failures. It leaves out what the wall-time difference
-also holds: how fast two runs taken minutes apart stepped, which moves by a second or more per failure either
-way on a shared machine.
+also holds: how fast two runs taken minutes apart stepped, which drifts between runs on a shared machine.
 A fault-free run repeated in rounds counts by the median of its rounds. A schedule run under several seeds
 (``--seed 0,1,2``) is summed up seed by seed first, each contender against a peer that met the very same
 failures, and then by the median of those ratios over the seeds; the per-seed ratios are listed beside it.
