@@ -61,6 +61,7 @@ class _SharedHook:
             None  # bucket 0's averaged copy with the rider's elements after it (storage can't grow)
         )
         self._grown_at = 0  # the data pointer of the bucket storage grown for the rider
+        self._view: tuple[Any, Any] = (None, None)  # ((buffer's data pointer, length), the grown view of it)
 
     def function(self) -> Any:
         """The hook as DDP takes it: DDP refuses a ``bucket`` annotated other than ``dist.GradBucket``, which a
@@ -125,6 +126,9 @@ class _SharedHook:
         bucket share the storage, so they see its new memory; a bucket DDP rebuilds has a new storage."""
         import torch
 
+        # the kept view keeps its storage alive: a bucket DDP rebuilds has its buffer elsewhere
+        if self._view[0] == (buffer.data_ptr(), buffer.numel() + extra):
+            return self._view[1]
         offset, n, size = buffer.storage_offset(), buffer.numel(), buffer.element_size()
         storage = buffer.untyped_storage()
         needed = (offset + n + extra) * size
@@ -136,9 +140,11 @@ class _SharedHook:
             except RuntimeError:
                 return None
             self._grown_at = storage.data_ptr()
-        return torch.empty(0, dtype=buffer.dtype, device=buffer.device).set_(
+        view = torch.empty(0, dtype=buffer.dtype, device=buffer.device).set_(
             storage, offset, (n + extra,), (1,)
         )
+        self._view = ((buffer.data_ptr(), n + extra), view)  # the buffer's pointer after the growth
+        return view
 
 
 def _reduce_pieces(group: Any, bucket: Any, pieces: list[list[int]], payload: Any, rider: Any) -> Any:
