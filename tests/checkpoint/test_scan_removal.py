@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
-from goodput.checkpoint.durable.layout import CheckpointLayout
+from goodput.checkpoint.durable.layout import MANIFEST_NAME, CheckpointLayout
 
 STEPS = 60
 
@@ -49,4 +49,21 @@ def test_a_scan_beside_removals_lists_only_whole_checkpoints(tmp_path: Path) -> 
     assert {status for _, status in seen} <= {"committed"}, sorted(
         set(seen) - {(s, "committed") for s, _ in seen}
     )
+    assert layout.scan() == []
+
+
+def test_a_listing_that_raced_a_local_removal_is_no_checkpoint(tmp_path: Path) -> None:
+    # the interleaving the scan above meets now and then: the root was listed with the folder in it, then the
+    # removal renamed the folder away and deleted its files (the manifest among them) as the folder was listed,
+    # so that listing holds files but no manifest
+    manager = CheckpointManager(CheckpointConfig(root=str(tmp_path), strategy="dcp"), TrainingState())
+    manager.save(7)
+    manager.close()
+    layout = CheckpointLayout(str(tmp_path))
+    [row] = layout.scan()
+    root, listed = layout._names(str(tmp_path)), layout._sizes(row.url)
+    assert MANIFEST_NAME in listed and len(listed) > 1
+    layout.remove(row)
+    layout._names = lambda folder: root  # type: ignore[method-assign]
+    layout._sizes = lambda folder: {n: s for n, s in listed.items() if n != MANIFEST_NAME}  # type: ignore[method-assign]
     assert layout.scan() == []

@@ -331,11 +331,11 @@ class CheckpointLayout:
         return rows
 
     def _inspect(self, step: int, folder: str, *, checksums: bool) -> CheckpointInfo | None:
-        """The row of a ``step-<N>`` folder; None for no checkpoint: an emptied folder on an object store (whose
-        marker SeaweedFS keeps), or one removed while it was read (retention, a rollback's discard, on another
-        thread or rank; a removal un-commits first, renaming the folder away or deleting its manifest)."""
+        """The row of a ``step-<N>`` folder; None for no checkpoint: an emptied folder on an object store (a marker
+        SeaweedFS keeps), or one removed while read (retention, a rollback's discard: a removal renames a local
+        folder away, then deletes its files, maybe as they are listed; on a store it deletes the manifest first)."""
         sizes = self._sizes(folder)
-        if not sizes and (not self.local or not os.path.isdir(folder)):
+        if not os.path.isdir(folder) if self.local else not sizes:
             return None
         if MANIFEST_NAME not in sizes:
             return CheckpointInfo(step, folder, "partial", "no manifest: save did not commit")
