@@ -99,24 +99,11 @@ class Carrier:
         self._boarding: Carried | None = None
         self._riding: Carried | None = None
         self._padding = False  # the last payload was zeros: no word boarded
-        self._dtype: Any = None  # the bucket's, from the last payload: words are encoded for it as they board
-        self._zeros: Any = None  # the payload when no word boards, in that dtype
-        self._encoded: tuple[Carried, Any] | None = None  # the boarding word's payload, made as it boarded
 
     def board(self, step: int, row: list[int]) -> Carried:
-        """``row`` goes with the next backward's first bucket; the exchange to read it from. Its payload is
-        made here, on the loop's thread, so the hook only hands it over."""
-        self._boarding = word = Carried(step, row, self)
-        if self._dtype is not None:
-            self._encoded = (word, self._tensor(row, self._dtype))
-        return word
-
-    def _tensor(self, row: list[int], dtype: Any) -> Any:
-        import torch
-
-        bits = _piece_bits(dtype)
-        assert bits is not None, "only a dtype the payload can carry is kept"
-        return torch.tensor(encode(row, self.rank, self.world, bits), dtype=dtype)
+        """``row`` goes with the next backward's first bucket; the exchange to read it from."""
+        self._boarding = Carried(step, row, self)
+        return self._boarding
 
     def cancel(self, word: Carried) -> None:
         """``word`` will not ride: it is read from an all-gather instead (a no-op once it departed)."""
@@ -136,20 +123,18 @@ class Carrier:
         sum is taken in. The first backward after a restore finds no word (the step before was judged in the
         attempt that ended), and it must sum the gradients as the uninterrupted run did at that step.
         """
-        word = self._boarding
-        if dtype != self._dtype:
-            if _piece_bits(dtype) is None:
-                return None
-            self._dtype, self._zeros = dtype, self._tensor([0] * ROW_WORDS, dtype)
+        import torch
+
+        word, bits = self._boarding, _piece_bits(dtype)
+        if bits is None:
+            return None
         self._padding = word is None
         if word is None:
-            return self._zeros
+            return torch.tensor(encode([0] * ROW_WORDS, self.rank, self.world, bits), dtype=dtype)
         if self._riding is not None:
             self._riding.rows()  # read before the reused buffer carries this word (judged already, normally)
         self._boarding, self._riding = None, word
-        encoded = self._encoded
-        self._encoded = None
-        return encoded[1] if encoded is not None and encoded[0] is word else self._tensor(word.row, dtype)
+        return torch.tensor(encode(word.row, self.rank, self.world, bits), dtype=dtype)
 
     def departed(self, future: Any, summed: Any) -> None:
         """The riding word's all-reduce started: ``summed`` holds every rank's word once ``future`` is done."""
