@@ -124,6 +124,10 @@ WARM_STORE = _warm("GOODPUT_WARM_STORE", "the warm agent's TCP store (host:port)
 WARM_PREFIX = _warm("GOODPUT_WARM_PREFIX", "this job's key prefix in the shared store")
 WARM_ROLE = _warm("GOODPUT_WARM_ROLE", "worker or spare")
 WARM_GEN = _warm("GOODPUT_WARM_GEN", "the generation a worker joins")
+WARM_STARTED = _warm(
+    "GOODPUT_WARM_STARTED",
+    "wall time the agent started a worker: its attempt's begin (a forked one began sooner)",
+)
 WARM_SPARE_ID = _warm("GOODPUT_WARM_SPARE_ID", "a spare's id (node-index)")
 WARM_PG_TIMEOUT = _warm("GOODPUT_WARM_PG_TIMEOUT", "seconds a generation's collectives wait", "60")
 WARM_REFORM_TIMEOUT = _warm(
@@ -157,6 +161,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     WARM_PREFIX,
     WARM_ROLE,
     WARM_GEN,
+    WARM_STARTED,
     WARM_SPARE_ID,
     WARM_PG_TIMEOUT,
     WARM_REFORM_TIMEOUT,

@@ -13,7 +13,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+import goodput.bench
 from goodput.warm.template import script_imports
+from tests.helpers.launching import warm_launch
 
 # The agent's side, in a process of its own (it becomes a child subreaper, which pytest must not).
 _AGENT = textwrap.dedent(
@@ -121,3 +125,44 @@ def test_a_spare_adopted_by_another_process_than_the_agent_ends_at_once() -> Non
     )
     proc = subprocess.Popen([sys.executable, "-c", code])
     assert proc.wait(timeout=5) == 1
+
+
+_WORKER = textwrap.dedent(
+    """
+    import json, os, runpy, sys
+    from goodput.ledger.live import process_start_wall
+    facts = {
+        "torch": "torch" in sys.modules, "ppid": os.getppid(), "started": process_start_wall(),
+        "cmdline": open("/proc/self/cmdline", "rb").read().decode().split("\\0"),
+    }
+    with open(os.path.join(os.environ["GOODPUT_RUN_DIR"], f"facts-{os.environ['RANK']}.json"), "w") as f:
+        json.dump(facts, f)
+    sys.argv[0] = SCRIPT
+    runpy.run_path(SCRIPT, run_name="__main__")
+    """
+)
+
+
+@pytest.mark.slow
+def test_the_first_workers_are_forked_from_the_template_and_their_attempts_begin_before_its_imports(
+    tmp_path: Path,
+) -> None:
+    # the node imports once: its first workers find torch imported as their script begins, are the agent's own
+    # children, and their ledger counts the template's imports as the attempt's, from when the agent set out
+    script = tmp_path / "train.py"
+    script.write_text(
+        f"SCRIPT = {str(Path(goodput.bench.__file__).parent / '_restart_train.py')!r}\n" + _WORKER
+    )
+    run_dir = tmp_path / "run"
+    command = [*warm_launch(str(run_dir)), "--", str(script), "--steps", "6", "--every", "3"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    facts = [json.loads((run_dir / f"facts-{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, fact in enumerate(facts):
+        assert fact["torch"] and "goodput.warm.template" in fact["cmdline"], fact
+        assert fact["ppid"] == facts[0]["ppid"]  # adopted by the agent, not the template's
+        with open(run_dir / "ledger" / f"attempt-0000.rank-{rank:05d}.jsonl") as f:
+            head = json.loads(f.readline())
+        assert head["event"] == "attempt_start"
+        # the template's imports (torch, goodput, torch._dynamo: seconds) came before the fork
+        assert head["process_start"] < fact["started"] - 0.2, (head, fact)

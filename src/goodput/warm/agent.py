@@ -5,9 +5,9 @@ torchrun's elastic agent (``LocalElasticAgent._invoke_run``) answers any worker'
 pays for new Python processes, ``import torch``, model construction and a checkpoint restore on every rank.
 This agent keeps torch.distributed.elastic's parts and changes that one decision:
 
-* workers are started with elastic's ``start_processes`` (one process context per slot, so one slot can be
-  replaced while the others run), hot spares are forked from a process that has imported what a spare imports
-  (``goodput.warm.forked``), and all coordinate through a c10d ``TCPStore`` the agent hosts for the job's
+* workers and hot spares are forked from the node's template, which imported torch and the script's imports
+  once before the first workers (``goodput.warm.forked``), else started with elastic's ``start_processes`` (one
+  process context per slot), and all coordinate through a c10d ``TCPStore`` the agent hosts for the job's
   whole life (the keys are in ``goodput.warm.protocol``);
 * on a worker's failure (non-zero exit, signal, or the hang watchdog's exit) the agent hands the dead rank to
   a spare that has already imported torch and the script's imports, publishes the next generation, and
@@ -42,19 +42,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from goodput._env import WARM_GEN, WARM_ROLE, WARM_SPARE_ID
+from goodput._env import WARM_GEN, WARM_ROLE, WARM_SPARE_ID, WARM_STARTED
 from goodput.job.folder import write_notice
 from goodput.launch.launcher import LaunchConfig
 from goodput.launch.output import describe_exit
 from goodput.warm.ending import JobEnd, finished_while_pending
-from goodput.warm.forked import ForkedProcess, SpareForks, reap_adopted, spawn
-from goodput.warm.idle import can_return, make_idle, make_normal
+from goodput.warm.forked import ForkedProcess, SpareForks, reap_adopted
+from goodput.warm.idle import can_return, make_normal
 from goodput.warm.nodes import NodeBeats, first_layout, wait_for_nodes
 from goodput.warm.protocol import Assignment, Generation
 from goodput.warm.record import claim_folder, record_folder, remove_folder
 from goodput.warm.resize import Resizer
 from goodput.warm.rounds import Round, next_round, node_counts, rendezvous, stop_keep_alive
-from goodput.warm.start import WarmConfig, boot_args, check_warm, kill_group, launch_warm, worker_env
+from goodput.warm.start import WarmConfig, check_warm, kill_group, launch_warm, worker_env
 from goodput.warm.store import WarmStore, operations
 
 __all__ = ["AGENT_LOG", "WarmAgent", "WarmConfig", "launch_warm"]
@@ -132,11 +132,12 @@ class WarmAgent:
         self.ranks = layout.get(self.node_rank, [])
 
     # ---- processes ---------------------------------------------------------------------------------------
-    def _spawn(self, name: str, env: dict[str, str]) -> _Slot:
-        ctx = spawn(self.launch, name, env, boot_args(self.launch.script))
-        return _Slot(ctx=ctx, pid=ctx.pids()[0])
+    def _start(self, name: str, env: dict[str, str], spare: bool = False) -> _Slot:
+        ctx, pid = self.forks.start(name, env, idle=spare and self._idle_spares, policy=self._idle_spares)
+        return _Slot(ctx=ctx, pid=pid)
 
-    def start_worker(self, rank: int) -> None:
+    def start_worker(self, rank: int, started: float | None = None) -> None:
+        """Start ``rank``'s process; its attempt begins at ``started`` (wall time; default now)."""
         env = worker_env(
             self,
             RANK=str(rank),
@@ -145,18 +146,16 @@ class WarmAgent:
             LOCAL_WORLD_SIZE=str(len(self.ranks)),
             GROUP_RANK=str(self.node_rank),
             **{WARM_ROLE.name: "worker", WARM_GEN.name: str(self.gen)},
+            **{WARM_STARTED.name: f"{started or time.time():.6f}"},
         )
-        self.workers[rank] = self._spawn(f"rank{rank}", env)
+        self.workers[rank] = self._start(f"rank{rank}", env)
 
     def start_spare(self) -> None:
         """Start one more hot spare (it imports, then waits for a rank)."""
         spare = self._next_spare
         self._next_spare += 1
         env = worker_env(self, **{WARM_ROLE.name: "spare", WARM_SPARE_ID.name: self.spare_id(spare)})
-        forked = self.forks.fork(f"spare{spare}", env)  # its short rest of a start at the normal policy
-        slot = _Slot(ctx=forked, pid=forked.pid) if forked else self._spawn(f"spare{spare}", env)
-        if self._idle_spares:  # a spawned one's imports use only CPU time the ranks leave (goodput.warm.idle)
-            (make_normal if forked else make_idle)(slot.pid)
+        slot = self._start(f"spare{spare}", env, spare=True)
         slot.spare = spare
         self.spares.append(slot)
 
@@ -182,13 +181,12 @@ class WarmAgent:
         while len(self.spares) < wanted:
             self.start_spare()
 
-    def _spare_env(self) -> dict[str, str]:
+    def _spare_env(self) -> dict[str, str]:  # the template's, made with a spare's environment
         return worker_env(self, **{WARM_ROLE.name: "spare"})
 
     def _spares_due(self) -> bool:
         """Whether to start spares yet: once every worker of this node has finished a step (``stepped/<rank>``),
-        or after ``first_spare_delay`` seconds at most. Started with the first workers, a spare's imports would
-        compete with theirs for the CPU; a failure before then starts the rank's replacement cold."""
+        or after ``first_spare_delay`` seconds at most (a spare's start would compete with theirs for the CPU)."""
         if self._spares_started:
             return True
         if time.monotonic() - self._started >= self.warm.first_spare_delay or self.store.all_stepped(
@@ -211,8 +209,13 @@ class WarmAgent:
         claim_folder(record_folder(self.address, self.prefix))
         status = 1
         try:
+            started = time.time()
+            if (
+                self.ranks
+            ):  # forked from the template too: one import a node, and no spare imports beside them
+                self.forks.first(self._spare_env, self.warm.reform_timeout)
             for rank in self.ranks:
-                self.start_worker(rank)
+                self.start_worker(rank, started)
             self.fill_spares()
             status = self._monitor()
         finally:

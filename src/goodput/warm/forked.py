@@ -1,11 +1,11 @@
-"""How the warm agent makes its processes: workers spawned, hot spares forked from a template.
+"""How the warm agent makes its processes: forked from the node's template, else spawned.
 
 A spawned process (torch.distributed.elastic's ``start_processes``, one context per slot) imports torch and the
-script's imports itself: seconds of CPU. Spares instead come from the node's template (``goodput.warm.template``),
-started once when the first spares are due: each costs a fork. The agent becomes a child subreaper so that it
-adopts every forked spare; a :class:`ForkedProcess` gives it the part of elastic's process context it uses
-(``wait``, ``close``, ``pids``), with the same results. A template that cannot start, refuses to fork or dies
-is recorded in the agent's log, and spares are spawned as before.
+script's imports itself: seconds of CPU. Workers and spares instead come from the node's template
+(``goodput.warm.template``), started once before the first workers: each costs a fork. The agent becomes a
+child subreaper so that it adopts every forked process; a :class:`ForkedProcess` gives it the part of elastic's
+process context it uses (``wait``, ``close``, ``pids``), with the same results. A template that cannot start,
+refuses to fork or dies is recorded in the agent's log, and processes are spawned as before.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from goodput.job.folder import LOGS_DIR, launch_dir
 from goodput.job.signals import become_subreaper
 from goodput.launch.launcher import LaunchConfig
 from goodput.warm.idle import make_idle, make_normal
+from goodput.warm.start import boot_args
 from goodput.warm.template import READY
 
 __all__ = ["ForkedProcess", "SpareForks", "reap_adopted", "spawn"]
@@ -132,6 +133,12 @@ class SpareForks:
             self._start(env(), idle)
         return self._check(0)
 
+    def first(self, env: Callable[[], dict[str, str]], timeout: float) -> bool:
+        """Start the template now, at the normal policy, and wait up to ``timeout`` seconds for it: the node's
+        first workers are forked from it, so the node imports once, and the spares that follow cost a fork
+        each with no import beside the training ranks. Whether it is ready."""
+        return self.settled(env, False) or self.finish(timeout)
+
     def finish(self, timeout: float) -> bool:
         """Whether a template is ready, waiting up to ``timeout`` seconds for one still importing, which
         finishes at the normal policy (as a spawned spare handed a rank does)."""
@@ -174,6 +181,19 @@ class SpareForks:
         os.close(replies)
         if idle:
             make_idle(self._proc.pid)  # its imports use only CPU time the ranks leave; its forks inherit it
+
+    def start(self, name: str, env: dict[str, str], *, idle: bool, policy: bool) -> tuple[Any, int]:
+        """Process ``name`` forked from the template, else spawned: (its process context, pid). With ``policy``
+        (the agent may set it), a forked one runs its short rest of a start at the normal policy (the template
+        may run under SCHED_IDLE), and a spawned one under SCHED_IDLE if ``idle`` (a spare: its imports use
+        only CPU time the ranks leave, goodput.warm.idle)."""
+        ctx: Any = self.fork(name, env)
+        if ctx is None:
+            ctx = spawn(self.launch, name, env, boot_args(self.launch.script))
+        pid = ctx.pids()[0]
+        if policy:
+            (make_idle if idle and not isinstance(ctx, ForkedProcess) else make_normal)(pid)
+        return ctx, pid
 
     def fork(self, name: str, env: dict[str, str]) -> ForkedProcess | None:
         """A spare forked from the template, named ``name`` with environment ``env``; None when no template

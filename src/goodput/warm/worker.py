@@ -34,6 +34,7 @@ from goodput._env import (
     WARM_REFORM_TIMEOUT,
     WARM_ROLE,
     WARM_SPARE_ID,
+    WARM_STARTED,
     WARM_STORE,
 )
 from goodput.warm.hangup import Hangup
@@ -71,6 +72,8 @@ class WarmWorker:
         self.began: float | None = None  # a spare's attempt begins when it is handed a rank
         if WARM_ROLE.get() == "spare":
             self._wait_for_rank()
+        elif WARM_STARTED.get():  # started by the agent: maybe forked from a template that imported for it
+            self.began = float(WARM_STARTED.get())
         self.gen = int(WARM_GEN.get())
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
