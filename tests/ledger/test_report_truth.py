@@ -199,13 +199,14 @@ def test_a_real_warm_run_that_shrinks_to_one_and_grows_back_is_reported_as_the_a
 ) -> None:
     """``goodput launch --restart warm --spares 0 --shrink-after 0`` on 3 ranks, ranks 2 and 1 SIGKILLed: the
     agent shrinks 3 -> 2 -> 1 and grows back to 3 (its log, warm/agent.jsonl, is the truth): 1 -> 2 -> 3, or
-    1 -> 3 in one grow when the second replacement finished its imports before the first grow (a loaded machine)."""
+    1 -> 3 in one grow when both replacements are ready by the first grow. A replacement, forked from the node's
+    template, is ready at once: the script holds it until step 9, past the second kill."""
     import json
 
     from tests.warm.test_shrink import _warm
 
     run_dir = str(tmp_path / "run")
-    _warm(run_dir, 3, "kill@step=4,rank=2;kill@step=8,rank=1", hold="12,16", steps=24)
+    _warm(run_dir, 3, "kill@step=4,rank=2;kill@step=8,rank=1", hold="12,16", steps=24, spare_after="9")
     with open(f"{run_dir}/warm/agent.jsonl") as f:
         agent = [json.loads(line) for line in f]
     seen = [

@@ -39,11 +39,14 @@ def _launch(
     return proc.stderr
 
 
-def _warm(run_dir: str, nproc: int, faults: str, hold: str = "", steps: int = STEPS) -> str:
+def _warm(
+    run_dir: str, nproc: int, faults: str, hold: str = "", steps: int = STEPS, spare_after: str = "0"
+) -> str:
     """A warm launch with no spare that shrinks at once; ``hold``: the steps before which a shrunk group waits
-    for a grow (the replacement's imports; without it the replacement never becomes ready)."""
+    for a grow (the replacement's imports; without it the replacement never becomes ready); ``spare_after``:
+    with ``hold``, the step a replacement becomes ready after at the earliest (forked, it is ready at once)."""
     extra = ("--restart", "warm", "--spares", "0", "--shrink-after", "0", "--collective-timeout", "4")
-    spare_after = "0" if hold else NEVER
+    spare_after = spare_after if hold else NEVER
     return _launch(run_dir, nproc, steps, *extra, faults=faults, spare_after=spare_after, hold=hold)
 
 
