@@ -55,7 +55,8 @@ def _entry(
         try:
             result = ("ok", fn(rank, world, *args))
         finally:
-            dist.destroy_process_group()
+            if dist.is_initialized():  # a rank function may end the group itself (to make its own)
+                dist.destroy_process_group()
     except BaseException:
         result = ("error", traceback.format_exc())
     with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
