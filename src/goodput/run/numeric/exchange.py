@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Exchange", "new_group", "shared_window", "start_gather"]
+__all__ = ["Exchange", "all_gather_flat", "new_group", "shared_window", "start_gather"]
 
 
 def new_group() -> Any:
@@ -24,6 +24,16 @@ def new_group() -> Any:
     seconds = os.environ.get(WARM_PG_TIMEOUT.name)  # unset outside warm restarts: torch's default
     timeout = datetime.timedelta(seconds=float(seconds)) if seconds else None
     return dist.new_group(backend="gloo", timeout=timeout)
+
+
+def all_gather_flat(output: Any, tensor: Any, *, group: Any, async_op: bool = False) -> Any:
+    """Every rank's ``tensor`` gathered into the flat ``output`` (world size x its elements), by rank: torch's
+    ``all_gather_single`` where it has one (2.13 on), else the same collective under its older name,
+    ``all_gather_into_tensor``, which 2.13 deprecates with a warning on every call."""
+    import torch.distributed as dist
+
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, tensor, group=group, async_op=async_op)
 
 
 class Exchange:
@@ -52,7 +62,7 @@ def start_gather(step: int, row: list[int], group: Any) -> Exchange:
         return Exchange(step, None, [row])
     out = torch.empty(dist.get_world_size(group), len(row), dtype=torch.int64)
     tensor = torch.tensor(row, dtype=torch.int64)
-    return Exchange(step, dist.all_gather_single(out.view(-1), tensor, group=group, async_op=True), out)
+    return Exchange(step, all_gather_flat(out.view(-1), tensor, group=group, async_op=True), out)
 
 
 def shared_window(window: list[tuple[int, float]], group: Any) -> list[tuple[int, float]]:
@@ -65,7 +75,7 @@ def shared_window(window: list[tuple[int, float]], group: Any) -> list[tuple[int
     if group is None:
         return window
     sizes = torch.empty(dist.get_world_size(group), dtype=torch.int64)
-    dist.all_gather_into_tensor(sizes, torch.tensor([len(window)], dtype=torch.int64), group=group)
+    all_gather_flat(sizes, torch.tensor([len(window)], dtype=torch.int64), group=group)
     source = int(torch.argmax(sizes))  # the first rank that holds the longest
     count = int(sizes[source])
     if count == 0:

@@ -93,9 +93,11 @@ def gather_rows(row: list[int], group: Any) -> list[list[int]]:
     import torch
     import torch.distributed as dist
 
+    from goodput.run.numeric.exchange import all_gather_flat
+
     world = dist.get_world_size(group)
     out = torch.empty(world * len(row), dtype=torch.int64)
-    dist.all_gather_single(out, torch.tensor(row, dtype=torch.int64), group=group)
+    all_gather_flat(out, torch.tensor(row, dtype=torch.int64), group=group)
     return out.view(world, len(row)).tolist()
 
 
