@@ -329,7 +329,8 @@ class Supervisor:
     def _alive(self) -> list[int]:
         """The job's processes still alive (reaping those re-parented to this process)."""
         mine = descendants(os.getpid())
-        self._family.update(p for q in self._family if q in mine for p in descendants(q))
+        # a list first: adding to the set while a generator still walks it raises (new children were found)
+        self._family.update([p for q in self._family if q in mine for p in descendants(q)])
         alive = []
         for pid in sorted(self._family):
             if pid not in mine:  # gone, or a reused pid that is no longer ours
