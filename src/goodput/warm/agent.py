@@ -210,9 +210,8 @@ class WarmAgent:
         status = 1
         try:
             started = time.time()
-            if (
-                self.ranks
-            ):  # forked from the template too: one import a node, and no spare imports beside them
+            # the first workers are forked from the template too: one import a node, none beside the training
+            if self.ranks:
                 self.forks.first(self._spare_env, self.warm.reform_timeout)
             for rank in self.ranks:
                 self.start_worker(rank, started)

@@ -196,8 +196,8 @@ class SpareForks:
         return ctx, pid
 
     def fork(self, name: str, env: dict[str, str]) -> ForkedProcess | None:
-        """A spare forked from the template, named ``name`` with environment ``env``; None when no template
-        is ready (then spawn it)."""
+        """A process (a worker or a spare) forked from the template, named ``name`` with environment ``env``;
+        None when no template is ready (then spawn it)."""
         if not self._ready or self.off is not None:
             return None
         assert self._proc is not None
