@@ -282,9 +282,11 @@ def test_a_loader_outside_run_fails_at_the_first_step_after_a_resume(tmp_path: o
     assert "Traceback" not in proc.stdout + proc.stderr
     log = os.path.join(tmp_path, "interrupted", "output.log")
     with open(log) as f:
-        # torchrun's report of the group's first failure, kept out of the terminal: the SIGKILL (-9), or a
-        # survivor's broken collective when its error file is stamped before torchrun polls the killed rank
-        assert re.search(r"failed \(exitcode: (-9|1)\)", f.read())
+        # torchrun's report of the group's first failure, kept out of the terminal. The status it names is a race
+        # inside torchrun, so it is not pinned: the SIGKILL (-9), or the survivor's when its error file was
+        # stamped a second before torchrun polled the killed rank (1, or -15 when torchrun's own SIGTERM ended
+        # the survivor's exit: torchrun names the failure with the earliest stamp, a signal's being the poll's)
+        assert re.search(r"failed \(exitcode: -?\d+\) local_rank", f.read())
     assert log in proc.stdout and "exitcode" not in proc.stdout + proc.stderr
 
 
