@@ -10,6 +10,8 @@ import pytest
 from goodput.testing import S3Server
 from tests.helpers import demo
 
+pytest_plugins = ["tests.helpers.cputime"]
+
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
