@@ -24,9 +24,9 @@ _AGENT = textwrap.dedent(
     """
     import json, os, sys
     from goodput.launch.launcher import LaunchConfig
-    from goodput.warm.forked import SpareForks
+    from goodput.warm.forked import TemplateForks
     events = []
-    forks = SpareForks(LaunchConfig(script=tuple(sys.argv[1:])), lambda event, **f: events.append(event))
+    forks = TemplateForks(LaunchConfig(script=tuple(sys.argv[1:])), lambda event, **f: events.append(event))
     forks.settled(lambda: dict(os.environ), False)
     spares = []
     if forks.finish(300):

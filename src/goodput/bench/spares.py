@@ -93,11 +93,11 @@ def _template_ticks(pid: int) -> int:
 def _forked(probe: str, folder: str, n: int, *, busy: bool) -> tuple[list[dict[str, float]], float]:
     """The forked spares' reports, and the template's CPU seconds per fork."""
     from goodput.launch.launcher import LaunchConfig
-    from goodput.warm.forked import SpareForks
+    from goodput.warm.forked import TemplateForks
     from goodput.warm.idle import can_return, make_normal
 
     events: list[str] = []
-    forks = SpareForks(LaunchConfig(script=(probe,)), lambda event, **f: events.append(f"{event} {f}"))
+    forks = TemplateForks(LaunchConfig(script=(probe,)), lambda event, **f: events.append(f"{event} {f}"))
     forks.settled(lambda: dict(os.environ), can_return())
     if not forks.finish(_TIMEOUT):
         raise RuntimeError(f"the template did not start: {events}")

@@ -47,7 +47,7 @@ from goodput.job.folder import write_notice
 from goodput.launch.launcher import LaunchConfig
 from goodput.launch.output import describe_exit
 from goodput.warm.ending import JobEnd, finished_while_pending
-from goodput.warm.forked import ForkedProcess, SpareForks, reap_adopted
+from goodput.warm.forked import ForkedProcess, TemplateForks, reap_adopted
 from goodput.warm.idle import can_return, make_normal
 from goodput.warm.nodes import NodeBeats, first_layout, wait_for_nodes
 from goodput.warm.protocol import Assignment, Generation
@@ -122,7 +122,7 @@ class WarmAgent:
         self._started = time.monotonic()
         self._spares_started = warm.first_spare_delay <= 0 or self.joiner
         self.resize = Resizer(self)
-        self.forks = SpareForks(launch, self.record)  # the node's spare template (goodput.warm.forked)
+        self.forks = TemplateForks(launch, self.record)  # the node's spare template (goodput.warm.forked)
         self.ending = JobEnd(self)  # a complete job's end while ranks fail or a restart is pending
 
     def set_layout(self, layout: dict[int, list[int]]) -> None:
@@ -176,12 +176,12 @@ class WarmAgent:
         self.spares = alive
         reap_adopted([slot.pid for slot in [*self.workers.values(), *self.spares]] + [self.forks.pid() or 0])
         wanted = self.resize.wanted_spares()
-        if len(self.spares) >= wanted or not self.forks.settled(self._spare_env, self._idle_spares):
+        if len(self.spares) >= wanted or not self.forks.settled(self._template_env, self._idle_spares):
             return  # none to make, or the template still imports: its forks will be ready sooner
         while len(self.spares) < wanted:
             self.start_spare()
 
-    def _spare_env(self) -> dict[str, str]:  # the template's, made with a spare's environment
+    def _template_env(self) -> dict[str, str]:  # the template's, made with a spare's environment
         return worker_env(self, **{WARM_ROLE.name: "spare"})
 
     def _spares_due(self) -> bool:
@@ -212,7 +212,7 @@ class WarmAgent:
             started = time.time()
             # the first workers are forked from the template too: one import a node, none beside the training
             if self.ranks:
-                self.forks.first(self._spare_env, self.warm.reform_timeout)
+                self.forks.first(self._template_env, self.warm.reform_timeout)
             for rank in self.ranks:
                 self.start_worker(rank, started)
             self.fill_spares()

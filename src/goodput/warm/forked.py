@@ -28,7 +28,7 @@ from goodput.warm.idle import make_idle, make_normal
 from goodput.warm.start import boot_args
 from goodput.warm.template import READY
 
-__all__ = ["ForkedProcess", "SpareForks", "reap_adopted", "spawn"]
+__all__ = ["ForkedProcess", "TemplateForks", "reap_adopted", "spawn"]
 
 _REPLY_SECONDS = 10.0  # a ready template forks in milliseconds: a silent one this long is taken for dead
 
@@ -110,8 +110,8 @@ def _result(pid: int, status: int, error_file: str) -> Any:
     return RunProcsResult(failures={0: ProcessFailure(0, pid, code, error_file)})
 
 
-class SpareForks:
-    """The node's template, from the first spares due to the agent's end.
+class TemplateForks:
+    """The node's template, from the first workers or spares due to the agent's end: every process it forks.
 
     Args:
         launch: the job's launch.
