@@ -180,7 +180,7 @@ def measure(
     rss_before = sampler.reset()
     manager = CheckpointManager(config, state)
     rows: dict[str, list[float]] = {
-        k: [] for k in ("stall", "lost", "durable", "bytes", "memcpy", "raw_write")
+        k: [] for k in ("stall", "lost", "durable", "bytes", "memcpy", "raw_write", "raw_write_after")
     }
     steps = cfg["window"]
     for i in range(cfg["saves"] + 1):  # the first save (buffer allocation, helper start) is a warm-up
@@ -206,6 +206,9 @@ def measure(
         rows["bytes"].append(float(final.bytes or 0))
         rows["memcpy"].append(memcpy)
         rows["raw_write"].append(raw_write)
+        # the floor again once the save is durable: this disk's speed changes within a run (a write soon after
+        # another can take 3x as long), and the two floors around a save show by how much (``raw_write_drift``)
+        rows["raw_write_after"].append(floors.raw_write() if name == "dcp" else float("nan"))
     peak = across_ranks_max(float(sampler.peak - rss_before))
     manager.close()
     return {
@@ -218,6 +221,9 @@ def measure(
         "stall_over_memcpy": median([a / b for a, b in zip(rows["stall"], rows["memcpy"], strict=True)]),
         "raw_write_over_durable": median(
             [a / b for a, b in zip(rows["raw_write"], rows["durable"], strict=True)]
+        ),
+        "raw_write_drift": median(
+            [max(a, c) / min(a, c) for a, c in zip(rows["raw_write"], rows["raw_write_after"], strict=True)]
         ),
         "per_save": rows,
     }
@@ -306,6 +312,8 @@ def main(cfg: dict[str, Any]) -> None:
         "floors": {
             "memcpy_s": median(da.get("per_save", {}).get("memcpy", [])),
             "raw_write_s": median(dc.get("per_save", {}).get("raw_write", [])),
+            "raw_write_after_s": median(dc.get("per_save", {}).get("raw_write_after", [])),
+            "raw_write_drift": dc.get("raw_write_drift"),
             "raw_write_method": floors.method,
             "raw_write_calibration_s": floors.calibration,
         },

@@ -168,7 +168,9 @@ def _print(result: dict[str, Any]) -> None:
         )
     floors = result["floors"]
     print(
-        f"floors: memcpy {floors['memcpy_s']:.3f}s, durable write {floors['raw_write_s']:.2f}s "
+        f"floors: memcpy {floors['memcpy_s']:.3f}s, durable write {floors['raw_write_s']:.2f}s before each save"
+        f" and {floors.get('raw_write_after_s', float('nan')):.2f}s after (drift"
+        f" {floors.get('raw_write_drift') or float('nan'):.2f}x) "
         f"({floors.get('raw_write_method') or 'n/a'}; "
         + ", ".join(f"{k} {v:.2f}s" for k, v in floors.get("raw_write_calibration_s", {}).items())
         + ")"
