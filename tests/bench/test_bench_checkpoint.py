@@ -58,3 +58,16 @@ def test_bench_checkpoint_json_has_every_ratio(capsys: pytest.CaptureFixture[str
 def test_bench_checkpoint_refuses_a_bad_size(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "checkpoint", "--state-size", "lots"]) == 2
     assert "--state-size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("strategies", "said"),
+    [("dcp,tape", "unknown: tape"), ("torch_save", "must include dcp or dcp_async")],
+)
+def test_bench_checkpoint_refuses_strategies_it_cannot_measure(
+    capsys: pytest.CaptureFixture[str], strategies: str, said: str
+) -> None:
+    # the restore is timed on the checkpoint dcp or dcp_async wrote: without either the workers would fail late
+    assert main(["bench", "checkpoint", "--strategies", strategies]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err, err

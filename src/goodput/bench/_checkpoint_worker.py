@@ -266,11 +266,10 @@ def beyond_strategies(
         for name in ("torch_save", "dcp_async", "dcp_async_process"):
             idle[name] = measure(name, state, idle_loop, floors, cfg, sampler, tag="-idle")
     sampler.stop()
+    saved = "dcp_async" if "dcp_async" in cfg["strategies"].split(",") else "dcp"  # the CLI asks for one
     restore = restore_cost(
         CheckpointConfig(
-            root=os.path.join(cfg["root"], "dcp_async"),
-            strategy="dcp_async",
-            verify_checksums=cfg["checksums"] == "on",
+            root=os.path.join(cfg["root"], saved), strategy=saved, verify_checksums=cfg["checksums"] == "on"
         ),
         state,
     )

@@ -95,6 +95,9 @@ _FLOOR_RATIOS = {  # True: a cost over its floor; False: a floor over its cost
 }
 
 
+STRATEGIES = ("torch_save", "dcp", "dcp_async", "dcp_async_process")
+
+
 def run(args: argparse.Namespace) -> int:
     """Launch the measurement under torchrun (once per size) and print what rank 0 reports."""
     from goodput.bench._sizes import parse_sizes, print_results
@@ -103,6 +106,14 @@ def run(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.state_size)
     if args.saves < 2 or args.window < 2 or args.nproc < 1:
         raise ConfigError("--saves and --window must be >= 2, --nproc >= 1")
+    names = {s.strip() for s in args.strategies.split(",") if s.strip()}
+    unknown = sorted(names - set(STRATEGIES))
+    if unknown:
+        raise ConfigError(f"--strategies: choose from {', '.join(STRATEGIES)}; unknown: {', '.join(unknown)}")
+    if not names & {"dcp", "dcp_async"}:
+        raise ConfigError(
+            "--strategies must include dcp or dcp_async: the restore is timed on its checkpoint"
+        )
     results = []
     for size in sizes:
         result = _measure(args, size)
