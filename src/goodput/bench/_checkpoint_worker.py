@@ -206,8 +206,8 @@ def measure(
         rows["bytes"].append(float(final.bytes or 0))
         rows["memcpy"].append(memcpy)
         rows["raw_write"].append(raw_write)
-        # the floor again once the save is durable: this disk's speed changes within a run (a write soon after
-        # another can take 3x as long), and the two floors around a save show by how much (``raw_write_drift``)
+        # the floor again once the save is durable: a disk's speed can change within a run (a write soon after
+        # another may be slower), and the two floors around a save show by how much (``raw_write_drift``)
         rows["raw_write_after"].append(floors.raw_write() if name == "dcp" else float("nan"))
     peak = across_ranks_max(float(sampler.peak - rss_before))
     manager.close()

@@ -122,7 +122,7 @@ class WarmAgent:
         self._started = time.monotonic()
         self._spares_started = warm.first_spare_delay <= 0 or self.joiner
         self.resize = Resizer(self)
-        self.forks = TemplateForks(launch, self.record)  # the node's spare template (goodput.warm.forked)
+        self.forks = TemplateForks(launch, self.record)  # the node's template (goodput.warm.forked)
         self.ending = JobEnd(self)  # a complete job's end while ranks fail or a restart is pending
 
     def set_layout(self, layout: dict[int, list[int]]) -> None:
