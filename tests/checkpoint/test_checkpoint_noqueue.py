@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed
 
 from goodput.checkpoint import CheckpointConfig, CheckpointManager, TrainingState
 from goodput.checkpoint.policy import AutoInterval
 from goodput.faults import FaultPlan, install_faults, parse_faults
+from goodput.job.folder import is_peer_failure
 from goodput.ledger import Ledger, read_events
 from goodput.ledger.accounting import account
 
@@ -132,3 +134,34 @@ def test_auto_counts_the_background_write_s_cpu_where_training_computes_on_the_c
         len(costs) == 1 and result.stall_seconds < costs[0] <= result.stall_seconds + result.persist_seconds
     )
     manager.close()
+
+
+@pytest.mark.parametrize("ended", [False, True])
+def test_a_save_in_flight_when_the_generation_ends_is_not_waited_for(tmp_path: Path, ended: bool) -> None:
+    """Under warm restarts the manager's group can end (a peer failed, the job grows) while an asynchronous
+    save's background half is inside a collective that may not return before the group's timeout: step 1's
+    upload is held 2 s here, as such a collective is. Once the generation has ended, the next save's wait for
+    it stops with a peer failure (the rank then leaves for the next generation, which ``Run.warm`` does on any
+    ``DistError``); while the generation lives, the wait is the usual one and the save is made."""
+    gone = threading.Event()
+    install_faults(FaultPlan(parse_faults("slow@phase=async_upload,seconds=2")))
+    try:
+        manager = CheckpointManager(
+            CheckpointConfig(root=str(tmp_path / "ckpt"), strategy="dcp_async", every=1),
+            TrainingState(model=torch.nn.Linear(8, 8)),
+            generation_over=gone.is_set,
+        )
+        manager.save(1)
+        if ended:
+            gone.set()
+            with pytest.raises(torch.distributed.DistError, match="generation ended") as caught:
+                manager.save(2)
+            assert is_peer_failure(caught.value)
+            assert manager.committed == []  # nothing settled: step 2's save never began
+        else:
+            manager.save(2)
+            manager.wait()
+            assert manager.committed == [2, 1]
+        manager.close()
+    finally:
+        install_faults(None)

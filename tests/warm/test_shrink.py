@@ -8,13 +8,17 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import goodput.bench
+from goodput.drill.drill import DEMO_SCRIPT
 from tests.helpers import paths
 
 SCRIPT = paths.script("shrink_train.py")
@@ -231,3 +235,63 @@ def test_shrinking_where_it_cannot_work_is_refused_in_one_line(
     cmd = [sys.executable, "-m", "goodput", "launch", "--run-dir", str(tmp_path), *flags, "--", SCRIPT]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and named in proc.stderr, proc.stderr
+
+
+def _stalled_at(run_dir: str, step: int) -> set[int]:
+    """The ranks whose ledger (so far: it is being written) has a save of ``step`` begun."""
+    ranks = set()
+    for path in glob.glob(os.path.join(run_dir, "ledger", "*.jsonl")):
+        with open(path) as f:
+            for line in f:
+                if f'"step": {step}' in line and '"checkpoint_stall"' in line and '"start"' in line:
+                    ranks.add(json.loads(line)["rank"])
+    return ranks
+
+
+def test_a_shrink_while_the_survivors_wait_for_a_held_upload_leaves_it_behind(tmp_path: Path) -> None:
+    """The save of step 24 (``dcp_async``, the demo's, every 4 steps) is held on rank 1 for 20 s after its write,
+    as a slow store, or a collective waiting on a peer that left, would hold it; at step 28 every rank waits
+    for it (one save in flight), and rank 2 is SIGKILLed then. The survivors leave that save behind and shrink
+    at once: they do not wait out the hold (which made a survivor miss the next generation, and the job
+    restart cold after the 30 s re-form timeout, when a gloo send held it), and the thread left behind holds
+    neither the next generation nor the process at its exit."""
+    run_dir = str(tmp_path / "run")
+    cmd = [
+        sys.executable,
+        "-m",
+        "goodput",
+        "launch",
+        "--nproc",
+        "3",
+        "--run-dir",
+        run_dir,
+        "--restart",
+        "warm",
+    ]
+    cmd += [
+        "--spares",
+        "0",
+        "--shrink-after",
+        "0",
+        "--faults",
+        "slow@phase=async_upload,step=24,rank=1,seconds=20",
+    ]
+    cmd += ["--", DEMO_SCRIPT, "--steps", "60", "--global-batch", "24"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while _stalled_at(run_dir, 28) != {0, 1, 2}:  # the ledgers flush every 0.5 s
+            assert proc.poll() is None and time.monotonic() < deadline, "no rank reached step 28's save"
+            time.sleep(0.1)  # polling for a condition, not a synchronisation by time
+        (pid_file,) = glob.glob(os.path.join(run_dir, "launches", "*", "pids", "rank-2"))
+        with open(pid_file) as f:
+            os.kill(int(f.read()), signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    assert _agent(run_dir)[:2] == ["shrink", "warm_restart_done"], _agent(run_dir)
+    assert "cold_restart" not in _agent(run_dir)
+    (shrink,) = [e for e in _events(run_dir, "shrink") if e["rank"] == 1]
+    held = [e for e in _events(run_dir, "fault_injected") if e["rank"] == 1 and e["action"] == "slow"]
+    assert held and shrink["wall"] < held[0]["wall"] + 10, (held, shrink)  # not after the 20 s hold

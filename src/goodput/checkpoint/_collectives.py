@@ -22,9 +22,12 @@ class Collectives:
 
     Args:
         process_group: the training group whose ranks the new groups span (None: the default group).
+        over: whether the groups' generation is over (warm restarts): no collective starts on them then, and a
+            wait for a save in flight stops (``DurableCheckpointer.settle``).
     """
 
-    def __init__(self, process_group: Any = None) -> None:
+    def __init__(self, process_group: Any = None, over: Callable[[], bool] | None = None) -> None:
+        self.over = over
         self.distributed = dist.is_available() and dist.is_initialized()
         self.ranks: list[int] | None = (
             dist.get_process_group_ranks(process_group)
@@ -36,10 +39,20 @@ class Collectives:
         self.rank = dist.get_rank(self.ctl) if self.distributed else 0
         self.world_size = dist.get_world_size(self.ctl) if self.distributed else 1
 
+    def ensure_open(self) -> None:
+        """Raise ``DistError`` when the groups' generation is over: a save's background half abandoned by its
+        generation must not enqueue a collective on a group the rank has shut down since (that work never runs,
+        and the thread would wait for it until the process ends)."""
+        if self.distributed and self.over is not None and self.over():
+            raise dist.DistError(
+                "goodput: the process group's generation is over: no collective starts on it"
+            )
+
     def bcast(self, value: Any, group: Any = None) -> Any:
         """Rank 0's ``value`` on every rank (``group``: default the control group)."""
         if not self.distributed:
             return value
+        self.ensure_open()
         pg: Any = group or self.ctl
         box = [value]
         dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
@@ -64,6 +77,7 @@ class Collectives:
         """Every rank's value, in rank order, on every rank (control group)."""
         if not self.distributed:
             return [mine]
+        self.ensure_open()
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, mine, group=self.ctl)
         return out
@@ -74,11 +88,13 @@ class Collectives:
             return [mine]
         box: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
         assert self.io is not None
+        self.ensure_open()
         dist.gather_object(mine, box, dst=dist.get_global_rank(self.io, 0), group=self.io)
         return list(box or [])
 
     def barrier(self) -> None:
         if self.distributed:
+            self.ensure_open()
             dist.barrier(group=self.ctl)
 
     def take_groups(self) -> list[Any]:

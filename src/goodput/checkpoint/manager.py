@@ -67,6 +67,7 @@ class CheckpointManager:
             ``checkpoint_durable`` and ``checkpoint_failed``.
         clock: monotonic seconds (injectable for tests of the policy).
         tiers: more tiers (``CheckpointTier``), fastest first, kept before those the config asks for.
+        generation_over: whether the group's generation is over (warm restarts): a save in flight is left.
     """
 
     def __init__(
@@ -78,13 +79,14 @@ class CheckpointManager:
         on_event: Listener | None = None,
         clock: Callable[[], float] = time.monotonic,
         tiers: Sequence[CheckpointTier] = (),
+        generation_over: Callable[[], bool] | None = None,
     ) -> None:
         self.config = config
         self.state = state
         self._clock = clock
         self._final_timeout = final_save_timeout()  # read now: a bad value stops the job before it trains
         self._listeners: list[Listener] = [on_event] if on_event is not None else []
-        self._coll = Collectives(process_group)
+        self._coll = Collectives(process_group, over=generation_over)
         self.rank, self.world_size = self._coll.rank, self._coll.world_size
         faster, self._record = open_tiers(config, state, self._coll, emit=self._emit, clock=clock)
         self.tiers: list[CheckpointTier] = [*tiers, *faster, self._record]
@@ -186,9 +188,7 @@ class CheckpointManager:
             work.wait()
             due = bool(answer[0])
             schedule.agreed(int(answer[1]))
-        if not schedule.pending(
-            step
-        ):  # a decision step: rank 0 decides the next step, sent in the background
+        if not schedule.pending(step):  # a decision step: rank 0 decides the next one, sent in the background
             decision = schedule.decide(step + 1, now) if self.rank == 0 else (False, 0)
             if decision[0] and self._busy(timing, step + 1):
                 decision = (False, step + 1)  # ask again at the next step

@@ -22,6 +22,7 @@ Kept apart from ``run.py`` so that the hot file only calls them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import os
 import sys
@@ -172,8 +173,12 @@ def already_complete(run: Run) -> bool:
 def open_manager(run: Run, state: TrainingState) -> CheckpointManager:
     """The run's checkpoint manager over ``state``: its events go to the ledger of the moment (a rollback or a
     warm restart opens a new attempt), and its ``auto`` interval learns the failures of earlier attempts."""
+    warm = find_hook(run.hooks, WarmHook)
     manager = CheckpointManager(
-        run.config, state, on_event=lambda name, **fields: run.ledger.on_event(name, **fields)
+        run.config,
+        state,
+        on_event=lambda name, **fields: run.ledger.on_event(name, **fields),
+        generation_over=None if warm is None else functools.partial(warm.worker.over, warm.worker.gen),
     )
     observe_failures(manager, run.run_dir, attempt=run.attempt, rank=run.info.rank)
     return manager

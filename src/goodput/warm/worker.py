@@ -93,6 +93,7 @@ class WarmWorker:
         self._ctl: Any = None  # a gloo group of the generation: live recovery's CPU tensors, on any backend
         self._watch: EndWatch | None = None
         self._hangup: Hangup | None = None  # breaks the current gloo generation's connections
+        self._left: int | None = None  # the generation this rank last left
         self.step_of: Callable[[], int] | None = None  # the last completed step (Run's), for the records
         self._outputs_hook: Any = None  # the forward hook that records the RNG when a backward begins
 
@@ -210,6 +211,10 @@ class WarmWorker:
         """Whether the agent has ended this generation (a peer failed, or the group grows)."""
         return self._watch is not None and self._watch.ended.is_set()
 
+    def over(self, gen: int) -> bool:
+        """Whether generation ``gen`` is over for this rank: the agent ended it, or this rank has left it."""
+        return gen != self.gen or self._left == gen or self.ending
+
     # ---- every step ----------------------------------------------------------------------------------------
     def step_committed(self, step: int, loader: Any) -> None:
         """Record this rank's position after a completed step: the loader's in memory, the RNG in the store."""
@@ -313,6 +318,7 @@ class WarmWorker:
         import torch.distributed as dist
 
         self._failed_wall = time.time()
+        self._left = self.gen
         self._ops_before = operations()
         if self._hangup is not None:  # a peer blocked reading from this rank fails now, not at its timeout
             self._hangup()

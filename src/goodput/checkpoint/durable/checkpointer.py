@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, wait
 from typing import Any, Protocol
 
+import torch.distributed
 from torch.distributed.checkpoint import CheckpointException
 
 import goodput
@@ -24,6 +25,7 @@ from goodput.checkpoint._collectives import Collectives
 from goodput.checkpoint._contention import BackgroundCpu
 from goodput.checkpoint._saving import FAILURES, SaveResult, describe, raiser
 from goodput.checkpoint.config import CheckpointConfig
+from goodput.checkpoint.durable._finisher import Finisher
 from goodput.checkpoint.durable._restoring import DurableReader
 from goodput.checkpoint.durable._retention import Retention, to_purge
 from goodput.checkpoint.durable.layout import CheckpointLayout
@@ -36,6 +38,8 @@ from goodput.errors import CheckpointError, SaveFailed
 from goodput.faults import fault_point
 
 __all__ = ["DurableCheckpointer", "StagedSource"]
+
+ABANDON_POLL_SECONDS = 0.05  # how often a wait for the save in flight asks ``Collectives.over``
 
 log = logging.getLogger("goodput.checkpoint.manager")  # the manager's logger: one name for its messages
 
@@ -97,15 +101,13 @@ class DurableCheckpointer:
         self.staged: StagedSource | None = None  # set when a memory tier stages saves (``_tiers.py``)
         self.committed: list[int] = []  # newest first
         self.failed: set[int] = set()  # steps whose committed checkpoint failed to restore (saved over)
-        self.skipped: list[
-            tuple[int, str]
-        ] = []  # (step, why) of the checkpoints the last restore passed over
+        self.skipped: list[tuple[int, str]] = []  # (step, why) of those the last restore passed over
         self.candidates: list[tuple[int, str]] = []  # (step, url) the last ``find`` listed, newest first
         self.results: list[SaveResult] = []
         self._charged: tuple[int, float] | None = None  # (step, seconds) another tier spent for this save
         self._inflight: Future[SaveResult] | None = None
         self._waited = 0.0  # how long the save being made waited for the one in flight (part of its stall)
-        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goodput-ckpt")
+        self._finisher = Finisher("goodput-ckpt")
 
     @property
     def root(self) -> str:
@@ -272,6 +274,7 @@ class DurableCheckpointer:
         cpu = BackgroundCpu()  # an asynchronous save's background half, on the finisher thread
         mine: tuple[str, Any]
         try:
+            self.coll.ensure_open()  # DCP's collectives run on the groups too
             names = completion()
             if stall is not None:
                 fault_point("async_upload", step)  # uploaded in the background, not committed
@@ -348,10 +351,22 @@ class DurableCheckpointer:
         return self._inflight is not None and not self._inflight.done()
 
     def settle(self) -> SaveResult | SaveFailed | None:
-        """Wait for the save in flight: its result, its failure (returned, not raised) or None."""
+        """Wait for the save in flight: its result, its failure (returned, not raised) or None.
+
+        Raises:
+            DistError: the group's generation ended first (``Collectives.over``): the save is left unfinished (its
+                collectives may not return before the group's timeout; a rank leaves an ended generation now).
+        """
         if self._inflight is None:
             return None
         future, self._inflight = self._inflight, None
+        ended = self.coll.over
+        while ended is not None and not wait([future], timeout=ABANDON_POLL_SECONDS).done:
+            if ended():
+                raise torch.distributed.DistError(
+                    "goodput: the process group's generation ended with a checkpoint save in flight; it is left "
+                    "unfinished (never committed)"
+                )
         try:
             return future.result()
         except SaveFailed as err:  # logged where it failed
