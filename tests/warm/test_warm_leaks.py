@@ -23,7 +23,9 @@ def test_a_survivor_s_open_files_and_threads_stay_flat_across_warm_restarts(tmp_
     run_dir = str(tmp_path)
     faults = "; ".join(f"kill@step={step},rank=1" for step in KILLS)
     cmd = [*warm_launch(run_dir), "--faults", faults, "--max-restarts", "10", "--collective-timeout", "4"]
+    # dcp_async: each generation's saves run on a background thread, which must not keep its manager alive
     cmd += ["--", SCRIPT, "--steps", "90", "--every", "10", "--step-seconds", "0.02", "--log-resources"]
+    cmd += ["--strategy", "dcp_async"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     with open(os.path.join(run_dir, "samples", "rank-0.jsonl")) as f:

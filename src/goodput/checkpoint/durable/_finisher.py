@@ -4,12 +4,17 @@ Not a ``ThreadPoolExecutor``: the interpreter joins its threads at exit. Under w
 ended generation without waiting for the save in flight (``DurableCheckpointer.settle``), and that save's
 thread may stay blocked in a collective of a group the rank has since shut down, whose work never runs: the
 process would then never exit. A daemon thread is not joined, so the process ends as its script does.
+
+As a ``ThreadPoolExecutor``'s worker does, the thread holds no reference to its owner nor, between calls, to the
+last call (its bound method would keep the dropped manager's process groups alive, with their threads and
+sockets, one set per warm generation), and it ends once its owner is collected.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -17,7 +22,7 @@ from typing import Any, TypeVar
 __all__ = ["Finisher"]
 
 T = TypeVar("T")
-_Job = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]]
+_Jobs = queue.SimpleQueue[tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]] | None]
 
 
 class Finisher:
@@ -25,15 +30,16 @@ class Finisher:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: _Jobs = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        weakref.finalize(self, self._jobs.put, None)  # collected: the thread ends after what is queued
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Queue ``fn(*args)``; its future."""
         future: Future[T] = Future()
         self._jobs.put((future, fn, args))
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread = threading.Thread(target=_run, args=(self._jobs,), name=self._name, daemon=True)
             self._thread.start()
         return future
 
@@ -43,11 +49,14 @@ class Finisher:
         if wait and self._thread is not None:
             self._thread.join()
 
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            future, fn, args = job
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn(*args))
-                except BaseException as err:  # as a ThreadPoolExecutor's worker: the caller sees it
-                    future.set_exception(err)
+
+def _run(jobs: _Jobs) -> None:
+    while (job := jobs.get()) is not None:
+        future, fn, args = job
+        del job
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as err:  # as a ThreadPoolExecutor's worker: the caller sees it
+                future.set_exception(err)
+        del future, fn, args  # the last call's objects are not kept while the thread waits for the next
