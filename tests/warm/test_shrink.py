@@ -256,26 +256,9 @@ def test_a_shrink_while_the_survivors_wait_for_a_held_upload_leaves_it_behind(tm
     restart cold after the 30 s re-form timeout, when a gloo send held it), and the thread left behind holds
     neither the next generation nor the process at its exit."""
     run_dir = str(tmp_path / "run")
-    cmd = [
-        sys.executable,
-        "-m",
-        "goodput",
-        "launch",
-        "--nproc",
-        "3",
-        "--run-dir",
-        run_dir,
-        "--restart",
-        "warm",
-    ]
-    cmd += [
-        "--spares",
-        "0",
-        "--shrink-after",
-        "0",
-        "--faults",
-        "slow@phase=async_upload,step=24,rank=1,seconds=20",
-    ]
+    hold = "slow@phase=async_upload,step=24,rank=1,seconds=20"
+    cmd = [sys.executable, "-m", "goodput", "launch", "--nproc", "3", "--run-dir", run_dir]
+    cmd += ["--restart", "warm", "--spares", "0", "--shrink-after", "0", "--faults", hold]
     cmd += ["--", DEMO_SCRIPT, "--steps", "60", "--global-batch", "24"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
