@@ -51,7 +51,11 @@ def _entry(
     )
     result: tuple[str, Any]
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        # A file store in the call's own folder, not a TCP store on the port: a port chosen free can be taken
+        # by another test's server before rank 0 binds it, and a group that met in another job's store fails
+        # its gloo mesh ("Connection closed by peer"); the port stays in the environment for the rank function.
+        store = f"file://{os.path.join(out_dir, 'store')}"
+        dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
         try:
             result = ("ok", fn(rank, world, *args))
         finally:
