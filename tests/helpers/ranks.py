@@ -20,6 +20,13 @@ def fail_on_rank_one(rank: int, world: int) -> int:
     return rank
 
 
+def log_then_fail_on_rank_one(rank: int, world: int, path: str) -> int:
+    with open(path, "a") as f:
+        f.write(f"rank {rank} ran\n")
+    dist.barrier()  # both ranks wrote before rank one fails
+    return fail_on_rank_one(rank, world)
+
+
 def process_rank(rank: int, world: int, name: str) -> tuple[int, int, str | None]:
     """This rank's process id, its parent's, and the environment variable ``name`` as the rank sees it."""
     return os.getpid(), os.getppid(), os.environ.get(name)
