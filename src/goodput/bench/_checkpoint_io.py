@@ -55,7 +55,7 @@ def _read_floor(files: list[str], buffers: list[bytearray]) -> float:
     return _max(time.perf_counter() - t0)
 
 
-def restore_cost(config: CheckpointConfig, state: TrainingState, repeats: int = 3) -> dict[str, Any]:
+def restore_cost(config: CheckpointConfig, state: TrainingState, repeats: int = 9) -> dict[str, Any]:
     """Restore the newest checkpoint under ``config.root`` (local) vs a raw read of this rank's files."""
     rank = dist.get_rank()
     dist.barrier()

@@ -139,7 +139,7 @@ def _view_item(item: memoryview) -> torch.Tensor | None:
         return None
     layout, start = found
     dtype = layout.storage.dtype
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     nbytes = layout.storage.numel * itemsize
     if start + nbytes > len(item):
         return None
