@@ -63,6 +63,9 @@ def _entry(
     try:
         _break_mesh_once(rank)
         dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
+        # No rank starts fn before every rank's mesh is up: a rank whose mesh failed leaves the others waiting
+        # here, not in fn, so that the call may be made again without fn having run anywhere.
+        dist.barrier()
     except BaseException:
         result = (_MESH_FAILED, traceback.format_exc())  # fn never ran on this rank
     else:
