@@ -39,7 +39,8 @@ class Rider(Protocol):
 
     def payload(self, dtype: Any) -> Any:
         """The 1-D tensor of ``dtype`` to send with this bucket, as long at every backward (the length of a
-        collective decides how the all-reduce sums the gradients in it); None: nothing for this ``dtype``."""
+        collective decides how the all-reduce sums the gradients in it), copied before the next call (it may be
+        reused); None: nothing for this ``dtype``."""
         ...
 
     def departed(self, future: Any, summed: Any) -> None:

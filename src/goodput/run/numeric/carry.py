@@ -17,6 +17,9 @@ the word is all-gathered on the guard's own group instead, as it is for a model 
 
 from __future__ import annotations
 
+import struct
+import sys
+from array import array
 from typing import Any
 
 from goodput.run.numeric.exchange import start_gather
@@ -24,42 +27,44 @@ from goodput.run.numeric.rules import ROW_WORDS
 
 __all__ = ["Carried", "Carrier"]
 
-_MASK = (1 << 64) - 1
+# A piece's unsigned type by its width: as wide as the bucket's float type holds integers exactly, rounded down
+# to 8, 16 or 32 bits, so that cutting a word into pieces and joining them again is one struct call, not a loop.
+_PIECE_TYPES = {8: "B", 16: "H", 32: "I"}
+_BITS: dict[Any, int] = {}  # a float type's piece width, filled on first use (torch is imported late)
 
 
 def _piece_bits(dtype: Any) -> int | None:
-    """How many bits of an integer one element of ``dtype`` holds exactly (None: not a float type we use)."""
-    import torch
+    """The piece width for ``dtype``'s elements (None: not a float type we use): float32 holds 24-bit integers
+    exactly, float64 53, bfloat16 8 and float16 11."""
+    if not _BITS:
+        import torch
 
-    return {torch.float32: 24, torch.float64: 32, torch.bfloat16: 8, torch.float16: 11}.get(dtype)
+        _BITS.update({torch.float32: 16, torch.float64: 32, torch.bfloat16: 8, torch.float16: 8})
+    return _BITS.get(dtype)
+
+
+def pieces_of(row: list[int], bits: int) -> array:
+    """``row`` (int64s) as unsigned ``bits``-bit pieces, lowest first: one rank's band of a payload."""
+    pieces = array(_PIECE_TYPES[bits], struct.pack(f"<{len(row)}q", *row))
+    if sys.byteorder == "big":
+        pieces.byteswap()
+    return pieces
 
 
 def encode(row: list[int], rank: int, world: int, bits: int) -> list[int]:
     """``row`` (int64s) as unsigned ``bits``-bit pieces, placed in ``rank``'s band of a ``world``-wide payload."""
-    pieces = -(-64 // bits)
-    out = [0] * (world * len(row) * pieces)
-    at = rank * len(row) * pieces
-    for value in row:
-        unsigned = value & _MASK
-        for i in range(pieces):
-            out[at] = (unsigned >> (bits * i)) & ((1 << bits) - 1)
-            at += 1
-    return out
+    band = pieces_of(row, bits).tolist()
+    return [0] * (rank * len(band)) + band + [0] * ((world - rank - 1) * len(band))
 
 
 def decode(summed: list[float], world: int, bits: int) -> list[list[int]]:
     """Every rank's row from the summed payload (each element one rank's piece plus zeros: exact)."""
-    pieces = -(-64 // bits)
-    width = len(summed) // (world * pieces)
-    rows = []
-    for r in range(world):
-        row = []
-        for k in range(width):
-            at = (r * width + k) * pieces
-            unsigned = sum(int(summed[at + i]) << (bits * i) for i in range(pieces)) & _MASK
-            row.append(unsigned - (1 << 64) if unsigned >> 63 else unsigned)
-        rows.append(row)
-    return rows
+    pieces = array(_PIECE_TYPES[bits], map(int, summed))
+    if sys.byteorder == "big":
+        pieces.byteswap()
+    words = struct.unpack(f"<{len(pieces) * bits // 64}q", pieces.tobytes())
+    width = len(words) // world
+    return [list(words[r * width : (r + 1) * width]) for r in range(world)]
 
 
 class Carried:
@@ -85,6 +90,28 @@ class Carried:
         return self._rows
 
 
+class _Staged:
+    """A payload for one bucket type: the values (zeros outside this rank's band, kept from call to call) and a
+    tensor over the same memory, so that a payload costs a few stores, not a tensor made from a list. Every piece
+    fits a float32 exactly but float64's 32-bit ones."""
+
+    def __init__(self, dtype: Any, bits: int, rank: int, world: int) -> None:
+        import torch
+
+        double = bits > 16
+        size = world * ROW_WORDS * 64 // bits
+        self.values = array("d" if double else "f", bytes((8 if double else 4) * size))
+        self.view = torch.frombuffer(self.values, dtype=torch.float64 if double else torch.float32)
+        self.bits, self.rank = bits, rank
+        self.payload = self.view if self.view.dtype == dtype else self.view.to(dtype)
+
+    def hold(self, word: Carried | None) -> None:
+        band = pieces_of(word.row if word is not None else [0] * ROW_WORDS, self.bits)
+        self.values[self.rank * len(band) : (self.rank + 1) * len(band)] = array(self.values.typecode, band)
+        if self.payload is not self.view:
+            self.payload.copy_(self.view)
+
+
 class Carrier:
     """The rider of one DDP model's hook: sends the newest word that has not left yet.
 
@@ -99,6 +126,7 @@ class Carrier:
         self._boarding: Carried | None = None
         self._riding: Carried | None = None
         self._padding = False  # the last payload was zeros: no word boarded
+        self._staged: dict[Any, _Staged] = {}  # by the bucket's float type
 
     def board(self, step: int, row: list[int]) -> Carried:
         """``row`` goes with the next backward's first bucket; the exchange to read it from."""
@@ -123,18 +151,19 @@ class Carrier:
         sum is taken in. The first backward after a restore finds no word (the step before was judged in the
         attempt that ended), and it must sum the gradients as the uninterrupted run did at that step.
         """
-        import torch
-
         word, bits = self._boarding, _piece_bits(dtype)
         if bits is None:
             return None
         self._padding = word is None
-        if word is None:
-            return torch.tensor(encode([0] * ROW_WORDS, self.rank, self.world, bits), dtype=dtype)
-        if self._riding is not None:
-            self._riding.rows()  # read before the reused buffer carries this word (judged already, normally)
-        self._boarding, self._riding = None, word
-        return torch.tensor(encode(word.row, self.rank, self.world, bits), dtype=dtype)
+        if word is not None:
+            if self._riding is not None:
+                self._riding.rows()  # read before the reused buffer carries this word (judged already, normally)
+            self._boarding, self._riding = None, word
+        staged = self._staged.get(dtype)
+        if staged is None:
+            staged = self._staged[dtype] = _Staged(dtype, bits, self.rank, self.world)
+        staged.hold(word)
+        return staged.payload  # valid until the next call
 
     def departed(self, future: Any, summed: Any) -> None:
         """The riding word's all-reduce started: ``summed`` holds every rank's word once ``future`` is done."""
