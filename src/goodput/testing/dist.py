@@ -27,8 +27,9 @@ _PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint"]
 
 # A rank whose gloo group could not form. gloo's full mesh between the ranks of one call has failed at
 # ``init_process_group`` about once per full suite run ("Gloo connectFullMesh failed ... Connection closed by
-# peer"), with a TCP store and with a file store alike; the cause is not known. When no rank got past forming
-# the group (so no rank function ran), the call is made once more from the start, in a new folder.
+# peer"), with a TCP store and with a file store alike; the cause is not known. Every rank passes a barrier on
+# the new group before it starts the rank function, so when one rank's mesh fails no rank has started it, and
+# the call is made once more from the start, in a new folder.
 _MESH_FAILED = "group not formed"
 BREAK_MESH_ENV = "GOODPUT_TESTING_BREAK_MESH_ONCE"
 
@@ -104,7 +105,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` gloo-connected processes; results by rank.
 
     ``fn`` and ``args`` must be picklable (a module-level function). Raises RuntimeError with the failing
-    rank's traceback if any rank fails.
+    rank's traceback if any rank fails. When the group did not form on some rank, so that no rank started
+    ``fn``, every rank is started once more (see ``_MESH_FAILED``); ``fn`` never runs twice on a rank.
     """
     import torch.multiprocessing as mp
 
@@ -113,12 +115,13 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
         with tempfile.TemporaryDirectory(prefix="goodput-ranks-") as out_dir:
             try:
                 return _run_once(mp, fn, world_size, args, out_dir, timeout)
-            except RuntimeError:
+            except RuntimeError as err:
                 began = any(
                     os.path.exists(os.path.join(out_dir, f"rank{r}.began")) for r in range(world_size)
                 )
                 if began or not tries_left:
                     raise
+                print(f"run_ranks: the group did not form; forming it once more:\n{err}", file=sys.stderr)
     raise AssertionError("unreachable")
 
 
