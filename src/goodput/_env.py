@@ -113,6 +113,12 @@ BENCH_S3_OPTIONS = EnvVar(
     "",
     "goodput bench",
 )
+TESTING_BREAK_MESH = EnvVar(
+    "GOODPUT_TESTING_BREAK_MESH_ONCE",
+    "a file: while it exists, rank 0 of a goodput.testing.run_ranks call fails to form the group (and removes it)",
+    "",
+    "the test suite",
+)
 
 
 def _warm(name: str, meaning: str, default: str = "") -> EnvVar:
@@ -157,6 +163,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     LAUNCHER_PID,
     MOSAIC_PYTHON,
     BENCH_S3_OPTIONS,
+    TESTING_BREAK_MESH,
     WARM_STORE,
     WARM_PREFIX,
     WARM_ROLE,

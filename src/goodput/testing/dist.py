@@ -19,6 +19,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from goodput._env import TESTING_BREAK_MESH
+
 __all__ = ["run_ranks"]
 
 # Imported once by the forkserver, which every rank is forked from; torch only: a module that reads the
@@ -31,7 +33,7 @@ _PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint"]
 # the new group before it starts the rank function, so when one rank's mesh fails no rank has started it, and
 # the call is made once more from the start, in a new folder.
 _MESH_FAILED = "group not formed"
-BREAK_MESH_ENV = "GOODPUT_TESTING_BREAK_MESH_ONCE"
+BREAK_MESH_ENV = TESTING_BREAK_MESH.name
 
 
 def _entry(
