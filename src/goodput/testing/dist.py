@@ -27,11 +27,10 @@ __all__ = ["run_ranks"]
 # environment as it is imported would otherwise keep the forkserver's.
 _PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint"]
 
-# A rank whose gloo group could not form. gloo's full mesh between the ranks of one call has failed at
-# ``init_process_group`` about once per full suite run ("Gloo connectFullMesh failed ... Connection closed by
-# peer"), with a TCP store and with a file store alike; the cause is not known. Every rank passes a barrier on
-# the new group before it starts the rank function, so when one rank's mesh fails no rank has started it, and
-# the call is made once more from the start, in a new folder.
+# A rank whose gloo group could not form: gloo's full mesh between the ranks of one call can fail at
+# ``init_process_group`` ("Gloo connectFullMesh failed ... Connection closed by peer") for a cause not known.
+# Every rank passes a barrier on the new group before it starts the rank function, so when one rank's mesh
+# fails no rank has started it, and the call is made once more from the start, in a new folder.
 _MESH_FAILED = "group not formed"
 BREAK_MESH_ENV = TESTING_BREAK_MESH.name
 
