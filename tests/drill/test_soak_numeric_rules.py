@@ -95,3 +95,68 @@ def test_a_lineage_is_compared_with_the_reference_up_to_the_first_window_the_gua
         until(reference, cut), until(records([5, 0, 4, 2, 1, 3], "a"), cut)
     )  # step 2 differs
     assert until(reference, None) is reference
+
+
+def test_a_missed_spike_is_judged_by_the_loss_the_rule_saw_against_its_threshold() -> None:
+    """The soak's CI failure of 68140de: a 50x spike on a step whose own loss was under half the loss's level
+    (rise needed 24.7x, so 2 x rise < 50) stayed under the threshold; the guess from the factor called it a
+    fault of the guard. With the judged loss in the event the verdict is exact both ways."""
+    spikes = [SoakFault(kind="spike", seconds=s, step=100 * s, rank=None) for s in (1, 2)]
+
+    def missed(step: int, loss: float) -> dict:
+        return {"event": "spike_missed", "step": step, "factor": 50.0, "rise": 24.66, "threshold": 7.86,
+                "loss": loss}  # fmt: skip
+
+    under, over = missed(100, 7.7), missed(200, 7.9)
+    assert undetectable_spikes([under, over]) == {100: 24.66}
+    rows = kind_rows(spikes, [], [under, over], {})
+    assert _count_problems(rows) == ["spike: 2 scheduled, 0 seen (1 not detectable)"]
+    assert _count_problems(kind_rows(spikes, [], [under, missed(200, 7.86)], {})) == []
+
+
+def test_the_guard_s_missed_spike_names_the_loss_it_judged_and_the_threshold() -> None:
+    import random
+
+    from goodput.run.numeric import NumericConfig
+    from goodput.run.numeric.rules import spike_threshold
+    from goodput.run.numeric.spikes import SpikeWatch
+
+    class Ledger:
+        def __init__(self) -> None:
+            self.events: list[dict] = []
+
+        def event(self, name: str, **fields: object) -> None:
+            self.events.append({"event": name, **fields})
+
+    class Run:
+        ledger = Ledger()
+
+    rng = random.Random(3)
+    history = [1.0 * rng.lognormvariate(0.0, 0.6) for _ in range(100)]
+    threshold = spike_threshold(history, k=6.0, min_rise=0.1)
+    low = threshold / 50 * 0.9  # a step whose own loss, times 50, stays under the threshold
+    watch = SpikeWatch(NumericConfig())
+    watch.injected(133, 50.0)
+    watch.judged(Run(), 133, history, False, 50 * low)
+    (event,) = [e for e in Run.ledger.events if e["event"] == "spike_missed"]
+    assert event["loss"] == 50 * low and event["threshold"] == threshold
+    assert undetectable_spikes([event]) == {133: event["rise"]}
+    assert (
+        f"took the loss to {50 * low:.4g}, not above the spike rule's threshold {threshold:.4g}"
+        in event["why"]
+    )
+
+
+def test_the_spike_scenario_calls_a_spike_under_the_threshold_not_detectable_and_a_missed_one_over_it_a_failure() -> (
+    None
+):
+    from goodput.drill.numeric import _hidden_spike
+
+    def missed(loss: float) -> dict:
+        return {"event": "spike_missed", "step": 60, "factor": 50.0, "rise": 24.66, "threshold": 7.86,
+                "loss": loss, "why": "a 50x spike took the loss to ..."}  # fmt: skip
+
+    assert _hidden_spike([missed(7.7), missed(7.7)], 0).startswith("not detectable on this loss: a 50x spike")
+    assert _hidden_spike([missed(7.9)], 0) == ""  # the guard saw a loss over its threshold and let it pass
+    assert _hidden_spike([missed(7.7)], 1) == ""  # rolled back after all: judged as any run
+    assert _hidden_spike([], 0) == ""

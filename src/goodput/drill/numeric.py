@@ -15,6 +15,7 @@ from typing import Any
 
 from goodput.drill.runs import OUTPUT_LOG, LaunchSpec, result, run_launch
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
+from goodput.drill.soak_checks import undetectable_spikes
 from goodput.job.codes import EXIT_FATAL
 from goodput.run.numeric import NO_REPLICAS
 from goodput.verify.rollback import rise_before
@@ -109,12 +110,29 @@ def _numeric(plan: Callable[[DrillContext], tuple[str, str]]) -> Callable[[Drill
                 not_expected=reason,
             )  # fmt: skip
         rollbacks = len(_events(run_dir, "rollback"))
+        hidden = _hidden_spike(_events(run_dir, "spike_missed"), rollbacks)
+        if hidden:
+            context.say(hidden)
+            return ScenarioResult(
+                injected=faults, outcome="not detectable", met=True, exactly_once=None, identical=None,
+                not_expected=hidden,
+            )  # fmt: skip
         return result(
             context, run_dir, injected=f"{faults} ({rollbacks} rollback{'s' if rollbacks != 1 else ''})",
             status=done.status, seconds=done.seconds, problems=_problems(run_dir, rollbacks),
         )  # fmt: skip
 
     return run
+
+
+def _hidden_spike(missed: list[dict[str, Any]], rollbacks: int) -> str:
+    """Why the run's spike was not detectable after all ("" where it was, or where the guard missed one it could
+    see): the placement reads the uninterrupted run's figure before the spike, but the spiked step's own loss may
+    sit so far under the loss's level that the spike stays at or below the rule's threshold (its ``spike_missed``
+    says the loss the rule judged, beside the threshold)."""
+    if rollbacks or not missed or len(undetectable_spikes(missed)) < len({int(e["step"]) for e in missed}):
+        return ""
+    return f"not detectable on this loss: {missed[0]['why']}"
 
 
 def _problems(run_dir: str, rollbacks: int) -> list[str]:

@@ -152,13 +152,19 @@ class KindRow:
 
 def undetectable_spikes(events: Sequence[Mapping[str, Any]]) -> dict[int, float | None]:
     """Step -> the rise the spike rule needed there, at each missed spike (the ledger's ``spike_missed``, once
-    per step) whose factor was below twice that rise; None at one that came while the rule warmed up (after a
-    relaunch, whose processes start without its window: a soak places no spike in the job's first warm-up)."""
+    per step) that the rule could not see: the loss it judged there (``loss``) at or below its ``threshold``
+    (a spike of a step whose own loss was well under the loss's level), or, in a ledger without ``loss``, a
+    factor below twice the rise; None at one that came while the rule warmed up (after a relaunch, whose
+    processes start without its window: a soak places no spike in the job's first warm-up). A missed spike
+    whose loss was above the threshold is the guard's fault, never excused."""
     needed: dict[int, float | None] = {}
     for e in events:
         if e["event"] != "spike_missed":
             continue
-        if e.get("rise") is not None and 2 * float(e["rise"]) > float(e["factor"]):
+        if e.get("loss") is not None and e.get("threshold") is not None:
+            if float(e["loss"]) <= float(e["threshold"]):
+                needed[int(e["step"])] = None if e.get("rise") is None else float(e["rise"])
+        elif e.get("rise") is not None and 2 * float(e["rise"]) > float(e["factor"]):
             needed[int(e["step"])] = float(e["rise"])
         elif str(e.get("why", "")).startswith(WARMING_UP):
             needed[int(e["step"])] = None

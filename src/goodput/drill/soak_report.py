@@ -278,8 +278,9 @@ def print_tables(outcome: Outcome, plan: SoakPlan) -> None:
         if rises:
             needs = ", ".join(f"{x:.0f}x" for x in rises)
             print(
-                f"spikes not detectable on this loss: {len(rises)} (the spike rule's own figure at their "
-                f"steps needed a rise of {needs}, more than half the spike's factor; docs/numeric-faults.md)"
+                f"spikes not detectable on this loss: {len(rises)} (the spiked loss stayed at or below the spike "
+                f"rule's threshold; its own figure at their steps needed a rise of {needs} over the loss's "
+                "level; docs/drill.md)"
             )
         if warming := len(r.undetectable) - len(rises):
             print(

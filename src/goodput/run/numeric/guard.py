@@ -275,7 +275,7 @@ class NumericGuard(RunHook):
             why = "its redo of this step fingerprinted differently from its first run"
             self._name(found.named, step, why)
             announce(self._run, f"numeric fault: rank {found.named} named corrupt at step {step}: {why}")
-        self._watch.judged(self._run, step, history, found.kind == "spike")
+        self._watch.judged(self._run, step, history, found.kind == "spike", found.mean_loss)
         if found.kind is None:
             if found.mean_loss is not None:
                 self._losses.append((step, found.mean_loss))

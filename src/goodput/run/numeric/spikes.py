@@ -4,7 +4,9 @@
   the guard takes before it stops, which place a drill's faults where the guard can find and answer them;
 * ``spike_rule`` (when the warm-up ends and every ``spike_warmup`` steps): the smallest rise, as a factor of the loss's current
   level, that the spike rule would catch now (``goodput report`` shows the latest);
-* ``spike_missed``: a drill's ``spike`` fault that the rule did not call a spike, and why.
+* ``spike_missed``: a drill's ``spike`` fault that the rule did not call a spike, and why, with the loss the rule
+  judged there (``loss``, the ranks' mean) beside its ``threshold``: a spiked loss at or below the threshold was
+  not detectable by the rule as configured; one above it would be the guard's own fault.
 """
 
 from __future__ import annotations
@@ -43,8 +45,11 @@ class SpikeWatch:
         if factor is not None:
             self._spiked[step] = factor
 
-    def judged(self, run: Any, step: int, history: Sequence[float], spike: bool) -> None:
-        """``step`` was judged after ``history`` (the rule's window); ``spike``: the verdict called it one."""
+    def judged(
+        self, run: Any, step: int, history: Sequence[float], spike: bool, loss: float | None = None
+    ) -> None:
+        """``step`` was judged after ``history`` (the rule's window); ``spike``: the verdict called it one;
+        ``loss``: the loss it judged (the ranks' mean; None where no rank's was finite)."""
         ledger = run.ledger
         factor = self._spiked.pop(step, None)
         missed = factor is not None and not spike
@@ -54,8 +59,9 @@ class SpikeWatch:
         figures = self.figures(history)
         if factor is not None and not spike:
             ledger.event(
-                "spike_missed", step=step, factor=factor, why=self._why_missed(factor, history), **figures
-            )
+                "spike_missed", step=step, factor=factor, why=self._why_missed(factor, history, loss),
+                loss=loss, **figures,
+            )  # fmt: skip
         if figures and due:
             ledger.event("spike_rule", step=step, **figures)
 
@@ -71,15 +77,21 @@ class SpikeWatch:
             return {"rise": None, "threshold": None}
         return {"rise": spike_rise(history, k=c.spike_k, min_rise=c.spike_min_rise), "threshold": threshold}
 
-    def _why_missed(self, factor: float, history: Sequence[float]) -> str:
+    def _why_missed(self, factor: float, history: Sequence[float], loss: float | None) -> str:
         c = self.config
         if c.spike_k is None:
             return "the spike rule is off (NumericConfig(spike_k=None))"
         if len(history) < c.spike_warmup:
             return f"{WARMING_UP} ({len(history)} of spike_warmup={c.spike_warmup} steps)"
         rise = spike_rise(history, k=c.spike_k, min_rise=c.spike_min_rise)
+        threshold = spike_threshold(history, k=c.spike_k, min_rise=c.spike_min_rise)
         needs = f"a rise of {rise:.1f}x over its level" if rise is not None else "a larger rise"
+        below = (
+            f"took the loss to {loss:.4g}, not above the spike rule's threshold {threshold:.4g}"
+            if loss is not None
+            else "stayed below the spike rule's threshold"
+        )
         return (
-            f"a {factor:g}x spike stayed below the spike rule's threshold: on this loss it needs {needs} "
+            f"a {factor:g}x spike {below}: on this loss it needs {needs} "
             "(spike_k x the spread of the loss's own rises over the steps before them)"
         )
