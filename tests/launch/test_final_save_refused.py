@@ -6,10 +6,11 @@ checkpoint untouched. Periodic saves keep failing quietly (tests/checkpoint/test
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,17 @@ def _launch(
     return proc, run_dir
 
 
+@contextlib.contextmanager
+def _launch_on_a_full_store(
+    server: S3Server, url: str, tmp_path: Path, nproc: int, **env: str
+) -> Iterator[tuple[FaultProxy, subprocess.Popen[str], Path]]:
+    """``_launch`` through a proxy that answers 507 to the final step's writes until its faults are cleared."""
+    with FaultProxy(server.s3_port) as proxy:
+        proxy.fail_next(1 << 30, status=507, code="InsufficientStorage", match=_final_writes)
+        proc, run_dir = _launch(server, proxy, url, tmp_path, nproc, **env)
+        yield proxy, proc, run_dir
+
+
 def _events(run_dir: Path) -> list[dict[str, Any]]:
     try:
         return read_events(str(run_dir), rank=None)
@@ -82,9 +94,7 @@ def _final_failures(run_dir: Path) -> list[dict[str, Any]]:
 def test_a_final_save_the_store_refuses_for_a_while_is_tried_again_and_the_job_ends_once(
     s3_server: S3Server, s3_url: str, tmp_path: Path
 ) -> None:
-    with FaultProxy(s3_server.s3_port) as proxy:
-        proxy.fail_next(1 << 30, status=507, code="InsufficientStorage", match=_final_writes)
-        proc, run_dir = _launch(s3_server, proxy, s3_url, tmp_path, nproc=2)
+    with _launch_on_a_full_store(s3_server, s3_url, tmp_path, nproc=2) as (proxy, proc, run_dir):
         _wait_until(lambda: bool(_final_failures(run_dir)), proc)  # the first final save was refused
         proxy.clear_faults()  # room again
         assert proc.wait(timeout=240) == 0, (tmp_path / "output.log").read_text()[-4000:]
@@ -117,9 +127,8 @@ def test_a_final_save_the_store_refuses_for_a_while_is_tried_again_and_the_job_e
 def test_a_store_full_past_the_bound_fails_the_final_save_in_one_line_and_keeps_the_previous_checkpoint(
     s3_server: S3Server, s3_url: str, tmp_path: Path
 ) -> None:
-    with FaultProxy(s3_server.s3_port) as proxy:
-        proxy.fail_next(1 << 30, status=507, code="InsufficientStorage", match=_final_writes)
-        proc, run_dir = _launch(s3_server, proxy, s3_url, tmp_path, nproc=1, GOODPUT_FINAL_SAVE_TIMEOUT="2")
+    full = _launch_on_a_full_store(s3_server, s3_url, tmp_path, nproc=1, GOODPUT_FINAL_SAVE_TIMEOUT="2")
+    with full as (_, proc, run_dir):
         code = proc.wait(timeout=240)
     output = (tmp_path / "output.log").read_text()
     assert code != 0, output[-4000:]
