@@ -60,6 +60,12 @@ class ConfigError(GoodputError, ValueError):
     """A user's mistake: a bad argument, flag or configuration value."""
 
 
+def check_at_least(what: str, value: float, least: float) -> None:
+    """Raise ``ConfigError("WHAT must be >= LEAST, got VALUE")`` when ``value`` is below ``least``."""
+    if value < least:
+        raise ConfigError(f"{what} must be >= {least}, got {value}")
+
+
 class CheckpointError(GoodputError):
     """A checkpoint could not be saved or restored."""
 

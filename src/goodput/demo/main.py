@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any
 
-from goodput.errors import ConfigError
+from goodput.errors import ConfigError, check_at_least
 
 __all__ = ["DemoConfig", "run_demo"]
 
@@ -46,20 +46,16 @@ class DemoConfig:
     spares: int = 2
 
     def __post_init__(self) -> None:
-        if self.nproc < 1:
-            raise ConfigError(f"--nproc must be >= 1, got {self.nproc}")
-        if self.steps < 10:
-            raise ConfigError(f"--steps must be >= 10, got {self.steps}")
+        check_at_least("--nproc", self.nproc, 1)
+        check_at_least("--steps", self.steps, 10)
         if self.mtbf <= 0:
             raise ConfigError(f"--mtbf must be > 0, got {self.mtbf}")
-        if self.max_restarts < 0:
-            raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        check_at_least("--max-restarts", self.max_restarts, 0)
         if self.slow_rank is not None and not 0 <= self.slow_rank < self.nproc:
             raise ConfigError(f"--slow-rank must be a rank in 0..{self.nproc - 1}, got {self.slow_rank}")
         if self.restart not in ("cold", "warm"):
             raise ConfigError(f"--restart must be cold or warm, got {self.restart!r}")
-        if self.spares < 0:
-            raise ConfigError(f"--spares must be >= 0, got {self.spares}")
+        check_at_least("--spares", self.spares, 0)
         if self.spares != 2 and self.restart != "warm":
             raise ConfigError("--spares counts hot spares of warm restarts: give it with --restart warm")
 

@@ -33,7 +33,7 @@ import math
 import os
 import sys
 
-from goodput.errors import ConfigError
+from goodput.errors import ConfigError, check_at_least
 
 __all__ = [
     "LaunchConfig",
@@ -92,12 +92,9 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if not self.script:
             raise ConfigError("launch needs a script after '--', e.g. goodput launch -- train.py --lr 1e-3")
-        if self.nproc < 1:
-            raise ConfigError(f"--nproc must be >= 1, got {self.nproc}")
-        if self.max_restarts < 0:
-            raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
-        if self.crash_loop < 1:
-            raise ConfigError(f"--crash-loop must be >= 1, got {self.crash_loop}")
+        check_at_least("--nproc", self.nproc, 1)
+        check_at_least("--max-restarts", self.max_restarts, 0)
+        check_at_least("--crash-loop", self.crash_loop, 1)
         if self.nnodes != "1" and self.rdzv_endpoint is None:
             raise ConfigError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT shared by every node")
         if self.rdzv_timeout < 1:
