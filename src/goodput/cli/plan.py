@@ -22,18 +22,8 @@ from goodput.cli._plan_shrink import shrink_lines, shrink_section
 from goodput.cli._plan_twolevel import add_arguments as add_two_level_arguments
 from goodput.cli._plan_twolevel import two_level_lines, two_level_section
 from goodput.errors import ConfigError
-from goodput.planning import (
-    PlanInputs,
-    daily_waste,
-    daly_interval,
-    goodput_daly,
-    goodput_first_order,
-    lost_work_per_failure,
-    optimal_interval,
-    waste_per_failure,
-    young_interval,
-)
-from goodput.planning.model import DAY
+from goodput.planning import model
+from goodput.planning.model import DAY, PlanInputs
 from goodput.units import parse_duration
 
 __all__ = ["register"]
@@ -183,14 +173,16 @@ def _intervals(texts: list[str] | None) -> list[float]:
 
 def _row(inputs: PlanInputs, interval: float) -> dict[str, Any]:
     costs = inputs.costs()
-    waste = waste_per_failure(interval, restart=inputs.restart, persist=inputs.persist, detect=inputs.detect)
+    waste = model.waste_per_failure(
+        interval, restart=inputs.restart, persist=inputs.persist, detect=inputs.detect
+    )
     return {
         "interval_hours": interval / HOUR,
-        "lost_work_per_failure_hours": lost_work_per_failure(interval, persist=inputs.persist) / HOUR,
+        "lost_work_per_failure_hours": model.lost_work_per_failure(interval, persist=inputs.persist) / HOUR,
         "expected_waste_per_failure_hours": waste / HOUR,
-        "daily_waste_hours": daily_waste(interval, costs) / HOUR,
-        "goodput": goodput_daly(interval, costs),
-        "goodput_first_order": goodput_first_order(interval, costs),
+        "daily_waste_hours": model.daily_waste(interval, costs) / HOUR,
+        "goodput": model.goodput_daly(interval, costs),
+        "goodput_first_order": model.goodput_first_order(interval, costs),
     }
 
 
@@ -208,7 +200,7 @@ def build_plan(
 ) -> dict[str, Any]:
     """The whole plan as one JSON-able dict (hours and fractions)."""
     mtbf, costs = inputs.mtbf, inputs.costs()
-    exact = optimal_interval(costs)
+    exact = model.optimal_interval(costs)
     rows = [_row(inputs, interval) for interval in intervals]
     if simulate is not None:
         for row, interval in zip(rows, intervals, strict=True):
@@ -231,14 +223,14 @@ def build_plan(
         "mtbf_hours": mtbf / HOUR,
         "rows": rows,
         "optimal_interval_hours": {
-            "young": young_interval(inputs.ckpt_stall, mtbf) / HOUR,
-            "daly": daly_interval(inputs.ckpt_stall, mtbf) / HOUR,
+            "young": model.young_interval(inputs.ckpt_stall, mtbf) / HOUR,
+            "daly": model.daly_interval(inputs.ckpt_stall, mtbf) / HOUR,
             "exact": exact / HOUR,
         },
         "recommended": {
             "interval_hours": exact / HOUR,
             # With no stall and no persist time the optimum is 0; goodput tends to exp(-(R + D)/M) there.
-            "goodput": goodput_daly(exact, costs)
+            "goodput": model.goodput_daly(exact, costs)
             if exact > 0
             else math.exp(-(inputs.restart + inputs.detect) / mtbf),
         },
