@@ -4,6 +4,7 @@ interpreter exit (no ``os._exit``)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import Any
@@ -17,6 +18,27 @@ from tests.helpers.ckpt_ranks import Job
 def _threads() -> int:
     """This process's threads, C++ ones (gloo's workers and I/O loops) included."""
     return len(os.listdir("/proc/self/task"))
+
+
+def _collections_in(call: Any) -> int:
+    """How many garbage collections ``call()`` ran itself (automatic ones are off meanwhile), as the collector's
+    own callbacks report them."""
+    started: list[str] = []
+
+    def seen(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started.append(phase)
+
+    automatic = gc.isenabled()
+    gc.disable()
+    gc.callbacks.append(seen)
+    try:
+        call()
+    finally:
+        gc.callbacks.remove(seen)
+        if automatic:
+            gc.enable()
+    return len(started)
 
 
 def _corrupt_shards(root: str, step: int) -> None:
@@ -41,7 +63,7 @@ def save_then_refused_restore(rank: int, world: int, root: str) -> dict[str, Any
     during = _threads()
     saver.save(1)
     saver.wait()
-    saver.close()
+    collections = _collections_in(saver.close)
     after_save = _threads()
     if rank == 0:
         _corrupt_shards(root, 1)
@@ -56,6 +78,7 @@ def save_then_refused_restore(rank: int, world: int, root: str) -> dict[str, Any
         "before": before,
         "during": during,
         "after_save": after_save,
+        "collections_in_close": collections,
         "after_restore": _threads(),
     }
 

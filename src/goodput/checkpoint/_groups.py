@@ -36,11 +36,17 @@ def release_groups(groups: list[Any]) -> None:
     """
     import torch.distributed as dist
 
-    for group in groups:
-        dist.destroy_process_group(group)
+    _destroy_each(groups, dist.destroy_process_group)
     if any(_held_elsewhere(group) for group in groups):
         gc.collect()
     groups.clear()  # the last references: ProcessGroupGloo's destructor joins its threads, without the GIL
+
+
+def _destroy_each(groups: list[Any], destroy: Any) -> None:
+    # a function of its own: a loop here in release_groups would leave its variable holding the last group, which
+    # _held_elsewhere would count as a reference elsewhere (a needless full collection, ~150 ms, at every close)
+    for group in groups:
+        destroy(group)
 
 
 def _held_elsewhere(group: Any) -> bool:
