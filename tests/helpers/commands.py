@@ -9,18 +9,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from goodput.testing import S3Server
 
+Verified = tuple[
+    subprocess.CompletedProcess[str], str
+]  # verify-resume's finished command and its work folder
 
-def verify_resume_two_kills(work: str, script: str, steps: int) -> subprocess.CompletedProcess[str]:
-    """``goodput verify-resume --nproc 2 --kills 2 --seed 1`` of ``script STEPS`` in ``work``."""
+
+def verify_resume_two_kills(tmp_path_factory: pytest.TempPathFactory, script: str, steps: int) -> Verified:
+    """``goodput verify-resume --nproc 2 --kills 2 --seed 1`` of ``script STEPS`` in a new temporary folder:
+    the finished command and that folder."""
+    work = str(tmp_path_factory.mktemp("verify"))
     command = ["verify-resume", "--nproc", "2", "--kills", "2", "--seed", "1", "--work-dir", work]
-    return subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-m", "goodput", *command, "--", script, str(steps)],
         capture_output=True,
         text=True,
         timeout=600,
     )
+    return proc, work
 
 
 def assert_identical_after_two_kills(proc: subprocess.CompletedProcess[str]) -> None:

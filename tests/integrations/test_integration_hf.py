@@ -13,7 +13,12 @@ import sys
 import pytest
 
 from goodput.verify.records import read_records
-from tests.helpers.commands import assert_identical_after_two_kills, report_json, verify_resume_two_kills
+from tests.helpers.commands import (
+    Verified,
+    assert_identical_after_two_kills,
+    report_json,
+    verify_resume_two_kills,
+)
 from tests.helpers.history import assert_exactly_once, attempts_seen, surviving_samples
 from tests.helpers.paths import script
 
@@ -25,19 +30,18 @@ STEPS, DATASET, PER_STEP = 12, 48, 8  # 2 ranks x batch 4: 6 steps per epoch
 
 
 @pytest.fixture(scope="module")
-def verified(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], str]:
+def verified(tmp_path_factory: pytest.TempPathFactory) -> Verified:
     """``goodput verify-resume`` on the script, 2 ranks: seed 1 kills rank 0 at step 8 before that step's
     checkpoint is whole, and rank 1 between the Trainer's write of the step-8 checkpoint and goodput's data
     position beside it (that checkpoint is then not resumed from): both restarts resume from step 4. Its
     verdict and its work folder, whose interrupted run the tests here read (each process start costs seconds
     of imports: the tests share one run rather than launch their own)."""
-    work = str(tmp_path_factory.mktemp("verify"))
-    return verify_resume_two_kills(work, SCRIPT, STEPS), work
+    return verify_resume_two_kills(tmp_path_factory, SCRIPT, STEPS)
 
 
 @pytest.mark.slow
 def test_hf_trainer_resumes_mid_epoch_with_exactly_once_data(
-    verified: tuple[subprocess.CompletedProcess[str], str],
+    verified: Verified,
 ) -> None:
     proc, work = verified
     run_dir = os.path.join(work, "interrupted")
@@ -66,7 +70,7 @@ def test_hf_trainer_resumes_mid_epoch_with_exactly_once_data(
 
 @pytest.mark.slow
 def test_verify_resume_checks_a_trainer_script(
-    verified: tuple[subprocess.CompletedProcess[str], str],
+    verified: Verified,
 ) -> None:
     proc, work = verified
     assert_identical_after_two_kills(proc)

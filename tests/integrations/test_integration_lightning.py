@@ -19,7 +19,12 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers.commands import assert_identical_after_two_kills, report_json, verify_resume_two_kills
+from tests.helpers.commands import (
+    Verified,
+    assert_identical_after_two_kills,
+    report_json,
+    verify_resume_two_kills,
+)
 from tests.helpers.history import assert_exactly_once, attempts_seen, surviving_samples
 from tests.helpers.paths import script
 
@@ -30,11 +35,10 @@ STEPS, DATASET, PER_STEP = 20, 64, 8  # 2 ranks x batch 4: 8 steps per epoch
 
 
 @pytest.fixture(scope="module")
-def verified(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], str]:
+def verified(tmp_path_factory: pytest.TempPathFactory) -> Verified:
     """``goodput verify-resume`` on the script (seed 1 kills rank 0 after step 12, rank 1 inside the write of
     step 16): its verdict, and its work folder, whose uninterrupted run is the reference of the tests here."""
-    work = str(tmp_path_factory.mktemp("verify"))
-    return verify_resume_two_kills(work, SCRIPT, STEPS), work
+    return verify_resume_two_kills(tmp_path_factory, SCRIPT, STEPS)
 
 
 def _final(run_dir: str, rank: int) -> dict[str, Any]:
@@ -63,7 +67,7 @@ def _assert_same_final(reference_dir: str, run_dir: str) -> None:
 
 @pytest.mark.slow
 def test_lightning_ddp_survives_sigkills_with_exactly_once_data(
-    verified: tuple[subprocess.CompletedProcess[str], str],
+    verified: Verified,
 ) -> None:
     """The interrupted run of ``verified`` (one ``goodput launch`` of 3 attempts): rank 0 dies mid-epoch 1
     after step 12, rank 1 inside the write of step 16, so that save is never committed and the last attempt
@@ -85,7 +89,7 @@ def test_lightning_ddp_survives_sigkills_with_exactly_once_data(
 
 @pytest.mark.slow
 def test_verify_resume_checks_a_lightning_script(
-    verified: tuple[subprocess.CompletedProcess[str], str],
+    verified: Verified,
 ) -> None:
     proc, work = verified
     assert_identical_after_two_kills(proc)
