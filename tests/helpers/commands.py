@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from goodput.cli import main
 from goodput.testing import S3Server
 
 Verified = tuple[
@@ -37,6 +38,16 @@ def assert_identical_after_two_kills(proc: subprocess.CompletedProcess[str]) -> 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "IDENTICAL" in proc.stdout and "after 2 restarts (2 kills fired)" in proc.stdout, proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def refused_in_one_line(capsys: pytest.CaptureFixture[str], *argvs: list[str]) -> str:
+    """What ``goodput ARGV`` (run in this process) wrote to stderr for each of ``argvs``, once each exited 2
+    without a traceback."""
+    for argv in argvs:
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
 
 
 def report_json(run_dir: str) -> dict[str, Any]:
