@@ -19,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from goodput.integrations.prometheus import PrometheusExporter
 from tests.helpers.groups import Group, set_clock
-from tests.helpers.stragglers import straggler_run
 
 
 def _scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -37,7 +36,20 @@ def test_scrape_while_a_run_trains(tmp_path: os.PathLike[str]) -> None:
     port = free_port()
     exporter = PrometheusExporter(run_dir, port=port, refresh_seconds=0)
     assert exporter.url == f"http://127.0.0.1:{port}/metrics"
-    run, model, opt, loader = straggler_run(run_dir, exporter, total_steps=30, every=10)
+    config = gp.CheckpointConfig(root=os.path.join(run_dir, "ckpt"), strategy="torch_save", every=10)
+    run = gp.Run(
+        run_dir,
+        checkpoint=config,
+        total_steps=30,
+        hang_timeout=None,
+        progress=False,
+        exporters=[exporter],
+        stragglers=gp.StragglerConfig(every=5),
+    )
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = gp.ResumableLoader(torch.randn(64, 4), batch_size=4, seed=0)
+    run.restore(model=model, optimizer=opt, loader=loader)
     scraped = None
     for batch in run.batches(loader):
         model(batch).pow(2).mean().backward()
