@@ -29,8 +29,8 @@ def test_close_ends_the_threads_of_the_managers_groups(tmp_path: Path) -> None:
         assert result["restored"] is None, result  # the only checkpoint was refused
         assert result["during"] > result["before"], result  # the manager's groups run threads of their own
         assert result["after_save"] == result["before"], result
-        # nothing else held the groups after a clean save: their threads ended without a full collection
-        # (~150 ms a close), which only a group still referenced elsewhere (a failed load's traceback) needs
+        # nothing else held the groups after a clean save: their threads ended without a full collection, which
+        # only a group still referenced elsewhere (a failed load's traceback) needs
         assert result["collections_in_close"] == 0, result
         assert result["after_restore"] == result["before"], result
 

@@ -98,9 +98,9 @@ def test_a_lineage_is_compared_with_the_reference_up_to_the_first_window_the_gua
 
 
 def test_a_missed_spike_is_judged_by_the_loss_the_rule_saw_against_its_threshold() -> None:
-    """The soak's CI failure of 68140de: a 50x spike on a step whose own loss was under half the loss's level
-    (rise needed 24.7x, so 2 x rise < 50) stayed under the threshold; the guess from the factor called it a
-    fault of the guard. With the judged loss in the event the verdict is exact both ways."""
+    """A 50x spike on a step whose own loss sits under half the loss's level stays under the threshold although
+    the rule needs less than half the factor (a rise of 24.66x): only the judged loss against the threshold says
+    whether the rule could see it, both ways."""
     spikes = [SoakFault(kind="spike", seconds=s, step=100 * s, rank=None) for s in (1, 2)]
 
     def missed(step: int, loss: float) -> dict:

@@ -14,9 +14,8 @@ import pytest
 from goodput.cli import main
 from goodput.testing import S3Server
 
-Verified = tuple[
-    subprocess.CompletedProcess[str], str
-]  # verify-resume's finished command and its work folder
+# verify-resume's finished command and its work folder
+Verified = tuple[subprocess.CompletedProcess[str], str]
 
 
 def verify_resume_two_kills(tmp_path_factory: pytest.TempPathFactory, script: str, steps: int) -> Verified:

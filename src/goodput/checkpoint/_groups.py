@@ -34,19 +34,19 @@ def release_groups(groups: list[Any]) -> None:
     is unregistered but lives on, with its threads, until that reference goes. Call this only after the last
     collective on the groups has returned (the join would wait for one still running).
     """
-    import torch.distributed as dist
-
-    _destroy_each(groups, dist.destroy_process_group)
+    _destroy_each(groups)
     if any(_held_elsewhere(group) for group in groups):
         gc.collect()
     groups.clear()  # the last references: ProcessGroupGloo's destructor joins its threads, without the GIL
 
 
-def _destroy_each(groups: list[Any], destroy: Any) -> None:
-    # a function of its own: a loop here in release_groups would leave its variable holding the last group, which
-    # _held_elsewhere would count as a reference elsewhere (a needless full collection, ~150 ms, at every close)
+def _destroy_each(groups: list[Any]) -> None:
+    # a function of its own: a loop in release_groups would leave its variable holding the last group, which
+    # _held_elsewhere would count as a reference elsewhere (a needless full collection at every close)
+    import torch.distributed as dist
+
     for group in groups:
-        destroy(group)
+        dist.destroy_process_group(group)
 
 
 def _held_elsewhere(group: Any) -> bool:

@@ -59,7 +59,7 @@ class SpikeWatch:
         figures = self.figures(history)
         if factor is not None and not spike:
             ledger.event(
-                "spike_missed", step=step, factor=factor, why=self._why_missed(factor, history, loss),
+                "spike_missed", step=step, factor=factor, why=self._why_missed(factor, history, loss, figures),
                 loss=loss, **figures,
             )  # fmt: skip
         if figures and due:
@@ -77,18 +77,20 @@ class SpikeWatch:
             return {"rise": None, "threshold": None}
         return {"rise": spike_rise(history, k=c.spike_k, min_rise=c.spike_min_rise), "threshold": threshold}
 
-    def _why_missed(self, factor: float, history: Sequence[float], loss: float | None) -> str:
+    def _why_missed(
+        self, factor: float, history: Sequence[float], loss: float | None, figures: dict[str, float | None]
+    ) -> str:
+        """Why the spike at ``factor`` went unseen, from ``figures`` (:meth:`figures` of ``history``)."""
         c = self.config
         if c.spike_k is None:
             return "the spike rule is off (NumericConfig(spike_k=None))"
         if len(history) < c.spike_warmup:
             return f"{WARMING_UP} ({len(history)} of spike_warmup={c.spike_warmup} steps)"
-        rise = spike_rise(history, k=c.spike_k, min_rise=c.spike_min_rise)
-        threshold = spike_threshold(history, k=c.spike_k, min_rise=c.spike_min_rise)
+        rise, threshold = figures.get("rise"), figures.get("threshold")
         needs = f"a rise of {rise:.1f}x over its level" if rise is not None else "a larger rise"
         below = (
             f"took the loss to {loss:.4g}, not above the spike rule's threshold {threshold:.4g}"
-            if loss is not None
+            if loss is not None and threshold is not None
             else "stayed below the spike rule's threshold"
         )
         return (
