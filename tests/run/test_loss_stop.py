@@ -93,3 +93,28 @@ def test_close_after_the_stop_saves_nothing(tmp_path: Path) -> None:
     bad = next(i + 1 for i, x in enumerate(losses) if not math.isfinite(x))
     assert bad == len(losses) and f"step {bad}: the loss is nan on rank 0" in str(stop.value)
     assert max(_committed(root)) == bad - 1  # saved every step up to the one before, none after
+
+
+def test_the_stop_is_in_the_ledger_on_disk_before_the_launcher_is_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report is what makes the launcher end every rank: this rank's ``numeric_stop`` must already be on
+    disk then (a CI run lost it to that kill). The real report runs; the test reads the files at its call."""
+    import goodput.run.numeric.loss_stop as loss_stop
+
+    seen_at_report: list[list[str]] = []
+    real = loss_stop.report_failure
+
+    def report(rank: int, err: BaseException, **kwargs: object) -> str:
+        seen_at_report.append([e["event"] for e in read_events(str(tmp_path), rank=0)])
+        return real(rank, err, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loss_stop, "report_failure", report)
+    run = gp.Run(str(tmp_path), total_steps=4, hang_timeout=None, progress=False)
+    run.restore(model=torch.nn.Linear(1, 1))
+    with pytest.raises(NumericFault):
+        run.step_done(loss=1.0)
+        run.step_done(loss=float("inf"))
+    run.close()
+    (seen,) = seen_at_report
+    assert seen[-2:] == ["numeric_fault", "numeric_stop"], seen

@@ -47,6 +47,7 @@ class LossStop(RunHook):
             detail="the loss", detected_at=step,
         )  # fmt: skip
         run.ledger.event("numeric_stop", reason="a non-finite loss with the numeric guard off", line=line)
+        run.ledger.flush()  # on disk before the report: the launcher may end this process at once after it
         stop = NumericFault(line)
         report_failure(rank, stop)  # the launcher ends every rank now, whatever this process does next
         run.abandon()
