@@ -201,10 +201,11 @@ def test_exception_on_one_rank_restarts_warm(tmp_path: os.PathLike[str], baselin
 @pytest.mark.slow
 def test_hung_rank_is_replaced_and_survivor_restarts_warm(tmp_path: os.PathLike[str], baseline: str) -> None:
     run_dir = str(tmp_path)
-    # The survivor's collective fails after 4 s; the hung rank's watchdog ends it after 40 s: longer than the
-    # survivor's collective and re-form timeouts together (4 + 30 s), as with the defaults (30 + 30 against 300 s),
+    # The survivor's collective fails after 4 s; the hung rank's watchdog ends it after 16 s: longer than the
+    # survivor's collective and re-form timeouts together (4 + 10 s), as with the defaults (30 + 30 against 300 s),
     # so the survivor must wait for the hung rank's end rather than give up and turn the hang into a cold restart.
-    _launch(run_dir, "hang@step=15,rank=1", hang_timeout="40")  # between saves (at 10 and 20)
+    # The hang falls between the saves at 10 and 20.
+    _launch(run_dir, "hang@step=15,rank=1", "--reform-timeout", "10", hang_timeout="16")
     assert [e["event"] for e in _agent(run_dir) if e["event"].endswith("_restart")] == ["warm_restart"]
     _assert_warm_and_identical(run_dir, baseline, restored=15)
 

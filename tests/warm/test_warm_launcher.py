@@ -2,7 +2,7 @@
 SIGTERM to the launcher alone saves once and exits 75 (spares included, nothing outlives it) and the relaunch
 resumes; a second signal stops at once; a rank that fails at the same step every time is a crash loop (exit 3,
 its error quoted), not a warm restart until --max-restarts; an error a restart cannot fix stops at once
-(exit 78); an elastic node count is refused in one line."""
+(exit 78); an elastic node count or a timeout that is not positive is refused in one line."""
 
 from __future__ import annotations
 
@@ -195,3 +195,13 @@ def test_an_elastic_node_count_without_shrink_after_is_refused_in_one_line_namin
     text = " ".join(shown.stdout.split())  # argparse wraps the options' help
     assert "An elastic --nnodes MIN:MAX needs --shrink-after" in text
     assert "with --restart warm it needs --shrink-after" in text
+
+
+@pytest.mark.parametrize("flag", ["--reform-timeout", "--collective-timeout"])
+def test_a_timeout_that_is_not_positive_is_refused_in_one_line_naming_its_flag(
+    tmp_path: Path, flag: str
+) -> None:
+    cmd = [sys.executable, "-m", "goodput", "launch", "--restart", "warm", "--run-dir", str(tmp_path)]
+    proc = subprocess.run([*cmd, flag, "0", "--", SCRIPT], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and flag in proc.stderr, proc.stderr
+    assert not os.path.exists(os.path.join(tmp_path, "launches")), "nothing was launched"

@@ -122,6 +122,14 @@ def register(sub: Any) -> None:
         "below the script's hang timeout)",
     )
     parser.add_argument(
+        "--reform-timeout",
+        type=float,
+        default=30.0,
+        help="--restart warm: seconds a warm restart may take to re-form the group and recover before the job "
+        "falls back to a cold restart (default 30; with a hang, keep --collective-timeout plus this below the "
+        "script's hang timeout)",
+    )
+    parser.add_argument(
         "--shrink-after",
         type=float,
         default=None,
@@ -183,6 +191,7 @@ def _run(args: argparse.Namespace) -> int:
         warm = WarmConfig(
             spares=args.spares,
             pg_timeout=args.collective_timeout,
+            reform_timeout=args.reform_timeout,
             shrink_after=args.shrink_after,
             min_world=args.min_world,
         )

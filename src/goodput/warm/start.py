@@ -68,9 +68,10 @@ class WarmConfig:
     def __post_init__(self) -> None:
         if self.spares < 0:
             raise ConfigError(f"--spares must be >= 0, got {self.spares}")
-        for name in ("reform_timeout", "pg_timeout"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"WarmConfig.{name} must be > 0, got {getattr(self, name)}")
+        for name, flag in (("reform_timeout", "--reform-timeout"), ("pg_timeout", "--collective-timeout")):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ConfigError(f"{flag} (WarmConfig.{name}) must be > 0 seconds, got {value}")
         if self.shrink_after is not None and self.shrink_after < 0:
             raise ConfigError(f"--shrink-after must be >= 0 seconds, got {self.shrink_after}")
         if self.min_world < 1:
