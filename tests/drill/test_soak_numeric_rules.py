@@ -4,9 +4,10 @@ relaunch is counted as not detectable, not as a fault the guard failed to answer
 
 from __future__ import annotations
 
-from goodput.drill.soak_checks import WARMING_UP, kind_rows, undetectable_spikes
+from goodput.drill.soak_checks import kind_rows
 from goodput.drill.soak_plan import NUMERIC, Checks, SoakFault, draw_schedule
 from goodput.drill.soak_report import _count_problems
+from goodput.verify.rollback import WARMING_UP, undetectable_spikes
 
 
 def _numeric_steps(rollbacks: tuple[int, int] | None) -> list[int]:

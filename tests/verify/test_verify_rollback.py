@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from goodput.verify.rollback import drill_plan, spike_needs
+from goodput.verify.rollback import drill_plan, drill_problems, spike_needs
 from tests.helpers.paths import script
 
 
@@ -36,6 +36,26 @@ def test_the_drill_leaves_out_a_spike_its_run_says_the_loss_hides() -> None:
     assert spike_needs(80, figures((60, 90.0))) == 90.0  # none before: the figure at the end of the warm-up
     assert spike_needs(80, figures((40, None))) is None  # a loss that is not positive: no factor to compare
     assert "spike" not in drill_plan(80, 2, spike=False)
+
+
+def test_a_missed_spike_fails_the_verdict_only_where_the_rule_could_see_it() -> None:
+    """The placement reads the clean run's figure before the spike; the faulted run's spiked step may still sit
+    at or below the rule's threshold (its loss under the loss's level): that spike is not detectable, said and
+    not counted as not found. A missed spike over the threshold is the guard's fault, with its reason."""
+    plan = drill_plan(60, 2)
+    found = [{"event": "numeric_fault", "kind": "nonfinite"}, {"event": "skip"}]
+
+    def missed(loss: float) -> dict[str, object]:
+        return {"event": "spike_missed", "step": 33, "factor": 20.0, "rise": 9.0, "threshold": 4.0, "loss": loss,
+                "why": f"a 20x spike took the loss to {loss}"}  # fmt: skip
+
+    problems, hidden = drill_problems(plan, [*found, missed(3.9)])
+    assert problems == [] and hidden == "not detectable on this loss: a 20x spike took the loss to 3.9"
+    problems, hidden = drill_problems(plan, [*found, missed(4.1)])
+    assert problems == ["the drill's spike was not found: a 20x spike took the loss to 4.1"] and hidden == ""
+    caught = [*found, {"event": "numeric_fault", "kind": "spike"}]
+    assert drill_problems(plan, caught) == ([], "")
+    assert drill_problems(plan, found[:1] + caught[2:]) == (["the NaN that came back was not skipped"], "")
 
 
 @pytest.mark.slow

@@ -15,10 +15,9 @@ from typing import Any
 
 from goodput.drill.runs import OUTPUT_LOG, LaunchSpec, result, run_launch
 from goodput.drill.scenario import DrillContext, Scenario, ScenarioResult, register
-from goodput.drill.soak_checks import undetectable_spikes
 from goodput.job.codes import EXIT_FATAL
 from goodput.run.numeric import NO_REPLICAS
-from goodput.verify.rollback import rise_before
+from goodput.verify.rollback import hidden_spike, rise_before
 
 __all__ = ["BITFLIP", "NAN", "SLOW", "SPIKE"]
 
@@ -126,13 +125,9 @@ def _numeric(plan: Callable[[DrillContext], tuple[str, str]]) -> Callable[[Drill
 
 
 def _hidden_spike(missed: list[dict[str, Any]], rollbacks: int) -> str:
-    """Why the run's spike was not detectable after all ("" where it was, or where the guard missed one it could
-    see): the placement reads the uninterrupted run's figure before the spike, but the spiked step's own loss may
-    sit so far under the loss's level that the spike stays at or below the rule's threshold (its ``spike_missed``
-    says the loss the rule judged, beside the threshold)."""
-    if rollbacks or not missed or len(undetectable_spikes(missed)) < len({int(e["step"]) for e in missed}):
-        return ""
-    return f"not detectable on this loss: {missed[0]['why']}"
+    """Why the run's spike was not detectable after all ("" where it was, where the guard missed one it could
+    see, or where the run rolled back anyway): :func:`goodput.verify.rollback.hidden_spike`."""
+    return "" if rollbacks else hidden_spike(missed)
 
 
 def _problems(run_dir: str, rollbacks: int) -> list[str]:

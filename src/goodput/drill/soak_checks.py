@@ -18,6 +18,7 @@ from typing import Any
 from goodput.drill.soak_plan import KINDS, STORE, SoakFault
 from goodput.verify.demo import trained_twice
 from goodput.verify.records import RunRecords
+from goodput.verify.rollback import undetectable_spikes
 from goodput.verify.shrink import effective
 
 __all__ = [
@@ -32,9 +33,6 @@ __all__ = [
     "tiling_problem",
     "until",
 ]
-
-# ``spike_missed``'s reason while the rule warms up: goodput.run.numeric.spikes.WARMING_UP (which imports torch)
-WARMING_UP = "the spike rule was warming up"
 
 _NUMERIC_KINDS = {
     "nonfinite": "nan",
@@ -148,27 +146,6 @@ class KindRow:
     lost: tuple[float, ...] = ()
     undetectable: tuple[float | None, ...] = ()
     unreached: int = 0
-
-
-def undetectable_spikes(events: Sequence[Mapping[str, Any]]) -> dict[int, float | None]:
-    """Step -> the rise the spike rule needed there, at each missed spike (the ledger's ``spike_missed``, once
-    per step) that the rule could not see: the loss it judged there (``loss``) at or below its ``threshold``
-    (a spike of a step whose own loss was well under the loss's level), or, in a ledger without ``loss``, a
-    factor below twice the rise; None at one that came while the rule warmed up (after a relaunch, whose
-    processes start without its window: a soak places no spike in the job's first warm-up). A missed spike
-    whose loss was above the threshold is the guard's fault, never excused."""
-    needed: dict[int, float | None] = {}
-    for e in events:
-        if e["event"] != "spike_missed":
-            continue
-        if e.get("loss") is not None and e.get("threshold") is not None:
-            if float(e["loss"]) <= float(e["threshold"]):
-                needed[int(e["step"])] = None if e.get("rise") is None else float(e["rise"])
-        elif e.get("rise") is not None and 2 * float(e["rise"]) > float(e["factor"]):
-            needed[int(e["step"])] = float(e["rise"])
-        elif str(e.get("why", "")).startswith(WARMING_UP):
-            needed[int(e["step"])] = None
-    return dict(sorted(needed.items()))
 
 
 def kind_rows(

@@ -20,13 +20,13 @@ from goodput.drill.soak_checks import (
     lineage_problems,
     skipped_windows,
     tiling_problem,
-    undetectable_spikes,
     until,
 )
 from goodput.drill.soak_leaks import peaks
 from goodput.drill.soak_plan import SoakPlan
 from goodput.drill.soak_store import StoreWindow, store_problems, store_rows
 from goodput.drill.supervisors import left_after, ram_folders
+from goodput.verify.rollback import undetectable_spikes
 
 if TYPE_CHECKING:
     from goodput.drill.soak_leaks import Sampler

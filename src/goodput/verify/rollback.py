@@ -30,10 +30,22 @@ from goodput.launch.launcher import LaunchConfig, launch_job
 from goodput.verify.compare import compare_records
 from goodput.verify.script import OUTPUT_LOG, records_of, run_captured
 
-__all__ = ["drill_plan", "rise_before", "spike_needs", "spike_step", "verify_rollback"]
+__all__ = [
+    "WARMING_UP",
+    "drill_plan",
+    "drill_problems",
+    "hidden_spike",
+    "rise_before",
+    "spike_needs",
+    "spike_step",
+    "undetectable_spikes",
+    "verify_rollback",
+]
 
 
 _SPIKE = 20  # the drill's spike factor: injected where the rule catches a rise of half of it
+# ``spike_missed``'s reason while the rule warms up: goodput.run.numeric.spikes.WARMING_UP (which imports torch)
+WARMING_UP = "the spike rule was warming up"
 
 
 def spike_step(steps: int) -> int:
@@ -57,6 +69,37 @@ def spike_needs(steps: int, figures: Sequence[Mapping[str, Any]]) -> float | Non
     None when the spike is detectable or no figure says otherwise."""
     found = rise_before(figures, spike_step(steps))
     return found[1] if found is not None and 2 * found[1] > _SPIKE else None
+
+
+def undetectable_spikes(events: Sequence[Mapping[str, Any]]) -> dict[int, float | None]:
+    """Step -> the rise the spike rule needed there, at each missed spike (the ledger's ``spike_missed``, once
+    per step) that the rule could not see: the loss it judged there (``loss``) at or below its ``threshold``
+    (a spike of a step whose own loss was well under the loss's level), or, in a ledger without ``loss``, a
+    factor below twice the rise; None at one that came while the rule warmed up (after a relaunch, whose
+    processes start without its window: a soak places no spike in the job's first warm-up). A missed spike
+    whose loss was above the threshold is the guard's fault, never excused."""
+    needed: dict[int, float | None] = {}
+    for e in events:
+        if e["event"] != "spike_missed":
+            continue
+        if e.get("loss") is not None and e.get("threshold") is not None:
+            if float(e["loss"]) <= float(e["threshold"]):
+                needed[int(e["step"])] = None if e.get("rise") is None else float(e["rise"])
+        elif e.get("rise") is not None and 2 * float(e["rise"]) > float(e["factor"]):
+            needed[int(e["step"])] = float(e["rise"])
+        elif str(e.get("why", "")).startswith(WARMING_UP):
+            needed[int(e["step"])] = None
+    return dict(sorted(needed.items()))
+
+
+def hidden_spike(missed: Sequence[Mapping[str, Any]]) -> str:
+    """Why a run's missed spikes were not detectable ("" where one was: the guard saw a loss over its threshold
+    and let it pass, or where none was missed): a placement reads a run's figure before the spike, but the
+    spiked step's own loss may sit so far under the loss's level that the spike stays at or below the rule's
+    threshold (its ``spike_missed`` says the loss the rule judged, beside the threshold)."""
+    if not missed or len(undetectable_spikes(missed)) < len({int(e["step"]) for e in missed}):
+        return ""
+    return f"not detectable on this loss: {missed[0]['why']}"
 
 
 def drill_plan(
@@ -127,12 +170,12 @@ def verify_rollback(
             return 1
     for line in _ladder(dirs["faulted"]):
         say(line)
-    found = {e["kind"] for e in _events(dirs["faulted"], "numeric_fault")}
-    wanted = {"nonfinite", *(["spike"] if "spike" in plan else []), *(["sdc"] if "bitflip" in plan else [])}
-    problems = [f"the drill's {kind} was not found" for kind in sorted(wanted - found)]
+    from goodput.ledger import read_events
+
+    problems, hidden = drill_problems(plan, read_events(dirs["faulted"], rank=0))
+    if hidden:
+        say(f"spike: {hidden}: not counted against the guard")
     problems += [f"the clean run raised {len(alarms)} false alarm(s)"] * bool(alarms)
-    if not _events(dirs["faulted"], "skip"):
-        problems.append("the NaN that came back was not skipped")
     differences = compare_records(records_of(dirs["skipping"], script), records_of(dirs["faulted"], script))
     problems += [str(d) for d in differences[:3]]
     if not problems:
@@ -146,6 +189,23 @@ def verify_rollback(
         say(f"DIFFERENT: {problem}")
     say(f"(the workers' output is in {dirs['faulted']}/{OUTPUT_LOG} and {dirs['skipping']}/{OUTPUT_LOG})")
     return 1
+
+
+def drill_problems(plan: str, events: Sequence[Mapping[str, Any]]) -> tuple[list[str], str]:
+    """What the faulted run of ``plan`` did not do, from its ledger ``events``: a drill fault not found (a missed
+    spike with the guard's reason), the NaN that came back not skipped; and why a spike it missed was not
+    detectable ("" where none was: see :func:`hidden_spike`; such a spike is not counted as not found)."""
+    found = {e["kind"] for e in events if e["event"] == "numeric_fault"}
+    wanted = {"nonfinite", *(["spike"] if "spike" in plan else []), *(["sdc"] if "bitflip" in plan else [])}
+    missed = [e for e in events if e["event"] == "spike_missed"]
+    hidden = hidden_spike(missed) if "spike" in wanted - found else ""
+    if hidden:
+        wanted.discard("spike")
+    why = {"spike": f": {missed[0]['why']}" if missed else ""}
+    problems = [f"the drill's {kind} was not found{why.get(kind, '')}" for kind in sorted(wanted - found)]
+    if not any(e["event"] == "skip" for e in events):
+        problems.append("the NaN that came back was not skipped")
+    return problems, hidden
 
 
 def _plan(clean: str, steps: int, nproc: int, say: Callable[[str], None]) -> str:
