@@ -7,6 +7,7 @@ expected figures are worked out from the scenario's own constants, not from the 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from goodput.errors import ConfigError
 from goodput.ledger import Ledger, read_events
 from goodput.ledger.accounting import account
 from goodput.ledger.report import build_report, load_report
-from tests.helpers.groups import Clock, Group, set_clock
+from tests.helpers.groups import EPOCH, Clock, Group, set_clock
 
 RESERVED = 3  # ranks the job reserved
 BEFORE = 10  # 1-second steps at full size before the failure
@@ -187,6 +188,46 @@ def test_live_capacity_goodput_follows_the_world_size(
     assert ledger.live_goodput == pytest.approx(1.0)
     assert ledger.live_capacity_goodput == pytest.approx((10 * 3 + 10 * 2) / (3 * 20))
     group.close()
+
+
+def test_an_attempt_that_goes_on_in_the_same_process_carries_its_live_goodput(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """10 s of steps, a rollback (or a warm restart's re-forming) of 1 s, then a 0.1 s step in the same process:
+    live goodput is the process's (10 + 0.1) / 11.1, not that of the new attempt's first step alone."""
+    first = Ledger(tmp_path, rank=0, attempt=0, began=clock.time())
+    for step in range(1, 11):
+        first.step_start(step)
+        clock.t += 1.0
+        first.step_end(step)
+    first.close("failed")
+    clock.t += 1.0
+    second = Ledger(tmp_path, rank=0, attempt=1, began=clock.time())
+    second.carry_live(first)
+    second.step_start(11)
+    clock.t += 0.1
+    second.step_end(11)
+    assert second.live_goodput == pytest.approx(10.1 / 11.1)
+    second.close()
+    starts = [e["process_start"] for e in read_events(tmp_path) if e["event"] == "attempt_start"]
+    assert starts == [EPOCH, EPOCH + 11.0]  # what each attempt records is its own begin, as before
+
+
+def test_a_run_s_rollback_attempt_starts_from_the_process_s_live_goodput(tmp_path: Path) -> None:
+    import torch
+
+    import goodput as gp
+
+    run = gp.Run(str(tmp_path), total_steps=8, hang_timeout=None, progress=False)
+    loader = gp.ResumableLoader(torch.utils.data.TensorDataset(torch.ones(8, 1)), batch_size=2, seed=0)
+    run.restore(model=torch.nn.Linear(1, 1), loader=loader)
+    for _ in zip(range(3), run.batches(loader), strict=False):
+        run.step_done(loss=1.0)
+    assert run.ledger.live_goodput > 0
+    run.end_attempt("a rollback")
+    run.begin_attempt("rollback", began=time.time())
+    assert run.ledger.attempt == 1 and run.ledger.live_goodput > 0  # no step of its own yet: the process's
+    run.close()
 
 
 def test_the_report_shows_capacity_and_each_reshape(

@@ -359,9 +359,16 @@ class Ledger:
 
     # -- live view ------------------------------------------------------------------------------------
 
+    def carry_live(self, before: Ledger) -> None:
+        """Continue the live totals of ``before``, this process's previous attempt's ledger (a warm restart's
+        survivor, a rollback): live goodput stays this process's, not the new attempt's first steps'."""
+        with self._lock:
+            self._live.carry(before._live)
+
     @property
     def live_goodput(self) -> float:
-        """This attempt's step compute (fetch excluded) over its time since process start, so far."""
+        """This process's step compute (fetch excluded) over its time since it started, so far (an attempt that
+        :meth:`carry_live` continues counts the attempts before it in the process)."""
         with self._lock:
             return self._live.goodput(time.monotonic())
 

@@ -1,8 +1,11 @@
 """Running totals of one attempt for the progress line and the exporters (internal to :mod:`goodput.ledger.ledger`).
 
-Live goodput is this attempt's step compute (fetch excluded) over its time since the process started; live
-capacity goodput weighs each step's compute by the world size in force (the attempt's, then that of each
-``shrink`` or ``grow``) over the ranks the job reserved, as the report's capacity goodput does for the run.
+Live goodput is this process's step compute (fetch excluded) over its time since the process started (since it
+took its rank, for a hot spare); an attempt that goes on in the same process (a warm restart's survivor, a
+rollback) carries the totals of the one before (:meth:`Live.carry`), so its figure is not that of a window a
+few steps long. Live capacity goodput weighs each step's compute by the world size in force (the attempt's,
+then that of each ``shrink`` or ``grow``) over the ranks the job reserved, as the report's capacity goodput
+does for the run.
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ class Live:
             self.useful += useful
             self.useful_ranks += useful * self.world
             self._step_start = None
+
+    def carry(self, before: Live) -> None:
+        """Go on from ``before``, the same process's previous attempt: its origin and its step compute."""
+        self.mono_origin = before.mono_origin
+        self.useful += before.useful
+        self.useful_ranks += before.useful_ranks
 
     def resized(self, world: int) -> None:
         """The group went on at ``world`` ranks (a shrink or a grow)."""

@@ -296,8 +296,13 @@ class Run:
 
     def begin_attempt(self, kind: str, *, began: float, attempt: int | None = None) -> None:
         """Open a new ledger attempt in this process (``kind``: ``"warm"`` or ``"rollback"``; ``attempt``: its
-        number, as the generation's ranks agreed it; None: one more than this rank's last) and tell the hooks."""
-        self.ledger = Ledger(self.run_dir, rank=self.info.rank, began=began, attempt=attempt)
+        number, as the generation's ranks agreed it; None: one more than this rank's last), whose live goodput goes
+        on from the last one's, and tell the hooks."""
+        before, self.ledger = (
+            self.ledger,
+            Ledger(self.run_dir, rank=self.info.rank, began=began, attempt=attempt),
+        )
+        self.ledger.carry_live(before)
         self.attempt = self.ledger.attempt
         for hook in self.hooks:
             hook.on_attempt(self, kind)
