@@ -32,6 +32,31 @@ def test_words_survive_a_float_sum_of_every_ranks_payload_bit_for_bit() -> None:
         assert decode(summed.tolist(), 3, bits) == [_row(r) for r in range(3)], dtype
 
 
+def test_each_payload_holds_the_word_that_boards_else_zeros_whenever_it_was_staged() -> None:
+    """A word is written into the payloads when it boards (between steps), or at the first bucket of a dtype
+    the carrier had not seen; a backward with no word sends zeros, and a word cancelled before it rode never
+    goes."""
+    from goodput.run.numeric.carry import Carrier
+
+    carrier = Carrier(1, 2, None)
+
+    def sent(dtype: torch.dtype) -> list[list[int]]:
+        payload = carrier.payload(dtype)
+        return decode(payload.tolist(), 2, 16 if dtype == torch.float32 else 32)
+
+    zeros = [0] * len(_row(0))
+    carrier.board(1, _row(1))
+    assert sent(torch.float32) == [zeros, _row(1)]  # staged at its first bucket
+    assert sent(torch.float32) == [zeros, zeros]  # a backward with no word
+    carrier.board(2, _row(2))  # staged now, for the dtype seen so far
+    assert sent(torch.float64) == [zeros, _row(2)]  # a dtype's first bucket
+    carrier.board(3, _row(3))
+    assert sent(torch.float32) == [zeros, _row(3)]
+    assert sent(torch.float64) == [zeros, zeros]  # the word left with the float32 bucket
+    carrier.cancel(carrier.board(4, _row(4)))
+    assert sent(torch.float32) == [zeros, zeros]
+
+
 def _two_models(rank: int, world: int) -> tuple[bool, list[list[int]], list[list[int]], float | None]:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(16, 300), torch.nn.Tanh(), torch.nn.Linear(300, 4))

@@ -104,12 +104,14 @@ class _Staged:
         self.view = torch.frombuffer(self.values, dtype=torch.float64 if double else torch.float32)
         self.bits, self.rank = bits, rank
         self.payload = self.view if self.view.dtype == dtype else self.view.to(dtype)
+        self.holding: Carried | None = None  # the word the values hold (None: zeros)
 
     def hold(self, word: Carried | None) -> None:
         band = pieces_of(word.row if word is not None else [0] * ROW_WORDS, self.bits)
         self.values[self.rank * len(band) : (self.rank + 1) * len(band)] = array(self.values.typecode, band)
         if self.payload is not self.view:
             self.payload.copy_(self.view)
+        self.holding = word
 
 
 class Carrier:
@@ -129,9 +131,14 @@ class Carrier:
         self._staged: dict[Any, _Staged] = {}  # by the bucket's float type
 
     def board(self, step: int, row: list[int]) -> Carried:
-        """``row`` goes with the next backward's first bucket; the exchange to read it from."""
-        self._boarding = Carried(step, row, self)
-        return self._boarding
+        """``row`` goes with the next backward's first bucket; the exchange to read it from.
+
+        The word is written into each payload here, between steps: the same few dozen Python operations take
+        several times longer inside a backward, where :meth:`payload` is called."""
+        self._boarding = word = Carried(step, row, self)
+        for staged in self._staged.values():
+            staged.hold(word)
+        return word
 
     def cancel(self, word: Carried) -> None:
         """``word`` will not ride: it is read from an all-gather instead (a no-op once it departed)."""
@@ -162,8 +169,9 @@ class Carrier:
         staged = self._staged.get(dtype)
         if staged is None:
             staged = self._staged[dtype] = _Staged(dtype, bits, self.rank, self.world)
-        staged.hold(word)
-        return staged.payload  # valid until the next call
+        if staged.holding is not word:  # boarded before this dtype's first bucket, or zeros where none boards
+            staged.hold(word)
+        return staged.payload  # valid until the next board or call
 
     def departed(self, future: Any, summed: Any) -> None:
         """The riding word's all-reduce started: ``summed`` holds every rank's word once ``future`` is done."""
