@@ -145,9 +145,9 @@ def test_steps_between_draws_are_not_formatted_but_the_last_one_is_shown(
     assert lines[-1].startswith("step 300/300 | loss 0.003333 | ")  # close draws the last step held
 
 
-def test_after_a_rollback_the_live_goodput_is_the_new_attempts(tmp_path: Path) -> None:
+def test_after_a_rollback_the_live_goodput_goes_on_in_the_new_attempt(tmp_path: Path) -> None:
     """A rollback opens a new ledger attempt in the same process: the progress line and the exporters read it,
-    not the first attempt's closed one."""
+    not the first attempt's closed one, and it goes on from the process's totals (docs/integrations.md)."""
     recorder = _Recorder()
     config = gp.CheckpointConfig(
         root=str(tmp_path / "ckpt"),
@@ -169,7 +169,8 @@ def test_after_a_rollback_the_live_goodput_is_the_new_attempts(tmp_path: Path) -
     fit(run, loader, loss_of, opt)
     events = gp.read_events(str(tmp_path / "run"))
     assert [e["event"] for e in events if e["event"] == "rollback"] == ["rollback"]
-    last = recorder.logged[-1][1]
-    # 37 steps of 20 ms after the rollback: the new attempt's share is well above a half; the first attempt's
-    # 3 steps over the whole run's time would be below a fifth
-    assert last["goodput"] > 0.5 and last["capacity_goodput"] > 0.5, last
+    after = [metrics for _, metrics in recorder.logged[-30:]]
+    # 30 steps of 20 ms compute each: the live figure rises (the process's goodput so far, which began with the
+    # pytest worker, is far below a step's own share); the closed attempt's could only fall, its compute frozen
+    for name in ("goodput", "capacity_goodput"):
+        assert after[-1][name] > after[0][name] > 0, [m[name] for m in after]
