@@ -298,10 +298,8 @@ class Run:
         """Open a new ledger attempt in this process (``kind``: ``"warm"`` or ``"rollback"``; ``attempt``: its
         number, as the generation's ranks agreed it; None: one more than this rank's last), whose live goodput goes
         on from the last one's, and tell the hooks."""
-        before, self.ledger = (
-            self.ledger,
-            Ledger(self.run_dir, rank=self.info.rank, began=began, attempt=attempt),
-        )
+        before = self.ledger
+        self.ledger = Ledger(self.run_dir, rank=self.info.rank, began=began, attempt=attempt)
         self.ledger.carry_live(before)
         self.attempt = self.ledger.attempt
         for hook in self.hooks:

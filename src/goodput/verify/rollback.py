@@ -168,11 +168,12 @@ def verify_rollback(
         _seed_skips(dirs["faulted"], dirs["skipping"])
         if not run_captured(launch(dirs["skipping"], ""), dirs["skipping"], "skipping", say):
             return 1
-    for line in _ladder(dirs["faulted"]):
-        say(line)
     from goodput.ledger import read_events
 
-    problems, hidden = drill_problems(plan, read_events(dirs["faulted"], rank=0))
+    events = read_events(dirs["faulted"], rank=0)
+    for line in _ladder(events):
+        say(line)
+    problems, hidden = drill_problems(plan, events)
     if hidden:
         say(f"spike: {hidden}: not counted against the guard")
     problems += [f"the clean run raised {len(alarms)} false alarm(s)"] * bool(alarms)
@@ -252,12 +253,10 @@ def _events(run_dir: str, name: str) -> list[dict[str, Any]]:
     return [e for e in read_events(run_dir, rank=0) if e["event"] == name]
 
 
-def _ladder(run_dir: str) -> list[str]:
-    """One line per rung the faulted run took."""
-    from goodput.ledger import read_events
-
+def _ladder(events: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per rung the faulted run took, from its ledger ``events``."""
     lines = []
-    for e in read_events(run_dir, rank=0):
+    for e in events:
         if e["event"] == "numeric_fault":
             lines.append(f"found {e['kind']} ({e.get('detail', '')}) at step {e['step']}")
         elif e["event"] == "rollback":
