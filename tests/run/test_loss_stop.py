@@ -99,7 +99,7 @@ def test_the_stop_is_in_the_ledger_on_disk_before_the_launcher_is_told(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The report is what makes the launcher end every rank: this rank's ``numeric_stop`` must already be on
-    disk then (a CI run lost it to that kill). The real report runs; the test reads the files at its call."""
+    disk then, or that kill can lose it. The real report runs; the test reads the files at its call."""
     import goodput.run.numeric.loss_stop as loss_stop
 
     seen_at_report: list[list[str]] = []
