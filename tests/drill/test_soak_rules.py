@@ -13,31 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from goodput.drill import soak_plan
 from goodput.drill.soak_checks import lineage_problems
 from goodput.drill.soak_leaks import Sample, leaks
-from goodput.drill.soak_plan import (
-    KINDS,
-    SENT,
-    SENT_LAG_SECONDS,
-    STORE,
-    Checks,
-    SoakFault,
-    SoakPlan,
-    draw_schedule,
-    fault_plan,
-    read_replay,
-)
+from goodput.drill.soak_plan import KINDS, SENT, SENT_LAG_SECONDS, STORE, SoakFault, SoakPlan
 from goodput.drill.soak_store import StoreWindow, store_problems, store_rows, writes
 from goodput.errors import ConfigError
 from goodput.faults import parse_faults
 from goodput.ledger.accounting import AttemptSummary
 from goodput.verify.records import RunRecords, StepRecord
 
-_CHECKS = Checks(every=50, first=100)
+_CHECKS = soak_plan.Checks(every=50, first=100)
 
 
 def _draw(seed: int, kinds: tuple[str, ...] = KINDS, mtbf: float = 10) -> tuple:
-    return draw_schedule(
+    return soak_plan.draw_schedule(
         seed=seed, mtbf=mtbf, seconds=600, step_seconds=0.01, steps=60_000, first_step=30, world=2, kinds=kinds,
         checks=_CHECKS,
     )  # fmt: skip
@@ -51,7 +41,8 @@ def test_a_seed_draws_one_schedule_of_every_kind_at_distinct_steps_with_the_mean
     assert steps == sorted(set(steps)) and steps[0] >= 30
     gaps = [b.seconds - a.seconds for a, b in itertools.pairwise(schedule)]
     assert 7 < sum(gaps) / len(gaps) < 14, gaps  # exponential gaps of mean 10 s, ~60 of them, a few left out
-    plan = parse_faults(fault_plan(schedule))  # the in-process faults as one plan goodput.faults accepts
+    # the in-process faults as one plan goodput.faults accepts
+    plan = parse_faults(soak_plan.fault_plan(schedule))
     assert len(plan) == sum(1 for f in schedule if f.kind not in SENT and f.kind not in STORE)
     assert {f.kind for f in schedule if f.rank is not None} == {"kill", "hang", "nan", "slow", "bitflip"}
 
@@ -90,7 +81,7 @@ def test_a_schedule_without_the_new_kinds_is_the_one_the_same_seed_drew_before_t
 
 def test_bit_flips_without_replica_checks_are_refused() -> None:
     with pytest.raises(ConfigError, match="check_every"):
-        draw_schedule(
+        soak_plan.draw_schedule(
             seed=1, mtbf=10, seconds=60, step_seconds=0.01, steps=6000, first_step=30, world=2, checks=None
         )
 
@@ -263,13 +254,14 @@ def test_store_faults_join_no_fault_plan_and_a_replay_file_keeps_them(tmp_path: 
         SoakFault(kind="kill", seconds=1.5, step=45, rank=1),
         SoakFault(kind="throttled", seconds=3.0, step=90),
     )
-    assert fault_plan(schedule) == "kill@step=45,rank=1"  # the store's faults are the soak's own windows
+    # the store's faults are the soak's own windows
+    assert soak_plan.fault_plan(schedule) == "kill@step=45,rank=1"
     assert "507" in schedule[0].text() and "SlowDown" in schedule[2].text()
     assert all(f.rank is None for f in _draw(7) if f.kind in STORE)
     plan = SoakPlan(seed=1, mtbf=5.0, seconds=2.0, steps=200, step_seconds=0.01, schedule=schedule)
     path = tmp_path / "replay.json"
     path.write_text(json.dumps(plan.to_json("a violation")))
-    assert read_replay(str(path)) == plan
+    assert soak_plan.read_replay(str(path)) == plan
 
 
 def test_a_full_store_refuses_uploads_and_multipart_writes_but_serves_reads_and_deletes() -> None:
@@ -362,12 +354,12 @@ def test_a_two_node_schedule_hits_ranks_of_both_nodes_and_leaves_the_time_after_
     ) in lost:  # the job trains on one node's ranks until the lost one is back: no other fault meanwhile
         assert not [f for f in schedule if node.step < f.step <= node.step + window], node
     # what the draw over four ranks held outside those windows is kept as drawn
-    whole = draw_schedule(
+    whole = soak_plan.draw_schedule(
         seed=7, mtbf=10, seconds=1200, step_seconds=0.01, steps=120_000, first_step=30, world=4,
         kinds=NODE_KINDS, checks=_CHECKS,
     )  # fmt: skip
     assert set(schedule) <= set(whole) and len(whole) > len(schedule)
-    assert len(parse_faults(fault_plan(schedule))) == len(schedule) - len(lost)
+    assert len(parse_faults(soak_plan.fault_plan(schedule))) == len(schedule) - len(lost)
 
 
 def test_the_built_in_script_s_global_batch_on_two_nodes_divides_by_every_world_it_may_train_on() -> None:

@@ -18,6 +18,7 @@ pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families
 
 from goodput.integrations.prometheus import PrometheusExporter
+from tests.helpers.exporting import run_with_exporter
 from tests.helpers.groups import Group, set_clock
 
 
@@ -36,20 +37,7 @@ def test_scrape_while_a_run_trains(tmp_path: os.PathLike[str]) -> None:
     port = free_port()
     exporter = PrometheusExporter(run_dir, port=port, refresh_seconds=0)
     assert exporter.url == f"http://127.0.0.1:{port}/metrics"
-    config = gp.CheckpointConfig(root=os.path.join(run_dir, "ckpt"), strategy="torch_save", every=10)
-    run = gp.Run(
-        run_dir,
-        checkpoint=config,
-        total_steps=30,
-        hang_timeout=None,
-        progress=False,
-        exporters=[exporter],
-        stragglers=gp.StragglerConfig(every=5),
-    )
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = gp.ResumableLoader(torch.randn(64, 4), batch_size=4, seed=0)
-    run.restore(model=model, optimizer=opt, loader=loader)
+    run, model, opt, loader = run_with_exporter(run_dir, exporter, total_steps=30, every=10)
     scraped = None
     for batch in run.batches(loader):
         model(batch).pow(2).mean().backward()

@@ -15,19 +15,8 @@ import torch
 from goodput.data.sampler import ResumableSampler
 from goodput.errors import ConfigError
 from goodput.faults import FaultPlan, parse_faults
-from goodput.run.numeric import NumericConfig
-from goodput.run.numeric.rules import (
-    FLAG_FINGERPRINT,
-    FLAG_GRAD_BAD,
-    FLAG_LOSS,
-    FLAG_LOSS_BAD,
-    FLAG_PARAMS_BAD,
-    FLAG_SELF_DIFFERS,
-    encode_row,
-    fingerprint,
-    spike_threshold,
-    verdict,
-)
+from goodput.run.numeric import NumericConfig, rules
+from goodput.run.numeric.rules import encode_row, fingerprint, spike_threshold, verdict
 from tests.helpers.numeric import replay_alarms
 
 
@@ -56,9 +45,9 @@ def test_numeric_faults_parse_and_fire_once_each(tmp_path) -> None:  # type: ign
 def test_a_replica_check_that_finds_a_non_finite_parameter_rolls_back_and_agrees_on_nothing() -> None:
     """A NaN that reached both replicas (a gradient no check saw) leaves their fingerprints equal: the check's
     sum of the parameters is what finds it, and the check is no state to roll back to."""
-    checked = FLAG_LOSS | FLAG_FINGERPRINT
+    checked = rules.FLAG_LOSS | rules.FLAG_FINGERPRINT
     good = encode_row(checked, 2.0, 7, 0.0)
-    bad = [encode_row(checked | FLAG_PARAMS_BAD, 2.0, 7, math.nan) for _ in range(2)]
+    bad = [encode_row(checked | rules.FLAG_PARAMS_BAD, 2.0, 7, math.nan) for _ in range(2)]
     found = _verdict(bad)
     assert (found.kind, found.rank, found.detail, found.agreed) == ("nonfinite", 0, "the parameters", False)
     assert found.value is not None and math.isnan(found.value)
@@ -90,31 +79,34 @@ def test_spike_rule_flags_a_spike_and_no_false_alarm_over_a_noisy_falling_loss()
 
 
 def test_verdict_agrees_names_by_majority_and_by_self_check() -> None:
-    ok = [encode_row(FLAG_LOSS | FLAG_FINGERPRINT, 1.0, 42, 0.0) for _ in range(3)]
+    ok = [encode_row(rules.FLAG_LOSS | rules.FLAG_FINGERPRINT, 1.0, 42, 0.0) for _ in range(3)]
     assert _verdict(ok).kind is None and _verdict(ok).agreed
-    odd = [*ok[:2], encode_row(FLAG_LOSS | FLAG_FINGERPRINT, 1.0, 43, 0.0)]
+    odd = [*ok[:2], encode_row(rules.FLAG_LOSS | rules.FLAG_FINGERPRINT, 1.0, 43, 0.0)]
     found = _verdict(odd)
     assert (found.kind, found.rank) == ("sdc", 2)
     two = [ok[0], odd[2]]
     found = _verdict(two)
     assert (found.kind, found.rank) == ("sdc", None)  # two replicas: no majority
-    redo = [ok[0], encode_row(FLAG_LOSS | FLAG_FINGERPRINT | FLAG_SELF_DIFFERS, 1.0, 42, 0.0)]
+    redo = [
+        ok[0],
+        encode_row(rules.FLAG_LOSS | rules.FLAG_FINGERPRINT | rules.FLAG_SELF_DIFFERS, 1.0, 42, 0.0),
+    ]
     found = _verdict(redo)
     assert (found.kind, found.named, found.agreed) == (None, 1, True)
     assert _verdict(odd, comparable=False).kind is None  # FSDP2 shards: fingerprints do not compare
 
 
 def test_verdict_on_nonfinite_values_and_spikes() -> None:
-    good = encode_row(FLAG_LOSS, 1.0, 0, 0.0)
-    grad = encode_row(FLAG_LOSS | FLAG_GRAD_BAD, 1.0, 0, math.inf)
+    good = encode_row(rules.FLAG_LOSS, 1.0, 0, 0.0)
+    grad = encode_row(rules.FLAG_LOSS | rules.FLAG_GRAD_BAD, 1.0, 0, math.inf)
     found = _verdict([good, grad])
     assert (found.kind, found.rank, found.value, found.detail) == ("nonfinite", 1, math.inf, "a gradient")
-    nan = encode_row(FLAG_LOSS | FLAG_LOSS_BAD, math.nan, 0, 0.0)
+    nan = encode_row(rules.FLAG_LOSS | rules.FLAG_LOSS_BAD, math.nan, 0, 0.0)
     assert _verdict([nan, good]).kind == "nonfinite" and _verdict([nan, good]).rank == 0
     history = [1.0, 1.01, 0.99, 1.0, 1.02]
-    assert _verdict([good, encode_row(FLAG_LOSS, 9.0, 0, 0.0)], history).kind == "spike"
-    assert _verdict([good, encode_row(FLAG_LOSS, 1.05, 0, 0.0)], history).kind is None
-    assert _verdict([good, encode_row(FLAG_LOSS, 9.0, 0, 0.0)], history[:3]).kind is None  # warming up
+    assert _verdict([good, encode_row(rules.FLAG_LOSS, 9.0, 0, 0.0)], history).kind == "spike"
+    assert _verdict([good, encode_row(rules.FLAG_LOSS, 1.05, 0, 0.0)], history).kind is None
+    assert _verdict([good, encode_row(rules.FLAG_LOSS, 9.0, 0, 0.0)], history[:3]).kind is None  # warming up
 
 
 def test_numeric_config_is_validated() -> None:

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 import goodput as gp
 from goodput.ledger.ledger import read_events
+from tests.helpers.exporting import run_with_exporter
 
 
 def test_every_window_is_recorded_with_its_sections_and_its_scores_reach_tensorboard(tmp_path: Path) -> None:
@@ -19,21 +19,8 @@ def test_every_window_is_recorded_with_its_sections_and_its_scores_reach_tensorb
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = str(tmp_path)
-    config = gp.CheckpointConfig(root=os.path.join(run_dir, "ckpt"), strategy="torch_save", every=100)
     exporter = gp.TensorBoardExporter(os.path.join(run_dir, "tensorboard"))
-    run = gp.Run(
-        run_dir,
-        checkpoint=config,
-        total_steps=20,
-        hang_timeout=None,
-        progress=False,
-        exporters=[exporter],
-        stragglers=gp.StragglerConfig(every=5),
-    )
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = gp.ResumableLoader(torch.randn(64, 4), batch_size=4, seed=0)
-    run.restore(model=model, optimizer=opt, loader=loader)
+    run, model, opt, loader = run_with_exporter(run_dir, exporter, total_steps=20, every=100)
     for batch in run.batches(loader):
         # each section holds a sleep, so that its time stands clear of the scheduling noise of a loaded machine
         # (the window holds medians: a median of sums equals the sum of medians only when the noise is small)
