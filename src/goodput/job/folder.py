@@ -64,6 +64,7 @@ __all__ = [
     "PEER_FAILURE_MARKERS",
     "PREEMPTED_FILE",
     "STRAGGLER_FILE",
+    "failure_line",
     "install_error_report",
     "is_peer_failure",
     "is_peer_failure_line",
@@ -222,13 +223,21 @@ def listen_for_failure(listener: Callable[[str, bool], None] | None) -> None:
     _failure_listener = listener
 
 
+def failure_line(err: BaseException, *, line: str | None = None) -> str:
+    """The one line that reports ``err``: ``Type: message``'s first line (the type alone for an empty
+    message), or ``line`` when given."""
+    if line is not None:
+        return line
+    name = type(err).__name__
+    return f"{name}: {err}".splitlines()[0] if str(err) else name
+
+
 def report_failure(rank: int, err: BaseException, *, line: str | None = None) -> str:
     """Report the error that ends this process (the excepthook's, or a warm-restart worker's own failure):
     to torch's error file and the failure listener, and, for an error a restart cannot fix, as the launch's
     ``FATAL``. Returns its one line (``Type: message``, or ``line`` when given)."""
     kind = type(err)
-    if line is None:
-        line = f"{kind.__name__}: {err}".splitlines()[0] if str(err) else kind.__name__
+    line = failure_line(err, line=line)
     if not isinstance(err, CrashLoop):  # the verdict, not the cause: keep the cause as the last error
         peer = False
         with contextlib.suppress(Exception):

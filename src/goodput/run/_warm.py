@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from goodput.data._global_batch import regroup
 from goodput.data.loader import ResumableLoader
 from goodput.faults import fault_point
-from goodput.job.folder import FATAL_ERRORS, report_failure
+from goodput.job.folder import FATAL_ERRORS, failure_line, report_failure
 from goodput.run.hooks import RunHook
 from goodput.warm.boot import collect_failed
 from goodput.warm.worker import WarmWorker
@@ -183,12 +183,14 @@ def exit_failed(run: Run, err: BaseException, *, planned: bool = False) -> NoRet
     ``planned``: a departure goodput chose (the numeric guard hands a corrupt rank to a spare): ``err``'s
     message alone is the report, which the launcher quotes in its one line; nothing else is printed.
     """
-    line = report_failure(run.info.rank, err, line=str(err) if planned else None)
-    if not planned and not isinstance(err, FATAL_ERRORS):
-        traceback.print_exception(err)
+    line = failure_line(err, line=str(err) if planned else None)
+    # The ledger first: the report may stop the launch (FATAL, NUMERIC), whose kill must find it on disk.
     run.ledger.failure_detected(f"exception on this rank: {line}"[:300])
     for hook in run.hooks:
         hook.on_fail(run)
     run.ledger.close("failed")
+    report_failure(run.info.rank, err, line=line)
+    if not planned and not isinstance(err, FATAL_ERRORS):
+        traceback.print_exception(err)
     sys.stderr.flush()
     os._exit(1)
