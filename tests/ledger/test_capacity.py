@@ -203,7 +203,7 @@ def test_an_attempt_that_goes_on_in_the_same_process_carries_its_live_goodput(
     first.close("failed")
     clock.t += 1.0
     second = Ledger(tmp_path, rank=0, attempt=1, began=clock.time())
-    second.carry_live(first)
+    second.carry_live(first.live_totals())
     second.step_start(11)
     clock.t += 0.1
     second.step_end(11)

@@ -126,7 +126,11 @@ def test_sigkill_of_one_rank_restarts_warm(tmp_path: os.PathLike[str], baseline:
 def test_spares_forked_from_the_template_take_two_killed_ranks_and_the_run_ends_bitwise(
     tmp_path: os.PathLike[str], baseline: str
 ) -> None:
-    """The second kill is handed to a spare the template forked after the first hand-over."""
+    """The second kill is handed to a spare the template forked after the first hand-over.
+
+    Each spare goes on with the live goodput of the rank that sent it the state (the progress line and the
+    exporters show the job's figure, not a window of the spare's first steps): the second spare's totals at its
+    first step are rank 0's from before both kills, carried through the first spare."""
     run_dir = str(tmp_path)
     faults = "kill@step=20,rank=1; kill@step=35,rank=0"
     _launch(run_dir, faults, script_args=("--step-seconds", "0.05"))
@@ -138,6 +142,11 @@ def test_spares_forked_from_the_template_take_two_killed_ranks_and_the_run_ends_
     assert pids[1][1] == handed[0]["pid"] and pids[0][1] == handed[1]["pid"]
     assert samples == _trained(baseline)[0]
     assert _final(run_dir) == _final(baseline)
+    rank0 = list(_lines(os.path.join(run_dir, "samples", "rank-0.jsonl")))
+    killed = [r["live"] for r in rank0 if r["pid"] == pids[0][0]]
+    spare = next(r["live"] for r in rank0 if r["pid"] == pids[0][1])  # before its first step's own compute
+    assert abs(spare["origin_wall"] - killed[0]["origin_wall"]) < 0.5, (killed[0], spare)
+    assert spare["useful"] >= 0.5 * killed[-1]["useful"] > 0, (killed[-1], spare)
 
 
 @pytest.mark.slow

@@ -178,7 +178,12 @@ def _train(run: Run, args: argparse.Namespace, dataset: Samples) -> None:
             sched.step()
             if args.step_seconds:
                 time.sleep(args.step_seconds)
-            record = {"step": run.step + 1, "samples": ids, "pid": os.getpid()}
+            record = {
+                "step": run.step + 1,
+                "samples": ids,
+                "pid": os.getpid(),
+                "live": run.ledger.live_totals(),
+            }
             if args.log_resources:
                 record.update(
                     fds=len(os.listdir("/proc/self/fd")), threads=len(os.listdir("/proc/self/task"))

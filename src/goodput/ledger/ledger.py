@@ -1,18 +1,17 @@
 """The run's ledger: an append-only JSONL event log per attempt and rank, kept across restarts.
 
 Layout: ``RUN_DIR/ledger/attempt-AAAA.rank-RRRRR.jsonl``, and beside it ``attempt-AAAA.rank-RRRRR.steps``: the
-steps as fixed-size binary records (:mod:`goodput.ledger.steps`), since a long run's ledger is mostly steps and
-the report reads them as arrays; and ``attempt-AAAA.index``, one per attempt, to which every rank appends the
-few lines the report reads of it (:mod:`goodput.ledger.index`). Every rank writes its own files (no gathering;
-the index, the one file ranks share, is appended whole lines at a time and never holds the only copy of an
-event); the report reads every rank's events (from the index or its files), on the time
-axis of the lowest rank present, and counts each job event once (:mod:`goodput.ledger.ranks`). An attempt is
-one process lifetime of the run (under warm restarts, a surviving process opens a new attempt for each
-generation it joins); its number is one more than
-the highest this rank has already written in the folder (torchrun's ``TORCHELASTIC_RESTART_COUNT`` is
-recorded beside it, but resets when a scheduler relaunches torchrun, so it does not name the file). ``goodput.Run``
-passes the number its round's ranks agreed on instead (:mod:`goodput.run._attempt`), so that every rank of a
-round records the same one when the world size changes.
+steps as fixed-size binary records (:mod:`goodput.ledger.steps`), since a long run's ledger is mostly steps
+and the report reads them as arrays; and ``attempt-AAAA.index``, one per attempt, to which every rank appends
+the few lines the report reads of it (:mod:`goodput.ledger.index`). Every rank writes its own files (no
+gathering; the index, the one file ranks share, is appended whole lines at a time and never holds the only
+copy of an event); the report reads every rank's events (from the index or its files), on the time axis of the
+lowest rank present, and counts each job event once (:mod:`goodput.ledger.ranks`). An attempt is one process
+lifetime of the run (under warm restarts, a surviving process opens a new attempt for each generation it
+joins); its number is one more than the highest this rank has already written in the folder (torchrun's
+``TORCHELASTIC_RESTART_COUNT`` is recorded beside it, but resets when a scheduler relaunches torchrun, so it
+does not name the file). ``goodput.Run`` passes the number its round's ranks agreed on instead
+(:mod:`goodput.run._attempt`), so that every rank of a round records the same one when the world size changes.
 
 Writing never blocks training on I/O: an event is serialised into a memory buffer and a background thread
 appends the buffer to the file every ``flush_seconds`` (0.5 s by default) with one ``write`` and, by
@@ -359,16 +358,20 @@ class Ledger:
 
     # -- live view ------------------------------------------------------------------------------------
 
-    def carry_live(self, before: Ledger) -> None:
-        """Continue the live totals of ``before``, this process's previous attempt's ledger (a warm restart's
-        survivor, a rollback): live goodput stays this process's, not the new attempt's first steps'."""
+    def live_totals(self) -> dict[str, float]:
+        """The live totals, as another attempt of the job goes on from them (:meth:`carry_live`)."""
         with self._lock:
-            self._live.carry(before._live)
+            return self._live.totals(time.monotonic())
+
+    def carry_live(self, totals: Mapping[str, float]) -> None:
+        """Go on from the :meth:`live_totals` of this process's previous attempt (a warm restart's survivor, a
+        rollback), or of the rank whose state this hot spare took: the job's figure, not its first steps'."""
+        with self._lock:
+            self._live.carry(totals, time.monotonic())
 
     @property
     def live_goodput(self) -> float:
-        """This process's step compute (fetch excluded) over its time since it started, so far (an attempt that
-        :meth:`carry_live` continues counts the attempts before it in the process)."""
+        """Step compute (fetch excluded) over time since the process started (or the attempt carried from)."""
         with self._lock:
             return self._live.goodput(time.monotonic())
 

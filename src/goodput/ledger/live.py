@@ -1,9 +1,9 @@
 """Running totals of one attempt for the progress line and the exporters (internal to :mod:`goodput.ledger.ledger`).
 
-Live goodput is this process's step compute (fetch excluded) over its time since the process started (since it
-took its rank, for a hot spare); an attempt that goes on in the same process (a warm restart's survivor, a
-rollback) carries the totals of the one before (:meth:`Live.carry`), so its figure is not that of a window a
-few steps long. Live capacity goodput weighs each step's compute by the world size in force (the attempt's,
+Live goodput is this process's step compute (fetch excluded) over its time since the process started; an
+attempt that goes on in the same process (a warm restart's survivor, a rollback) carries the totals of the one
+before (:meth:`Live.carry`), and a hot spare that takes a failed rank's place goes on from those of the rank that
+sent it the training state (:meth:`Live.carry`), so neither figure is that of a window a few steps long. Live capacity goodput weighs each step's compute by the world size in force (the attempt's,
 then that of each ``shrink`` or ``grow``) over the ranks the job reserved, as the report's capacity goodput
 does for the run.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from goodput._env import RESERVED_WORLD
@@ -73,11 +74,16 @@ class Live:
             self.useful_ranks += useful * self.world
             self._step_start = None
 
-    def carry(self, before: Live) -> None:
-        """Go on from ``before``, the same process's previous attempt: its origin and its step compute."""
-        self.mono_origin = before.mono_origin
-        self.useful += before.useful
-        self.useful_ranks += before.useful_ranks
+    def totals(self, mono_now: float) -> dict[str, float]:
+        """What another process needs to go on from these totals: the origin as a wall time, the step compute."""
+        origin = time.time() - (mono_now - self.mono_origin)
+        return {"origin_wall": origin, "useful": self.useful, "useful_ranks": self.useful_ranks}
+
+    def carry(self, totals: Mapping[str, float], mono_now: float) -> None:
+        """Go on from :meth:`totals` of an earlier attempt: its origin, and its step compute added."""
+        self.mono_origin = mono_now - max(0.0, time.time() - float(totals["origin_wall"]))
+        self.useful += float(totals["useful"])
+        self.useful_ranks += float(totals["useful_ranks"])
 
     def resized(self, world: int) -> None:
         """The group went on at ``world`` ranks (a shrink or a grow)."""

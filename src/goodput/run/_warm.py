@@ -53,7 +53,7 @@ class WarmHook(RunHook):
         A failure inside a recovery keeps the state taken before it: the new objects hold nothing yet.
         """
         if not self._recovering:
-            self._pending = self.worker.snapshot(run.step, run.state)
+            self._pending = self.worker.snapshot(run.step, run.state, run.ledger.live_totals())
 
     def leave(self) -> None:
         """Leave the failed generation and wait to join the next one: at least as long as a hung peer takes
@@ -86,8 +86,12 @@ class WarmHook(RunHook):
             regroup(state.loader, run.info.rank, run.info.world_size)
         self._recovering = True
         fault_point("restore")
-        step = self.worker.recover(self._pending, state)
+        step, live = self.worker.recover(self._pending, state)
         self._recovering = False
+        if (
+            live is not None and self._next is None
+        ):  # a new process, not a survivor: go on with the job's figure
+            run.ledger.carry_live(live)
         parts = self.worker.parts(time.monotonic() - start, survivor=self._next is not None)
         run.ledger.event("warm_restart", restored_step=step, **parts)
         if self.worker.resized:

@@ -300,7 +300,7 @@ class Run:
         on from the last one's, and tell the hooks."""
         before = self.ledger
         self.ledger = Ledger(self.run_dir, rank=self.info.rank, began=began, attempt=attempt)
-        self.ledger.carry_live(before)
+        self.ledger.carry_live(before.live_totals())
         self.attempt = self.ledger.attempt
         for hook in self.hooks:
             hook.on_attempt(self, kind)

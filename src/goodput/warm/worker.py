@@ -45,6 +45,8 @@ from goodput.warm.watch import EndWatch, abort_communicators, install_optimizer_
 
 __all__ = ["WarmWorker", "warm_enabled"]
 
+_LIVE = "goodput_live"  # the hand-over's entry beside the state: the sender's ledger's live totals
+
 
 def warm_enabled() -> bool:
     """True in a worker or spare started by the warm-restart agent."""
@@ -298,13 +300,15 @@ class WarmWorker:
                 leaf.register_hook(at_backward)
 
     # ---- leaving a failed generation -----------------------------------------------------------------------
-    def snapshot(self, step: int, state: Any) -> Snapshot | None:
-        """The survivor's state after its last completed step, or None if it holds none worth handing on."""
+    def snapshot(self, step: int, state: Any, live: dict[str, float]) -> Snapshot | None:
+        """The survivor's state after its last completed step, or None if it holds none worth handing on;
+        with ``live``, its ledger's live totals, which a recovery hands on beside the state."""
         if state is None or step <= 0 or not state.holds_full_replica():
             return None
         if self._loader_step != step:  # no loader position of this step: the model alone would repeat data
             return None
-        return Snapshot(step=step, parts=state.live_state_dict(loader=self._last_loader))
+        parts = state.live_state_dict(loader=self._last_loader)
+        return Snapshot(step=step, parts={**parts, _LIVE: json.dumps(live)})
 
     def leave(self, at_least: float = 0.0) -> int:
         """Tear down the failed group and wait for the agent to name the next generation; join it (its number).
@@ -351,8 +355,9 @@ class WarmWorker:
         install_optimizer_guard(None)
 
     # ---- recovering in the new generation ------------------------------------------------------------------
-    def recover(self, snapshot: Snapshot | None, state: Any) -> int | None:
-        """Agree on the newest step any rank holds and load it everywhere; None when nobody holds one.
+    def recover(self, snapshot: Snapshot | None, state: Any) -> tuple[int | None, Any]:
+        """Agree on the newest step any rank holds and load it everywhere; None when nobody holds one. Also
+        the live totals of the rank that sent the state (:meth:`snapshot`), on every rank (else None).
 
         A collective over the new group: every rank calls it from ``Run.restore``.
         """
@@ -365,19 +370,19 @@ class WarmWorker:
         values = [int(t.item()) for t in steps]
         best = max(values)
         if best <= 0:
-            return None
+            return None, None
         source = values.index(best)
         from goodput.checkpoint.transfer import broadcast_state
 
         parts = snapshot.parts if self.rank == source and snapshot is not None else None
-        live = broadcast_state(parts, source, self._ctl)
-        state.load_live_state_dict(live)
+        sent = broadcast_state(parts, source, self._ctl)
+        state.load_live_state_dict(sent)
         if self.resized:
-            self._resized_rng(best, state, json.loads(live.get("loader") or "null"))
+            self._resized_rng(best, state, json.loads(sent.get("loader") or "null"))
         else:
             self._restore_rng(best)
         state.step = best
-        return best
+        return best, json.loads(sent.get(_LIVE) or "null")
 
     def _restore_rng(self, step: int) -> None:
         from goodput.checkpoint.rng import restore_rng_record
