@@ -55,9 +55,9 @@ def test_a_node_lost_near_the_end_comes_back_as_the_job_completes(tmp_path: Path
     # (exit 75: it found no job to join); each way the job completes and nothing of the lost node is left behind.
     schedule = (
         SoakFault(kind="kill", seconds=1.0, step=150, rank=3),
-        SoakFault(kind="node", seconds=3.0, step=1450),
+        SoakFault(kind="node", seconds=3.0, step=750),
     )
-    plan = SoakPlan(seed=0, mtbf=10.0, seconds=51.0, steps=1700, step_seconds=0.03, schedule=schedule)
+    plan = SoakPlan(seed=0, mtbf=10.0, seconds=30.0, steps=1000, step_seconds=0.03, schedule=schedule)
     script = [DEMO_SCRIPT, "--steps", str(plan.steps), "--global-batch", str(demo_global_batch(2))]
     (tmp_path / "given.json").write_text(json.dumps({**plan.to_json(), "script": script}))
     command = [sys.executable, "-m", "goodput", "drill", "--soak", "--replay", "given.json", "--nnodes", "2"]
