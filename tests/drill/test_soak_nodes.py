@@ -29,9 +29,9 @@ def test_a_soak_on_two_nodes_survives_a_node_lost_and_its_command_run_again(tmp_
         SoakFault(kind="kill", seconds=1.0, step=150, rank=3),
         SoakFault(kind="nan", seconds=2.0, step=300, rank=1),
         SoakFault(kind="node", seconds=3.0, step=500),
-        SoakFault(kind="kill", seconds=4.0, step=1450, rank=0),
+        SoakFault(kind="kill", seconds=4.0, step=1050, rank=0),
     )
-    plan = SoakPlan(seed=0, mtbf=10.0, seconds=51.0, steps=1700, step_seconds=0.03, schedule=schedule)
+    plan = SoakPlan(seed=0, mtbf=10.0, seconds=39.0, steps=1300, step_seconds=0.03, schedule=schedule)
     script = [DEMO_SCRIPT, "--steps", str(plan.steps), "--global-batch", str(demo_global_batch(2))]
     (tmp_path / "given.json").write_text(json.dumps({**plan.to_json(), "script": script}))
     command = [sys.executable, "-m", "goodput", "drill", "--soak", "--replay", "given.json", "--nnodes", "2"]
@@ -45,7 +45,7 @@ def test_a_soak_on_two_nodes_survives_a_node_lost_and_its_command_run_again(tmp_
     assert rows["nan"][1] >= 1, rows
     assert "node 1's command again" in proc.stderr and "2 ranks x 2 node(s)" in proc.stderr
     # the world changed: the global batches are compared with the uninterrupted run, not the final state
-    assert "every step's global batch as the uninterrupted run's (1700 steps, on 2 and " in proc.stdout
+    assert "every step's global batch as the uninterrupted run's (1300 steps, on 2 and " in proc.stdout
     assert "categories tile it" in proc.stdout
 
 
