@@ -2,10 +2,10 @@
 
 Live goodput is this process's step compute (fetch excluded) over its time since the process started; an
 attempt that goes on in the same process (a warm restart's survivor, a rollback) carries the totals of the one
-before (:meth:`Live.carry`), and a hot spare that takes a failed rank's place goes on from those of the rank that
-sent it the training state (:meth:`Live.carry`), so neither figure is that of a window a few steps long. Live capacity goodput weighs each step's compute by the world size in force (the attempt's,
-then that of each ``shrink`` or ``grow``) over the ranks the job reserved, as the report's capacity goodput
-does for the run.
+before, and a hot spare that takes a failed rank's place goes on from those of the rank that sent it the
+training state (both: :meth:`Live.carry`), so neither figure is that of a window a few steps long. Live
+capacity goodput weighs each step's compute by the world size in force (the attempt's, then that of each
+``shrink`` or ``grow``) over the ranks the job reserved, as the report's capacity goodput does for the run.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class Live:
             self._step_start = None
 
     def totals(self, mono_now: float) -> dict[str, float]:
-        """What another process needs to go on from these totals: the origin as a wall time, the step compute."""
+        """What another process goes on from: the origin as a wall time, and the step compute."""
         origin = time.time() - (mono_now - self.mono_origin)
         return {"origin_wall": origin, "useful": self.useful, "useful_ranks": self.useful_ranks}
 

@@ -88,9 +88,7 @@ class WarmHook(RunHook):
         fault_point("restore")
         step, live = self.worker.recover(self._pending, state)
         self._recovering = False
-        if (
-            live is not None and self._next is None
-        ):  # a new process, not a survivor: go on with the job's figure
+        if live is not None and self._next is None:  # a new process, not a survivor: the job's figure
             run.ledger.carry_live(live)
         parts = self.worker.parts(time.monotonic() - start, survivor=self._next is not None)
         run.ledger.event("warm_restart", restored_step=step, **parts)

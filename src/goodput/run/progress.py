@@ -9,8 +9,8 @@
 It shows ``step 120/10000 | loss 2.314 | fetch 12ms | goodput 87.3%``; the fetch time and goodput come from
 the ledger (the last step's ``fetch_seconds`` and this process's step compute over its time since it started,
 across a warm restart's or a rollback's attempts in the same process) unless given. Only rank 0 draws it by
-default. Any exporters given receive the same figures, and ``capacity_goodput`` (the live goodput weighed by the world size in force over the reserved ranks: lower
-while a job trains on fewer ranks after a shrink).
+default. Any exporters given receive the same figures, and ``capacity_goodput`` (the live goodput weighed by
+the world size in force over the reserved ranks: lower while a job trains on fewer ranks after a shrink).
 
 When the output is not a terminal (a log file, a pipe, a batch job's stdout), a redrawn line would become one
 long line of carriage returns; there it writes plain lines instead: the first step, then one every

@@ -355,7 +355,7 @@ class WarmWorker:
         install_optimizer_guard(None)
 
     # ---- recovering in the new generation ------------------------------------------------------------------
-    def recover(self, snapshot: Snapshot | None, state: Any) -> tuple[int | None, Any]:
+    def recover(self, snapshot: Snapshot | None, state: Any) -> tuple[int | None, dict[str, float] | None]:
         """Agree on the newest step any rank holds and load it everywhere; None when nobody holds one. Also
         the live totals of the rank that sent the state (:meth:`snapshot`), on every rank (else None).
 
